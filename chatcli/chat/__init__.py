@@ -1,0 +1,1 @@
+"""Pure chat logic: the conversation and slash commands. No torch, no Textual."""

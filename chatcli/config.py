@@ -1,0 +1,78 @@
+"""The TOML config file: defaults that command-line flags override.
+
+Lives at `<user config dir>/config.toml` (or `$CHATCLI_CONFIG`):
+
+    model = "/path/to/model.gguf"
+    theme = "dark"
+    system = "You are terse."
+    [sampling]
+    temperature = 0.7
+    top_k = 40
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chatcli.engine.sampling import InvalidParameter, SamplingParams
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed")
+TOP_KEYS = ("model", "theme", "system", "sampling")
+
+
+class ConfigError(ValueError):
+    """A malformed config file; the message names the file (and the line, where known)."""
+
+
+@dataclass
+class Config:
+    path: Path | None = None
+    model: str | None = None
+    theme: str | None = None
+    system: str | None = None
+    sampling: dict = field(default_factory=dict)
+
+    def params(self, base: SamplingParams | None = None) -> SamplingParams:
+        try:
+            return (base or SamplingParams()).with_(**self.sampling)
+        except InvalidParameter as exc:
+            raise ConfigError(f"{self.path}: [sampling] {exc}") from None
+
+
+def config_path() -> Path:
+    override = os.environ.get("CHATCLI_CONFIG")
+    if override:
+        return Path(override)
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("chatcli")) / "config.toml"
+
+
+def load_config(path: Path | None = None) -> Config:
+    path = path or config_path()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return Config(path=path)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None  # the message carries "(at line N, column M)"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(TOP_KEYS)})")
+    for key in ("model", "theme", "system"):
+        if key in data and not isinstance(data[key], str):
+            raise ConfigError(f"{path}: {key} must be a string")
+    sampling = data.get("sampling", {})
+    if not isinstance(sampling, dict):
+        raise ConfigError(f"{path}: [sampling] must be a table")
+    bad = sorted(set(sampling) - set(SAMPLING_KEYS))
+    if bad:
+        raise ConfigError(f"{path}: unknown [sampling] key {bad[0]!r} (known: {', '.join(SAMPLING_KEYS)})")
+    config = Config(path, data.get("model"), data.get("theme"), data.get("system"), dict(sampling))
+    config.params()  # validate the values now, with the file's name in the message
+    return config

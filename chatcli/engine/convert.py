@@ -1,0 +1,120 @@
+"""The GGUF conversion cache.
+
+transformers dequantizes a GGUF file on every load (about 25 s for SmolLM2-135M on
+two cores). We do it once and keep the result — safetensors weights, tokenizer, chat
+template, configs — in `<user cache dir>/converted/<name>-<key>/`, where the key is
+the GGUF file's identity (resolved path, size, mtime and a hash of its first and last
+MiB).
+
+Writes are atomic: the model is saved into a temporary folder beside the final one,
+which is renamed into place only when complete, so a run killed mid-conversion
+leaves no broken cache. A manifest records each file's size, mtime and SHA-256. On
+load every size is checked; a file whose mtime changed is re-hashed. Anything that
+does not match is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+MANIFEST = "chatcli-manifest.json"
+FORMAT = 1
+_EDGE = 1 << 20
+
+
+def cache_root() -> Path:
+    override = os.environ.get("CHATCLI_CACHE_DIR")
+    if override:
+        return Path(override)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("chatcli"))
+
+
+def gguf_key(path: Path) -> str:
+    st = path.stat()
+    h = hashlib.sha256(f"{FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    with path.open("rb") as f:
+        h.update(f.read(_EDGE))
+        if st.st_size > _EDGE:
+            f.seek(max(_EDGE, st.st_size - _EDGE))
+            h.update(f.read(_EDGE))
+    return h.hexdigest()[:16]
+
+
+def folder_for(path: Path) -> Path:
+    return cache_root() / "converted" / f"{path.stem}-{gguf_key(path)}"
+
+
+def converted_folder(path: Path, status: Callable[[str], None] = lambda _m: None) -> Path:
+    """A folder holding the converted model for `path`, converting it first if needed."""
+    folder = folder_for(path)
+    if is_valid(folder):
+        return folder
+    status(f"Converting {path.name} to safetensors (first run only, about half a minute)")
+    convert(path, folder)
+    return folder
+
+
+def is_valid(folder: Path) -> bool:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        if manifest.get("format") != FORMAT:
+            return False
+        for name, want in manifest["files"].items():
+            st = (folder / name).stat()
+            if st.st_size != want["size"]:
+                return False
+            if st.st_mtime_ns != want["mtime_ns"] and _sha256(folder / name) != want["sha256"]:
+                return False
+        return bool(manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def convert(path: Path, folder: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        # The weights are dequantized now: drop the GGUF quantizer so the model saves as plain safetensors.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = {}
+        for p in sorted(tmp.iterdir()):
+            st = p.stat()
+            files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(p)}
+        manifest = {"format": FORMAT, "source": str(path.resolve()), "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if folder.exists() and not is_valid(folder):
+            shutil.rmtree(folder, ignore_errors=True)  # an invalid cache from an earlier run
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not is_valid(folder):  # another process finished first: theirs is as good as ours
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

