@@ -160,7 +160,7 @@ def _load_one(name: str, explicit: bool, options: LoadOptions, device: str, dtyp
     return LoadedModel(model, tokenizer, display, str(path) if local_only else name, str(model.device.type), dtype_name)
 
 
-def build_engine(loaded: LoadedModel, runner: str = "hf"):
+def build_engine(loaded: LoadedModel, runner: str = "hf"):  # noqa: ARG001 - "lean" comes with the speed work
     """Wrap a loaded model in the engine."""
     from chatcli.engine.engine import Engine
     from chatcli.engine.runner import HFRunner

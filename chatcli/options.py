@@ -1,0 +1,30 @@
+"""What a front end starts with: the model to load, how, and the chat settings.
+
+Built by `chatcli.cli` from the config file and the command line (flags win), then
+handed to the TUI, one-shot mode or the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chatcli.config import Config
+from chatcli.engine.load import LoadOptions
+from chatcli.engine.sampling import SamplingParams
+
+
+@dataclass
+class StartOptions:
+    model: str | None = None  # --model; None: the config default, then the embedded model
+    load: LoadOptions = field(default_factory=LoadOptions)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    system: str | None = None
+    theme: str | None = None
+    config: Config = field(default_factory=Config)
+
+    def load_engine(self, status=None):
+        """Load the model and wrap it in an Engine (slow: call it off the UI thread)."""
+        from chatcli.engine.load import build_engine, load
+
+        loaded = load(self.model, self.load, config_default=self.config.model, status=status)
+        return build_engine(loaded, runner=self.load.runner)

