@@ -17,7 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatcli.engine.sampling import InvalidParameter, SamplingParams
+from chatcli.engine.params import InvalidParameter, SamplingParams
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed")
 TOP_KEYS = ("model", "theme", "system", "sampling")

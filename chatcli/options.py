@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from chatcli.config import Config
 from chatcli.engine.load import LoadOptions
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.params import SamplingParams
 
 
 @dataclass

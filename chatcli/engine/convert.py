@@ -58,7 +58,7 @@ def converted_folder(path: Path, status: Callable[[str], None] = lambda _m: None
     if is_valid(folder):
         return folder
     status(f"Converting {path.name} to safetensors (first run only, about half a minute)")
-    convert(path, folder)
+    convert(path, folder, status)
     return folder
 
 
@@ -78,22 +78,12 @@ def is_valid(folder: Path) -> bool:
         return False
 
 
-def convert(path: Path, folder: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m: None) -> None:
+    """Convert into a temporary folder beside `folder`, then rename it into place."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        # The weights are dequantized now: drop the GGUF quantizer so the model saves as plain safetensors.
-        model.hf_quantizer = None
-        model.is_quantized = False
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        save_converted(path, tmp, status)
         files = {}
         for p in sorted(tmp.iterdir()):
             st = p.stat()
@@ -110,6 +100,35 @@ def convert(path: Path, folder: Path) -> None:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_converted(path: Path, out: Path, status: Callable[[str], None] = lambda _m: None) -> None:
+    """Dequantize the GGUF with transformers and save it as a plain model folder."""
+    import torch
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def report(tensors, desc=""):  # stands in for transformers' tqdm bar: progress goes to `status`
+        tensors = list(tensors)
+        for i, tensor in enumerate(tensors):
+            if i % 16 == 0:
+                status(f"Converting {path.name}: tensor {i}/{len(tensors)} (first run only)")
+            yield tensor
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    bar, gguf_utils.tqdm = getattr(gguf_utils, "tqdm", None), report
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+    # The weights are dequantized now: drop the GGUF quantizer so the model saves as plain safetensors.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def _sha256(path: Path) -> str:

@@ -127,7 +127,7 @@ class Engine:
                     f"the message is {len(ids)} tokens with the template; the model's context is {limit}"
                 )
             turns = turns[starts[1] :]
-            dropped += starts[1]
+            dropped += 1  # one exchange: a user message and the replies after it
 
     def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None) -> torch.Tensor | None:
         """Crop the cache to the common prefix and feed the rest of `target`; None if cancelled."""

@@ -1,0 +1,98 @@
+"""One-shot mode: `echo prompt | chatcli` or `chatcli -p prompt` answers once, streaming to stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from contextlib import contextmanager
+from typing import BinaryIO
+
+from chatcli.cli import UserError
+from chatcli.options import StartOptions
+
+
+def read_prompt(stdin: BinaryIO | None, prompt: str | None) -> str:
+    """Piped stdin first, then the -p text; refuse invalid UTF-8 and blank input."""
+    parts = []
+    if stdin is not None:
+        data = stdin.read()
+        try:
+            parts.append(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise UserError(f"stdin is not valid UTF-8 (byte {exc.start})", 2) from None
+    if prompt is not None:
+        parts.append(prompt)
+    text = "\n\n".join(p.strip("\n") for p in parts if p.strip())
+    if not text.strip():
+        raise UserError("empty prompt: pipe some text in or pass -p TEXT", 2)
+    return text
+
+
+@contextmanager
+def loading_status():
+    """A spinner on stderr while the model loads (only where stderr is a terminal)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda _msg: None
+        return
+    with console.status("Loading model…") as status:
+        yield lambda msg: status.update(msg)
+
+
+def load_engine(start: StartOptions):
+    from chatcli.engine.load import LoadError
+
+    try:
+        with loading_status() as status:
+            return start.load_engine(status=status)
+    except LoadError as exc:
+        raise UserError(str(exc)) from None
+
+
+def run_oneshot(start: StartOptions, text: str, json_out: bool = False, show_stats: bool = False) -> int:
+    from chatcli.chat.conversation import Conversation
+    from chatcli.engine.engine import ContextOverflow, Finished, Token
+
+    engine = load_engine(start)
+    conversation = Conversation(system=start.system)
+    conversation.add_user(text)
+    session = engine.new_session()
+    cancel = threading.Event()
+    out = sys.stdout
+    printed_any = False
+    last = ""
+    done = None
+    try:
+        for event in engine.generate(conversation.for_template(), session, start.params, cancel):
+            if isinstance(event, Token) and event.text and not json_out:
+                out.write(event.text)
+                out.flush()
+                printed_any, last = True, event.text
+            elif isinstance(event, Finished):
+                done = event
+    except ContextOverflow as exc:
+        raise UserError(f"prompt too long: {exc}") from None
+    except KeyboardInterrupt:
+        cancel.set()
+        if printed_any and not json_out:
+            out.write("\n")
+            out.flush()
+        return 130
+    assert done is not None
+    if json_out:
+        record = {
+            "model": engine.name,
+            "reply": done.reply,
+            "finish_reason": done.finish_reason,
+            "stats": done.stats.to_dict(),
+        }
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    elif printed_any and not last.endswith("\n"):
+        out.write("\n")
+    out.flush()
+    if show_stats:
+        sys.stderr.write(done.stats.summary() + "\n")
+    return 0

@@ -1,0 +1,86 @@
+"""The incremental detokenizer and the stop-string filter."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
+from tests.tiny import build_tokenizer
+
+TOKENIZER = build_tokenizer()
+VOCAB = len(TOKENIZER)
+
+
+def stream(ids):
+    detok = IncrementalDetokenizer(TOKENIZER)
+    pieces = [detok.push(i) for i in ids]
+    pieces.append(detok.finish())
+    return pieces
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, VOCAB - 1), max_size=40))
+def test_random_ids_stream_to_exact_decode(ids):
+    pieces = stream(ids)
+    assert "".join(pieces) == TOKENIZER.decode(ids, skip_special_tokens=True)
+
+
+PIECES = list("ab c\n\t.,!") + list("éüçñ") + list("中文日本語한국") + ["🙂", "🚀", "👍🏽", "∑", "  ", "e\u0301"]
+TEXTS = st.lists(st.sampled_from(PIECES), max_size=20).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(TEXTS)
+def test_encoded_text_streams_back_exactly(text):
+    ids = TOKENIZER.encode(text, add_special_tokens=False)
+    pieces = stream(ids)
+    assert "".join(pieces) == TOKENIZER.decode(ids, skip_special_tokens=True) == text
+    # No streamed piece (before the flush) ends in half a character.
+    assert not any(p.endswith("\ufffd") for p in pieces[:-1])
+
+
+def test_multibyte_character_is_held_until_complete():
+    ids = TOKENIZER.encode("🚀", add_special_tokens=False)
+    assert len(ids) > 1, "the tiny vocabulary splits the emoji into byte tokens"
+    pieces = stream(ids)
+    assert pieces[:-1].count("🚀") + pieces[-1].count("🚀") == 1
+    assert all(p in ("", "🚀") for p in pieces)
+
+
+def test_special_tokens_are_skipped():
+    ids = TOKENIZER.encode("hi", add_special_tokens=False) + [TOKENIZER.convert_tokens_to_ids("<|im_end|>")]
+    assert "".join(stream(ids)) == "hi"
+
+
+def filtered(chunks, stops):
+    f = StopStringFilter(stops)
+    out = [f.push(c) for c in chunks]
+    out.append(f.finish())
+    return "".join(out), f.stopped, out
+
+
+def test_stop_string_across_pieces():
+    text, stopped, out = filtered(["Hello ", "wor", "ld", " and more"], ["world"])
+    assert text == "Hello " and stopped
+    assert out[1] == ""  # "wor" was held back: it might start the stop string
+
+
+def test_no_stop_passes_everything_through():
+    text, stopped, _ = filtered(["a", "b", "wo", "rk"], ["world"])
+    assert text == "abwork" and not stopped
+
+
+def test_earliest_of_several_stops_wins():
+    text, stopped, _ = filtered(["x END y STOP"], ["STOP", "END"])
+    assert text == "x " and stopped
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="abc", max_size=30), st.text(alphabet="abc", min_size=1, max_size=4), st.data())
+def test_stop_filter_equals_cutting_at_first_match(text, stop, data):
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    chunks = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+    out, stopped, _ = filtered(chunks, [stop])
+    expected = text[: text.index(stop)] if stop in text else text
+    assert out == expected and stopped == (stop in text)

@@ -1,0 +1,112 @@
+"""One-shot mode end to end, in a subprocess, on the tiny model: output, --json, --stats, every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture
+def cli(tiny_model_dir, tmp_path):
+    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "config.toml"), "CHATCLI_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(*args, stdin: bytes | None = b"", model=True):
+        argv = [sys.executable, "-m", "chatcli", *args]
+        if model:
+            argv += ["--model", str(tiny_model_dir), "--device", "cpu"]
+        return subprocess.run(argv, input=stdin, capture_output=True, env=env, timeout=120)
+
+    run.config = tmp_path / "config.toml"
+    return run
+
+
+def one_error_line(result) -> str:
+    err = result.stderr.decode()
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("chatcli: error: ")
+    return lines[0]
+
+
+def test_piped_prompt_streams_reply(cli):
+    result = cli("--temperature", "0", "--max-tokens", "8", stdin=b"Hello there")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().strip() != ""
+
+
+def test_json_output(cli):
+    result = cli("-p", "Hello", "--temperature", "0", "--max-tokens", "5", "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert set(record) == {"model", "reply", "finish_reason", "stats"}
+    assert record["finish_reason"] in ("stop", "length")
+    stats = record["stats"]
+    for field in ("prompt_tokens", "cached_tokens", "prefill_tokens", "completion_tokens", "ttft_s", "prefill_tok_s",
+                  "decode_tok_s", "total_s", "kv_cache_bytes", "context_tokens", "context_limit", "truncated_turns"):
+        assert field in stats
+    assert stats["completion_tokens"] <= 5 and stats["context_limit"] == 256
+
+
+def test_same_seed_same_reply(cli):
+    args = ("-p", "Hello", "--temperature", "1.2", "--seed", "11", "--max-tokens", "12", "--json")
+    a, b = (json.loads(cli(*args).stdout)["reply"] for _ in range(2))
+    assert a == b
+
+
+def test_stdin_comes_before_prompt(cli):
+    both = json.loads(cli("-p", "second", "--json", "--max-tokens", "1", stdin=b"first").stdout)["stats"]
+    alone = json.loads(cli("-p", "first\n\nsecond", "--json", "--max-tokens", "1").stdout)["stats"]
+    assert both["prompt_tokens"] == alone["prompt_tokens"]
+
+
+def test_stats_line_on_stderr(cli):
+    result = cli("-p", "Hello", "--max-tokens", "4", "--stats")
+    assert result.returncode == 0
+    err = result.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and "ttft" in err[0] and "decode" in err[0] and "cached 0/" in err[0]
+
+
+def test_config_file_sets_defaults_and_flags_override(cli):
+    cli.config.write_text('[sampling]\nmax_tokens = 2\ntemperature = 0\n')
+    assert json.loads(cli("-p", "Hello", "--json").stdout)["stats"]["completion_tokens"] <= 2
+    assert json.loads(cli("-p", "Hello", "--json", "--max-tokens", "6").stdout)["stats"]["completion_tokens"] > 2
+
+
+@pytest.mark.parametrize(
+    "args, stdin, words, code",
+    [
+        ((), b"   \n\t", "empty prompt", 2),
+        ((), b"\xff\xfehello", "not valid UTF-8", 2),
+        (("-p", "hi", "--bogus"), b"", "No such option: --bogus", 2),
+        (("-p", "hi", "--temperature", "-1"), b"", "temperature must be >= 0", 2),
+        (("-p", "hi", "--top-p", "0"), b"", "top-p must be in (0, 1]", 2),
+        (("-p", "hi", "--min-p", "2"), b"", "min-p must be in [0, 1]", 2),
+        (("-p", "hi", "--top-k", "-3"), b"", "top-k must be >= 0", 2),
+        (("-p", "hi", "--max-tokens", "0"), b"", "max-tokens must be >= 1", 2),
+        (("-p", "hi", "--temperature", "warm"), b"", "Invalid value for '--temperature'", 2),
+        (("-p", "lazy dog " * 400,), b"", "prompt too long", 1),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(cli, args, stdin, words, code):
+    result = cli(*args, stdin=stdin)
+    assert result.returncode == code
+    assert words in one_error_line(result)
+
+
+def test_missing_model_file(cli, tmp_path):
+    result = cli("-p", "hi", "--model", str(tmp_path / "nope.gguf"), model=False)
+    assert result.returncode == 1
+    assert "model file not found" in one_error_line(result)
+
+
+def test_malformed_config_names_file_and_line(cli):
+    cli.config.write_text('theme = "dark"\n[sampling\n')
+    result = cli("-p", "hi")
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert str(cli.config) in line and "line 2" in line
