@@ -1,0 +1,91 @@
+"""The GGUF conversion cache: atomic writes, validation, rebuilds (with a stand-in converter)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from chatcli.engine import convert
+
+
+@pytest.fixture
+def fake_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    path.write_bytes(os.urandom(3 << 20))
+    calls = []
+
+    def fake_save(src, out, status=lambda _m: None):
+        calls.append(src)
+        (out / "model.safetensors").write_bytes(b"w" * 4096)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(convert, "save_converted", fake_save)
+    return path, calls
+
+
+def test_converts_once_then_reuses(fake_gguf):
+    path, calls = fake_gguf
+    first = convert.converted_folder(path)
+    second = convert.converted_folder(path)
+    assert first == second and len(calls) == 1
+    assert (first / convert.MANIFEST).is_file()
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temp folder left behind
+
+
+def test_truncated_file_is_rebuilt(fake_gguf):
+    path, calls = fake_gguf
+    folder = convert.converted_folder(path)
+    with open(folder / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    assert not convert.is_valid(folder)
+    convert.converted_folder(path)
+    assert len(calls) == 2 and convert.is_valid(folder)
+
+
+def test_same_size_corruption_is_caught_by_hash(fake_gguf):
+    path, calls = fake_gguf
+    folder = convert.converted_folder(path)
+    target = folder / "model.safetensors"
+    target.write_bytes(b"x" * 4096)  # same size, new mtime, other bytes
+    assert not convert.is_valid(folder)
+    convert.converted_folder(path)
+    assert len(calls) == 2 and (folder / "model.safetensors").read_bytes() == b"w" * 4096
+
+
+def test_touched_but_intact_file_stays_valid(fake_gguf):
+    path, calls = fake_gguf
+    folder = convert.converted_folder(path)
+    os.utime(folder / "model.safetensors", ns=(1, 1))
+    assert convert.is_valid(folder)
+
+
+def test_missing_or_garbled_manifest_is_rebuilt(fake_gguf):
+    path, calls = fake_gguf
+    folder = convert.converted_folder(path)
+    (folder / convert.MANIFEST).write_text("{not json")
+    convert.converted_folder(path)
+    assert len(calls) == 2 and convert.is_valid(folder)
+
+
+def test_conversion_killed_midway_leaves_no_cache(fake_gguf, monkeypatch):
+    path, _ = fake_gguf
+
+    def dies(src, out, status=lambda _m: None):
+        (out / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert, "save_converted", dies)
+    with pytest.raises(KeyboardInterrupt):
+        convert.converted_folder(path)
+    folder = convert.folder_for(path)
+    assert not folder.exists() and list(folder.parent.iterdir()) == []
+
+
+def test_key_follows_file_identity(fake_gguf):
+    path, _ = fake_gguf
+    before = convert.gguf_key(path)
+    with open(path, "r+b") as f:
+        f.write(b"changed")
+    assert convert.gguf_key(path) != before

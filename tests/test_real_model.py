@@ -1,0 +1,81 @@
+"""Integration: the embedded SmolLM2-135M (offline, CPU)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from chatcli.engine.engine import Finished
+from chatcli.engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.real_model
+GREEDY = SamplingParams(temperature=0, max_tokens=40)
+
+
+def reply(engine, messages, session=None):
+    events = list(engine.generate(messages, session or engine.new_session(), GREEDY))
+    assert isinstance(events[-1], Finished)
+    return events[-1]
+
+
+def test_capital_of_france_is_paris(real_engine):
+    done = reply(real_engine, [{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in done.reply
+    assert done.finish_reason == "stop"
+
+
+def test_second_turn_reuses_first_turn_cache(real_engine):
+    session = real_engine.new_session()
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    first = reply(real_engine, messages, session)
+    messages += [{"role": "assistant", "content": first.reply}, {"role": "user", "content": "And of Germany?"}]
+    second = reply(real_engine, messages, session)
+    assert second.stats.cached_tokens >= first.stats.prompt_tokens + first.stats.completion_tokens - 1
+    assert second.stats.prefill_tokens < 20
+    assert "Berlin" in second.reply
+
+
+def test_conversion_cache_round_trip_and_rebuild(real_engine, tmp_path, monkeypatch):
+    from chatcli.engine import convert
+    from chatcli.engine.load import embedded_gguf, load
+
+    monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path))
+    gguf = embedded_gguf()
+    folder = convert.converted_folder(gguf)
+    assert convert.is_valid(folder)
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert (folder / "chat_template.jinja").is_file() or "chat_template" in (folder / "tokenizer_config.json").read_text()
+
+    # Corrupt the weights in place (same size): the next load rebuilds instead of crashing.
+    with open(folder / "model.safetensors", "r+b") as f:
+        f.seek(50 << 20)
+        f.write(b"\0" * 4096)
+    assert not convert.is_valid(folder)
+    loaded = load(str(gguf))
+    assert convert.is_valid(folder)
+    ids = torch.tensor([real_engine.tokenizer.encode_chat([{"role": "user", "content": "Hi"}])])
+    with torch.inference_mode():
+        rebuilt = loaded.model(ids).logits[0, -1]
+        reference = real_engine.runner.model(ids).logits[0, -1]
+    torch.testing.assert_close(rebuilt, reference)
+
+
+def test_ctrl_c_stops_oneshot_with_130_keeping_output(tmp_path):
+    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "none.toml")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chatcli", "-p", "Write a very long story about a dragon.", "--max-tokens", "2000"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+    first = proc.stdout.read(20)  # the reply has started streaming
+    assert first
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert b"Traceback" not in err
+    assert len(first + out) >= 20
