@@ -68,6 +68,7 @@ def start_options(
         load=LoadOptions(device=device, dtype=dtype, device_map=device_map, trust_remote_code=trust_remote_code),
         params=params,
         system=system if system is not None else config.system,
+        system_given=system is not None,
         theme=theme or config.theme,
         config=config,
     )
@@ -94,6 +95,8 @@ def chat(
     theme: Annotated[Optional[str], typer.Option(help="TUI theme.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One-shot: print one JSON object.")] = False,
     stats: Annotated[bool, typer.Option("--stats", help="One-shot: a stats line on stderr.")] = False,
+    continue_last: Annotated[bool, typer.Option("--continue", "-c", help="Continue the most recent conversation.")] = False,
+    conversation: Annotated[Optional[str], typer.Option(help="Continue this conversation (an id from 'chatcli history').")] = None,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -124,7 +127,9 @@ def chat(
     from chatcli.oneshot import read_prompt, run_oneshot
 
     text = read_prompt(sys.stdin.buffer if piped else None, prompt)
-    raise typer.Exit(run_oneshot(start, text, json_out=json_out, show_stats=stats))
+    raise typer.Exit(
+        run_oneshot(start, text, json_out=json_out, show_stats=stats, resume=conversation, continue_last=continue_last)
+    )
 
 
 @app.command()
@@ -140,6 +145,50 @@ def pull(
     start = start_options(model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     engine = load_engine(start)
     typer.echo(f"ready: {engine.name} ({engine.context_limit} tokens of context)")
+
+
+@app.command()
+def history(json_out: Annotated[bool, typer.Option("--json", help="A JSON list.")] = False) -> None:
+    """List saved conversations, most recent first."""
+    import json
+    from datetime import datetime
+
+    summaries = [s.to_dict() for s in _store().summaries()]
+    if json_out:
+        typer.echo(json.dumps(summaries, ensure_ascii=False, indent=1))
+        return
+    for s in summaries:
+        when = datetime.fromtimestamp(s["updated"]).strftime("%Y-%m-%d %H:%M")
+        typer.echo(f"{s['id']}  {when}  {s['messages']:>3} msgs  {s['model'] or '-'}  {s['title']}")
+
+
+@app.command()
+def export(
+    conversation_id: Annotated[str, typer.Argument(metavar="ID", help="An id (or a unique prefix) from 'chatcli history'.")],
+    fmt: Annotated[str, typer.Option("--format", help="md | json")] = "md",
+) -> None:
+    """Print one saved conversation as Markdown or JSON."""
+    import json
+
+    from chatcli.chat.store import to_markdown
+
+    if fmt not in ("md", "json"):
+        raise UserError(f"--format must be md or json, got {fmt!r}", 2)
+    store = _store()
+    found = store.find(conversation_id)
+    data = store.export(found) if found else None
+    if data is None:
+        raise UserError(f"no conversation {conversation_id!r} (see 'chatcli history')")
+    typer.echo(json.dumps(data, ensure_ascii=False, indent=1) if fmt == "json" else to_markdown(data))
+
+
+def _store():
+    from chatcli.chat.store import Store, StoreError
+
+    try:
+        return Store()
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> None:

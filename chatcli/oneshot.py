@@ -52,13 +52,44 @@ def load_engine(start: StartOptions):
         raise UserError(str(exc)) from None
 
 
-def run_oneshot(start: StartOptions, text: str, json_out: bool = False, show_stats: bool = False) -> int:
+def open_conversation(store, start: StartOptions, resume: str | None, continue_last: bool):
+    """The conversation to answer in: a saved one (`-c`, `--conversation ID`) or a new one."""
     from chatcli.chat.conversation import Conversation
+
+    if continue_last or resume:
+        conversation_id = store.latest_id() if continue_last and not resume else store.find(resume)
+        if conversation_id is None:
+            raise UserError("no saved conversation to continue" if not resume else f"no conversation {resume!r} (see 'chatcli history')")
+        conversation = store.load(conversation_id)
+        if start.system_given:
+            conversation.system = start.system
+            store.set_system(conversation.id, start.system)
+        return conversation, False
+    return Conversation(system=start.system), True
+
+
+def run_oneshot(
+    start: StartOptions,
+    text: str,
+    json_out: bool = False,
+    show_stats: bool = False,
+    resume: str | None = None,
+    continue_last: bool = False,
+) -> int:
+    from dataclasses import asdict
+
+    from chatcli.chat.store import Store, StoreError
     from chatcli.engine.engine import ContextOverflow, Finished, Token
 
+    try:
+        store = Store()
+        conversation, new = open_conversation(store, start, resume, continue_last)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
     engine = load_engine(start)
-    conversation = Conversation(system=start.system)
-    conversation.add_user(text)
+    if new:
+        store.create(conversation, engine.name)
+    store.add_message(conversation.id, conversation.add_user(text))
     session = engine.new_session()
     cancel = threading.Event()
     out = sys.stdout
@@ -76,15 +107,18 @@ def run_oneshot(start: StartOptions, text: str, json_out: bool = False, show_sta
     except ContextOverflow as exc:
         raise UserError(f"prompt too long: {exc}") from None
     except KeyboardInterrupt:
-        cancel.set()
+        cancel.set()  # the partial reply is not saved: the generator was interrupted mid-step
         if printed_any and not json_out:
             out.write("\n")
             out.flush()
         return 130
     assert done is not None
+    reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
+    store.add_message(conversation.id, reply, asdict(start.params))
     if json_out:
         record = {
             "model": engine.name,
+            "conversation": conversation.id,
             "reply": done.reply,
             "finish_reason": done.finish_reason,
             "stats": done.stats.to_dict(),

@@ -19,6 +19,7 @@ class StartOptions:
     load: LoadOptions = field(default_factory=LoadOptions)
     params: SamplingParams = field(default_factory=SamplingParams)
     system: str | None = None
+    system_given: bool = False  # --system was on the command line (it then overrides a resumed conversation's)
     theme: str | None = None
     config: Config = field(default_factory=Config)
 

@@ -22,6 +22,7 @@ class Conversation:
     system: str | None = None
     messages: list[Message] = field(default_factory=list)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    name: str | None = None  # set by /rename; else the title comes from the first user message
 
     def for_template(self) -> list[dict]:
         """The role/content dicts the chat template takes, system prompt first."""
@@ -55,6 +56,8 @@ class Conversation:
 
     @property
     def title(self) -> str:
+        if self.name:
+            return self.name
         first = next((m.content for m in self.messages if m.role == "user"), "")
         line = " ".join(first.split())
         return (line[:48] + "…") if len(line) > 48 else (line or "New conversation")

@@ -1,0 +1,261 @@
+"""Conversations saved as they happen: SQLite in the user data dir, WAL mode.
+
+Each message is written in its own transaction when it completes — a user message
+when it is sent, a reply when it finishes (a stopped, partial reply too) — so a crash
+or `kill -9` mid-reply loses at most that reply, and the database stays readable.
+
+The schema version lives in `PRAGMA user_version`. An older database is migrated; a
+newer one (from a later chatcli) is refused with a clear message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatcli.chat.conversation import Conversation, Message
+
+SCHEMA_VERSION = 1
+DB_NAME = "chatcli.db"
+
+SCHEMA_V1 = """
+CREATE TABLE conversations (
+    id TEXT PRIMARY KEY,
+    title TEXT,              -- set by /rename; NULL: taken from the first user message
+    model TEXT NOT NULL DEFAULT '',
+    system TEXT,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    finish_reason TEXT,
+    stats TEXT,              -- JSON: TurnStats of a reply
+    sampling TEXT,           -- JSON: the SamplingParams a reply was made with
+    created REAL NOT NULL
+);
+CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+CREATE INDEX conversations_by_updated ON conversations(updated);
+"""
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used; the message says why and what to do."""
+
+
+@dataclass
+class Summary:
+    id: str
+    title: str
+    model: str
+    created: float
+    updated: float
+    messages: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def data_dir() -> Path:
+    override = os.environ.get("CHATCLI_DATA_DIR")
+    if override:
+        return Path(override)
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("chatcli"))
+
+
+class Store:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or data_dir() / DB_NAME
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
+        except OSError as exc:
+            raise StoreError(f"cannot create {self.path.parent}: {exc}") from None
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} was written by a newer chatcli (schema {version}, this one knows {SCHEMA_VERSION}); "
+                "upgrade chatcli, or move the file away to start a new history"
+            )
+        if version == 0:  # a new file: create the schema and stamp its version in one transaction
+            self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA_V1} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+
+    def _tx(self):
+        return _Transaction(self.db)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- writes: one transaction each ---------------------------------------------
+
+    def create(self, conversation: Conversation, model: str = "") -> None:
+        now = time.time()
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO conversations (id, title, model, system, created, updated) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation.id, conversation.name, model, conversation.system, now, now),
+            )
+            for message in conversation.messages:
+                self._insert(conversation.id, message, None, now)
+
+    def add_message(self, conversation_id: str, message: Message, sampling: dict | None = None) -> None:
+        now = time.time()
+        with self._tx():
+            self._insert(conversation_id, message, sampling, now)
+            self.db.execute("UPDATE conversations SET updated=? WHERE id=?", (now, conversation_id))
+
+    def _insert(self, conversation_id: str, message: Message, sampling: dict | None, now: float) -> None:
+        self.db.execute(
+            "INSERT INTO messages (conversation_id, role, content, finish_reason, stats, sampling, created)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                conversation_id,
+                message.role,
+                message.content,
+                message.finish_reason,
+                json.dumps(message.stats) if message.stats is not None else None,
+                json.dumps(sampling) if sampling is not None else None,
+                now,
+            ),
+        )
+
+    def remove_last(self, conversation_id: str, count: int) -> None:
+        """Drop the newest `count` messages (for /undo and /retry)."""
+        with self._tx():
+            self.db.execute(
+                "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE conversation_id=? ORDER BY id DESC LIMIT ?)",
+                (conversation_id, count),
+            )
+
+    def set_system(self, conversation_id: str, system: str | None) -> None:
+        with self._tx():
+            self.db.execute("UPDATE conversations SET system=? WHERE id=?", (system, conversation_id))
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        with self._tx():
+            self.db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conversation_id))
+
+    def delete(self, conversation_id: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
+
+    # -- reads ---------------------------------------------------------------------
+
+    def latest_id(self) -> str | None:
+        row = self.db.execute("SELECT id FROM conversations ORDER BY updated DESC, rowid DESC LIMIT 1").fetchone()
+        return row[0] if row else None
+
+    def find(self, prefix: str) -> str | None:
+        """A conversation id from its full id or a unique prefix of it."""
+        rows = self.db.execute("SELECT id FROM conversations WHERE id LIKE ? || '%'", (prefix,)).fetchall()
+        return rows[0][0] if len(rows) == 1 else None
+
+    def load(self, conversation_id: str) -> Conversation | None:
+        row = self.db.execute("SELECT title, system FROM conversations WHERE id=?", (conversation_id,)).fetchone()
+        if row is None:
+            return None
+        conversation = Conversation(system=row[1], id=conversation_id, name=row[0])
+        for role, content, finish, stats in self.db.execute(
+            "SELECT role, content, finish_reason, stats FROM messages WHERE conversation_id=? ORDER BY id",
+            (conversation_id,),
+        ):
+            conversation.messages.append(Message(role, content, finish, json.loads(stats) if stats else None))
+        return conversation
+
+    def summaries(self) -> list[Summary]:
+        rows = self.db.execute(
+            "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id),"
+            " (SELECT content FROM messages WHERE conversation_id=c.id AND role='user' ORDER BY id LIMIT 1)"
+            " FROM conversations c LEFT JOIN messages m ON m.conversation_id=c.id"
+            " GROUP BY c.id ORDER BY c.updated DESC, c.rowid DESC"
+        ).fetchall()
+        return [
+            Summary(id_, title or Conversation(messages=[Message("user", first or "")]).title, model, created, updated, n)
+            for id_, title, model, created, updated, n, first in rows
+        ]
+
+    def export(self, conversation_id: str) -> dict | None:
+        conversation = self.load(conversation_id)
+        if conversation is None:
+            return None
+        model, created, updated = self.db.execute(
+            "SELECT model, created, updated FROM conversations WHERE id=?", (conversation_id,)
+        ).fetchone()
+        return to_export(conversation, model, created, updated)
+
+    def import_export(self, data: dict) -> Conversation:
+        """Add a JSON export as a new conversation (a fresh id); raises ValueError on a bad file."""
+        conversation = from_export(data)
+        self.create(conversation, str(data.get("model", "")))
+        return conversation
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind, value, tb):
+        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        return False
+
+
+def to_export(conversation: Conversation, model: str = "", created: float = 0.0, updated: float = 0.0) -> dict:
+    return {
+        "format": "chatcli-conversation",
+        "version": 1,
+        "id": conversation.id,
+        "title": conversation.title,
+        "model": model,
+        "system": conversation.system,
+        "created": created,
+        "updated": updated,
+        "messages": [
+            {"role": m.role, "content": m.content, "finish_reason": m.finish_reason, "stats": m.stats}
+            for m in conversation.messages
+        ],
+    }
+
+
+def from_export(data: dict) -> Conversation:
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise ValueError("not a chatcli conversation export (no 'messages' list)")
+    conversation = Conversation(system=data.get("system") or None, name=data.get("title") or None)
+    for i, m in enumerate(data["messages"]):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i + 1} needs a role (user or assistant) and a text content")
+        conversation.messages.append(Message(m["role"], m["content"], m.get("finish_reason"), m.get("stats")))
+    return conversation
+
+
+def to_markdown(data: dict) -> str:
+    lines = [f"# {data['title']}", ""]
+    if data.get("model"):
+        lines += [f"Model: `{data['model']}`", ""]
+    if data.get("system"):
+        lines += ["**System:** " + data["system"], ""]
+    for m in data["messages"]:
+        who = "User" if m["role"] == "user" else "Assistant"
+        note = " *(stopped)*" if m.get("finish_reason") == "cancelled" else ""
+        lines += [f"## {who}{note}", "", m["content"], ""]
+    return "\n".join(lines)
