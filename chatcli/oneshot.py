@@ -93,22 +93,24 @@ def run_oneshot(
     session = engine.new_session()
     cancel = threading.Event()
     out = sys.stdout
-    printed_any = False
-    last = ""
+    pieces: list[str] = []
     done = None
     try:
         for event in engine.generate(conversation.for_template(), session, start.params, cancel):
-            if isinstance(event, Token) and event.text and not json_out:
-                out.write(event.text)
-                out.flush()
-                printed_any, last = True, event.text
+            if isinstance(event, Token) and event.text:
+                pieces.append(event.text)
+                if not json_out:
+                    out.write(event.text)
+                    out.flush()
             elif isinstance(event, Finished):
                 done = event
     except ContextOverflow as exc:
         raise UserError(f"prompt too long: {exc}") from None
     except KeyboardInterrupt:
-        cancel.set()  # the partial reply is not saved: the generator was interrupted mid-step
-        if printed_any and not json_out:
+        # Ctrl+C lands mid-step: keep what was streamed as a stopped reply, then leave.
+        cancel.set()
+        store.add_message(conversation.id, conversation.add_reply("".join(pieces), "cancelled"), asdict(start.params))
+        if pieces and not json_out:
             out.write("\n")
             out.flush()
         return 130
@@ -124,7 +126,7 @@ def run_oneshot(
             "stats": done.stats.to_dict(),
         }
         out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    elif printed_any and not last.endswith("\n"):
+    elif pieces and not pieces[-1].endswith("\n"):
         out.write("\n")
     out.flush()
     if show_stats:

@@ -6,8 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-
 import pytest
 import torch
 
@@ -67,7 +65,9 @@ def test_conversion_cache_round_trip_and_rebuild(real_engine, tmp_path, monkeypa
 
 
 def test_ctrl_c_stops_oneshot_with_130_keeping_output(tmp_path):
-    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "none.toml")}
+    from chatcli.chat.store import Store
+
+    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "none.toml"), "CHATCLI_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "chatcli", "-p", "Write a very long story about a dragon.", "--max-tokens", "2000"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -79,3 +79,8 @@ def test_ctrl_c_stops_oneshot_with_130_keeping_output(tmp_path):
     assert proc.returncode == 130
     assert b"Traceback" not in err
     assert len(first + out) >= 20
+    store = Store(tmp_path / "chatcli.db")
+    [saved] = [store.load(s.id) for s in store.summaries()]
+    reply = saved.messages[-1]
+    assert reply.role == "assistant" and reply.finish_reason == "cancelled"
+    assert (first + out).decode().strip().startswith(reply.content.strip()[:10])
