@@ -68,6 +68,19 @@ def test_a_request_that_extends_a_session_uses_it_in_place(tiny_engine, ids):
     assert len(pool) == 1 and pool.hits == 1 and pool.misses == 1
 
 
+def test_a_request_diverging_only_in_the_generated_reply_uses_the_session_in_place(tiny_engine):
+    pool = SessionPool(tiny_engine.new_session, budget_bytes=1 << 30)
+    prompt = tiny_engine.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
+    lease = pool.acquire(prompt)
+    fill(tiny_engine, lease.session, prompt + tiny_engine.tokenizer.encode(" the generated reply"))
+    pool.release(lease)
+    retokenised = prompt + tiny_engine.tokenizer.encode(" the generatedreply and more")
+    again = pool.acquire(retokenised)
+    assert again.how == "hit" and again.session is lease.session
+    assert len(prompt) < again.cached_tokens < len(lease.session.cache)
+    pool.release(again)
+
+
 def test_a_diverging_request_forks_and_leaves_the_original_whole(tiny_engine, ids):
     pool = SessionPool(tiny_engine.new_session, budget_bytes=1 << 30)
     lease = pool.acquire(ids)

@@ -5,8 +5,10 @@ new tokens. The pool keeps the sessions of recent conversations and, for a new
 request, finds the one whose cached ids share the longest prefix with the request's
 templated ids (`engine.fit_prompt`). Then:
 
-- the request extends that session's ids (or the session is the caller's own, by
-  key): it is used in place, and `Engine.generate` prefills only what follows;
+- the request extends that session's ids, or diverges only inside the reply the
+  session generated last (a client's re-tokenised copy of that reply), or the
+  session is the caller's own by key: it is used in place, and `Engine.generate`
+  prefills only what follows the common prefix;
 - the request diverges inside the session (another client with the same system
   prompt, a retry of a reply): the session is *forked* — its cache copied and
   cropped to the common prefix — so the original branch stays whole for its owner;
@@ -76,6 +78,7 @@ class _Entry:
     session: Session
     anonymous: bool
     leased: bool = False
+    prompt_len: int = 0  # ids the last request sent; the cache's ids past them were generated
 
 
 class SessionPool:
@@ -105,25 +108,27 @@ class SessionPool:
                 if entry.leased:
                     raise RuntimeError(f"session {key!r} is already in use")
                 entry.leased = True
+                entry.prompt_len = len(ids)
                 self.hits += 1
                 return Lease(key, entry.session, _usable(entry.session, ids), "hit")
             best_key, best = self._longest_match(ids)
             new_key = key if key is not None else f"anon-{next(self._ids)}"
             if best_key is not None:
                 entry = self._entries[best_key]
-                in_place = entry.anonymous and key is None and best == len(entry.session.cache)
+                in_place = entry.anonymous and key is None and best >= min(entry.prompt_len, len(entry.session.cache))
                 if in_place:
                     entry.leased = True
+                    entry.prompt_len = len(ids)
                     self._entries.move_to_end(best_key)
                     self.hits += 1
                     return Lease(best_key, entry.session, best, "hit")
                 if best >= self.min_fork_tokens:
                     session = self._fork(entry.session, best)
                     if session is not None:
-                        self._entries[new_key] = _Entry(session, key is None, leased=True)
+                        self._entries[new_key] = _Entry(session, key is None, True, len(ids))
                         self.forks += 1
                         return Lease(new_key, session, best, "fork")
-            self._entries[new_key] = _Entry(self.new_session(), key is None, leased=True)
+            self._entries[new_key] = _Entry(self.new_session(), key is None, True, len(ids))
             self.misses += 1
             return Lease(new_key, self._entries[new_key].session, 0, "new")
 
@@ -176,7 +181,7 @@ class SessionPool:
     def put(self, key: str, session: Session) -> None:
         """Keep `session` under a caller's key (a conversation id), as most recently used."""
         with self._lock:
-            self._entries[key] = _Entry(session, anonymous=False)
+            self._entries[key] = _Entry(session, anonymous=False, prompt_len=len(session.cache))
             self._entries.move_to_end(key)
             self._evict()
 
