@@ -78,7 +78,12 @@ def test_a_request_diverging_only_in_the_generated_reply_uses_the_session_in_pla
     again = pool.acquire(retokenised)
     assert again.how == "hit" and again.session is lease.session
     assert len(prompt) < again.cached_tokens < len(lease.session.cache)
+    fill(tiny_engine, again.session, retokenised + tiny_engine.tokenizer.encode(" a second reply"))
     pool.release(again)
+    retry = pool.acquire(retokenised)  # the same request again: only the last reply is dropped
+    assert retry.how == "hit" and retry.session is lease.session
+    assert retry.cached_tokens == len(retokenised) - 1
+    pool.release(retry)
 
 
 def test_a_diverging_request_forks_and_leaves_the_original_whole(tiny_engine, ids):

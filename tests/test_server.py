@@ -336,7 +336,7 @@ def test_eight_concurrent_clients_each_get_their_own_reply(tiny_engine, serve):
 def test_an_engine_failure_is_a_500_and_the_server_goes_on(tiny_engine, serve):
     server = serve(tiny_engine)
     forward = tiny_engine.runner.forward
-    calls = {"n": 0}
+    calls = {"n": 0}  # the third forward of a request fails: mid-reply
 
     def flaky(ids, cache):
         calls["n"] += 1
@@ -344,17 +344,25 @@ def test_an_engine_failure_is_a_500_and_the_server_goes_on(tiny_engine, serve):
             raise RuntimeError("simulated failure\nwith a second line")
         return forward(ids, cache)
 
+    expected = alone(tiny_engine, USER, temperature=0, max_tokens=8)
     tiny_engine.runner.forward = flaky
     r = server.post({"messages": USER, "temperature": 0, "max_tokens": 8})
     assert r.status_code == 500
     assert r.json()["error"]["message"] == "generation failed: simulated failure"
     assert len(server.app.state.pool) == 0  # the session it ran on was dropped
+    calls["n"] = 0  # fail again, mid-stream this time: an error event, then [DONE]
+    with httpx.stream("POST", server.url + "/v1/chat/completions",
+                      json={"messages": USER, "temperature": 0, "max_tokens": 8, "stream": True}, timeout=TIMEOUT) as s:
+        events = sse_events(s)
+    assert s.status_code == 200 and events[-1] == "[DONE]"
+    assert events[-2]["error"]["message"] == "generation failed: simulated failure"
+    assert len(server.app.state.pool) == 0
     with httpx.stream("POST", server.url + "/v1/chat/completions",
                       json={"messages": USER, "temperature": 0, "max_tokens": 8, "stream": True}, timeout=TIMEOUT) as s:
         events = sse_events(s)
     assert events[-1] == "[DONE]"
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e.get("choices"))
-    assert text == alone(tiny_engine, USER, temperature=0, max_tokens=8)
+    assert text == expected
 
 
 # -- the command -------------------------------------------------------------------

@@ -115,7 +115,10 @@ class SessionPool:
             new_key = key if key is not None else f"anon-{next(self._ids)}"
             if best_key is not None:
                 entry = self._entries[best_key]
-                in_place = entry.anonymous and key is None and best >= min(entry.prompt_len, len(entry.session.cache))
+                # In place when all the ids the client sent last time are shared (the engine always
+                # re-feeds a prompt's last id, hence the -1): only a generated reply is lost.
+                sent = min(entry.prompt_len - 1, len(entry.session.cache))
+                in_place = entry.anonymous and key is None and best >= sent
                 if in_place:
                     entry.leased = True
                     entry.prompt_len = len(ids)

@@ -121,7 +121,7 @@ class GenerationWorker:
                                             "messages")))
             return
         lease = self.pool.acquire(target)
-        ok = False
+        ok, failure = False, None
         try:
             if job.params.seed is not None:
                 lease.session._seed = None  # reseed for every request with a seed, not just a changed one
@@ -133,9 +133,11 @@ class GenerationWorker:
         except Exception as exc:  # noqa: BLE001 - reported to the client as one line
             log.exception("generation failed")
             self.failed += 1
-            self._emit(job, Failed(APIError(500, f"generation failed: {_one_line(exc)}", type="server_error")))
+            failure = Failed(APIError(500, f"generation failed: {_one_line(exc)}", type="server_error"))
         finally:
-            self.pool.release(lease, ok)
+            self.pool.release(lease, ok)  # before the client hears of a failure: the pool is settled
+        if failure is not None:
+            self._emit(job, failure)
 
     def _record(self, done: Finished, how: str) -> None:
         if done.finish_reason == "cancelled":
