@@ -106,6 +106,10 @@ def test_openai_client_gets_the_engines_reply(tiny_engine, serve):
     assert done.usage.prompt_tokens == len(tiny_engine.tokenizer.encode_chat(USER))
     assert done.usage.completion_tokens == 16 and done.choices[0].finish_reason == "length"
     assert done.usage.total_tokens == done.usage.prompt_tokens + 16
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError, match="top_k"):  # the extensions travel in extra_body
+        client(server).chat.completions.create(model="tiny", messages=USER, extra_body={"top_k": -1})
 
 
 def test_openai_client_streams_the_same_reply_in_pieces(tiny_engine, serve):
@@ -138,6 +142,24 @@ def test_a_follow_up_that_extends_the_conversation_reuses_the_cache(tiny_engine,
     assert cached >= first.usage.prompt_tokens  # at least the first prompt was not prefilled again
     assert cached < second.usage.prompt_tokens
     assert second.choices[0].message.content == alone(tiny_engine, follow, temperature=0, max_tokens=8)
+
+
+def test_a_shared_system_prompt_is_forked_not_taken_from_its_first_client(tiny_engine, serve):
+    server = serve(tiny_engine)
+    system = {"role": "system", "content": "The quick brown fox jumps over the lazy dog. " * 4}
+    ann = [system, {"role": "user", "content": "Hello"}]
+    bob = [system, {"role": "user", "content": "def main():"}]
+    body = {"temperature": 0, "max_tokens": 8}
+    first = server.post({**body, "messages": ann}).json()
+    second = server.post({**body, "messages": bob}).json()
+    shared = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert shared > 32  # the system prompt came from Ann's cache
+    assert second["choices"][0]["message"]["content"] == alone(tiny_engine, bob, temperature=0, max_tokens=8)
+    follow = ann + [first["choices"][0]["message"], {"role": "user", "content": "Thanks"}]
+    third = server.post({**body, "messages": follow}).json()
+    assert third["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] > shared
+    assert third["choices"][0]["message"]["content"] == alone(tiny_engine, follow, temperature=0, max_tokens=8)
+    assert server.app.state.pool.forks == 1
 
 
 def test_a_seed_makes_sampling_reproducible_across_requests(tiny_engine, serve):
@@ -190,6 +212,7 @@ BAD = [
     ({"messages": USER, "max_tokens": 0}, "max_tokens"),
     ({"messages": USER, "max_completion_tokens": 2.5}, "max_completion_tokens"),
     ({"messages": USER, "seed": "x"}, "seed"),
+    ({"messages": USER, "seed": 2**70}, "seed"),
     ({"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"messages": USER, "stop": [""]}, "stop"),
     ({"messages": USER, "stop": 3}, "stop"),

@@ -147,6 +147,8 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
         value = _number(body, name, integer)
         if value is not None:
             changes[field] = float(value) if not integer else int(value)
+    if "seed" in changes and not -(2**63) <= changes["seed"] < 2**64:
+        raise _bad(f"seed must fit in 64 bits, got {changes['seed']}", "seed")
     limit = None
     for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins
         limit = _number(body, name, integer=True)
