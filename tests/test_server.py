@@ -320,6 +320,39 @@ def test_a_client_that_disconnects_stops_its_generation(tiny_engine, serve):
     assert after["choices"][0]["message"]["content"] == alone(engine, USER, temperature=0, max_tokens=6)
 
 
+def test_a_full_queue_answers_503_and_recovers(tiny_engine, serve):
+    server = serve(slow_endless(tiny_engine), max_pending=1)
+    body = {"messages": USER, "temperature": 0, "max_tokens": 200, "stream": True}
+    with httpx.Client(timeout=TIMEOUT) as http, http.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()  # held: dropping it would close the connection
+        assert next(lines).startswith("data: ")  # the first request is running
+        busy = server.post({"messages": USER, "max_tokens": 4})
+        assert busy.status_code == 503
+        assert busy.json()["error"]["code"] == "server_busy"
+    assert server.worker.wait_idle(30)
+    assert server.post({"messages": USER, "max_tokens": 4}).status_code == 200
+
+
+def test_closing_the_worker_finishes_the_running_job_and_refuses_the_queued_ones(tiny_engine):
+    from chatcli.engine.pool import SessionPool
+    from chatcli.server.worker import Failed, GenerationWorker, Job
+
+    engine = slow_endless(tiny_engine, 0.01)
+    worker = GenerationWorker(engine, SessionPool(engine.new_session, 1 << 30))
+    got: dict[str, list] = {"a": [], "b": []}
+    params = SamplingParams(temperature=0, max_tokens=30)
+    assert worker.submit(Job(USER, params, got["a"].append))
+    assert worker.submit(Job(USER, params, got["b"].append))
+    deadline = time.monotonic() + 30
+    while not got["a"]:  # a is running
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    worker.close(timeout=30)
+    assert isinstance(got["a"][-1], Finished) and got["a"][-1].finish_reason == "length"
+    assert len(got["b"]) == 1 and isinstance(got["b"][0], Failed) and got["b"][0].error.status == 503
+    assert not worker.submit(Job(USER, params, got["b"].append))
+
+
 def test_a_non_streaming_client_that_leaves_stops_its_generation_too(tiny_engine, serve):
     server = serve(slow_endless(tiny_engine))
     with pytest.raises(httpx.ReadTimeout):

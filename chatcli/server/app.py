@@ -106,7 +106,11 @@ class CompletionResponse(Response):
             loop.call_soon_threadsafe(events.put_nowait, item)
 
         job = Job(self.request.messages, self.request.params, emit)
-        self.worker.submit(job)
+        if not self.worker.submit(job):
+            busy = APIError(503, f"the server is busy: {self.worker.max_pending} requests are already queued",
+                            code="server_busy", type="server_error")
+            await self._send_json(send, busy.status, busy.body())
+            return
         async with anyio.create_task_group() as tg:
 
             async def watch_disconnect() -> None:
@@ -194,11 +198,12 @@ def create_app(
     cache_budget_bytes: int = DEFAULT_CACHE_BUDGET_BYTES,
     defaults: SamplingParams | None = None,
     pool: SessionPool | None = None,
+    max_pending: int = 64,
 ) -> Starlette:
     """The server for `engine`; its worker thread starts with the app's lifespan (or the first request)."""
     defaults = defaults or SamplingParams()
     pool = pool or SessionPool(engine.new_session, cache_budget_bytes)
-    worker = GenerationWorker(engine, pool)
+    worker = GenerationWorker(engine, pool, max_pending)
     started = int(time.time())
 
     async def chat_completions(request: Request) -> Response:
@@ -213,7 +218,9 @@ def create_app(
         return JSONResponse(schema.models_list(engine.name, started))
 
     async def health(_request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": engine.name, "pending": worker.pending, "cache": pool.stats()})
+        requests = {"served": worker.served, "cancelled": worker.cancelled, "failed": worker.failed}
+        return JSONResponse({"status": "ok", "model": engine.name, "pending": worker.pending, "requests": requests,
+                             "cache": pool.stats()})
 
     async def on_api_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)

@@ -44,9 +44,11 @@ class Job:
 
 
 class GenerationWorker:
-    def __init__(self, engine: Engine, pool: SessionPool) -> None:
+    def __init__(self, engine: Engine, pool: SessionPool, max_pending: int = 64) -> None:
         self.engine = engine
         self.pool = pool
+        self.max_pending = max_pending  # running + queued; more are refused with a 503
+        self._closing = False
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._state = threading.Condition()
@@ -59,14 +61,19 @@ class GenerationWorker:
             self._thread = threading.Thread(target=self._loop, name="chatcli-generate", daemon=True)
             self._thread.start()
 
-    def submit(self, job: Job) -> None:
-        self.start()
+    def submit(self, job: Job) -> bool:
+        """Queue `job`; False (and nothing queued) when the queue is full or the worker is closing."""
         with self._state:
+            if self._closing or self._pending >= self.max_pending:
+                return False
             self._pending += 1
+        self.start()
         self._jobs.put(job)
+        return True
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop after the current job; queued jobs are not started."""
+        """Stop after the current job; jobs still queued are answered with a 503, not run."""
+        self._closing = True
         if self._thread is not None:
             self._jobs.put(None)
             self._thread.join(timeout)
@@ -108,6 +115,10 @@ class GenerationWorker:
         if job.cancel.is_set():  # the client left while queued
             self.cancelled += 1
             self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
+            return
+        if self._closing:
+            self._emit(job, Failed(APIError(503, "the server is shutting down", code="shutting_down",
+                                            type="server_error")))
             return
         try:
             target, _dropped = self.engine.fit_prompt(job.messages, job.params)
