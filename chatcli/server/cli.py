@@ -17,6 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 MIB = 1 << 20
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def is_loopback(host: str) -> bool:
@@ -45,7 +46,7 @@ def _fail(message: str, code: int = 1):
 
 def serve_command(
     host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
     api_key: Annotated[
         Optional[str],
         typer.Option("--api-key", envvar="CHATCLI_API_KEY", help="Require 'Authorization: Bearer KEY' on every request."),
@@ -57,6 +58,7 @@ def serve_command(
     cache_budget: Annotated[
         int, typer.Option(min=0, help="MiB of KV cache kept across requests for prefix reuse (0 keeps none).")
     ] = 1024,
+    max_queue: Annotated[int, typer.Option(min=1, help="Requests running or waiting before more get a 503.")] = 64,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level: debug, info, warning, error.")] = "info",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
@@ -64,6 +66,8 @@ def serve_command(
     from chatcli.engine.load import LoadError, LoadOptions
     from chatcli.options import StartOptions
 
+    if log_level.lower() not in LOG_LEVELS:
+        _fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
     warning = bind_warning(host, api_key)
     if warning:
         typer.echo(warning, err=True)
@@ -75,18 +79,18 @@ def serve_command(
     except (ConfigError, LoadError) as exc:
         _fail(str(exc))
     serve(engine, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes,
-          cache_budget_bytes=cache_budget * MIB, defaults=start.params, log_level=log_level)
+          cache_budget_bytes=cache_budget * MIB, defaults=start.params, max_queue=max_queue, log_level=log_level)
 
 
 def serve(engine, *, host: str, port: int, api_key: str | None = None, max_body_bytes: int = MIB,
-          cache_budget_bytes: int = 1024 * MIB, defaults=None, log_level: str = "info") -> None:
+          cache_budget_bytes: int = 1024 * MIB, defaults=None, max_queue: int = 64, log_level: str = "info") -> None:
     """Run the server in this thread until Ctrl-C."""
     import uvicorn
 
     from chatcli.server.app import create_app
 
     app = create_app(engine, api_key=api_key, max_body_bytes=max_body_bytes,
-                     cache_budget_bytes=cache_budget_bytes, defaults=defaults)
+                     cache_budget_bytes=cache_budget_bytes, defaults=defaults, max_pending=max_queue)
     shown = f"[{host}]" if ":" in host else host
     typer.echo(f"Serving {engine.name} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
