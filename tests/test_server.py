@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
 from chatcli.engine.sampling import SamplingParams
@@ -218,8 +220,43 @@ BAD = [
     ({"messages": USER, "stop": 3}, "stop"),
     ({"messages": USER, "stream": "yes"}, "stream"),
     ({"messages": USER, "n": 2}, "n"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "messages[0].content"),
+    ({"messages": [5]}, "messages[0]"),
+    ({"messages": USER, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"messages": USER, "stream_options": []}, "stream_options"),
+    ({"messages": USER, "stop": [1]}, "stop"),
+    ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
     ([1, 2], None),
+    (None, None),
+    ("text", None),
 ]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=12,
+)
+FIELDS = st.sampled_from(["messages", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
+                          "max_completion_tokens", "stop", "seed", "stream", "stream_options", "n", "model"])
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]) | JSON,
+                                 "content": st.text(max_size=5) | JSON})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(FIELDS, JSON | st.lists(MESSAGE, max_size=3), max_size=6) | JSON)
+def test_any_json_body_is_a_request_or_a_400(body):
+    from chatcli.server.schema import APIError, ChatRequest, parse_request
+
+    try:
+        request = parse_request(body, SamplingParams())
+    except APIError as exc:
+        assert exc.status == 400 and exc.message and "\n" not in exc.message
+    else:
+        assert isinstance(request, ChatRequest) and request.messages
+        assert all(m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str)
+                   for m in request.messages)
 
 
 def test_invalid_requests_get_an_openai_style_400(tiny_engine, serve):
@@ -232,8 +269,9 @@ def test_invalid_requests_get_an_openai_style_400(tiny_engine, serve):
         assert error["message"] and "\n" not in error["message"]
     r = httpx.post(server.url + "/v1/chat/completions", content=b'{"messages": [', timeout=TIMEOUT)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
-    r = httpx.post(server.url + "/v1/chat/completions", content=b"\xff\xfe", timeout=TIMEOUT)
-    assert r.status_code == 400
+    for raw in (b"\xff\xfe", b"[" * 100_000, b""):
+        r = httpx.post(server.url + "/v1/chat/completions", content=raw, timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     assert httpx.get(server.url + "/v1/nothing", timeout=TIMEOUT).json()["error"]["code"] == "not_found"
     assert httpx.get(server.url + "/v1/chat/completions", timeout=TIMEOUT).status_code == 405
     assert server.post({"messages": USER, "temperature": 0, "max_tokens": 4}).status_code == 200  # still serving

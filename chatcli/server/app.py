@@ -136,12 +136,9 @@ class CompletionResponse(Response):
         if self.request.stream:
             await self._stream(first, events, send)
             return
-        pieces: list[str] = []
         while True:
             event = await events.get()
-            if isinstance(event, Token):
-                pieces.append(event.text)
-            elif isinstance(event, Failed):
+            if isinstance(event, Failed):
                 await self._send_json(send, event.error.status, event.error.body())
                 return
             elif isinstance(event, Finished):
@@ -210,7 +207,7 @@ def create_app(
         body = await read_body(request, max_body_bytes)
         try:
             data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
         return CompletionResponse(schema.parse_request(data, defaults), worker, engine.name)
 

@@ -95,7 +95,7 @@ def parse_messages(value) -> list[dict]:
         if not isinstance(msg, dict):
             raise _bad(f"{where} must be an object", where, "invalid_type")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise _bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
         out.append({"role": ROLES[role], "content": _content(msg.get("content"), where)})
     return out
@@ -128,7 +128,8 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
         stream = False
     if not isinstance(stream, bool):
         raise _bad("stream must be a boolean", "stream", "invalid_type")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    options = {} if options is None else options
     if not isinstance(options, dict):
         raise _bad("stream_options must be an object", "stream_options", "invalid_type")
     include_usage = options.get("include_usage", False)
