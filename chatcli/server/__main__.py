@@ -1,0 +1,3 @@
+from chatcli.server.cli import main
+
+main()

@@ -1,0 +1,258 @@
+"""The ASGI app: OpenAI-compatible routes over an already-built `Engine`.
+
+    POST /v1/chat/completions   chat.completion, or text/event-stream chunks then [DONE]
+    GET  /v1/models             the one model this server has
+    GET  /health                liveness, queue depth and cache pool numbers
+
+`create_app(engine, ...)` builds it (tests pass the tiny engine; `chatcli serve`
+the loaded model). One `GenerationWorker` thread runs the engine, one request at a
+time; each response waits on its own asyncio queue, fed from that thread with
+`loop.call_soon_threadsafe`, while a watcher task listens for the client's
+disconnect and sets the job's cancel event. Errors are OpenAI-shaped JSON:
+400 for bad input, 401 without the API key, 413 past the body cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from chatcli.engine.engine import Engine, Finished, Prefilled, Token
+from chatcli.engine.pool import SessionPool
+from chatcli.engine.sampling import SamplingParams
+from chatcli.server import schema
+from chatcli.server.schema import APIError, ChatRequest
+from chatcli.server.worker import Failed, GenerationWorker, Job
+
+log = logging.getLogger("chatcli.server")
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than a full context of text
+DEFAULT_CACHE_BUDGET_BYTES = 1 << 30  # 1 GiB of KV cache across the pooled sessions
+
+
+def _json(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error_response(err: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+class BearerAuth:
+    """Every HTTP request needs `Authorization: Bearer KEY`; compared in constant time."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.key = api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            scheme, _, token = header.partition(b" ")
+            ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
+            if not ok:
+                err = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                               code="invalid_api_key")
+                await error_response(err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to pass `cap` bytes."""
+    too_large = APIError(413, f"the request body is over the limit of {cap} bytes", code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise APIError(400, "invalid Content-Length header")
+        if int(length) > cap:
+            raise too_large
+    chunks, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > cap:
+            raise too_large
+        chunks.append(part)
+    return b"".join(chunks)
+
+
+class CompletionResponse(Response):
+    """Submits the job when sent, then answers with JSON or SSE as its events arrive."""
+
+    def __init__(self, request: ChatRequest, worker: GenerationWorker, model: str) -> None:
+        self.request = request
+        self.worker = worker
+        self.model = model
+        self.background = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(item) -> None:  # called in the worker thread
+            loop.call_soon_threadsafe(events.put_nowait, item)
+
+        job = Job(self.request.messages, self.request.params, emit)
+        if not self.worker.submit(job):
+            busy = APIError(503, f"the server is busy: {self.worker.max_pending} requests are already queued",
+                            code="server_busy", type="server_error")
+            await self._send_json(send, busy.status, busy.body())
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def watch_disconnect() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                job.cancel.set()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_disconnect)
+            try:
+                with contextlib.suppress(OSError):  # the client went away while we were sending
+                    await self._respond(events, send)
+            finally:
+                job.cancel.set()  # no-op after Finished; stops a turn whose client left
+                tg.cancel_scope.cancel()
+
+    async def _respond(self, events: asyncio.Queue, send) -> None:
+        first = await events.get()
+        if isinstance(first, Failed):
+            await self._send_json(send, first.error.status, first.error.body())
+            return
+        assert isinstance(first, Prefilled)
+        if self.request.stream:
+            await self._stream(first, events, send)
+            return
+        while True:
+            event = await events.get()
+            if isinstance(event, Failed):
+                await self._send_json(send, event.error.status, event.error.body())
+                return
+            elif isinstance(event, Finished):
+                use = schema.usage(first.prompt_tokens, event.stats.completion_tokens, first.cached_tokens)
+                body = schema.completion(schema.new_id(), self.model, event.reply, event.finish_reason, use)
+                await self._send_json(send, 200, body)
+                return
+
+    async def _stream(self, first: Prefilled, events: asyncio.Queue, send) -> None:
+        cid, created = schema.new_id(), int(time.time())
+        with_usage = self.request.include_usage
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+        async def data(obj) -> None:
+            payload = b"data: " + (obj if isinstance(obj, bytes) else _json(obj)) + b"\n\n"
+            await send({"type": "http.response.body", "body": payload, "more_body": True})
+
+        await data(schema.chunk(cid, self.model, created, {"role": "assistant", "content": ""}, with_usage=with_usage))
+        while True:
+            event = await events.get()
+            if isinstance(event, Token):
+                if event.text:
+                    await data(schema.chunk(cid, self.model, created, {"content": event.text}, with_usage=with_usage))
+            elif isinstance(event, Failed):
+                await data(event.error.body())
+                break
+            elif isinstance(event, Finished):
+                await data(schema.chunk(cid, self.model, created, {}, event.finish_reason, with_usage=with_usage))
+                if with_usage:
+                    use = schema.usage(first.prompt_tokens, event.stats.completion_tokens, first.cached_tokens)
+                    await data(schema.chunk(cid, self.model, created, None, use=use, with_usage=True))
+                break
+        await data(b"[DONE]")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _send_json(send, status: int, body: dict) -> None:
+        payload = _json(body)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def create_app(
+    engine: Engine,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cache_budget_bytes: int = DEFAULT_CACHE_BUDGET_BYTES,
+    defaults: SamplingParams | None = None,
+    pool: SessionPool | None = None,
+    max_pending: int = 64,
+) -> Starlette:
+    """The server for `engine`; its worker thread starts with the app's lifespan (or the first request)."""
+    defaults = defaults or SamplingParams()
+    pool = pool or SessionPool(engine.new_session, cache_budget_bytes)
+    worker = GenerationWorker(engine, pool, max_pending)
+    started = int(time.time())
+
+    async def chat_completions(request: Request) -> Response:
+        body = await read_body(request, max_body_bytes)
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
+        return CompletionResponse(schema.parse_request(data, defaults), worker, engine.name)
+
+    async def models(_request: Request) -> Response:
+        return JSONResponse(schema.models_list(engine.name, started))
+
+    async def health(_request: Request) -> Response:
+        requests = {"served": worker.served, "cancelled": worker.cancelled, "failed": worker.failed}
+        return JSONResponse({"status": "ok", "model": engine.name, "pending": worker.pending, "requests": requests,
+                             "cache": pool.stats()})
+
+    async def on_api_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def on_http_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(APIError(exc.status_code, str(exc.detail), code=code))
+
+    async def on_crash(_request: Request, exc: Exception) -> Response:
+        log.error("request failed: %r", exc)
+        return error_response(APIError(500, "internal server error", type="server_error"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.close()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    middleware = [Middleware(BearerAuth, api_key=api_key)] if api_key else []
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    app.state.pool = pool
+    app.state.worker = worker
+    return app

@@ -1,0 +1,227 @@
+"""The OpenAI chat-completions wire format: request JSON in, response and chunk JSON out.
+
+`parse_request` validates a decoded body and maps its fields onto `SamplingParams`
+(over the server's defaults); anything wrong raises `APIError`, which the app turns
+into an OpenAI-style `{"error": {"message", "type", "param", "code"}}` body.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+from chatcli.engine.sampling import InvalidParameter, SamplingParams
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOPS = 4
+
+# SamplingParams' names in its messages → the request field a client sent.
+PARAM_OF = {
+    "temperature": "temperature",
+    "top-k": "top_k",
+    "top-p": "top_p",
+    "min-p": "min_p",
+    "repeat-penalty": "repetition_penalty",
+    "max-tokens": "max_tokens",
+    "stop": "stop",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error") -> None:  # noqa: A002 - the OpenAI field name
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,  # noqa: A002
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]  # role/content dicts, as the chat template takes them
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _bad(message: str, param: str | None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param, code)
+
+
+def _number(body: dict, name: str, integer: bool = False):
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise _bad(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name, "invalid_type")
+    if not integer and not math.isfinite(value):
+        raise _bad(f"{name} must be a finite number, got {value!r}", name)
+    return value
+
+
+def _content(value, where: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts: only text is understood
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _bad(f"{where}.content: only text parts are supported", f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(f"{where}.content must be a string or a list of text parts", f"{where}.content", "invalid_type")
+
+
+def parse_messages(value) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise _bad("messages must be a non-empty array", "messages", "invalid_type" if not isinstance(value, list) else "invalid_value")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise _bad(f"{where} must be an object", where, "invalid_type")
+        role = msg.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise _bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        out.append({"role": ROLES[role], "content": _content(msg.get("content"), where)})
+    return out
+
+
+def _stops(value) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise _bad("stop must be a string or an array of strings", "stop", "invalid_type")
+    if len(value) > MAX_STOPS:
+        raise _bad(f"stop takes at most {MAX_STOPS} strings, got {len(value)}", "stop")
+    return tuple(value)
+
+
+def parse_request(body, defaults: SamplingParams) -> ChatRequest:
+    """A decoded JSON body → a validated `ChatRequest`; raises `APIError` (400)."""
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", None, "invalid_type")
+    messages = parse_messages(body.get("messages"))
+    n = _number(body, "n", integer=True)
+    if n is not None and n != 1:
+        raise _bad("only n=1 is supported", "n")
+    if body.get("tools") or body.get("functions"):
+        raise _bad("tools are not supported by this server", "tools", "unsupported_parameter")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("stream must be a boolean", "stream", "invalid_type")
+    options = body.get("stream_options")
+    options = {} if options is None else options
+    if not isinstance(options, dict):
+        raise _bad("stream_options must be an object", "stream_options", "invalid_type")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise _bad("stream_options.include_usage must be a boolean", "stream_options.include_usage", "invalid_type")
+
+    changes: dict = {}
+    for field, name, integer in (
+        ("temperature", "temperature", False),
+        ("top_p", "top_p", False),
+        ("top_k", "top_k", True),
+        ("min_p", "min_p", False),
+        ("repeat_penalty", "repetition_penalty", False),
+        ("seed", "seed", True),
+    ):
+        value = _number(body, name, integer)
+        if value is not None:
+            changes[field] = float(value) if not integer else int(value)
+    if "seed" in changes and not -(2**63) <= changes["seed"] < 2**64:
+        raise _bad(f"seed must fit in 64 bits, got {changes['seed']}", "seed")
+    limit = None
+    for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins
+        limit = _number(body, name, integer=True)
+        if limit is not None:
+            if limit < 1:
+                raise _bad(f"{name} must be >= 1, got {limit}", name)
+            changes["max_tokens"] = limit
+            break
+    stops = _stops(body.get("stop"))
+    if stops:
+        changes["stop"] = stops
+    try:
+        params = defaults.with_(**changes)
+    except InvalidParameter as exc:
+        message = str(exc)
+        key = next((k for k in PARAM_OF if message.startswith(k)), None)
+        if key is not None:
+            message = PARAM_OF[key] + message[len(key) :]
+        raise _bad(message, PARAM_OF.get(key)) from None
+    return ChatRequest(messages, params, stream, include_usage)
+
+
+# -- responses ----------------------------------------------------------------
+
+
+def new_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"  # "cancelled" only reaches a client that left
+
+
+def completion(cid: str, model: str, text: str, reason: str, use: dict) -> dict:
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish_reason(reason),
+                "logprobs": None,
+            }
+        ],
+        "usage": use,
+    }
+
+
+def chunk(cid: str, model: str, created: int, delta: dict | None, reason: str | None = None,
+          use: dict | None = None, with_usage: bool = False) -> dict:
+    """One `chat.completion.chunk`; `delta=None` gives the usage-only chunk (no choices)."""
+    out: dict = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
+    if delta is None:
+        out["choices"] = []
+    else:
+        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]
+    if with_usage:
+        out["usage"] = use
+    return out
+
+
+def models_list(model: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "chatcli"}]}

@@ -1,0 +1,163 @@
+"""The generation thread: the sync engine serves one request at a time, off the event loop.
+
+Requests are `Job`s in a FIFO queue. The one worker thread takes a job, templates
+its messages (`engine.fit_prompt`), leases the session with the longest cached
+prefix from the pool, drives `Engine.generate`, and hands every event to the job's
+`emit` callback (the app passes one that does `loop.call_soon_threadsafe` into an
+asyncio queue, so the event loop never blocks on the engine). A job's `cancel` event
+— set when its client disconnects — stops it before it starts or at the next step.
+
+Whatever happens in a turn, the session goes back to the pool consistent: a turn
+that raised drops its session, because its cache may no longer match its ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from chatcli.engine.engine import ContextOverflow, Engine, Finished
+from chatcli.engine.pool import SessionPool
+from chatcli.engine.sampling import SamplingParams
+from chatcli.server.schema import APIError
+
+log = logging.getLogger("chatcli.server")
+
+
+@dataclass
+class Failed:
+    """The job ended with an error instead of (or, mid-stream, after) its events."""
+
+    error: APIError
+
+
+@dataclass
+class Job:
+    messages: list[dict]
+    params: SamplingParams
+    emit: Callable[[object], None]  # receives Prefilled, Token, Finished or Failed; last is Finished or Failed
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class GenerationWorker:
+    def __init__(self, engine: Engine, pool: SessionPool, max_pending: int = 64) -> None:
+        self.engine = engine
+        self.pool = pool
+        self.max_pending = max_pending  # running + queued; more are refused with a 503
+        self._closing = False
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._state = threading.Condition()
+        self._pending = 0  # submitted, not yet done
+        self.history: deque[dict] = deque(maxlen=64)  # the latest turns: finish reason and stats
+        self.served = self.cancelled = self.failed = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="chatcli-generate", daemon=True)
+            self._thread.start()
+
+    def submit(self, job: Job) -> bool:
+        """Queue `job`; False (and nothing queued) when the queue is full or the worker is closing."""
+        with self._state:
+            if self._closing or self._pending >= self.max_pending:
+                return False
+            self._pending += 1
+        self.start()
+        self._jobs.put(job)
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop after the current job; jobs still queued are answered with a 503, not run."""
+        self._closing = True
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no job is queued or running; False on timeout."""
+        with self._state:
+            return self._state.wait_for(lambda: self._pending == 0, timeout)
+
+    # -- the thread -----------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._run(job)
+            except Exception:  # noqa: BLE001 - never let one request end the thread
+                log.exception("generation failed")
+                self._emit(job, Failed(APIError(500, "internal error in the generation thread", type="server_error")))
+            finally:
+                with self._state:
+                    self._pending -= 1
+                    self._state.notify_all()
+
+    def _emit(self, job: Job, item: object) -> None:
+        try:
+            job.emit(item)
+        except Exception:  # noqa: BLE001 - the client's loop is gone: nobody to tell
+            job.cancel.set()
+
+    def _run(self, job: Job) -> None:
+        if job.cancel.is_set():  # the client left while queued
+            self.cancelled += 1
+            self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
+            return
+        if self._closing:
+            self._emit(job, Failed(APIError(503, "the server is shutting down", code="shutting_down",
+                                            type="server_error")))
+            return
+        try:
+            target, _dropped = self.engine.fit_prompt(job.messages, job.params)
+        except ContextOverflow as exc:
+            self.failed += 1
+            self._emit(job, Failed(APIError(400, str(exc), "messages", "context_length_exceeded")))
+            return
+        except Exception as exc:  # noqa: BLE001 - e.g. a chat template that rejects the roles
+            self.failed += 1
+            self._emit(job, Failed(APIError(400, f"the chat template rejected the messages: {_one_line(exc)}",
+                                            "messages")))
+            return
+        lease = self.pool.acquire(target)
+        ok, failure = False, None
+        try:
+            if job.params.seed is not None:
+                lease.session._seed = None  # reseed for every request with a seed, not just a changed one
+            for event in self.engine.generate(job.messages, lease.session, job.params, job.cancel):
+                self._emit(job, event)
+                if isinstance(event, Finished):
+                    self._record(event, lease.how)
+            ok = True
+        except Exception as exc:  # noqa: BLE001 - reported to the client as one line
+            log.exception("generation failed")
+            self.failed += 1
+            failure = Failed(APIError(500, f"generation failed: {_one_line(exc)}", type="server_error"))
+        finally:
+            self.pool.release(lease, ok)  # before the client hears of a failure: the pool is settled
+        if failure is not None:
+            self._emit(job, failure)
+
+    def _record(self, done: Finished, how: str) -> None:
+        if done.finish_reason == "cancelled":
+            self.cancelled += 1
+        else:
+            self.served += 1
+        self.history.append({"finish_reason": done.finish_reason, "pool": how, **done.stats.to_dict()})
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

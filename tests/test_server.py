@@ -1,0 +1,522 @@
+"""`chatcli serve` end to end: a real uvicorn on a free loopback port, driven by the openai client and httpx."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chatcli.engine.engine import Finished
+from chatcli.engine.sampling import SamplingParams
+from chatcli.server.app import create_app
+
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+TIMEOUT = 60.0
+
+
+class Server:
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def start(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+    @property
+    def worker(self):
+        return self.app.state.worker
+
+    def post(self, body, **kwargs) -> httpx.Response:
+        kwargs.setdefault("timeout", TIMEOUT)
+        return httpx.post(self.url + "/v1/chat/completions", json=body, **kwargs)
+
+
+@pytest.fixture
+def serve():
+    """serve(engine, **create_app options) → a started Server; all are stopped at teardown."""
+    started: list[Server] = []
+
+    def start(engine, **options) -> Server:
+        server = Server(create_app(engine, **options)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def alone(engine, messages, **params) -> str:
+    """The reply the engine gives this request on a fresh session: what the server must return."""
+    events = list(engine.generate(messages, engine.new_session(), SamplingParams().with_(**params)))
+    assert isinstance(events[-1], Finished)
+    return events[-1].reply
+
+
+def client(server, **kwargs):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0,
+                  timeout=TIMEOUT, **kwargs)
+
+
+def sse_events(response: httpx.Response) -> list:
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+# -- the openai client -----------------------------------------------------------
+
+
+def test_openai_client_gets_the_engines_reply(tiny_engine, serve):
+    server = serve(tiny_engine)
+    expected = alone(tiny_engine, USER, temperature=0, max_tokens=16)
+    done = client(server).chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=16)
+    assert done.object == "chat.completion"
+    assert done.choices[0].message.role == "assistant"
+    assert done.choices[0].message.content == expected
+    assert done.model == tiny_engine.name
+    assert done.usage.prompt_tokens == len(tiny_engine.tokenizer.encode_chat(USER))
+    assert done.usage.completion_tokens == 16 and done.choices[0].finish_reason == "length"
+    assert done.usage.total_tokens == done.usage.prompt_tokens + 16
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError, match="top_k"):  # the extensions travel in extra_body
+        client(server).chat.completions.create(model="tiny", messages=USER, extra_body={"top_k": -1})
+
+
+def test_openai_client_streams_the_same_reply_in_pieces(tiny_engine, serve):
+    server = serve(tiny_engine)
+    expected = alone(tiny_engine, USER, temperature=0, max_tokens=16)
+    stream = client(server).chat.completions.create(
+        model="tiny", messages=USER, temperature=0, max_tokens=16, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(pieces) == expected
+    assert len(pieces) > 1  # streamed as decoded, not in one piece
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_a_follow_up_that_extends_the_conversation_reuses_the_cache(tiny_engine, serve):
+    server = serve(tiny_engine)
+    openai = client(server)
+    first = openai.chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=8)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    follow = USER + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And of Spain?"},
+    ]
+    second = openai.chat.completions.create(model="tiny", messages=follow, temperature=0, max_tokens=8)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens  # at least the first prompt was not prefilled again
+    assert cached < second.usage.prompt_tokens
+    assert second.choices[0].message.content == alone(tiny_engine, follow, temperature=0, max_tokens=8)
+
+
+def test_a_shared_system_prompt_is_forked_not_taken_from_its_first_client(tiny_engine, serve):
+    server = serve(tiny_engine)
+    system = {"role": "system", "content": "The quick brown fox jumps over the lazy dog. " * 4}
+    ann = [system, {"role": "user", "content": "Hello"}]
+    bob = [system, {"role": "user", "content": "def main():"}]
+    body = {"temperature": 0, "max_tokens": 8}
+    first = server.post({**body, "messages": ann}).json()
+    second = server.post({**body, "messages": bob}).json()
+    shared = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert shared > 32  # the system prompt came from Ann's cache
+    assert second["choices"][0]["message"]["content"] == alone(tiny_engine, bob, temperature=0, max_tokens=8)
+    follow = ann + [first["choices"][0]["message"], {"role": "user", "content": "Thanks"}]
+    third = server.post({**body, "messages": follow}).json()
+    assert third["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] > shared
+    assert third["choices"][0]["message"]["content"] == alone(tiny_engine, follow, temperature=0, max_tokens=8)
+    assert server.app.state.pool.forks == 1
+
+
+def test_a_seed_makes_sampling_reproducible_across_requests(tiny_engine, serve):
+    server = serve(tiny_engine)
+    body = {"messages": USER, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "max_tokens": 16}
+    a = server.post({**body, "seed": 7}).json()["choices"][0]["message"]["content"]
+    b = server.post({**body, "seed": 7}).json()["choices"][0]["message"]["content"]
+    c = server.post({**body, "seed": 8}).json()["choices"][0]["message"]["content"]
+    assert a == b == alone(tiny_engine, USER, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=16, seed=7)
+    assert c != a
+
+
+def test_stop_strings_and_max_tokens(tiny_engine, serve):
+    server = serve(tiny_engine)
+    full = alone(tiny_engine, USER, temperature=0, max_tokens=24)
+    stop = full[6:9]
+    assert stop and stop not in full[:8]
+    body = {"messages": USER, "temperature": 0, "max_tokens": 24, "stop": [stop]}
+    done = server.post(body).json()
+    assert done["choices"][0]["message"]["content"] == full[: full.index(stop)]
+    assert done["choices"][0]["finish_reason"] == "stop"
+    short = server.post({"messages": USER, "temperature": 0, "max_completion_tokens": 3, "max_tokens": 20}).json()
+    assert short["usage"]["completion_tokens"] == 3  # the newer field wins
+    assert short["choices"][0]["finish_reason"] == "length"
+
+
+def test_models_and_health(tiny_engine, serve):
+    server = serve(tiny_engine)
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [tiny_engine.name]
+    health = httpx.get(server.url + "/health", timeout=TIMEOUT).json()
+    assert health["status"] == "ok" and health["model"] == tiny_engine.name and health["pending"] == 0
+
+
+# -- bad input ---------------------------------------------------------------------
+
+BAD = [
+    ({"messages": "hi"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+    ({"messages": USER, "temperature": -1}, "temperature"),
+    ({"messages": USER, "temperature": "hot"}, "temperature"),
+    ({"messages": USER, "top_p": 1.5}, "top_p"),
+    ({"messages": USER, "top_k": -2}, "top_k"),
+    ({"messages": USER, "min_p": 2}, "min_p"),
+    ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
+    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ({"messages": USER, "max_completion_tokens": 2.5}, "max_completion_tokens"),
+    ({"messages": USER, "seed": "x"}, "seed"),
+    ({"messages": USER, "seed": 2**70}, "seed"),
+    ({"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": USER, "stop": [""]}, "stop"),
+    ({"messages": USER, "stop": 3}, "stop"),
+    ({"messages": USER, "stream": "yes"}, "stream"),
+    ({"messages": USER, "n": 2}, "n"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "messages[0].content"),
+    ({"messages": [5]}, "messages[0]"),
+    ({"messages": USER, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"messages": USER, "stream_options": []}, "stream_options"),
+    ({"messages": USER, "stop": [1]}, "stop"),
+    ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
+    ([1, 2], None),
+    (None, None),
+    ("text", None),
+]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=12,
+)
+FIELDS = st.sampled_from(["messages", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
+                          "max_completion_tokens", "stop", "seed", "stream", "stream_options", "n", "model"])
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]) | JSON,
+                                 "content": st.text(max_size=5) | JSON})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(FIELDS, JSON | st.lists(MESSAGE, max_size=3), max_size=6) | JSON)
+def test_any_json_body_is_a_request_or_a_400(body):
+    from chatcli.server.schema import APIError, ChatRequest, parse_request
+
+    try:
+        request = parse_request(body, SamplingParams())
+    except APIError as exc:
+        assert exc.status == 400 and exc.message and "\n" not in exc.message
+    else:
+        assert isinstance(request, ChatRequest) and request.messages
+        assert all(m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str)
+                   for m in request.messages)
+
+
+def test_invalid_requests_get_an_openai_style_400(tiny_engine, serve):
+    server = serve(tiny_engine)
+    for body, param in BAD:
+        r = server.post(body)
+        assert r.status_code == 400, body
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == param, body
+        assert error["message"] and "\n" not in error["message"]
+    r = httpx.post(server.url + "/v1/chat/completions", content=b'{"messages": [', timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    for raw in (b"\xff\xfe", b"[" * 100_000, b""):
+        r = httpx.post(server.url + "/v1/chat/completions", content=raw, timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    assert httpx.get(server.url + "/v1/nothing", timeout=TIMEOUT).json()["error"]["code"] == "not_found"
+    assert httpx.get(server.url + "/v1/chat/completions", timeout=TIMEOUT).status_code == 405
+    assert server.post({"messages": USER, "temperature": 0, "max_tokens": 4}).status_code == 200  # still serving
+
+
+def test_a_prompt_over_the_context_is_a_400_streaming_or_not(tiny_engine, serve):
+    server = serve(tiny_engine)
+    huge = [{"role": "user", "content": "word " * 400}]  # the tiny model's context is 256
+    for stream in (False, True):
+        r = server.post({"messages": huge, "stream": stream})
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_the_api_key_is_required_on_every_route(tiny_engine, serve):
+    server = serve(tiny_engine, api_key="s3cret")
+    body = {"messages": USER, "temperature": 0, "max_tokens": 4}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": "Basic s3cret"}):
+        r = server.post(body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 401
+    assert httpx.get(server.url + "/v1/models", timeout=TIMEOUT).status_code == 401
+    assert server.post(body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    done = client(server, api_key="s3cret").chat.completions.create(model="t", messages=USER, max_tokens=4)
+    assert done.usage.completion_tokens >= 1
+    from openai import AuthenticationError
+
+    with pytest.raises(AuthenticationError):
+        client(server, api_key="nope").chat.completions.create(model="t", messages=USER, max_tokens=4)
+
+
+def test_bodies_over_the_cap_get_a_413(tiny_engine, serve):
+    server = serve(tiny_engine, max_body_bytes=2000)
+    big = {"messages": [{"role": "user", "content": "x" * 3000}]}
+    r = server.post(big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunks():  # no Content-Length: the cap holds while reading
+        for _ in range(10):
+            yield b" " * 500
+
+    r = httpx.post(server.url + "/v1/chat/completions", content=chunks(), timeout=TIMEOUT)
+    assert r.status_code == 413
+    assert server.post({"messages": USER, "max_tokens": 4}).status_code == 200  # just under the cap: served
+
+
+# -- load and faults ----------------------------------------------------------------
+
+
+def slow(engine, delay: float):
+    """Make each forward take `delay` s longer, so requests overlap and disconnects land mid-reply."""
+    forward = engine.runner.forward
+
+    def slow_forward(ids, cache):
+        time.sleep(delay)
+        return forward(ids, cache)
+
+    engine.runner.forward = slow_forward
+    return engine
+
+
+def slow_endless(engine, delay: float = 0.02):
+    """Slow, and never stopping at an end-of-turn id: a reply that runs for a while."""
+    engine.tokenizer.stop_ids = frozenset()
+    return slow(engine, delay)
+
+
+def test_a_client_that_disconnects_stops_its_generation(tiny_engine, serve):
+    engine = slow_endless(tiny_engine)
+    server = serve(engine)
+    body = {"messages": USER, "temperature": 0, "max_tokens": 200, "stream": True}
+    with httpx.Client(timeout=TIMEOUT) as http, http.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = [line for line, _ in zip(lines, range(6)) if line.startswith("data: ")]
+        assert got
+    assert server.worker.wait_idle(30)
+    last = server.worker.history[-1]
+    assert last["finish_reason"] == "cancelled"
+    assert last["completion_tokens"] < 200
+    assert server.worker.cancelled == 1
+    # The next request is served normally, from a consistent cache.
+    after = server.post({"messages": USER, "temperature": 0, "max_tokens": 6}).json()
+    assert after["choices"][0]["message"]["content"] == alone(engine, USER, temperature=0, max_tokens=6)
+
+
+def test_a_full_queue_answers_503_and_recovers(tiny_engine, serve):
+    server = serve(slow_endless(tiny_engine), max_pending=1)
+    body = {"messages": USER, "temperature": 0, "max_tokens": 200, "stream": True}
+    with httpx.Client(timeout=TIMEOUT) as http, http.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()  # held: dropping it would close the connection
+        assert next(lines).startswith("data: ")  # the first request is running
+        busy = server.post({"messages": USER, "max_tokens": 4})
+        assert busy.status_code == 503
+        assert busy.json()["error"]["code"] == "server_busy"
+    assert server.worker.wait_idle(30)
+    assert server.post({"messages": USER, "max_tokens": 4}).status_code == 200
+
+
+def test_closing_the_worker_finishes_the_running_job_and_refuses_the_queued_ones(tiny_engine):
+    from chatcli.engine.pool import SessionPool
+    from chatcli.server.worker import Failed, GenerationWorker, Job
+
+    engine = slow_endless(tiny_engine, 0.01)
+    worker = GenerationWorker(engine, SessionPool(engine.new_session, 1 << 30))
+    got: dict[str, list] = {"a": [], "b": []}
+    params = SamplingParams(temperature=0, max_tokens=30)
+    assert worker.submit(Job(USER, params, got["a"].append))
+    assert worker.submit(Job(USER, params, got["b"].append))
+    deadline = time.monotonic() + 30
+    while not got["a"]:  # a is running
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    worker.close(timeout=30)
+    assert isinstance(got["a"][-1], Finished) and got["a"][-1].finish_reason == "length"
+    assert len(got["b"]) == 1 and isinstance(got["b"][0], Failed) and got["b"][0].error.status == 503
+    assert not worker.submit(Job(USER, params, got["b"].append))
+
+
+def test_a_non_streaming_client_that_leaves_stops_its_generation_too(tiny_engine, serve):
+    server = serve(slow_endless(tiny_engine))
+    with pytest.raises(httpx.ReadTimeout):
+        server.post({"messages": USER, "max_tokens": 200}, timeout=httpx.Timeout(TIMEOUT, read=0.5))
+    assert server.worker.wait_idle(30)
+    assert server.worker.history[-1]["finish_reason"] == "cancelled"
+
+
+def test_eight_concurrent_clients_each_get_their_own_reply(tiny_engine, serve):
+    prompts = ["Hello", "café naïve", "def main():", "quick brown fox", "中文测试", "Emoji 🙂", "tabs\tand", "France?"]
+    requests = [
+        {"messages": [{"role": "user", "content": p}], "temperature": 0 if i % 2 else 1.0, "seed": i, "max_tokens": 24}
+        for i, p in enumerate(prompts)
+    ]
+    expected = [
+        alone(tiny_engine, r["messages"], temperature=r["temperature"], seed=r["seed"], max_tokens=24) for r in requests
+    ]
+    assert len(set(expected)) == len(expected)
+    server = serve(slow(tiny_engine, 0.003))  # ~0.1 s a reply: the requests queue up behind each other
+    barrier = threading.Barrier(len(requests))
+
+    def run(i: int) -> str:
+        barrier.wait(TIMEOUT)
+        if i % 2:  # half stream, half not
+            with httpx.stream("POST", server.url + "/v1/chat/completions", json={**requests[i], "stream": True},
+                              timeout=TIMEOUT) as r:
+                events = sse_events(r)
+            assert events[-1] == "[DONE]"
+            return "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
+        return server.post(requests[i]).json()["choices"][0]["message"]["content"]
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        replies = list(pool.map(run, range(len(requests))))
+    assert replies == expected
+
+
+def test_an_engine_failure_is_a_500_and_the_server_goes_on(tiny_engine, serve):
+    server = serve(tiny_engine)
+    forward = tiny_engine.runner.forward
+    calls = {"n": 0}  # the third forward of a request fails: mid-reply
+
+    def flaky(ids, cache):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated failure\nwith a second line")
+        return forward(ids, cache)
+
+    expected = alone(tiny_engine, USER, temperature=0, max_tokens=8)
+    tiny_engine.runner.forward = flaky
+    r = server.post({"messages": USER, "temperature": 0, "max_tokens": 8})
+    assert r.status_code == 500
+    assert r.json()["error"]["message"] == "generation failed: simulated failure"
+    assert len(server.app.state.pool) == 0  # the session it ran on was dropped
+    calls["n"] = 0  # fail again, mid-stream this time: an error event, then [DONE]
+    with httpx.stream("POST", server.url + "/v1/chat/completions",
+                      json={"messages": USER, "temperature": 0, "max_tokens": 8, "stream": True}, timeout=TIMEOUT) as s:
+        events = sse_events(s)
+    assert s.status_code == 200 and events[-1] == "[DONE]"
+    assert events[-2]["error"]["message"] == "generation failed: simulated failure"
+    assert len(server.app.state.pool) == 0
+    with httpx.stream("POST", server.url + "/v1/chat/completions",
+                      json={"messages": USER, "temperature": 0, "max_tokens": 8, "stream": True}, timeout=TIMEOUT) as s:
+        events = sse_events(s)
+    assert events[-1] == "[DONE]"
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e.get("choices"))
+    assert text == expected
+
+
+# -- the command -------------------------------------------------------------------
+
+
+def test_bind_warning_only_for_exposed_hosts_without_a_key():
+    from chatcli.server.cli import bind_warning, is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.9.1", "localhost", "::1", "[::1]"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "192.168.1.4", "::", "example.org"))
+    assert bind_warning("127.0.0.1", None) is None
+    assert bind_warning("0.0.0.0", "key") is None
+    assert "--api-key" in bind_warning("0.0.0.0", None)
+
+
+def test_serve_command_reports_a_bad_model_in_one_line(tmp_path, monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    from chatcli.server.cli import serve_command
+
+    monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "none.toml"))
+    app = typer.Typer()
+    app.command("serve")(serve_command)
+    app.command("other")(lambda: None)  # two commands: "serve" is a subcommand, as in chatcli
+    result = CliRunner().invoke(app, ["serve", "--model", str(tmp_path / "missing.gguf"), "--device", "cpu",
+                                      "--host", "0.0.0.0"])
+    assert result.exit_code == 1
+    output = result.output.strip().splitlines()
+    assert output[-1] == f"error: model file not found: {tmp_path / 'missing.gguf'}"
+    assert any(line.startswith("warning: serving on 0.0.0.0 without --api-key") for line in output)
+    assert "Traceback" not in result.output
+
+
+def test_importing_the_command_stays_light():
+    code = (
+        "import sys, chatcli.server.cli\n"
+        "heavy = [m for m in ('torch', 'transformers', 'textual', 'starlette', 'uvicorn') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+# -- the real model ------------------------------------------------------------------
+
+
+@pytest.mark.real_model
+def test_real_model_streams_and_reuses_its_cache(real_engine, serve):
+    server = serve(real_engine)
+    openai = client(server)
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    stream = openai.chat.completions.create(
+        model="smollm2", messages=messages, temperature=0, max_tokens=12, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "paris" in text.lower()
+    follow = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": "And of Italy?"}]
+    second = openai.chat.completions.create(model="smollm2", messages=follow, temperature=0, max_tokens=12)
+    assert second.usage.prompt_tokens_details.cached_tokens >= chunks[-1].usage.prompt_tokens
+    assert "rome" in second.choices[0].message.content.lower()
