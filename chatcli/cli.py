@@ -191,6 +191,11 @@ def _store():
         raise UserError(str(exc)) from None
 
 
+from chatcli.server.cli import serve_command  # noqa: E402 - cheap: the server imports lazily
+
+app.command("serve")(serve_command)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the typer app, turning every user error into one line."""
     command = typer.main.get_command(app)

@@ -237,3 +237,13 @@ def test_cancel_before_start_gives_empty_cancelled_reply(tiny_engine):
     cancel.set()
     done = run(tiny_engine, [{"role": "user", "content": "Hi"}], tiny_engine.new_session(), GREEDY, cancel)
     assert done.finish_reason == "cancelled" and done.reply == "" and done.stats.completion_tokens == 0
+
+
+def test_same_seed_repeats_on_one_session(tiny_engine):
+    """Each seeded turn restarts the generator: a retry with the same seed gives the same reply."""
+    session = tiny_engine.new_session()
+    messages = [{"role": "user", "content": "Hello"}]
+    params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=9, max_tokens=16)
+    a = run(tiny_engine, messages, session, params)
+    b = run(tiny_engine, messages, session, params)
+    assert a.reply == b.reply

@@ -74,14 +74,15 @@ class Session:
         self.cache = cache
         self.generator = torch.Generator(device="cpu")
         self.generator.seed()
-        self._seed: int | None = None
+        self._seeded = False
 
     def generator_for(self, params: SamplingParams) -> torch.Generator:
-        if params.seed is not None and params.seed != self._seed:
+        """A seed makes each turn reproducible on its own: the generator restarts from it every turn."""
+        if params.seed is not None:
             self.generator.manual_seed(params.seed)
-        elif params.seed is None and self._seed is not None:
-            self.generator.seed()
-        self._seed = params.seed
+        elif self._seeded:
+            self.generator.seed()  # seeding switched off: back to fresh randomness
+        self._seeded = params.seed is not None
         return self.generator
 
 

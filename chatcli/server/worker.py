@@ -134,8 +134,6 @@ class GenerationWorker:
         lease = self.pool.acquire(target)
         ok, failure = False, None
         try:
-            if job.params.seed is not None:
-                lease.session._seed = None  # reseed for every request with a seed, not just a changed one
             for event in self.engine.generate(job.messages, lease.session, job.params, job.cancel):
                 self._emit(job, event)
                 if isinstance(event, Finished):
