@@ -66,6 +66,7 @@ class FakeEngine:
         self.tokenizer = FakeTokenizer()
         self.calls: list[dict] = []  # per turn: messages, params, cached tokens
         self.finished = threading.Event()
+        self.reasons: list[str] = []  # finish reason of each turn, recorded in the worker thread
 
     def new_session(self) -> FakeSession:
         return FakeSession()
@@ -119,5 +120,6 @@ class FakeEngine:
             context_tokens=len(cache),
             context_limit=self.context_limit,
         )
+        self.reasons.append(reason)
         self.finished.set()
         yield Finished("".join(reply), reason, stats)

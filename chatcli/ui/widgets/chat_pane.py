@@ -81,9 +81,9 @@ class Note(Static):
 
 class LoadingLine(Horizontal):
     DEFAULT_CSS = """
-    LoadingLine { height: 1; margin: 1 1 0 0; }
+    LoadingLine { height: auto; margin: 1 1 0 0; }
     LoadingLine LoadingIndicator { width: 8; height: 1; }
-    LoadingLine Static { width: 1fr; }
+    LoadingLine Static { width: 1fr; height: auto; }
     """
 
     def __init__(self, text: str) -> None:

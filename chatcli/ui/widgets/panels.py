@@ -40,7 +40,7 @@ class StatsPanel(VerticalScroll):
         self.values: dict[str, str] = {key: "–" for key, _ in ROWS}
         self._value_widgets: dict[str, Static] = {}
         self.gauge = ProgressBar(total=1, show_eta=False, show_percentage=True)
-        self.spark = Sparkline([0.0], summary_function=max)
+        self.spark = Sparkline([], summary_function=max)
         self.history = Static("–", id="history", markup=False)
         self.turns: list[str] = []
 
@@ -70,7 +70,7 @@ class StatsPanel(VerticalScroll):
         self.gauge.update(total=max(limit, 1), progress=min(used, max(limit, 1)))
 
     def set_speeds(self, rates: list[float]) -> None:
-        self.spark.data = (rates or [0.0])[-SPARK_POINTS:]
+        self.spark.data = rates[-SPARK_POINTS:]
 
     def add_turn(self, line: str) -> None:
         self.turns.append(line)
