@@ -56,6 +56,13 @@ async def send(pilot, text: str, wait: bool = True):
     await pilot.pause()
 
 
+def press_now(app, key: str, char: str | None = None) -> None:
+    """A key from the terminal, without waiting for the app to go idle (pilot.press does)."""
+    from textual import events
+
+    app._driver.send_message(events.Key(key, char))
+
+
 async def command(pilot, text: str):
     screen = pilot.app.chat_screen
     screen.prompt.load_text(text)

@@ -209,3 +209,15 @@ async def test_a_context_overflow_is_an_inline_error_and_leaves_no_dangling_mess
         assert screen.conversation.messages == []
         await send(pilot, "short")
         assert screen.conversation.messages[-1].content == "You said: **short**"
+
+
+async def test_f2_hides_and_shows_the_panels():
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        wide = screen.pane.size.width
+        await pilot.press("f2")
+        assert not screen.panels.display
+        assert screen.pane.size.width > wide
+        await pilot.press("f2")
+        assert screen.pane.size.width == wide

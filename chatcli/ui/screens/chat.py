@@ -123,7 +123,7 @@ class ChatScreen(SlashCommands, Screen):
             head = engine_label(self.engine)
         else:
             head = "model failed to load" if self.load_error else "loading…"
-        self.info.update(f"chatcli · {head} │ {sampling_line(self.params)}")
+        self.info.update(f"{head} │ {sampling_line(self.params)}")
 
     # -- sending ---------------------------------------------------------------
 
