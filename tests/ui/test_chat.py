@@ -221,3 +221,26 @@ async def test_f2_hides_and_shows_the_panels():
         assert screen.pane.size.width > wide
         await pilot.press("f2")
         assert screen.pane.size.width == wide
+
+
+async def test_the_pane_follows_the_stream_unless_scrolled_up():
+    engine = FakeEngine(script=lambda _t: "\n\n".join(f"paragraph {i}" for i in range(80)), hold_at=40)
+    app = make_app(engine)
+    async with app.run_test(size=(100, 24)) as pilot:
+        screen = await ready(pilot)
+        pane = screen.pane
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen._live.get("tokens") == 40)
+        await pilot.pause(0.2)
+        assert pane.max_scroll_y > 0 and pane.scroll_y == pane.max_scroll_y  # following
+        await pilot.press("pageup")
+        await pilot.pause()
+        held = pane.scroll_y
+        assert held < pane.max_scroll_y
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        await pilot.pause(0.2)
+        assert pane.scroll_y == held < pane.max_scroll_y  # stayed where the user left it
+        await send(pilot, "again")  # a new turn follows again
+        await pilot.pause(0.2)
+        assert pane.scroll_y == pane.max_scroll_y

@@ -50,6 +50,8 @@ class ChatScreen(SlashCommands, Screen):
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "toggle_panels", "Panels"),
+        Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
+        Binding("pagedown", "scroll_chat(1)", "Scroll", show=False, priority=True),
         Binding("ctrl+q", "app.quit", "Quit"),
     ]
 
@@ -297,6 +299,13 @@ class ChatScreen(SlashCommands, Screen):
                 widget.remove()
             self.queue.clear()
             self.pane.add_note("Dropped the queued prompts.")
+
+    def action_scroll_chat(self, direction: int) -> None:
+        """Page through the chat; scrolling up lets go of the stream, back at the bottom it follows again."""
+        if direction < 0:
+            self.pane.scroll_page_up(animate=False)
+        else:
+            self.pane.scroll_page_down(animate=False)
 
     def action_toggle_panels(self) -> None:
         self.panels.toggle_class("-hidden")

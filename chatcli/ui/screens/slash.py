@@ -52,7 +52,7 @@ class SlashCommands:
         rows = help_lines()
         width = max(len(usage) for usage, _ in rows)
         lines = [f"{usage:<{width}}  {desc}" for usage, desc in rows]
-        keys = "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · Esc stop · F2 panels · Ctrl+Q quit"
+        keys = "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop · F2 panels · Ctrl+Q quit"
         self._note("\n".join(lines + ["", keys]))
 
     async def cmd_system(self, arg: str) -> None:
