@@ -244,3 +244,31 @@ async def test_the_pane_follows_the_stream_unless_scrolled_up():
         await send(pilot, "again")  # a new turn follows again
         await pilot.pause(0.2)
         assert pane.scroll_y == pane.max_scroll_y
+
+
+async def test_a_prompt_sent_while_a_reply_streams_is_queued_and_answered_next():
+    engine = FakeEngine(hold_at=1)
+    app = make_app(engine)
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "first", wait=False)
+        await wait_for(pilot, lambda: screen._live.get("tokens") == 1)
+        await send(pilot, "second", wait=False)
+        assert screen.pane.query(UserMessage).last().has_class("-queued")
+        engine.hold_at = None
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 2 and not screen.busy)
+        assert [m.content for m in screen.conversation.messages] == [
+            "first", "You said: **first**", "second", "You said: **second**",
+        ]
+
+
+async def test_the_sparkline_follows_the_reply_by_position():
+    engine = FakeEngine(script=lambda _t: " ".join("w" * 300), tok_s=None)
+    app = make_app(engine)
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "go")
+        data = screen.panels.spark.data
+        # the fake's rates cycle 40..44 by token index; 300 tokens fold into fewer than 128 points
+        assert 0 < len(data) < 128 and set(data) <= {40.0, 41.0, 42.0, 43.0, 44.0}

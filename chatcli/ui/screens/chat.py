@@ -28,10 +28,11 @@ from chatcli.ui.widgets.panels import StatsPanel
 from chatcli.ui.widgets.prompt import PromptInput
 
 TICK_S = 1 / 20  # UI refresh while a reply streams
+SPARK_SAMPLES = 128  # decode-rate points kept per reply
 
 
 class InfoBar(Static):
-    DEFAULT_CSS = "InfoBar { dock: top; height: 1; padding: 0 1; }"
+    DEFAULT_CSS = "InfoBar { dock: top; height: auto; max-height: 2; padding: 0 1; }"
 
 
 def engine_label(engine) -> str:
@@ -72,7 +73,8 @@ class ChatScreen(SlashCommands, Screen):
         self._reply: ReplyBox | None = None
         self._buffer: list[str] = []
         self._live: dict = {}
-        self._rates: list[float] = []
+        self._rates: list[float] = []  # decode rate every `_rate_every` tokens of this reply
+        self._rate_every = 1
         self._tick = None
         self._loading: LoadingLine | None = None
         self.pane = ChatPane()
@@ -164,6 +166,7 @@ class ChatScreen(SlashCommands, Screen):
         self._reply.set_note("…")
         self._buffer.clear()
         self._rates = []
+        self._rate_every = 1
         self._live = {"tokens": 0, "rate": 0.0, "t0": time.perf_counter()}
         self.panels.reset()
         self.pane.follow()
@@ -195,10 +198,19 @@ class ChatScreen(SlashCommands, Screen):
                 self._buffer.append(event.text)
             live["tokens"] = event.completion_tokens
             live["rate"] = event.decode_tok_s
+            if event.decode_tok_s > 0 and event.completion_tokens % self._rate_every == 0:
+                self._sample_rate(event.decode_tok_s)
         elif kind == "Prefilled":
             live["prefilled"] = event
         elif kind == "Finished":
             await self._finish(event, message)
+
+    def _sample_rate(self, rate: float) -> None:
+        """Keep the whole reply's speed curve in at most SPARK_SAMPLES points (by position, not by time)."""
+        self._rates.append(rate)
+        if len(self._rates) >= SPARK_SAMPLES:
+            self._rates = self._rates[1::2]
+            self._rate_every *= 2
 
     async def _on_tick(self) -> None:
         await self._flush()
@@ -223,9 +235,8 @@ class ChatScreen(SlashCommands, Screen):
                 values["ttft"] = f"{live['ttft'] * 1000:.0f} ms"
         if live["tokens"] > 1:
             values["decode"] = f"{live['rate']:.1f} tok/s"
-            if live["rate"] > 0 and (not self._rates or live["tokens"] != live.get("spark_at")):
-                self._rates.append(live["rate"])
-                live["spark_at"] = live["tokens"]
+            if len(self._rates) != live.get("spark_len"):
+                live["spark_len"] = len(self._rates)
                 self.panels.set_speeds(self._rates)
         if "kv" in live:
             values["kv"] = human_bytes(live["kv"])
@@ -250,6 +261,7 @@ class ChatScreen(SlashCommands, Screen):
             note = {"cancelled": "⏹ stopped", "length": "… cut at the token limit"}.get(done.finish_reason, "")
             summary = f"{stats['completion_tokens']} tokens · {stats['decode_tok_s']:.1f} tok/s"
             reply.set_note(f"{note} · {summary}" if note else summary)
+        self.panels.set_speeds(self._rates)
         self._show_final(stats)
         self.panels.add_turn(turn_line(self.turns_done, stats))
         self._end_turn()

@@ -17,7 +17,6 @@ ROWS = (
     ("kv", "KV cache"),
 )
 HISTORY_TURNS = 5
-SPARK_POINTS = 48
 
 
 class StatsPanel(VerticalScroll):
@@ -70,7 +69,7 @@ class StatsPanel(VerticalScroll):
         self.gauge.update(total=max(limit, 1), progress=min(used, max(limit, 1)))
 
     def set_speeds(self, rates: list[float]) -> None:
-        self.spark.data = rates[-SPARK_POINTS:]
+        self.spark.data = list(rates)  # the widget buckets them into its width
 
     def add_turn(self, line: str) -> None:
         self.turns.append(line)
