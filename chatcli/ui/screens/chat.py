@@ -171,13 +171,13 @@ class ChatScreen(SlashCommands, Screen):
         self.panels.reset()
         self.pane.follow()
         self._tick = self.set_interval(TICK_S, self._on_tick)
-        self._generate(self.turn, self.conversation.for_template(), self.session, self.params, self.cancel)
+        self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, self.params, self.cancel)
 
     @work(thread=True, exit_on_error=False, group="turn")
-    def _generate(self, turn: int, messages: list, session, params, cancel: threading.Event) -> None:
+    def _generate(self, engine, turn: int, messages: list, session, params, cancel: threading.Event) -> None:
         """Worker thread: drive the engine and post every event; never touch a widget."""
         try:
-            for event in self.engine.generate(messages, session, params, cancel):
+            for event in engine.generate(messages, session, params, cancel):
                 cache = session.cache
                 self.post_message(TurnEvent(turn, event, len(cache), cache.nbytes))
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
@@ -214,7 +214,8 @@ class ChatScreen(SlashCommands, Screen):
 
     async def _on_tick(self) -> None:
         await self._flush()
-        self._show_live()
+        if self._tick is not None:  # the turn may have finished while the flush awaited
+            self._show_live()
 
     async def _flush(self) -> None:
         if self._buffer and self._reply is not None:
