@@ -1,5 +1,7 @@
 """The TUI on the real engine (the tiny random Llama): retry and undo keep the KV cache right."""
 
+import pytest
+
 from chatcli.engine.engine import common_prefix
 from chatcli.engine.sampling import SamplingParams
 from chatcli.options import StartOptions
@@ -40,3 +42,16 @@ async def test_turns_retry_and_undo_on_the_tiny_engine(tiny_engine):
 
         await send(pilot, "Something else")
         assert screen.last_stats["cached_tokens"] == kept  # the next turn starts from the cropped cache
+
+
+@pytest.mark.real_model
+async def test_a_turn_on_the_embedded_model(real_engine):
+    app = make_app(real_engine, start=StartOptions(params=SamplingParams(temperature=0, max_tokens=8)))
+    async with app.run_test(size=(110, 30)) as pilot:
+        screen = await ready(pilot)
+        assert "cpu" in str(screen.info.render()) and "SmolLM2" in str(screen.info.render())
+        await send(pilot, "What is the capital of France?")
+        reply = screen.conversation.messages[-1]
+        assert reply.content.strip() and reply.stats["completion_tokens"] >= 1
+        assert screen.panels.values["tokens"] == str(reply.stats["completion_tokens"])
+        assert screen.panels.values["context"] == f"{len(screen.session.cache)} / {real_engine.context_limit}"

@@ -18,6 +18,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from chatcli.chat.commands import is_command
 from chatcli.chat.conversation import Conversation
 from chatcli.ui.format import human_bytes, sampling_line, turn_line
 from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, TurnEvent, TurnFailed
@@ -114,6 +115,9 @@ class ChatScreen(SlashCommands, Screen):
         self.load_error = message.error
         self._drop_loading()
         self.pane.add_note(f"Could not load the model: {message.error}", error=True)
+        if self.queue:
+            self.pane.add_note(f"{len(self.queue)} queued prompt(s) were not sent.", error=True)
+            self.queue.clear()
         self.app.notify(message.error, title="Load failed", severity="error", timeout=10)
         self.refresh_info()
 
@@ -133,8 +137,6 @@ class ChatScreen(SlashCommands, Screen):
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
-        from chatcli.chat.commands import is_command
-
         if is_command(text):
             await self.run_command(text)
             return
