@@ -38,5 +38,5 @@ async def test_a_fast_long_stream_is_batched_and_keys_stay_responsive():
         await wait_for(pilot, lambda: screen.turns_done == 1, timeout=60)
         assert box.markdown.source == long_reply("")
         assert screen.conversation.messages[-1].stats["completion_tokens"] == TOKENS
-        # one append per UI tick at most (20 Hz over ~2 s, plus the final flush), never one per token
+        # one append per UI tick at most (10 Hz over ~2 s, plus the final flush), never one per token
         assert 1 <= box.markdown.appends <= TOKENS // 10

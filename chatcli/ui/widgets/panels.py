@@ -62,7 +62,7 @@ class StatsPanel(VerticalScroll):
         for key, text in values.items():
             if self.values.get(key) != text:
                 self.values[key] = text
-                self._value_widgets[key].update(text)
+                self._value_widgets[key].update(text, layout=False)  # one line, fixed size: no reflow
 
     def set_context(self, used: int, limit: int) -> None:
         self.show(context=f"{used} / {limit}")
