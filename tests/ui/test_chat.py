@@ -272,3 +272,12 @@ async def test_the_sparkline_follows_the_reply_by_position():
         data = screen.panels.spark.data
         # the fake's rates cycle 40..44 by token index; 300 tokens fold into fewer than 128 points
         assert 0 < len(data) < 128 and set(data) <= {40.0, 41.0, 42.0, 43.0, 44.0}
+
+
+async def test_panels_start_hidden_on_a_narrow_terminal_and_f2_shows_them():
+    app = make_app()
+    async with app.run_test(size=(70, 30)) as pilot:
+        screen = await ready(pilot)
+        assert not screen.panels.display
+        await pilot.press("f2")
+        assert screen.panels.display

@@ -29,6 +29,7 @@ from chatcli.ui.widgets.panels import StatsPanel
 from chatcli.ui.widgets.prompt import PromptInput
 
 TICK_S = 1 / 10  # UI refresh while a reply streams: smooth enough, and leaves the GIL to the decode loop
+NARROW_BELOW = 80  # columns
 SPARK_SAMPLES = 128  # decode-rate points kept per reply
 
 
@@ -49,6 +50,7 @@ def one_line(exc: BaseException) -> str:
 
 
 class ChatScreen(SlashCommands, Screen):
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # narrow: panels start hidden
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "toggle_panels", "Panels"),
@@ -323,7 +325,7 @@ class ChatScreen(SlashCommands, Screen):
             self.pane.scroll_page_down(animate=False)
 
     def action_toggle_panels(self) -> None:
-        self.panels.toggle_class("-hidden")
+        self.panels.toggle_class("-toggled")  # hides them on a wide terminal, shows them on a narrow one
 
     def stop_all(self) -> None:
         """Cancel the running turn (quitting): the worker ends within one decode step."""

@@ -22,7 +22,9 @@ HISTORY_TURNS = 5
 class StatsPanel(VerticalScroll):
     DEFAULT_CSS = """
     StatsPanel { width: 34; height: 1fr; padding: 0 1; }
-    StatsPanel.-hidden { display: none; }
+    Screen.-wide StatsPanel.-toggled { display: none; }
+    Screen.-narrow StatsPanel { display: none; }
+    Screen.-narrow StatsPanel.-toggled { display: block; }
     StatsPanel .row { height: 1; }
     StatsPanel .label { width: 10; }
     StatsPanel .value { width: 1fr; }
@@ -32,6 +34,7 @@ class StatsPanel(VerticalScroll):
     StatsPanel Sparkline { height: 3; margin-top: 1; }
     StatsPanel #history { height: auto; }
     """
+    SCOPED_CSS = False  # the rules above look at the screen's width class
     can_focus = False
 
     def __init__(self) -> None:
