@@ -1,0 +1,175 @@
+"""Slash commands: text typed at the prompt → a parsed `Command`, or a `CommandError`.
+
+Pure: no Textual, no torch. The front end decides what a command does; this module
+knows the names, their aliases, their one-line help, how to read their argument,
+how to complete a half-typed name, and which name a typo was nearest to.
+
+    parse("/temp 0.3")      → Command("temp", "0.3", setting=("temperature", 0.3))
+    parse("/seed off")      → Command("seed", "off", setting=("seed", None))
+    parse("/tmep 1")        → CommandError("unknown command /tmep — did you mean /temp?")
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+
+class CommandError(ValueError):
+    """A line that starts with '/' but is not a valid command; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    name: str
+    help: str
+    usage: str = ""  # what follows the name, for /help
+    aliases: tuple[str, ...] = ()
+    field: str | None = None  # the SamplingParams field a setting command changes
+    reader: Callable[[str], object] | None = None  # argument text → value; raises ValueError
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # canonical name, without the slash
+    arg: str = ""  # the rest of the line, stripped
+    setting: tuple[str, object] | None = None  # (SamplingParams field, value) for setting commands
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError
+    return value
+
+
+def _int(text: str) -> int:
+    return int(text)
+
+
+def _seed(text: str) -> int | None:
+    if text.lower() in ("off", "none", "random"):
+        return None
+    return int(text)
+
+
+_KIND = {_float: "a number", _int: "a whole number", _seed: "a whole number or 'off'"}
+
+COMMANDS: tuple[CommandSpec, ...] = (
+    CommandSpec("help", "list every command"),
+    CommandSpec("temp", "sampling temperature (0 = greedy)", "X", ("temperature",), "temperature", _float),
+    CommandSpec("top-k", "keep the K most likely tokens (0 = off)", "N", (), "top_k", _int),
+    CommandSpec("top-p", "nucleus sampling threshold (1 = off)", "P", (), "top_p", _float),
+    CommandSpec("min-p", "drop tokens below P × the top probability (0 = off)", "P", (), "min_p", _float),
+    CommandSpec("max-tokens", "longest reply, in tokens", "N", (), "max_tokens", _int),
+    CommandSpec("repeat-penalty", "penalty on recently seen tokens (1 = off)", "X", (), "repeat_penalty", _float),
+    CommandSpec("seed", "fix the random seed, or 'off' for a fresh one each turn", "N|off", (), "seed", _seed),
+    CommandSpec("system", "set the system prompt (bare: show it)", "[TEXT]"),
+    CommandSpec("settings", "show the current settings"),
+    CommandSpec("stats", "show the last turn's full statistics"),
+    CommandSpec("clear", "start an empty conversation"),
+    CommandSpec("retry", "regenerate the last reply"),
+    CommandSpec("undo", "remove the last exchange"),
+    CommandSpec("theme", "switch theme (bare: list them)", "[NAME]"),
+    CommandSpec("quit", "leave chatcli", "", ("exit", "bye")),
+)
+
+_BY_NAME: dict[str, CommandSpec] = {}
+for _spec in COMMANDS:
+    for _n in (_spec.name, *_spec.aliases):
+        _BY_NAME[_n] = _spec
+
+NO_ARGUMENT = frozenset({"help", "settings", "stats", "clear", "retry", "undo", "quit"})
+
+
+def is_command(text: str) -> bool:
+    """A line is a command when it starts with '/' followed by a letter ('/ ' and '//x' are prompts)."""
+    text = text.lstrip()
+    return len(text) > 1 and text[0] == "/" and text[1].isalpha()
+
+
+def names() -> list[str]:
+    """Every name a command answers to, canonical ones first."""
+    return [s.name for s in COMMANDS] + [a for s in COMMANDS for a in s.aliases]
+
+
+def spec(name: str) -> CommandSpec | None:
+    return _BY_NAME.get(name.lower())
+
+
+def nearest(name: str) -> str | None:
+    """The command name closest to a typo, if any is close enough."""
+    name = name.lower()
+    prefixed = [n for n in names() if n.startswith(name)]
+    if prefixed:
+        return _BY_NAME[prefixed[0]].name
+    close = difflib.get_close_matches(name, names(), n=1, cutoff=0.5)
+    return _BY_NAME[close[0]].name if close else None
+
+
+def parse(text: str) -> Command:
+    """Parse one command line; raise `CommandError` with a one-line message if it is not valid."""
+    text = text.strip()
+    if not is_command(text):
+        raise CommandError("not a command (commands start with '/')")
+    head, _, arg = text[1:].partition(" ")
+    arg = arg.strip()
+    found = spec(head)
+    if found is None:
+        guess = nearest(head)
+        hint = f" — did you mean /{guess}?" if guess else " — type /help for the list"
+        raise CommandError(f"unknown command /{head}{hint}")
+    if found.name in NO_ARGUMENT and arg:
+        raise CommandError(f"/{found.name} takes no argument")
+    if found.reader is None:
+        return Command(found.name, arg)
+    if not arg:
+        raise CommandError(f"/{head} needs a value: /{head} {found.usage}")
+    try:
+        value = found.reader(arg)
+    except ValueError:
+        raise CommandError(f"/{head}: {arg!r} is not {_KIND[found.reader]}") from None
+    return Command(found.name, arg, (found.field, value))
+
+
+def complete(text: str) -> list[str]:
+    """Completions of a half-typed command name ('/te' → ['/temp', '/temperature']); [] past the name."""
+    text = text.lstrip()
+    if not text.startswith("/") or " " in text:
+        return []
+    stem = text[1:].lower()
+    return [f"/{n}" for n in names() if n.startswith(stem)]
+
+
+def common_completion(text: str) -> str | None:
+    """What Tab turns `text` into: the one match plus a space, or the longest common prefix of all matches."""
+    matches = complete(text)
+    if not matches:
+        return None
+    if len(matches) == 1:
+        return matches[0] + " "
+    import os.path
+
+    prefix = os.path.commonprefix(matches)
+    return prefix if len(prefix) > len(text.strip()) else None
+
+
+def help_lines() -> list[tuple[str, str]]:
+    """(usage, description) for every command, in /help order."""
+    rows = []
+    for s in COMMANDS:
+        usage = f"/{s.name}" + (f" {s.usage}" if s.usage else "")
+        if s.aliases:
+            usage += " (" + ", ".join(f"/{a}" for a in s.aliases) + ")"
+        rows.append((usage, s.help))
+    return rows
+
+
+def apply_setting(params, command: Command):
+    """A copy of `params` (a SamplingParams) with the command's setting; ValueError (its range message) if invalid."""
+    if command.setting is None:
+        raise ValueError(f"/{command.name} is not a setting")
+    field, value = command.setting
+    return params.with_(**{field: value})

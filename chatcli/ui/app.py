@@ -1,0 +1,112 @@
+"""The Textual app: themes, quitting, and loading the engine off the UI thread.
+
+`run_tui(start)` is the entry point `chatcli` calls in a terminal. The window opens at
+once; the model loads in a background thread that posts `LoadStatus`, then
+`EngineReady` or `LoadFailed`, to the chat screen.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from textual.app import App
+from textual.binding import Binding
+
+from chatcli.ui import themes
+from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus
+from chatcli.ui.persist import PromptHistory, remember_theme
+from chatcli.ui.screens.chat import ChatScreen
+
+
+class ChatApp(App):
+    TITLE = "chatcli"
+    BINDINGS = [
+        Binding("ctrl+q", "quit_clean", "Quit", priority=True),
+        Binding("ctrl+c", "quit_clean", "Quit", show=False, priority=True),
+    ]
+    ENABLE_COMMAND_PALETTE = False
+
+    def __init__(
+        self,
+        start,
+        engine_factory: Callable | None = None,
+        history: PromptHistory | None = None,
+        remember: bool = True,
+    ) -> None:
+        self.shipped = themes.shipped_themes()
+        super().__init__(css_path=list(self.shipped.values()))
+        self.start = start
+        self.engine_factory = engine_factory or start.load_engine
+        self.history = history
+        self.remember = remember  # write /theme choices to the config file
+        self.chat_theme = ""
+        self.register_theme(themes.high_contrast_palette())
+        self.chat_screen: ChatScreen | None = None
+
+    # -- themes ----------------------------------------------------------------
+
+    def theme_names(self) -> list[str]:
+        builtin = sorted(n for n in self.available_themes if not n.startswith("chatcli-"))
+        return list(self.shipped) + [n for n in builtin if n not in self.shipped]
+
+    def set_chat_theme(self, name: str, remember: bool = False) -> str | None:
+        """Switch theme; return an error line (and change nothing) when the name is unknown."""
+        if name not in self.theme_names():
+            return f"unknown theme {name!r}; themes: {', '.join(self.theme_names())}"
+        for shipped in self.shipped:
+            self.remove_class(f"-theme-{shipped}")
+        if name in self.shipped:
+            self.theme = themes.base_theme(self.shipped[name])
+            self.add_class(f"-theme-{name}")
+        else:
+            self.theme = name
+        self.chat_theme = name
+        if remember and self.remember:
+            try:
+                remember_theme(name)
+            except OSError as exc:
+                self.notify(f"could not save the theme in the config file: {exc}", severity="warning")
+        return None
+
+    # -- start-up ----------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        start = self.start
+        wanted = start.theme or start.config.theme or themes.DEFAULT_THEME
+        error = self.set_chat_theme(wanted)
+        if error:
+            self.set_chat_theme(themes.DEFAULT_THEME)
+        system = start.system if start.system is not None else start.config.system
+        self.chat_screen = ChatScreen(start.params, system, self.history)
+        self.push_screen(self.chat_screen)
+        if error:
+            self.notify(error, severity="error")
+        # A daemon thread, not a worker: a model load cannot be cancelled, and quitting
+        # during it must not wait for it to finish.
+        threading.Thread(target=self._load, args=(self.chat_screen,), name="chatcli-load", daemon=True).start()
+
+    def _load(self, screen: ChatScreen) -> None:
+        """Load thread: never touches a widget, only posts messages."""
+        try:
+            engine = self.engine_factory(status=lambda text: screen.post_message(LoadStatus(text)))
+        except Exception as exc:  # noqa: BLE001 - LoadError, or anything else: one line, the app keeps running
+            lines = str(exc).strip().splitlines()
+            screen.post_message(LoadFailed(lines[0] if lines else type(exc).__name__))
+            return
+        screen.post_message(EngineReady(engine))
+
+    # -- quitting ----------------------------------------------------------------
+
+    def action_quit_clean(self) -> None:
+        """Quit at any moment: cancel a running reply (it stops within one step), then exit."""
+        if self.chat_screen is not None:
+            self.chat_screen.stop_all()
+        self.exit(0)
+
+
+def run_tui(start) -> int:
+    """Run the TUI until the user quits; the exit code."""
+    app = ChatApp(start)
+    app.run()
+    return app.return_code or 0

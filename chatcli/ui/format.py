@@ -1,0 +1,56 @@
+"""Text the TUI shows: settings, stats, per-turn lines. Pure (no Textual)."""
+
+from __future__ import annotations
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def sampling_line(params) -> str:
+    seed = "off" if params.seed is None else str(params.seed)
+    return (
+        f"temp {params.temperature:g} · top-k {params.top_k} · top-p {params.top_p:g} · min-p {params.min_p:g}"
+        f" · rep {params.repeat_penalty:g} · max {params.max_tokens} · seed {seed}"
+    )
+
+
+def settings_lines(params, system: str | None, theme: str, model: str) -> list[str]:
+    seed = "off" if params.seed is None else str(params.seed)
+    return [
+        f"model          {model}",
+        f"temperature    {params.temperature:g}",
+        f"top-k          {params.top_k}",
+        f"top-p          {params.top_p:g}",
+        f"min-p          {params.min_p:g}",
+        f"repeat-penalty {params.repeat_penalty:g}",
+        f"max-tokens     {params.max_tokens}",
+        f"seed           {seed}",
+        f"theme          {theme}",
+        f"system         {system if system else '(none)'}",
+    ]
+
+
+def stats_lines(stats: dict) -> list[str]:
+    """Every field of a TurnStats dict, one per line, in readable units."""
+    lines = []
+    for key, value in stats.items():
+        if key.endswith("_s") and not key.endswith("tok_s"):
+            text = f"{value * 1000:.0f} ms"
+        elif key.endswith("tok_s"):
+            text = f"{value:.1f} tok/s"
+        elif key.endswith("bytes"):
+            text = human_bytes(value)
+        else:
+            text = str(value)
+        lines.append(f"{key:<18} {text}")
+    return lines
+
+
+def turn_line(index: int, stats: dict) -> str:
+    return f"#{index:<3} {stats['ttft_s'] * 1000:5.0f} ms {stats['decode_tok_s']:6.1f} tok/s"

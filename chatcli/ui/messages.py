@@ -1,0 +1,42 @@
+"""Messages the worker threads post to the chat screen (thread-safe `post_message`).
+
+The threads never touch widgets: they post these, and the screen's handlers, on the
+event loop, update the widgets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+
+@dataclass
+class LoadStatus(Message):
+    text: str
+
+
+@dataclass
+class EngineReady(Message):
+    engine: object
+
+
+@dataclass
+class LoadFailed(Message):
+    error: str
+
+
+@dataclass
+class TurnEvent(Message):
+    """One engine event (`Prefilled`, `Token` or `Finished`) of turn `turn`, with the cache's state after it."""
+
+    turn: int
+    event: object
+    context_tokens: int
+    kv_cache_bytes: int
+
+
+@dataclass
+class TurnFailed(Message):
+    turn: int
+    error: str

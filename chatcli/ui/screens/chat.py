@@ -1,0 +1,337 @@
+"""The chat screen: one conversation (a `Conversation` and its engine `Session`) with its panes.
+
+Turns run in a Textual thread worker that iterates `engine.generate(...)` and posts each
+event as a `TurnEvent`; the handlers only buffer text and numbers. A UI tick (10 Hz, only
+while a reply streams) writes the buffered text to the reply's Markdown stream and
+refreshes the panels, so the cost per second stays bounded whatever the token rate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from chatcli.chat.commands import is_command
+from chatcli.chat.conversation import Conversation
+from chatcli.ui.format import human_bytes, sampling_line, turn_line
+from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, TurnEvent, TurnFailed
+from chatcli.ui.persist import PromptHistory
+from chatcli.ui.screens.slash import SlashCommands
+from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, ReplyBox, UserMessage
+from chatcli.ui.widgets.panels import StatsPanel
+from chatcli.ui.widgets.prompt import PromptInput
+
+TICK_S = 1 / 10  # UI refresh while a reply streams: smooth enough, and leaves the GIL to the decode loop
+NARROW_BELOW = 80  # columns
+SPARK_SAMPLES = 128  # decode-rate points kept per reply
+
+
+class InfoBar(Static):
+    DEFAULT_CSS = "InfoBar { dock: top; height: auto; max-height: 2; padding: 0 1; }"
+
+
+def engine_label(engine) -> str:
+    runner = getattr(engine, "runner", None)
+    device = getattr(getattr(runner, "device", None), "type", getattr(runner, "device", "?"))
+    dtype = str(getattr(runner, "dtype", "?")).removeprefix("torch.")
+    return f"{getattr(engine, 'name', 'model')} · {device} · {dtype}"
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class ChatScreen(SlashCommands, Screen):
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # narrow: panels start hidden
+    BINDINGS = [
+        Binding("escape", "stop", "Stop reply"),
+        Binding("f2", "toggle_panels", "Panels"),
+        Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
+        Binding("pagedown", "scroll_chat(1)", "Scroll", show=False, priority=True),
+        Binding("ctrl+q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, params, system: str | None = None, history: PromptHistory | None = None) -> None:
+        super().__init__()
+        self.params = params
+        self.engine = None
+        self.session = None
+        self.conversation = Conversation(system=system or None)
+        self.history = history if history is not None else PromptHistory()
+        self.load_error: str | None = None
+        self.turn = 0  # id of the newest turn; events of older ones are ignored
+        self.busy = False
+        self.cancel: threading.Event | None = None
+        self.queue: list[UserMessage] = []  # prompts sent while the model loads or a reply streams
+        self.last_stats: dict | None = None
+        self.turns_done = 0
+        self._reply: ReplyBox | None = None
+        self._buffer: list[str] = []
+        self._live: dict = {}
+        self._rates: list[float] = []  # decode rate every `_rate_every` tokens of this reply
+        self._rate_every = 1
+        self._tick = None
+        self._loading: LoadingLine | None = None
+        self.pane = ChatPane()
+        self.panels = StatsPanel()
+        self.prompt = PromptInput(self.history, id="prompt")
+        self.info = InfoBar("")
+
+    def compose(self) -> ComposeResult:
+        yield self.info
+        with Horizontal(id="main"):
+            yield self.pane
+            yield self.panels
+        yield self.prompt
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._loading = LoadingLine("Loading the model…")
+        self.pane.mount(self._loading)
+        self.refresh_info()
+        self.prompt.focus()
+
+    # -- loading ---------------------------------------------------------------
+
+    def on_load_status(self, message: LoadStatus) -> None:
+        if self._loading is not None:
+            self._loading.status.update(message.text)
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        self.engine = message.engine
+        self.session = self.engine.new_session()
+        self._drop_loading()
+        self.panels.set_context(0, self.engine.context_limit)
+        self.refresh_info()
+        self._next_in_queue()
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        self.load_error = message.error
+        self._drop_loading()
+        self.pane.add_note(f"Could not load the model: {message.error}", error=True)
+        if self.queue:
+            self.pane.add_note(f"{len(self.queue)} queued prompt(s) were not sent.", error=True)
+            self.queue.clear()
+        self.app.notify(message.error, title="Load failed", severity="error", timeout=10)
+        self.refresh_info()
+
+    def _drop_loading(self) -> None:
+        if self._loading is not None:
+            self._loading.remove()
+            self._loading = None
+
+    def refresh_info(self) -> None:
+        if self.engine is not None:
+            head = engine_label(self.engine)
+        else:
+            head = "model failed to load" if self.load_error else "loading…"
+        self.info.update(f"{head} │ {sampling_line(self.params)}")
+
+    # -- sending ---------------------------------------------------------------
+
+    async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+        text = message.text
+        if is_command(text):
+            await self.run_command(text)
+            return
+        if self.load_error is not None:
+            self.pane.add_note("No model is loaded, so nothing can answer (see the error above).", error=True)
+            return
+        waiting = self.busy or self.engine is None
+        widget = self.pane.add_user(text, queued=waiting)
+        self.pane.follow()
+        self.queue.append(widget)
+        if not waiting:
+            self._next_in_queue()
+
+    def _next_in_queue(self) -> None:
+        if self.busy or self.engine is None or not self.queue:
+            return
+        widget = self.queue.pop(0)
+        widget.remove_class("-queued")
+        widget.message = self.conversation.add_user(widget.text)
+        self.begin_turn()
+
+    def begin_turn(self) -> None:
+        """Generate a reply to the conversation as it stands (its last message is the user's)."""
+        self.turn += 1
+        self.busy = True
+        self.cancel = threading.Event()
+        self._reply = self.pane.add_reply()
+        self._reply.start_stream()
+        self._reply.set_note("…")
+        self._buffer.clear()
+        self._rates = []
+        self._rate_every = 1
+        self._live = {"tokens": 0, "rate": 0.0, "t0": time.perf_counter()}
+        self.panels.reset()
+        self.pane.follow()
+        self._tick = self.set_interval(TICK_S, self._on_tick)
+        self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, self.params, self.cancel)
+
+    @work(thread=True, exit_on_error=False, group="turn")
+    def _generate(self, engine, turn: int, messages: list, session, params, cancel: threading.Event) -> None:
+        """Worker thread: drive the engine and post every event; never touch a widget."""
+        try:
+            for event in engine.generate(messages, session, params, cancel):
+                cache = session.cache
+                self.post_message(TurnEvent(turn, event, len(cache), cache.nbytes))
+        except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
+            self.post_message(TurnFailed(turn, one_line(exc)))
+
+    # -- streaming -------------------------------------------------------------
+
+    async def on_turn_event(self, message: TurnEvent) -> None:
+        if message.turn != self.turn:
+            return
+        event = message.event
+        kind = type(event).__name__
+        live = self._live
+        live["context"] = message.context_tokens
+        live["kv"] = message.kv_cache_bytes
+        if kind == "Token":
+            if event.text:
+                self._buffer.append(event.text)
+            live["tokens"] = event.completion_tokens
+            live["rate"] = event.decode_tok_s
+            if event.decode_tok_s > 0 and event.completion_tokens % self._rate_every == 0:
+                self._sample_rate(event.decode_tok_s)
+        elif kind == "Prefilled":
+            live["prefilled"] = event
+        elif kind == "Finished":
+            await self._finish(event, message)
+
+    def _sample_rate(self, rate: float) -> None:
+        """Keep the whole reply's speed curve in at most SPARK_SAMPLES points (by position, not by time)."""
+        self._rates.append(rate)
+        if len(self._rates) >= SPARK_SAMPLES:
+            self._rates = self._rates[1::2]
+            self._rate_every *= 2
+
+    async def _on_tick(self) -> None:
+        await self._flush()
+        if self._tick is not None:  # the turn may have finished while the flush awaited
+            self._show_live()
+
+    async def _flush(self) -> None:
+        if self._buffer and self._reply is not None:
+            text = "".join(self._buffer)
+            self._buffer.clear()
+            await self._reply.write(text)
+
+    def _show_live(self) -> None:
+        live = self._live
+        pre = live.get("prefilled")
+        values = {"tokens": str(live["tokens"])}
+        if pre is not None:
+            values["prefill"] = f"{pre.prefill_tokens / pre.prefill_s:.0f} tok/s" if pre.prefill_s > 0 else "–"
+            values["prompt"] = f"{pre.cached_tokens} cached · {pre.prefill_tokens} new"
+            if live["tokens"] and "ttft" not in live:
+                live["ttft"] = pre.prefill_s
+            if "ttft" in live:
+                values["ttft"] = f"{live['ttft'] * 1000:.0f} ms"
+        if live["tokens"] > 1:
+            values["decode"] = f"{live['rate']:.1f} tok/s"
+            if len(self._rates) != live.get("spark_len"):
+                live["spark_len"] = len(self._rates)
+                self.panels.set_speeds(self._rates)
+        if "kv" in live:
+            values["kv"] = human_bytes(live["kv"])
+        self.panels.show(**values)
+        if "context" in live and self.engine is not None:
+            self.panels.set_context(live["context"], self.engine.context_limit)
+
+    async def _finish(self, done, message: TurnEvent) -> None:
+        if self._tick is not None:
+            self._tick.stop()
+            self._tick = None
+        await self._flush()
+        reply = self._reply
+        if reply is not None:
+            await reply.end_stream()
+        stats = done.stats.to_dict()
+        reply_msg = self.conversation.add_reply(done.reply, done.finish_reason, stats)
+        self.last_stats = stats
+        self.turns_done += 1
+        if reply is not None:
+            reply.message = reply_msg
+            note = {"cancelled": "⏹ stopped", "length": "… cut at the token limit"}.get(done.finish_reason, "")
+            summary = f"{stats['completion_tokens']} tokens · {stats['decode_tok_s']:.1f} tok/s"
+            reply.set_note(f"{note} · {summary}" if note else summary)
+        self.panels.set_speeds(self._rates)
+        self._show_final(stats)
+        self.panels.add_turn(turn_line(self.turns_done, stats))
+        self._end_turn()
+
+    def _show_final(self, stats: dict) -> None:
+        self.panels.show(
+            ttft=f"{stats['ttft_s'] * 1000:.0f} ms",
+            prefill=f"{stats['prefill_tok_s']:.0f} tok/s",
+            decode=f"{stats['decode_tok_s']:.1f} tok/s",
+            tokens=str(stats["completion_tokens"]),
+            prompt=f"{stats['cached_tokens']} cached · {stats['prefill_tokens']} new",
+            kv=human_bytes(stats["kv_cache_bytes"]),
+        )
+        self.panels.set_context(stats["context_tokens"], stats["context_limit"] or self.engine.context_limit)
+
+    async def on_turn_failed(self, message: TurnFailed) -> None:
+        if message.turn != self.turn:
+            return
+        if self._tick is not None:
+            self._tick.stop()
+            self._tick = None
+        if self._reply is not None:
+            await self._reply.end_stream()
+            self._reply.remove()
+        # The user message that failed leaves the conversation, so the next turn starts clean.
+        if self.conversation.messages and self.conversation.messages[-1].role == "user":
+            failed = self.conversation.messages.pop()
+            for widget in self.pane.query(UserMessage):
+                if widget.message is failed:
+                    widget.add_class("-queued")
+        self.pane.add_note(f"Error: {message.error}", error=True)
+        self._end_turn()
+
+    def _end_turn(self) -> None:
+        self.busy = False
+        self.cancel = None
+        self._reply = None
+        self._next_in_queue()
+
+    # -- keys ------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        if self.busy and self.cancel is not None:
+            self.cancel.set()
+        elif self.queue:
+            for widget in self.queue:
+                widget.remove()
+            self.queue.clear()
+            self.pane.add_note("Dropped the queued prompts.")
+
+    def action_scroll_chat(self, direction: int) -> None:
+        """Page through the chat; scrolling up lets go of the stream, back at the bottom it follows again."""
+        if direction < 0:
+            self.pane.scroll_page_up(animate=False)
+        else:
+            self.pane.scroll_page_down(animate=False)
+
+    def action_toggle_panels(self) -> None:
+        self.panels.toggle_class("-toggled")  # hides them on a wide terminal, shows them on a narrow one
+
+    def stop_all(self) -> None:
+        """Cancel the running turn (quitting): the worker ends within one decode step."""
+        self.queue.clear()
+        if self.cancel is not None:
+            self.cancel.set()
+
+    def on_unmount(self) -> None:
+        self.stop_all()

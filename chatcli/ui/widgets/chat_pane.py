@@ -1,0 +1,125 @@
+"""The chat pane: user messages, streamed Markdown replies, inline notes; follows the stream."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import LoadingIndicator, Markdown, Static
+
+
+class UserMessage(Static):
+    DEFAULT_CSS = """
+    UserMessage { margin: 1 1 0 0; padding: 0 1; }
+    UserMessage.-queued { text-style: dim; }
+    """
+
+    def __init__(self, text: str, queued: bool = False) -> None:
+        super().__init__(text, markup=False, classes="-queued" if queued else "")
+        self.text = text
+        self.message = None  # the conversation's Message, once its turn has started
+
+
+class ReplyMarkdown(Markdown):
+    """The reply's Markdown; counts its appends (each one is a re-parse of the tail and a re-render)."""
+
+    DEFAULT_CSS = "ReplyMarkdown { margin: 0; padding: 0 1; background: transparent; }"
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.appends = 0
+
+    def append(self, markdown: str):
+        self.appends += 1
+        return super().append(markdown)
+
+
+class ReplyBox(Vertical):
+    """One assistant reply: its Markdown, then a one-line note (stopped, length, stats)."""
+
+    DEFAULT_CSS = """
+    ReplyBox { height: auto; margin: 1 1 0 0; }
+    ReplyBox .reply-note { padding: 0 1; height: auto; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.message = None  # the conversation's Message, once finished
+        self.markdown = ReplyMarkdown()
+        self.note = Static("", classes="reply-note", markup=False)
+        self.stream = None
+
+    def compose(self) -> ComposeResult:
+        yield self.markdown
+        yield self.note
+
+    def start_stream(self):
+        self.stream = Markdown.get_stream(self.markdown)
+        return self.stream
+
+    async def write(self, text: str) -> None:
+        if self.stream is not None and text:
+            await self.stream.write(text)
+
+    async def end_stream(self) -> None:
+        if self.stream is not None:
+            await self.stream.stop()
+            self.stream = None
+
+    def set_note(self, text: str) -> None:
+        self.note.update(text)
+
+
+class Note(Static):
+    """An inline line from the app: a confirmation, a listing, or an error (class -error)."""
+
+    DEFAULT_CSS = "Note { margin: 1 1 0 0; padding: 0 1; }"
+
+    def __init__(self, text: str, error: bool = False) -> None:
+        super().__init__(text, markup=False, classes="-error" if error else "")
+        self.text = text
+
+
+class LoadingLine(Horizontal):
+    DEFAULT_CSS = """
+    LoadingLine { height: auto; margin: 1 1 0 0; }
+    LoadingLine LoadingIndicator { width: 8; height: 1; }
+    LoadingLine Static { width: 1fr; height: auto; }
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.status = Static(text, markup=False)
+
+    def compose(self) -> ComposeResult:
+        yield LoadingIndicator()
+        yield self.status
+
+
+class ChatPane(VerticalScroll):
+    DEFAULT_CSS = "ChatPane { width: 1fr; height: 1fr; padding: 0 1 1 1; }"
+    can_focus = False
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    def follow(self) -> None:
+        """Stick to the bottom again (a new turn): the anchor lets go when the user scrolls up."""
+        self.anchor()
+
+    def add_user(self, text: str, queued: bool = False) -> UserMessage:
+        widget = UserMessage(text, queued)
+        self.mount(widget)
+        return widget
+
+    def add_reply(self) -> ReplyBox:
+        box = ReplyBox()
+        self.mount(box)
+        return box
+
+    def add_note(self, text: str, error: bool = False) -> Note:
+        note = Note(text, error)
+        self.mount(note)
+        return note
+
+    def notes(self) -> list[Note]:
+        return list(self.query(Note))

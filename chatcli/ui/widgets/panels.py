@@ -1,0 +1,83 @@
+"""The stats panels: live numbers of the streaming turn, a context gauge, a decode-speed
+sparkline and the last turns. The screen calls `show(...)` at most once per UI tick."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import ProgressBar, Sparkline, Static
+
+ROWS = (
+    ("ttft", "TTFT"),
+    ("prefill", "prefill"),
+    ("decode", "decode"),
+    ("tokens", "tokens"),
+    ("prompt", "prompt"),
+    ("context", "context"),
+    ("kv", "KV cache"),
+)
+HISTORY_TURNS = 5
+
+
+class StatsPanel(VerticalScroll):
+    DEFAULT_CSS = """
+    StatsPanel { width: 34; height: 1fr; padding: 0 1; }
+    Screen.-wide StatsPanel.-toggled { display: none; }
+    Screen.-narrow StatsPanel { display: none; }
+    Screen.-narrow StatsPanel.-toggled { display: block; }
+    StatsPanel .row { height: 1; }
+    StatsPanel .label { width: 10; }
+    StatsPanel .value { width: 1fr; }
+    StatsPanel .title { margin-top: 1; text-style: bold; }
+    StatsPanel ProgressBar { height: 1; margin-left: 10; }
+    StatsPanel ProgressBar Bar { width: 1fr; }
+    StatsPanel Sparkline { height: 3; margin-top: 1; }
+    StatsPanel #history { height: auto; }
+    """
+    SCOPED_CSS = False  # the rules above look at the screen's width class
+    can_focus = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, str] = {key: "–" for key, _ in ROWS}
+        self._value_widgets: dict[str, Static] = {}
+        self.gauge = ProgressBar(total=1, show_eta=False, show_percentage=True)
+        self.spark = Sparkline([], summary_function=max)
+        self.history = Static("–", id="history", markup=False)
+        self.turns: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("This turn", classes="title")
+        for key, label in ROWS:
+            value = Static(self.values[key], classes="value", markup=False)
+            self._value_widgets[key] = value
+            with Horizontal(classes="row"):
+                yield Static(label, classes="label")
+                yield value
+            if key == "context":
+                yield self.gauge
+        yield self.spark
+        yield Static("Recent turns", classes="title")
+        yield self.history
+
+    def show(self, **values: str) -> None:
+        """Set some rows; a row's widget is only touched when its text changes."""
+        for key, text in values.items():
+            if self.values.get(key) != text:
+                self.values[key] = text
+                self._value_widgets[key].update(text, layout=False)  # one line, fixed size: no reflow
+
+    def set_context(self, used: int, limit: int) -> None:
+        self.show(context=f"{used} / {limit}")
+        self.gauge.update(total=max(limit, 1), progress=min(used, max(limit, 1)))
+
+    def set_speeds(self, rates: list[float]) -> None:
+        self.spark.data = list(rates)  # the widget buckets them into its width
+
+    def add_turn(self, line: str) -> None:
+        self.turns.append(line)
+        self.history.update("\n".join(self.turns[-HISTORY_TURNS:]))
+
+    def reset(self) -> None:
+        self.show(**{key: "–" for key, _ in ROWS})
+        self.set_speeds([])

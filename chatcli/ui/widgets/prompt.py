@@ -1,0 +1,81 @@
+"""The prompt: a multi-line TextArea. Enter sends, Shift+Enter / Ctrl+J insert a newline,
+Up/Down at the first/last line walk the prompt history, Tab completes a command name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import events
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import TextArea
+
+from chatcli.chat.commands import common_completion, complete
+from chatcli.ui.persist import PromptHistory
+
+NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+
+
+class PromptInput(TextArea):
+    DEFAULT_CSS = "PromptInput { height: auto; min-height: 3; max-height: 12; margin: 0 1; }"
+
+    BINDINGS = [
+        Binding("enter", "submit", "Send", show=True),
+        Binding("ctrl+j", "newline", "Newline", key_display="⇧⏎/^J", show=True),
+    ]
+
+    @dataclass
+    class Submitted(Message):
+        text: str
+
+    def __init__(self, history: PromptHistory, **kwargs) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+        self.prompts = history
+
+    async def _on_key(self, event: events.Key) -> None:
+        key = event.key
+        handled = True
+        if key == "enter":
+            self.action_submit()
+        elif key in NEWLINE_KEYS:
+            self.action_newline()
+        elif key == "up" and self.cursor_location[0] == 0 and not self.selected_text:
+            handled = self._recall(self.prompts.older(self.text))
+        elif key == "down" and self.cursor_location[0] == self.document.line_count - 1 and not self.selected_text:
+            handled = self._recall(self.prompts.newer())
+        elif key == "tab" and complete(self.text):
+            self._complete()
+        else:
+            handled = False
+        if handled:
+            event.stop()
+            event.prevent_default()
+            return
+        await super()._on_key(event)
+
+    def action_submit(self) -> None:
+        text = self.text
+        if not text.strip():
+            return
+        self.prompts.add(text)
+        self.clear()
+        self.post_message(self.Submitted(text))
+
+    def action_newline(self) -> None:
+        start, end = self.selection
+        self.replace("\n", start, end, maintain_selection_offset=False)
+
+    def _recall(self, entry: str | None) -> bool:
+        if entry is None:
+            return False  # at the edge of the history: let the cursor move as usual
+        self.load_text(entry)
+        self.move_cursor(self.document.end)
+        return True
+
+    def _complete(self) -> None:
+        done = common_completion(self.text)
+        if done is not None:
+            self.load_text(done)
+            self.move_cursor(self.document.end)
+        else:
+            self.app.notify("  ".join(complete(self.text)), title="Commands", timeout=4)

