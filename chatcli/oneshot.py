@@ -68,6 +68,21 @@ def open_conversation(store, start: StartOptions, resume: str | None, continue_l
     return Conversation(system=start.system), True
 
 
+def kv_file(store, conversation_id: str):
+    return store.path.parent / "kv" / f"{conversation_id}.safetensors"
+
+
+def save_kv(engine, session, path) -> None:
+    """Keep the conversation's KV cache beside it for the next `-c` (best effort)."""
+    from chatcli.engine.persist import fingerprint, save_cache, trim_folder
+
+    try:
+        save_cache(session.cache, path, fingerprint(engine.runner, engine.name))
+        trim_folder(path.parent)
+    except OSError:
+        pass  # a full disk costs the next run a prefill, nothing more
+
+
 def run_oneshot(
     start: StartOptions,
     text: str,
@@ -91,6 +106,12 @@ def run_oneshot(
         store.create(conversation, engine.name)
     store.add_message(conversation.id, conversation.add_user(text))
     session = engine.new_session()
+    kv_path = kv_file(store, conversation.id)
+    if not new:  # a cache saved by an earlier run spares the history's prefill
+        from chatcli.engine.persist import fingerprint, load_cache
+
+        fp = fingerprint(engine.runner, engine.name)
+        session.cache = load_cache(engine.runner, kv_path, fp) or session.cache
     cancel = threading.Event()
     out = sys.stdout
     pieces: list[str] = []
@@ -117,6 +138,7 @@ def run_oneshot(
     assert done is not None
     reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
     store.add_message(conversation.id, reply, asdict(start.params))
+    save_kv(engine, session, kv_path)
     if json_out:
         record = {
             "model": engine.name,

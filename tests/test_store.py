@@ -116,6 +116,9 @@ def test_continue_carries_earlier_turns_in_oneshot(cli):
     fresh = json.loads(cli("-p", "Again", "--json", "--max-tokens", "4", "--temperature", "0").stdout)
     assert again["conversation"] == first["conversation"] != fresh["conversation"]
     assert again["stats"]["prompt_tokens"] > first["stats"]["prompt_tokens"] + fresh["stats"]["prompt_tokens"] - 10
+    # The first run left its KV cache beside the conversation: the second prefills only the new turn.
+    assert again["stats"]["cached_tokens"] >= first["stats"]["prompt_tokens"]
+    assert fresh["stats"]["cached_tokens"] == 0
     picked = json.loads(cli("--conversation", first["conversation"][:8], "-p", "Third", "--json", "--max-tokens", "2").stdout)
     assert picked["conversation"] == first["conversation"]
     history = json.loads(cli("history", "--json").stdout)

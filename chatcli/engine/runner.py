@@ -37,6 +37,14 @@ class KVCache(ABC):
     @abstractmethod
     def nbytes(self) -> int: ...
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The held keys/values as named tensors (for saving to disk); empty where unsupported."""
+        return {}
+
+    def restore(self, ids: list[int], state: dict[str, torch.Tensor]) -> bool:
+        """Load what `state()` gave, for exactly `ids`; False (and left empty) where unsupported."""
+        return False
+
 
 class ModelRunner(ABC):
     context_limit: int
@@ -68,6 +76,33 @@ class HFCache(KVCache):
             self.ids.clear()
             return
         self.hf.crop(-(len(self.ids) - keep))  # transformers 5: a negative count to remove
+
+    def state(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for i, layer in enumerate(getattr(self.hf, "layers", [])):
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if not isinstance(keys, torch.Tensor) or getattr(layer, "is_sliding", False):
+                return {}  # sliding-window or linear-attention layers: not saved
+            out[f"k{i}"], out[f"v{i}"] = keys.contiguous(), values.contiguous()  # [1, KV, S, hd]
+        return out
+
+    def restore(self, ids: list[int], state: dict[str, torch.Tensor]) -> bool:
+        from transformers import DynamicCache
+
+        self.hf = DynamicCache(config=self._config)
+        self.ids = []
+        layers = len(state) // 2
+        try:
+            for i in range(layers):
+                keys, values = state[f"k{i}"], state[f"v{i}"]
+                if keys.shape[-2] != len(ids) or values.shape != keys.shape:
+                    raise ValueError("saved cache does not match its ids")
+                self.hf.update(keys, values, i)
+        except (KeyError, ValueError, RuntimeError):
+            self.hf = DynamicCache(config=self._config)
+            return False
+        self.ids = list(ids)
+        return layers > 0
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,71 @@
+"""A conversation's KV cache on disk: restored exactly, ignored when it does not fit."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from chatcli.engine.engine import common_prefix
+from chatcli.engine.persist import fingerprint, load_cache, save_cache, trim_folder
+from chatcli.engine.sampling import SamplingParams
+
+
+def turn(engine, session, messages):
+    return list(engine.generate(messages, session, SamplingParams(temperature=0, max_tokens=8)))[-1]
+
+
+def test_saved_cache_continues_exactly(tiny_engine, tmp_path):
+    fp = fingerprint(tiny_engine.runner, "tiny")
+    session = tiny_engine.new_session()
+    messages = [{"role": "user", "content": "Hello there"}]
+    done = turn(tiny_engine, session, messages)
+    path = tmp_path / "c.safetensors"
+    assert save_cache(session.cache, path, fp)
+
+    restored = tiny_engine.new_session()
+    restored.cache = load_cache(tiny_engine.runner, path, fp)
+    assert restored.cache is not None and restored.cache.ids == session.cache.ids
+    messages += [{"role": "assistant", "content": done.reply}, {"role": "user", "content": "again"}]
+    a = turn(tiny_engine, restored, messages)
+    b = turn(tiny_engine, tiny_engine.new_session(), messages)
+    assert a.stats.cached_tokens == common_prefix(session.cache.ids, tiny_engine.tokenizer.encode_chat(messages)) > 0
+    assert a.reply == b.reply
+    probe = tiny_engine.tokenizer.encode_chat(messages)
+    with torch.inference_mode():
+        restored.cache.crop(len(probe) - 1)
+        cached = tiny_engine.runner.forward(probe[len(restored.cache):], restored.cache)
+        full = tiny_engine.runner.forward(probe, tiny_engine.runner.new_cache())
+    torch.testing.assert_close(cached, full, atol=1e-4, rtol=1e-4)
+
+
+def test_foreign_or_damaged_files_are_ignored(tiny_engine, tmp_path):
+    fp = fingerprint(tiny_engine.runner, "tiny")
+    session = tiny_engine.new_session()
+    turn(tiny_engine, session, [{"role": "user", "content": "Hi"}])
+    path = tmp_path / "c.safetensors"
+    save_cache(session.cache, path, fp)
+    assert load_cache(tiny_engine.runner, path, fingerprint(tiny_engine.runner, "other-model")) is None
+    data = bytearray(path.read_bytes())
+    data[:64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+    assert load_cache(tiny_engine.runner, path, fp) is None
+    assert load_cache(tiny_engine.runner, tmp_path / "missing.safetensors", fp) is None
+
+
+def test_too_large_is_not_written(tiny_engine, tmp_path):
+    session = tiny_engine.new_session()
+    turn(tiny_engine, session, [{"role": "user", "content": "Hi"}])
+    path = tmp_path / "c.safetensors"
+    path.write_bytes(b"stale")
+    assert not save_cache(session.cache, path, "fp", max_bytes=16)
+    assert not path.exists()  # the stale file went too
+
+
+def test_trim_folder_drops_oldest(tmp_path):
+    for i in range(4):
+        p = tmp_path / f"{i}.safetensors"
+        p.write_bytes(b"x" * 100)
+        os.utime(p, (i, i))
+    trim_folder(tmp_path, budget=250)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2.safetensors", "3.safetensors"]
