@@ -33,7 +33,7 @@ SPARK_SAMPLES = 128  # decode-rate points kept per reply
 
 
 class InfoBar(Static):
-    DEFAULT_CSS = "InfoBar { dock: top; height: auto; max-height: 2; padding: 0 1; }"
+    DEFAULT_CSS = "InfoBar { dock: top; height: auto; max-height: 2; padding: 0 1; background: $primary 25%; }"
 
 
 def engine_label(engine) -> str:
