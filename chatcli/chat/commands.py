@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os.path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -150,8 +151,6 @@ def common_completion(text: str) -> str | None:
         return None
     if len(matches) == 1:
         return matches[0] + " "
-    import os.path
-
     prefix = os.path.commonprefix(matches)
     return prefix if len(prefix) > len(text.strip()) else None
 

@@ -55,9 +55,17 @@ class FakeEngine:
     """`script(last_user_text) -> reply`; `tok_s` paces the stream (None: as fast as possible);
     `hold_at=N` waits after N tokens until cancelled or `release` is set."""
 
-    def __init__(self, script=None, tok_s: float | None = None, hold_at: int | None = None, context_limit: int = 4096):
+    def __init__(
+        self,
+        script=None,
+        tok_s: float | None = None,
+        hold_at: int | None = None,
+        context_limit: int = 4096,
+        token_s=lambda n: 1 / 42,
+    ):
         self.script = script or (lambda text: f"You said: **{text}**")
         self.tok_s = tok_s
+        self.token_s = token_s  # reported (not slept) seconds of decode token n, for the running rate
         self.hold_at = hold_at
         self.release = threading.Event()
         self.context_limit = context_limit
@@ -87,6 +95,7 @@ class FakeEngine:
         reply: list[str] = []
         reason = "stop"
         t0 = time.perf_counter()
+        decode_s = 0.0  # reported time since the first token
         for i, piece in enumerate(pieces):
             if cancel is not None and cancel.is_set():
                 reason = "cancelled"
@@ -106,7 +115,9 @@ class FakeEngine:
                     time.sleep(delay)
             cache.ids.extend(ord(c) + 10 for c in piece)
             reply.append(piece)
-            yield Token(100 + i, piece, i + 1, 40.0 + (i % 5))
+            n = i + 1
+            decode_s += self.token_s(n) if n > 1 else 0.0
+            yield Token(100 + i, piece, n, (n - 1) / decode_s if n > 1 else 0.0)
         stats = TurnStats(
             prompt_tokens=len(target),
             cached_tokens=cached,

@@ -211,3 +211,14 @@ async def test_quit_commands_leave(line):
         await command(pilot, line)
         await pilot.pause()
     assert app.return_code == 0 and not app.is_running
+
+
+async def test_a_builtin_theme_still_styles_errors():
+    app = make_app(start=StartOptions(theme="nord"), remember=False)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        note = await command(pilot, "/nope")
+        from textual.color import Color
+
+        want, got = Color.parse(app.current_theme.error), note.styles.color
+        assert max(abs(a - b) for a, b in zip(want.rgb, got.rgb)) <= 2  # the theme's error colour

@@ -26,7 +26,8 @@ def test_the_three_themes_are_shipped():
 
 @pytest.mark.parametrize("theme", sorted(shipped_themes()))
 def test_main_screen_snapshot(theme, snap_compare):
-    app = make_app(FakeEngine(script=lambda _t: REPLY), start=StartOptions(theme=theme), remember=False)
+    engine = FakeEngine(script=lambda _t: REPLY, token_s=lambda n: 1 / (30 + 4 * (n % 6)))
+    app = make_app(engine, start=StartOptions(theme=theme), remember=False)
 
     async def run_before(pilot):
         screen = await ready(pilot)

@@ -9,7 +9,6 @@ refreshes the panels, so the cost per second stays bounded whatever the token ra
 from __future__ import annotations
 
 import threading
-import time
 
 from textual import work
 from textual.app import ComposeResult
@@ -34,7 +33,7 @@ SPARK_SAMPLES = 128  # decode-rate points kept per reply
 
 
 class InfoBar(Static):
-    DEFAULT_CSS = "InfoBar { dock: top; height: auto; max-height: 2; padding: 0 1; }"
+    DEFAULT_CSS = "InfoBar { dock: top; height: auto; max-height: 2; padding: 0 1; background: $primary 25%; }"
 
 
 def engine_label(engine) -> str:
@@ -78,6 +77,7 @@ class ChatScreen(SlashCommands, Screen):
         self._live: dict = {}
         self._rates: list[float] = []  # decode rate every `_rate_every` tokens of this reply
         self._rate_every = 1
+        self._last_sample: tuple[int, float] | None = None  # (tokens, seconds since the first) of the last point
         self._tick = None
         self._loading: LoadingLine | None = None
         self.pane = ChatPane()
@@ -171,7 +171,8 @@ class ChatScreen(SlashCommands, Screen):
         self._buffer.clear()
         self._rates = []
         self._rate_every = 1
-        self._live = {"tokens": 0, "rate": 0.0, "t0": time.perf_counter()}
+        self._last_sample = None
+        self._live = {"tokens": 0, "rate": 0.0}
         self.panels.reset()
         self.pane.follow()
         self._tick = self.set_interval(TICK_S, self._on_tick)
@@ -203,17 +204,28 @@ class ChatScreen(SlashCommands, Screen):
             live["tokens"] = event.completion_tokens
             live["rate"] = event.decode_tok_s
             if event.decode_tok_s > 0 and event.completion_tokens % self._rate_every == 0:
-                self._sample_rate(event.decode_tok_s)
+                self._sample_rate(event.completion_tokens, event.decode_tok_s)
         elif kind == "Prefilled":
             live["prefilled"] = event
         elif kind == "Finished":
             await self._finish(event, message)
 
-    def _sample_rate(self, rate: float) -> None:
-        """Keep the whole reply's speed curve in at most SPARK_SAMPLES points (by position, not by time)."""
-        self._rates.append(rate)
+    def _sample_rate(self, n: int, running: float) -> None:
+        """Add the decode speed since the previous sample to the sparkline's points.
+
+        The engine reports a running rate, (n - 1) / (t_n - t_1); inverting it gives each
+        token's time since the first, so the speed over an interval needs no UI clock and
+        stays exact however the UI batches events. At most SPARK_SAMPLES points are kept:
+        when full, neighbours are averaged and sampling halves its pace."""
+        elapsed = (n - 1) / running
+        if self._last_sample is not None:
+            m, before = self._last_sample
+            if elapsed > before:
+                self._rates.append((n - m) / (elapsed - before))
+        self._last_sample = (n, elapsed)
         if len(self._rates) >= SPARK_SAMPLES:
-            self._rates = self._rates[1::2]
+            pairs = zip(self._rates[::2], self._rates[1::2])
+            self._rates = [(a + b) / 2 for a, b in pairs]
             self._rate_every *= 2
 
     async def _on_tick(self) -> None:

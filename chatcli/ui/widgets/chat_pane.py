@@ -9,7 +9,7 @@ from textual.widgets import LoadingIndicator, Markdown, Static
 
 class UserMessage(Static):
     DEFAULT_CSS = """
-    UserMessage { margin: 1 1 0 0; padding: 0 1; }
+    UserMessage { margin: 1 1 0 0; padding: 0 1; background: $primary 10%; border-left: outer $primary; }
     UserMessage.-queued { text-style: dim; }
     """
 
@@ -37,8 +37,8 @@ class ReplyBox(Vertical):
     """One assistant reply: its Markdown, then a one-line note (stopped, length, stats)."""
 
     DEFAULT_CSS = """
-    ReplyBox { height: auto; margin: 1 1 0 0; }
-    ReplyBox .reply-note { padding: 0 1; height: auto; }
+    ReplyBox { height: auto; margin: 1 1 0 0; border-left: outer $secondary 50%; }
+    ReplyBox .reply-note { padding: 0 1; height: auto; color: $text-muted; }
     """
 
     def __init__(self) -> None:
@@ -72,7 +72,10 @@ class ReplyBox(Vertical):
 class Note(Static):
     """An inline line from the app: a confirmation, a listing, or an error (class -error)."""
 
-    DEFAULT_CSS = "Note { margin: 1 1 0 0; padding: 0 1; }"
+    DEFAULT_CSS = """
+    Note { margin: 1 1 0 0; padding: 0 1; }
+    Note.-error { color: $error; }
+    """
 
     def __init__(self, text: str, error: bool = False) -> None:
         super().__init__(text, markup=False, classes="-error" if error else "")

@@ -21,7 +21,9 @@ HISTORY_TURNS = 5
 
 class StatsPanel(VerticalScroll):
     DEFAULT_CSS = """
-    StatsPanel { width: 34; height: 1fr; padding: 0 1; }
+    StatsPanel { width: 34; height: 1fr; padding: 0 1; background: $panel; border-left: vkey $primary 40%; }
+    StatsPanel .label { color: $text-muted; }
+    StatsPanel .value { color: $accent; }
     Screen.-wide StatsPanel.-toggled { display: none; }
     Screen.-narrow StatsPanel { display: none; }
     Screen.-narrow StatsPanel.-toggled { display: block; }
