@@ -119,7 +119,7 @@ def chat(
     )
     piped = not sys.stdin.isatty()
     if prompt is None and not piped:
-        if not sys.stdout.isatty():
+        if not (sys.stdout.isatty() and sys.stderr.isatty()):  # Textual draws on stderr
             raise UserError("no prompt: pass -p TEXT or pipe text in (the TUI needs a terminal)", 2)
         from chatcli.ui.app import run_tui
 
