@@ -97,6 +97,9 @@ def chat(
     stats: Annotated[bool, typer.Option("--stats", help="One-shot: a stats line on stderr.")] = False,
     continue_last: Annotated[bool, typer.Option("--continue", "-c", help="Continue the most recent conversation.")] = False,
     conversation: Annotated[Optional[str], typer.Option(help="Continue this conversation (an id from 'chatcli history').")] = None,
+    cache_budget: Annotated[
+        Optional[int], typer.Option(min=0, help="MiB of KV caches kept in memory across conversations (default: RAM/8).")
+    ] = None,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -117,6 +120,8 @@ def chat(
         max_tokens=max_tokens,
         stop=stop,
     )
+    start.continue_last, start.conversation = continue_last, conversation
+    start.cache_budget_bytes = cache_budget * (1 << 20) if cache_budget is not None else None
     piped = not sys.stdin.isatty()
     if prompt is None and not piped:
         if not (sys.stdout.isatty() and sys.stderr.isatty()):  # Textual draws on stderr

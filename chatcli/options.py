@@ -22,6 +22,9 @@ class StartOptions:
     system_given: bool = False  # --system was on the command line (it then overrides a resumed conversation's)
     theme: str | None = None
     config: Config = field(default_factory=Config)
+    continue_last: bool = False  # -c: reopen the most recent saved conversation
+    conversation: str | None = None  # --conversation ID (or a unique prefix)
+    cache_budget_bytes: int | None = None  # --cache-budget; None: chatcli.engine.pool.default_budget_bytes()
 
     def load_engine(self, status=None):
         """Load the model and wrap it in an Engine (slow: call it off the UI thread)."""

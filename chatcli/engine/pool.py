@@ -36,7 +36,18 @@ from typing import TYPE_CHECKING, Callable, Sequence
 if TYPE_CHECKING:
     from chatcli.engine.engine import Session
 
-MIN_FORK_TOKENS = 32  # a shorter shared prefix is cheaper to prefill again than to copy
+MIN_FORK_TOKENS = 32
+
+
+def default_budget_bytes() -> int:
+    """An eighth of the machine's memory, between 256 MiB and 4 GiB (1 GiB where it cannot be read)."""
+    import os
+
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 30
+    return max(256 << 20, min(4 << 30, total // 8))  # a shorter shared prefix is cheaper to prefill again than to copy
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
