@@ -126,6 +126,7 @@ class LeanRunner(ModelRunner):
         if reason:
             raise ValueError(f"the lean runner cannot run this model: {reason}")
         config = model.config
+        self.model = model  # the transformers model whose weights these are (the HF reference)
         self.context_limit = context_limit
         self.device = model.device
         self.dtype = model.dtype
