@@ -8,7 +8,8 @@ as the arithmetic. This runner does only what a Llama decoder needs, gpt-fast st
   at an explicit position; cropping just moves the position (nothing is copied);
 - projection weights transposed once at load (`x @ W_t` beats `F.linear` on CPU) and
   fused: q/k/v into one matrix, gate/up into another;
-- rotary tables computed once for the whole context;
+- the RMSNorm weights folded into the projections after them, and q/k rows
+  reordered so rope is one complex multiplication from a table built once;
 - logits for the last position only;
 - no Python-side shape work in the decode step beyond a few views.
 
@@ -75,11 +76,9 @@ class Dense:
 
 @dataclass
 class LeanLayer:
-    attn_norm: torch.Tensor  # [D]
-    qkv: object  # [S, D] -> [S, (H + 2 KV) hd]
+    qkv: object  # [S, D] -> [S, (H + 2 KV) hd]; input norm folded in, q/k rows interleaved for rope
     out: object  # [S, H hd] -> [S, D]
-    mlp_norm: torch.Tensor  # [D]
-    gate_up: object  # [S, D] -> [S, 2 F]
+    gate_up: object  # [S, D] -> [S, 2 F]; post-attention norm folded in
     down: object  # [S, F] -> [S, D]
 
 
@@ -140,35 +139,34 @@ class LeanRunner(ModelRunner):
 
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # [V, D]
-        self.final_norm = inner.norm.weight.detach()  # [D]
         self.layers = [self._layer(block, linear) for block in inner.layers]
-        head = model.get_output_embeddings().weight
+        head = model.get_output_embeddings().weight.detach() * inner.norm.weight.detach()  # [V, D], norm folded
         self.head = (linear if quantize_head else Dense)(head)  # [1, D] -> [1, V]
-        self.cos, self.sin = self._rope_tables(inner.rotary_emb, context_limit)  # [T, hd] each
+        self.rope = self._rope_table(inner.rotary_emb, context_limit)  # [T, 1, hd/2] complex
 
-    @staticmethod
-    def _layer(block, linear) -> LeanLayer:
+    def _layer(self, block, linear) -> LeanLayer:
         attn, mlp = block.self_attn, block.mlp
-        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], 0)  # [(H+2KV) hd, D]
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0)  # [2F, D]
+        q = _interleave(attn.q_proj.weight.detach(), self.heads, self.head_dim)  # [H hd, D]
+        k = _interleave(attn.k_proj.weight.detach(), self.kv_heads, self.head_dim)  # [KV hd, D]
+        qkv = torch.cat([q, k, attn.v_proj.weight.detach()], 0)  # [(H+2KV) hd, D]
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0).detach()  # [2F, D]
+        # RMSNorm's weight scales the input columns of the projection after it: fold it in.
+        attn_norm = block.input_layernorm.weight.detach()  # [D]
+        mlp_norm = block.post_attention_layernorm.weight.detach()  # [D]
         return LeanLayer(
-            attn_norm=block.input_layernorm.weight.detach(),
-            qkv=linear(qkv.detach()),
-            out=linear(attn.o_proj.weight),
-            mlp_norm=block.post_attention_layernorm.weight.detach(),
-            gate_up=linear(gate_up.detach()),
-            down=linear(mlp.down_proj.weight),
+            qkv=linear(qkv * attn_norm),
+            out=linear(attn.o_proj.weight.detach()),
+            gate_up=linear(gate_up * mlp_norm),
+            down=linear(mlp.down_proj.weight.detach()),
         )
 
-    def _rope_tables(self, rotary, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope_table(self, rotary, limit: int) -> torch.Tensor:
         inv_freq = rotary.inv_freq.float()  # [hd/2], rope scaling already folded in by transformers
         scale = float(getattr(rotary, "attention_scaling", 1.0))
         positions = torch.arange(limit, dtype=torch.float32, device=inv_freq.device)  # [T]
         freqs = torch.outer(positions, inv_freq)  # [T, hd/2]
-        angles = torch.cat([freqs, freqs], -1)  # [T, hd]
-        cos = (angles.cos() * scale).to(self.dtype).to(self.device)
-        sin = (angles.sin() * scale).to(self.dtype).to(self.device)
-        return cos, sin
+        table = torch.polar(torch.full_like(freqs, scale), freqs)  # [T, hd/2] complex64
+        return table[:, None, :].to(self.device)  # [T, 1, hd/2]
 
     def new_cache(self) -> LeanCache:
         return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.context_limit, self.dtype, self.device)
@@ -191,7 +189,7 @@ class LeanRunner(ModelRunner):
         cache.reserve(end)
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
         x = self.embed[tokens]  # [S, D]
-        cos, sin = self.cos[start:end], self.sin[start:end]  # [S, hd]
+        rope = self.rope[start:end]  # [S, 1, hd/2]
         mask = None
         if length > 1 and start > 0:  # a chunk after cached positions: causal with an offset
             cols = torch.arange(end, device=self.device)  # [T]
@@ -199,34 +197,50 @@ class LeanRunner(ModelRunner):
             mask = cols[None, :] <= rows[:, None]  # [S, T]
         causal = length > 1 and start == 0
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, F.rms_norm(x, (self.hidden,), layer.attn_norm, self.eps),
-                                    cache, start, end, cos, sin, mask, causal)
-            h = F.rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)  # [S, D]
-            gate, up = layer.gate_up(h).chunk(2, -1)  # [S, F] each
-            x = x + layer.down(F.silu(gate) * up)  # [S, D]
-        last = F.rms_norm(x[-1:], (self.hidden,), self.final_norm, self.eps)  # [1, D]
-        logits = self.head(last)  # [1, V]
+            x = x + self._attention(i, layer, self._norm(x), cache, start, end, rope, mask, causal)  # [S, D]
+            gate_up = layer.gate_up(self._norm(x))  # [S, 2F]
+            gate, up = gate_up.chunk(2, -1)  # [S, F] each
+            x = x + layer.down(F.silu(gate).mul_(up))  # [S, D]
+        logits = self.head(self._norm(x[-1:]))  # [1, V]
         cache.ids.extend(ids)
         return logits[0].float()  # [V]
 
-    def _attention(self, i, layer: LeanLayer, h, cache: LeanCache, start, end, cos, sin, mask, causal):
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm without its weight (folded into the next projection), in fp32 like transformers."""
+        xf = x.float()  # [S, D]
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def _attention(self, i, layer: LeanLayer, h, cache: LeanCache, start, end, rope, mask, causal):
         length = h.shape[0]
-        q, k, v = layer.qkv(h).split(self._split, -1)  # [S, H hd], [S, KV hd], [S, KV hd]
-        q = _rope(q.view(length, self.heads, self.head_dim).transpose(0, 1), cos, sin)  # [H, S, hd]
-        k = _rope(k.view(length, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)  # [KV, S, hd]
-        cache.k[i, :, start:end] = k
-        cache.v[i, :, start:end] = v.view(length, self.kv_heads, self.head_dim).transpose(0, 1)
+        heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
+        qkv = layer.qkv(h)  # [S, (H+2KV) hd]
+        qk = _apply_rope(qkv[:, : (heads + kv_heads) * hd], rope, heads + kv_heads, hd)  # [S, H+KV, hd]
+        v = qkv[:, (heads + kv_heads) * hd :].view(length, kv_heads, hd)  # [S, KV, hd]
+        cache.k[i, :, start:end] = qk[:, heads:].transpose(0, 1)
+        cache.v[i, :, start:end] = v.transpose(0, 1)
+        q = qk[:, :heads].transpose(0, 1)  # [H, S, hd]
         keys = cache.k[i, :, :end]  # [KV, T, hd], a view
         values = cache.v[i, :, :end]  # [KV, T, hd]
         out = F.scaled_dot_product_attention(
-            q[None], keys[None], values[None], attn_mask=mask, is_causal=causal,
-            enable_gqa=self.heads != self.kv_heads,
+            q[None], keys[None], values[None], attn_mask=mask, is_causal=causal, enable_gqa=heads != kv_heads,
         )  # [1, H, S, hd]
-        return layer.out(out[0].transpose(0, 1).reshape(length, self.heads * self.head_dim))  # [S, D]
+        return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd))  # [S, D]
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, rotate-half convention (transformers' Llama): x [N, S, hd], cos/sin [S, hd]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)  # [N, S, hd]
-    return x * cos + rotated * sin
+def _interleave(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """Reorder q/k output rows per head from rotate-half pairs (i, i + hd/2) to adjacent pairs (2i, 2i + 1).
+
+    q and k get the same order, so their dot products (the attention scores) are unchanged,
+    and rope becomes one complex multiplication.
+    """
+    half = head_dim // 2
+    order = torch.stack([torch.arange(half), torch.arange(half) + half], -1).flatten()  # [hd]
+    return weight.view(heads, head_dim, -1)[:, order].reshape(heads * head_dim, -1)
+
+
+def _apply_rope(x: torch.Tensor, rope: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """x [S, N hd] (adjacent pairs) times rope [S, 1, hd/2] complex -> [S, N, hd] in x's dtype."""
+    length = x.shape[0]
+    pairs = x.float().view(length, heads, head_dim // 2, 2)  # [S, N, hd/2, 2]
+    rotated = torch.view_as_real(torch.view_as_complex(pairs) * rope)  # [S, N, hd/2, 2]
+    return rotated.view(length, heads, head_dim).to(x.dtype)
