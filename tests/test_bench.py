@@ -29,7 +29,7 @@ def invoke(*args: str):
 
 @pytest.fixture(scope="module")
 def bench_json(tiny_model_dir):
-    result = invoke("--model", str(tiny_model_dir), "--device", "cpu", *SMALL, "--json")
+    result = invoke("--model", str(tiny_model_dir), "--device", "cpu", *SMALL, "--repeat", "2", "--json")
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -42,6 +42,10 @@ def test_json_has_the_contract_keys(bench_json, tiny_model_dir):
     assert bench_json["runner"] == "lean"  # the default for a Llama model
     assert bench_json["decode_tok_s"] > 0 and bench_json["prefill_tok_s"] > 0 and bench_json["ttft_s"] > 0
     assert bench_json["baseline"]["hf_generate_decode_tok_s"] > 0
+    assert bench_json["repeat"] == 2
+    assert bench_json["speedup"]["decode"] == pytest.approx(
+        bench_json["decode_tok_s"] / bench_json["baseline"]["hf_generate_decode_tok_s"]
+    )
 
 
 def test_prefill_prompt_is_the_requested_size(bench_json):
