@@ -183,7 +183,8 @@ def test_int8_lean_runner_tracks_fp32(tiny_loaded):
     fp32 = LeanRunner(tiny_loaded.model, limit)
     int8 = make_runner(tiny_loaded.model, limit, "lean", "int8")
     assert int8.quantized and not fp32.quantized
-    assert int8.weight_bytes < fp32.weight_bytes / 3
+    assert int8.weight_bytes < fp32.weight_bytes / 2
+    assert isinstance(int8.layers[0].qkv, Int8Dense) and not isinstance(int8.layers[0].down, Int8Dense)
     ids = list(range(3, 40))
     with torch.inference_mode():
         a, b = fp32.forward(ids, fp32.new_cache()), int8.forward(ids, int8.new_cache())

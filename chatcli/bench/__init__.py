@@ -38,7 +38,7 @@ def bench_command(
     startup: Annotated[bool, typer.Option(help="time a one-shot start-up (import, load, first token) in a child process")] = True,
     llama_cpp: Annotated[bool, typer.Option("--llama-cpp/--no-llama-cpp", help="compare with llama.cpp if llama-cpp-python is installed")] = True,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice)")] = None,
-    repeat: Annotated[int, typer.Option(help="run decode, prefill and the baseline this many times; keep the best")] = 1,
+    repeat: Annotated[int, typer.Option(help="run each measurement this many times; keep the best")] = 1,
     json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Measure decode, prefill, TTFT and multi-turn caching against transformers' generate()."""
@@ -122,7 +122,7 @@ def run_bench(
         dec = max(decodes, key=lambda d: d["decode_tok_s"])
         pre = max(prefills, key=lambda d: d["prefill_tok_s"])
         progress(f"multi-turn: {turns} turns")
-        rows = measure.turns(engine, turns, turn_tokens, reply_tokens) if turns else []
+        rows = measure.turns(engine, turns, turn_tokens, reply_tokens, repeat) if turns else []
     except ContextOverflow as exc:
         raise BenchError(f"{exc}; use smaller --prefill-tokens / --turn-tokens") from None
     result.update(

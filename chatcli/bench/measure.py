@@ -6,7 +6,7 @@ import math
 import time
 
 from chatcli.bench.prompts import DECODE_PROMPT, QUALITY_PROMPTS, TEXT, filler
-from chatcli.engine.engine import Engine, Finished, Token
+from chatcli.engine.engine import Engine, Finished, Token, common_prefix
 from chatcli.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
@@ -58,24 +58,35 @@ def prefill(engine: Engine, tokens: int) -> dict:
     return {"prompt_ids": ids, "prefill_tokens": s.prefill_tokens, "prefill_tok_s": s.prefill_tok_s, "ttft_s": s.ttft_s}
 
 
-def turns(engine: Engine, count: int, user_tokens: int, reply_tokens: int) -> list[dict]:
-    """`count` user turns in one conversation; each also timed again from an empty cache."""
+def turns(engine: Engine, count: int, user_tokens: int, reply_tokens: int, repeat: int = 1) -> list[dict]:
+    """`count` user turns in one conversation; each also timed again from an empty cache.
+
+    With `repeat` > 1 each turn runs that many times from the same cached prefix (the
+    cache is cropped back to it; greedy, so the reply is the same) and the recompute too;
+    the best TTFT of each is kept.
+    """
     session = engine.new_session()
     messages: list[dict] = []
     rows = []
     for turn in range(1, count + 1):
         messages.append({"role": "user", "content": filler(engine.tokenizer, user_tokens, f"Turn {turn}.")})
-        done, _ = run_turn(engine, messages, session, reply_tokens)
+        target, _ = engine.fit_prompt(messages, GREEDY.with_(max_tokens=reply_tokens))
+        keep = min(common_prefix(session.cache.ids, target), len(target) - 1)
+        ttfts = []
+        for r in range(repeat):
+            session.cache.crop(keep)
+            done, _ = run_turn(engine, messages, session, reply_tokens if r == repeat - 1 else 1)
+            ttfts.append(done.stats.ttft_s)
         s = done.stats
-        recompute, _ = run_turn(engine, messages, engine.new_session(), 1)
+        recompute = min(run_turn(engine, messages, engine.new_session(), 1)[0].stats.ttft_s for _ in range(repeat))
         rows.append(
             {
                 "turn": turn,
                 "context_tokens": s.prompt_tokens,
                 "cached_tokens": s.cached_tokens,
                 "prefill_tokens": s.prefill_tokens,
-                "ttft_s": s.ttft_s,
-                "ttft_recompute_s": recompute.stats.ttft_s,
+                "ttft_s": min(ttfts),
+                "ttft_recompute_s": recompute,
                 "completion_tokens": s.completion_tokens,
                 "truncated_turns": s.truncated_turns,
             }

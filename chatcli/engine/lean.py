@@ -120,7 +120,7 @@ class LeanCache(KVCache):
 class LeanRunner(ModelRunner):
     """A `ModelRunner` over a transformers Llama's weights, without transformers' forward."""
 
-    def __init__(self, model, context_limit: int, linear=Dense, quantize_head: bool = True) -> None:
+    def __init__(self, model, context_limit: int, linear=Dense, quantize_head: bool = True, keep_dense=()) -> None:
         reason = lean_support(model)
         if reason:
             raise ValueError(f"the lean runner cannot run this model: {reason}")
@@ -139,12 +139,16 @@ class LeanRunner(ModelRunner):
 
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # [V, D]
+        self._keep_dense = set(keep_dense)  # projections ("qkv", "out", "gate_up", "down") left unquantized
         self.layers = [self._layer(block, linear) for block in inner.layers]
         head = model.get_output_embeddings().weight.detach() * inner.norm.weight.detach()  # [V, D], norm folded
         self.head = (linear if quantize_head else Dense)(head)  # [1, D] -> [1, V]
         self.rope = self._rope_table(inner.rotary_emb, context_limit)  # [T, 1, hd/2] complex
 
-    def _layer(self, block, linear) -> LeanLayer:
+    def _layer(self, block, quantized) -> LeanLayer:
+        def linear(name: str, weight: torch.Tensor):
+            return (Dense if name in self._keep_dense else quantized)(weight)
+
         attn, mlp = block.self_attn, block.mlp
         q = _interleave(attn.q_proj.weight.detach(), self.heads, self.head_dim)  # [H hd, D]
         k = _interleave(attn.k_proj.weight.detach(), self.kv_heads, self.head_dim)  # [KV hd, D]
@@ -154,10 +158,10 @@ class LeanRunner(ModelRunner):
         attn_norm = block.input_layernorm.weight.detach()  # [D]
         mlp_norm = block.post_attention_layernorm.weight.detach()  # [D]
         return LeanLayer(
-            qkv=linear(qkv * attn_norm),
-            out=linear(attn.o_proj.weight.detach()),
-            gate_up=linear(gate_up * mlp_norm),
-            down=linear(mlp.down_proj.weight.detach()),
+            qkv=linear("qkv", qkv * attn_norm),
+            out=linear("out", attn.o_proj.weight.detach()),
+            gate_up=linear("gate_up", gate_up * mlp_norm),
+            down=linear("down", mlp.down_proj.weight.detach()),
         )
 
     def _rope_table(self, rotary, limit: int) -> torch.Tensor:

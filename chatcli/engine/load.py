@@ -204,7 +204,9 @@ def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = 
     if quantize == "int8":
         from chatcli.engine.quantize import Int8Dense
 
-        return LeanRunner(model, limit, linear=Int8Dense)
+        # down_proj's inputs (silu(gate) * up) have outlier channels that per-tensor int8
+        # activations lose: it stays fp32 (greedy answers otherwise change; see the bench).
+        return LeanRunner(model, limit, linear=Int8Dense, keep_dense=("down",))
     return LeanRunner(model, limit)
 
 
