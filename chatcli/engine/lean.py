@@ -63,8 +63,8 @@ def lean_support(model) -> str | None:
 class Dense:
     """A projection with its weight stored transposed: `x [S, in] @ w_t [in, out]`."""
 
-    def __init__(self, weight: torch.Tensor) -> None:  # weight: [out, in], as nn.Linear stores it
-        self.w_t = weight.detach().t().contiguous()  # [in, out]
+    def __init__(self, w_t: torch.Tensor) -> None:  # [in, out], contiguous (see `fused_transposed`)
+        self.w_t = w_t
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.w_t
@@ -141,27 +141,25 @@ class LeanRunner(ModelRunner):
         self.embed = inner.embed_tokens.weight.detach()  # [V, D]
         self._keep_dense = set(keep_dense)  # projections ("qkv", "out", "gate_up", "down") left unquantized
         self.layers = [self._layer(block, linear) for block in inner.layers]
-        head = model.get_output_embeddings().weight.detach() * inner.norm.weight.detach()  # [V, D], norm folded
-        self.head = (linear if quantize_head else Dense)(head)  # [1, D] -> [1, V]
+        head_t = fused_transposed([model.get_output_embeddings().weight], inner.norm.weight)  # [D, V], norm folded
+        self.head = Dense(head_t) if linear is Dense or not quantize_head else linear(head_t.t())  # [1, D] -> [1, V]
         self.rope = self._rope_table(inner.rotary_emb, context_limit)  # [T, 1, hd/2] complex
 
     def _layer(self, block, quantized) -> LeanLayer:
-        def linear(name: str, weight: torch.Tensor):
-            return (Dense if name in self._keep_dense else quantized)(weight)
+        def linear(name: str, parts: list, scale=None, interleave=()):
+            w_t = fused_transposed(parts, scale, interleave)  # [in, out]
+            return Dense(w_t) if quantized is Dense or name in self._keep_dense else quantized(w_t.t())
 
         attn, mlp = block.self_attn, block.mlp
-        q = _interleave(attn.q_proj.weight.detach(), self.heads, self.head_dim)  # [H hd, D]
-        k = _interleave(attn.k_proj.weight.detach(), self.kv_heads, self.head_dim)  # [KV hd, D]
-        qkv = torch.cat([q, k, attn.v_proj.weight.detach()], 0)  # [(H+2KV) hd, D]
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0).detach()  # [2F, D]
-        # RMSNorm's weight scales the input columns of the projection after it: fold it in.
-        attn_norm = block.input_layernorm.weight.detach()  # [D]
-        mlp_norm = block.post_attention_layernorm.weight.detach()  # [D]
+        # RMSNorm's weight scales the input columns of the projection after it: it is folded in.
+        # q and k rows are interleaved per head so that rope is one complex multiplication.
+        heads = (self.heads, self.kv_heads)
         return LeanLayer(
-            qkv=linear("qkv", qkv * attn_norm),
-            out=linear("out", attn.o_proj.weight.detach()),
-            gate_up=linear("gate_up", gate_up * mlp_norm),
-            down=linear("down", mlp.down_proj.weight.detach()),
+            qkv=linear("qkv", [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
+                       block.input_layernorm.weight, interleave=heads),
+            out=linear("out", [attn.o_proj.weight]),
+            gate_up=linear("gate_up", [mlp.gate_proj.weight, mlp.up_proj.weight], block.post_attention_layernorm.weight),
+            down=linear("down", [mlp.down_proj.weight]),
         )
 
     def _rope_table(self, rotary, limit: int) -> torch.Tensor:
@@ -231,15 +229,33 @@ class LeanRunner(ModelRunner):
         return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd))  # [S, D]
 
 
-def _interleave(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """Reorder q/k output rows per head from rotate-half pairs (i, i + hd/2) to adjacent pairs (2i, 2i + 1).
+def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = ()) -> torch.Tensor:
+    """nn.Linear weights `[out_i, in]` → one contiguous `[in, sum out_i]`, written once, in place.
 
-    q and k get the same order, so their dot products (the attention scores) are unchanged,
-    and rope becomes one complex multiplication.
+    `scale [in]` multiplies the input rows (a folded RMSNorm weight). The first
+    `len(interleave)` parts (q, k with that many heads) get their rows reordered per head
+    from rotate-half pairs (i, i + hd/2) to adjacent pairs (2i, 2i + 1); q and k get the
+    same order, so attention scores are unchanged.
     """
-    half = head_dim // 2
-    order = torch.stack([torch.arange(half), torch.arange(half) + half], -1).flatten()  # [hd]
-    return weight.view(heads, head_dim, -1)[:, order].reshape(heads * head_dim, -1)
+    parts = [p.detach() for p in parts]
+    dim_in = parts[0].shape[1]
+    out = torch.empty(dim_in, sum(p.shape[0] for p in parts), dtype=parts[0].dtype, device=parts[0].device)
+    col = 0
+    for i, weight in enumerate(parts):
+        n = weight.shape[0]
+        dest = out[:, col : col + n]  # [in, n], a view
+        src = weight.t()  # [in, n], a view
+        if i < len(interleave):
+            heads = interleave[i]
+            half = n // heads // 2
+            dest = dest.view(dim_in, heads, half, 2)  # adjacent pairs
+            src = src.view(dim_in, heads, 2, half).transpose(2, 3)  # rotate-half pairs, as a view
+        if scale is not None:
+            torch.mul(src, scale.detach().view(-1, *([1] * (src.dim() - 1))), out=dest)
+        else:
+            dest.copy_(src)
+        col += n
+    return out
 
 
 def _apply_rope(x: torch.Tensor, rope: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
