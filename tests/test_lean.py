@@ -235,3 +235,19 @@ def test_real_model_greedy_replies_match_hf(real_engine):
         replies.append(out)
     assert replies[0] == replies[1]
     assert all(replies[0])
+
+
+def test_fused_transposed_matches_cat_transpose_scale_and_interleave():
+    from chatcli.engine.lean import fused_transposed
+
+    torch.manual_seed(1)
+    q, k, v = torch.randn(8, 6), torch.randn(4, 6), torch.randn(4, 6)  # [out_i, in]: 2 q heads, 1 kv head, hd 4
+    scale = torch.rand(6) + 0.5  # [in]
+    plain = fused_transposed([q, k, v])
+    assert plain.is_contiguous() and torch.equal(plain, torch.cat([q, k, v]).t())
+    scaled = fused_transposed([q, k, v], scale)
+    assert torch.allclose(scaled, (torch.cat([q, k, v]) * scale).t())
+    mixed = fused_transposed([q, k, v], None, interleave=(2, 1))
+    order = torch.tensor([0, 2, 1, 3])  # hd 4: rotate-half pairs (0, 2), (1, 3) become adjacent
+    assert torch.equal(mixed[:, :4], q[order].t()) and torch.equal(mixed[:, 4:8], q[4 + order].t())
+    assert torch.equal(mixed[:, 8:12], k[order].t()) and torch.equal(mixed[:, 12:], v.t())
