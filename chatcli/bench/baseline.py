@@ -75,7 +75,7 @@ def sgemm_ceiling(config, prompt_tokens: int, chunk: int, dtype=None, reps: int 
                 b = torch.randn(n_in, n_out, dtype=dtype)  # [in, out]
                 out = torch.empty(size, n_out, dtype=dtype)  # [S, out]
                 torch.matmul(a, b, out=out)
-                best = math_inf()
+                best = float("inf")
                 for _ in range(reps):
                     t0 = time.perf_counter()
                     torch.matmul(a, b, out=out)
@@ -102,10 +102,6 @@ def sgemm_ceiling(config, prompt_tokens: int, chunk: int, dtype=None, reps: int 
         "sgemm_gflop_s": rate / 1e9,
         "attention_flop_share": attn_flops / (attn_flops + flops),
     }
-
-
-def math_inf() -> float:
-    return float("inf")
 
 
 def llama_cpp_available() -> bool:
