@@ -35,7 +35,8 @@ class LoadOptions:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device_map: str | None = None  # "auto": let accelerate place a large model
     trust_remote_code: bool = False
-    runner: str = "hf"  # which ModelRunner drives the forward
+    runner: str = "auto"  # auto | hf | lean: which ModelRunner drives the forward (auto: lean for Llama)
+    quantize: str | None = None  # None | "int8" (CPU): see chatcli.engine.quantize
 
 
 @dataclass
@@ -158,19 +159,56 @@ def _load_one(name: str, explicit: bool, options: LoadOptions, device: str, dtyp
         model.to(device)
     model.eval()
     dtype_name = str(dtype).removeprefix("torch.")
-    return LoadedModel(model, tokenizer, display, str(path) if local_only else name, str(model.device.type), dtype_name)
+    extra = {"runner": options.runner, "quantize": options.quantize}
+    where = str(path) if local_only else name
+    return LoadedModel(model, tokenizer, display, where, str(model.device.type), dtype_name, extra)
 
 
-def build_engine(loaded: LoadedModel, runner: str = "hf"):  # noqa: ARG001 - "lean" comes with the speed work
-    """Wrap a loaded model in the engine."""
+def build_engine(loaded: LoadedModel, runner: str | None = None, quantize: str | None = None):
+    """Wrap a loaded model in the engine.
+
+    `runner`: "auto" (the lean runner for Llama-family models, else HF), "hf" or "lean";
+    `quantize`: None or "int8". Either defaults to what `LoadOptions` asked for at load.
+    """
     from chatcli.engine.engine import Engine
-    from chatcli.engine.runner import HFRunner
     from chatcli.engine.tokenize import ChatTokenizer
 
     model = loaded.model
+    runner = runner or loaded.extra.get("runner") or "auto"
+    quantize = quantize or loaded.extra.get("quantize")
     limit = context_limit(model.config, loaded.tokenizer)
     chat_tokenizer = ChatTokenizer(loaded.tokenizer, model.config, getattr(model, "generation_config", None))
-    return Engine(HFRunner(model, limit), chat_tokenizer, loaded.name)
+    return Engine(make_runner(model, limit, runner, quantize), chat_tokenizer, loaded.name)
+
+
+def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = None):
+    """The `ModelRunner` for `model`; a LoadError (one line) for a choice that cannot work."""
+    from chatcli.engine.lean import LeanRunner, lean_support
+    from chatcli.engine.quantize import QuantizeError, check_quantize
+    from chatcli.engine.runner import HFRunner
+
+    if runner not in ("auto", "hf", "lean"):
+        raise LoadError(f"--runner must be auto, hf or lean, got {runner!r}")
+    try:
+        check_quantize(quantize, model.device.type)
+    except QuantizeError as exc:
+        raise LoadError(str(exc)) from None
+    reason = lean_support(model)
+    if runner == "lean" and reason:
+        raise LoadError(f"--runner lean: {reason} (use --runner hf)")
+    if runner == "hf" or reason:
+        if quantize == "int8":
+            from chatcli.engine.quantize import quantize_hf_model
+
+            return HFRunner(quantize_hf_model(model), limit)
+        return HFRunner(model, limit)
+    if quantize == "int8":
+        from chatcli.engine.quantize import Int8Dense
+
+        # down_proj's inputs (silu(gate) * up) have outlier channels that per-tensor int8
+        # activations lose: it stays fp32 (greedy answers otherwise change; see the bench).
+        return LeanRunner(model, limit, linear=Int8Dense, keep_dense=("down",))
+    return LeanRunner(model, limit)
 
 
 def context_limit(config, tokenizer) -> int:

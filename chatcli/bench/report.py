@@ -1,0 +1,73 @@
+"""The bench result as rich tables (the default output; `--json` prints the dict instead)."""
+
+from __future__ import annotations
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}×" if a and b else "–"
+
+
+def render(result: dict, console) -> None:
+    from rich.table import Table
+
+    base = result.get("baseline") or {}
+    title = f"{result['model']} · {result['device']} · {result['dtype']} · runner {result['runner']}"
+    if result.get("quantize"):
+        title += f" · {result['quantize']}"
+    main = Table(title=title)
+    for col in ("metric", "chatcli", "transformers generate()", "ratio"):
+        main.add_column(col, justify="right" if col != "metric" else "left")
+    dec, pre = result["decode_tok_s"], result["prefill_tok_s"]
+    bd, bp = base.get("hf_generate_decode_tok_s"), base.get("hf_generate_prefill_tok_s")
+    main.add_row("decode tok/s", f"{dec:.1f}", f"{bd:.1f}" if bd else "–", _ratio(dec, bd))
+    main.add_row(f"prefill tok/s ({result['prefill_tokens']} tokens)", f"{pre:.0f}", f"{bp:.0f}" if bp else "–",
+                 _ratio(pre, bp))
+    main.add_row("TTFT (short prompt)", f"{result['ttft_s'] * 1000:.0f} ms", "", "")
+    ceiling = result.get("sgemm")
+    if ceiling:
+        c = ceiling["ceiling_prefill_tok_s"]
+        main.add_row("prefill sgemm ceiling tok/s", f"{c:.0f}", f"{ceiling['sgemm_gflop_s']:.0f} GFLOP/s",
+                     f"{pre / c:.0%} of it")
+    lcpp = result.get("llama_cpp")
+    if lcpp and "error" not in lcpp:
+        main.add_row("llama.cpp decode tok/s", f"{dec:.1f}", f"{lcpp['decode_tok_s']:.1f}", _ratio(dec, lcpp["decode_tok_s"]))
+        main.add_row("llama.cpp prefill tok/s", f"{pre:.0f}", f"{lcpp['prefill_tok_s']:.0f}", _ratio(pre, lcpp["prefill_tok_s"]))
+    console.print(main)
+
+    if result["turns"]:
+        turns = Table(title="multi-turn (one conversation; recompute = the same turn from an empty cache)")
+        for col in ("turn", "context", "cached", "prefill", "TTFT", "TTFT recompute", "recompute/cached"):
+            turns.add_column(col, justify="right")
+        for row in result["turns"]:
+            turns.add_row(
+                str(row["turn"]), str(row["context_tokens"]), str(row["cached_tokens"]), str(row["prefill_tokens"]),
+                f"{row['ttft_s'] * 1000:.0f} ms", f"{row['ttft_recompute_s'] * 1000:.0f} ms",
+                _ratio(row["ttft_recompute_s"], row["ttft_s"]),
+            )
+        console.print(turns)
+
+    quality = result.get("quality")
+    if quality:
+        q = Table(title=f"quality: {result.get('quantize') or result['runner']} vs fp32 reference (greedy)")
+        q.add_column("prompt")
+        q.add_column("reference")
+        q.add_column("answer")
+        q.add_column("same", justify="center")
+        for row in quality["prompts"]:
+            q.add_row(row["prompt"], row["reference"], row["answer"], "yes" if row["identical"] else "no")
+        console.print(q)
+        console.print(
+            f"perplexity on the fixed text ({quality['perplexity_tokens']} tokens): "
+            f"{quality['perplexity']:.3f} vs fp32 {quality['perplexity_reference']:.3f} "
+            f"({(quality['perplexity_ratio'] - 1) * 100:+.2f} %)"
+        )
+
+    start = result.get("startup")
+    if start:
+        if "error" in start:
+            console.print(f"one-shot start-up: failed: {start['error']}")
+        else:
+            parts = " · ".join(
+                f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f} s" for k, v in start.items() if k != "total_s"
+            )
+            console.print(f"one-shot start-up to first token and exit: {start['total_s']:.2f} s ({parts})")

@@ -1,0 +1,268 @@
+"""The lean forward for the Llama family: the same weights, less machinery.
+
+transformers' forward is general. On two CPU cores its per-step overhead (module
+calls, cache bookkeeping, mask building, unfused projections) was about a quarter of
+a SmolLM2-135M decode step. This runner does only what a Llama decoder needs, in the
+style of gpt-fast:
+
+- a preallocated KV cache per conversation, `[L, KV, capacity, hd]`, written in place
+  at an explicit position. It grows in blocks of `CACHE_BLOCK` positions, and cropping
+  only moves the position;
+- projection weights transposed once at load (`x @ W_t` beats `F.linear` on CPU) and
+  fused: q/k/v into one matrix, gate/up into another;
+- the RMSNorm weights folded into the projections after them, and q/k rows
+  reordered so rope is one complex multiplication from a table built once;
+- logits for the last position only;
+- no Python-side shape work in the decode step beyond a few views.
+
+Models it cannot run exactly (other architectures, biases, sliding windows, rope
+types other than default/linear/llama3) fall back to `HFRunner`: see `lean_support`.
+The tests check that it gives the HF reference's greedy tokens and logits within
+tolerance over multi-turn conversations with crops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from chatcli.engine.runner import KVCache, ModelRunner
+
+CACHE_BLOCK = 512  # the KV cache grows in steps of this many positions (amortised, never per step)
+LEAN_MODEL_TYPES = ("llama",)
+LEAN_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def lean_support(model) -> str | None:
+    """None if the lean runner reproduces this model exactly, else why not (one line)."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in LEAN_MODEL_TYPES:
+        return f"architecture {kind!r} is not in the lean path ({', '.join(LEAN_MODEL_TYPES)})"
+    if getattr(model, "hf_device_map", None):
+        return "the model is split across devices (--device-map)"
+    checks = {
+        "attention biases": getattr(config, "attention_bias", False),
+        "MLP biases": getattr(config, "mlp_bias", False),
+        "a sliding window": getattr(config, "sliding_window", None),
+        f"activation {getattr(config, 'hidden_act', None)!r}": getattr(config, "hidden_act", "silu") != "silu",
+        "pretraining_tp > 1": (getattr(config, "pretraining_tp", 1) or 1) > 1,
+    }
+    for what, present in checks.items():
+        if present:
+            return f"the model uses {what}"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in LEAN_ROPE_TYPES:
+        return f"rope type {rope_type!r} is not in the lean path"
+    if getattr(getattr(model, "model", None), "rotary_emb", None) is None:
+        return "the model has no rotary embedding module"
+    return None
+
+
+class Dense:
+    """A projection with its weight stored transposed: `x [S, in] @ w_t [in, out]`."""
+
+    def __init__(self, w_t: torch.Tensor) -> None:  # [in, out], contiguous (see `fused_transposed`)
+        self.w_t = w_t
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w_t
+
+    @property
+    def nbytes(self) -> int:
+        return self.w_t.numel() * self.w_t.element_size()
+
+
+@dataclass
+class LeanLayer:
+    qkv: object  # [S, D] -> [S, (H + 2 KV) hd]; input norm folded in, q/k rows interleaved for rope
+    out: object  # [S, H hd] -> [S, D]
+    gate_up: object  # [S, D] -> [S, 2 F]; post-attention norm folded in
+    down: object  # [S, F] -> [S, D]
+
+
+class LeanCache(KVCache):
+    """Keys and values of every layer in two preallocated tensors; the position is `len(self.ids)`."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype, device) -> None:
+        super().__init__()
+        self._shape = (layers, kv_heads, head_dim)
+        self.limit = limit
+        self.k = torch.empty(layers, kv_heads, 0, head_dim, dtype=dtype, device=device)  # [L, KV, cap, hd]
+        self.v = torch.empty_like(self.k)  # [L, KV, cap, hd]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` positions in all; grows in blocks and copies what is held."""
+        if n <= self.capacity:
+            return
+        cap = min(max(self.limit, n), -(-n // CACHE_BLOCK) * CACHE_BLOCK)
+        layers, kv_heads, head_dim = self._shape
+        held = len(self.ids)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = torch.empty(layers, kv_heads, cap, head_dim, dtype=old.dtype, device=old.device)
+            new[:, :, :held] = old[:, :, :held]
+            setattr(self, name, new)
+
+    def _crop(self, keep: int) -> None:
+        pass  # positions past `keep` are simply overwritten by the next forward
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class LeanRunner(ModelRunner):
+    """A `ModelRunner` over a transformers Llama's weights, without transformers' forward."""
+
+    def __init__(self, model, context_limit: int, linear=Dense, quantize_head: bool = True, keep_dense=()) -> None:
+        reason = lean_support(model)
+        if reason:
+            raise ValueError(f"the lean runner cannot run this model: {reason}")
+        config = model.config
+        self.model = model  # the transformers model whose weights these are (the HF reference)
+        self.context_limit = context_limit
+        self.device = model.device
+        self.dtype = model.dtype
+        self.quantized = linear is not Dense
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.hidden = config.hidden_size
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
+        self.eps = float(config.rms_norm_eps)
+        self._split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+
+        inner = model.model
+        self.embed = inner.embed_tokens.weight.detach()  # [V, D]
+        self._keep_dense = set(keep_dense)  # projections ("qkv", "out", "gate_up", "down") left unquantized
+        self.layers = [self._layer(block, linear) for block in inner.layers]
+        head_t = fused_transposed([model.get_output_embeddings().weight], inner.norm.weight)  # [D, V], norm folded
+        self.head = Dense(head_t) if linear is Dense or not quantize_head else linear(head_t.t())  # [1, D] -> [1, V]
+        self.rope = self._rope_table(inner.rotary_emb, context_limit)  # [T, 1, hd/2] complex
+
+    def _layer(self, block, quantized) -> LeanLayer:
+        def linear(name: str, parts: list, scale=None, interleave=()):
+            w_t = fused_transposed(parts, scale, interleave)  # [in, out]
+            return Dense(w_t) if quantized is Dense or name in self._keep_dense else quantized(w_t.t())
+
+        attn, mlp = block.self_attn, block.mlp
+        # RMSNorm's weight scales the input columns of the projection after it: it is folded in.
+        # q and k rows are interleaved per head so that rope is one complex multiplication.
+        heads = (self.heads, self.kv_heads)
+        return LeanLayer(
+            qkv=linear("qkv", [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
+                       block.input_layernorm.weight, interleave=heads),
+            out=linear("out", [attn.o_proj.weight]),
+            gate_up=linear("gate_up", [mlp.gate_proj.weight, mlp.up_proj.weight], block.post_attention_layernorm.weight),
+            down=linear("down", [mlp.down_proj.weight]),
+        )
+
+    def _rope_table(self, rotary, limit: int) -> torch.Tensor:
+        inv_freq = rotary.inv_freq.float()  # [hd/2], rope scaling already folded in by transformers
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        positions = torch.arange(limit, dtype=torch.float32, device=inv_freq.device)  # [T]
+        freqs = torch.outer(positions, inv_freq)  # [T, hd/2]
+        table = torch.polar(torch.full_like(freqs, scale), freqs)  # [T, hd/2] complex64
+        return table[:, None, :].to(self.device)  # [T, 1, hd/2]
+
+    def new_cache(self) -> LeanCache:
+        return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.context_limit, self.dtype, self.device)
+
+    @property
+    def weight_bytes(self) -> int:
+        total = 0
+        for layer in self.layers:
+            total += sum(getattr(p, "nbytes", 0) for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
+        return total + getattr(self.head, "nbytes", 0)
+
+    def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        assert isinstance(cache, LeanCache)
+        if not ids:
+            raise ValueError("forward needs at least one id")
+        start, length = len(cache.ids), len(ids)
+        end = start + length
+        if end > self.context_limit:
+            raise ValueError(f"{end} positions exceed the context limit {self.context_limit}")
+        cache.reserve(end)
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
+        x = self.embed[tokens]  # [S, D]
+        rope = self.rope[start:end]  # [S, 1, hd/2]
+        mask = None
+        if length > 1 and start > 0:  # a chunk after cached positions: causal with an offset
+            cols = torch.arange(end, device=self.device)  # [T]
+            rows = torch.arange(start, end, device=self.device)  # [S]
+            mask = cols[None, :] <= rows[:, None]  # [S, T]
+        causal = length > 1 and start == 0
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer, self._norm(x), cache, start, end, rope, mask, causal)  # [S, D]
+            gate_up = layer.gate_up(self._norm(x))  # [S, 2F]
+            gate, up = gate_up.chunk(2, -1)  # [S, F] each
+            x = x + layer.down(F.silu(gate).mul_(up))  # [S, D]
+        logits = self.head(self._norm(x[-1:]))  # [1, V]
+        cache.ids.extend(ids)
+        return logits[0].float()  # [V]
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm without its weight (folded into the next projection), in fp32 like transformers."""
+        xf = x.float()  # [S, D]
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def _attention(self, i, layer: LeanLayer, h, cache: LeanCache, start, end, rope, mask, causal):
+        length = h.shape[0]
+        heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
+        qkv = layer.qkv(h)  # [S, (H+2KV) hd]
+        qk = _apply_rope(qkv[:, : (heads + kv_heads) * hd], rope, heads + kv_heads, hd)  # [S, H+KV, hd]
+        v = qkv[:, (heads + kv_heads) * hd :].view(length, kv_heads, hd)  # [S, KV, hd]
+        cache.k[i, :, start:end] = qk[:, heads:].transpose(0, 1)
+        cache.v[i, :, start:end] = v.transpose(0, 1)
+        q = qk[:, :heads].transpose(0, 1)  # [H, S, hd]
+        keys = cache.k[i, :, :end]  # [KV, T, hd], a view
+        values = cache.v[i, :, :end]  # [KV, T, hd]
+        out = F.scaled_dot_product_attention(
+            q[None], keys[None], values[None], attn_mask=mask, is_causal=causal, enable_gqa=heads != kv_heads,
+        )  # [1, H, S, hd]
+        return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd))  # [S, D]
+
+
+def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = ()) -> torch.Tensor:
+    """nn.Linear weights `[out_i, in]` → one contiguous `[in, sum out_i]`, written once, in place.
+
+    `scale [in]` multiplies the input rows (a folded RMSNorm weight). The first
+    `len(interleave)` parts (q, k with that many heads) get their rows reordered per head
+    from rotate-half pairs (i, i + hd/2) to adjacent pairs (2i, 2i + 1); q and k get the
+    same order, so attention scores are unchanged.
+    """
+    parts = [p.detach() for p in parts]
+    dim_in = parts[0].shape[1]
+    out = torch.empty(dim_in, sum(p.shape[0] for p in parts), dtype=parts[0].dtype, device=parts[0].device)
+    col = 0
+    for i, weight in enumerate(parts):
+        n = weight.shape[0]
+        dest = out[:, col : col + n]  # [in, n], a view
+        src = weight.t()  # [in, n], a view
+        if i < len(interleave):
+            heads = interleave[i]
+            half = n // heads // 2
+            dest = dest.view(dim_in, heads, half, 2)  # adjacent pairs
+            src = src.view(dim_in, heads, 2, half).transpose(2, 3)  # rotate-half pairs, as a view
+        if scale is not None:
+            torch.mul(src, scale.detach().view(-1, *([1] * (src.dim() - 1))), out=dest)
+        else:
+            dest.copy_(src)
+        col += n
+    return out
+
+
+def _apply_rope(x: torch.Tensor, rope: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """x [S, N hd] (adjacent pairs) times rope [S, 1, hd/2] complex -> [S, N, hd] in x's dtype."""
+    length = x.shape[0]
+    pairs = x.float().view(length, heads, head_dim // 2, 2)  # [S, N, hd/2, 2]
+    rotated = torch.view_as_real(torch.view_as_complex(pairs) * rope)  # [S, N, hd/2, 2]
+    return rotated.view(length, heads, head_dim).to(x.dtype)

@@ -1,0 +1,253 @@
+"""The lean runner against the transformers reference (HFRunner) on the same weights.
+
+Same greedy tokens and logits within tolerance over multi-turn use with crops, on the
+tiny random Llama and (marked real_model) on SmolLM2-135M; int8 close to fp32; the
+fallback to HF for architectures the lean path does not cover.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from chatcli.engine import lean
+from chatcli.engine.engine import Engine, Finished
+from chatcli.engine.lean import LeanCache, LeanRunner, lean_support
+from chatcli.engine.load import LoadError, build_engine, context_limit, make_runner
+from chatcli.engine.quantize import Int8Dense, QuantizeError, check_quantize, quantize_hf_model
+from chatcli.engine.runner import HFRunner
+from chatcli.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+def runners(loaded):
+    limit = context_limit(loaded.model.config, loaded.tokenizer)
+    return HFRunner(loaded.model, limit), LeanRunner(loaded.model, limit)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rel: float) -> bool:
+    return float((a - b).abs().max()) <= rel * float(b.abs().max())
+
+
+def drive(ref, ours, vocab: int, seed: int, steps: int, limit: int, rel: float):
+    """Random prefills, decode steps and crops on both runners; every step's logits are compared."""
+    rng = random.Random(seed)
+    cache_ref, cache_ours = ref.new_cache(), ours.new_cache()
+    compared = 0
+    with torch.inference_mode():
+        for _ in range(steps):
+            action = rng.choice(["prefill", "decode", "decode", "crop"])
+            if action == "crop" and len(cache_ref):
+                keep = rng.randrange(0, len(cache_ref))
+                cache_ref.crop(keep)
+                cache_ours.crop(keep)
+                assert cache_ours.ids == cache_ref.ids
+                continue
+            n = rng.randint(2, 24) if action == "prefill" else 1
+            if len(cache_ref) + n > limit:
+                cache_ref.crop(0)
+                cache_ours.crop(0)
+            ids = [rng.randrange(vocab) for _ in range(n)]
+            a = ref.forward(ids, cache_ref)  # [V]
+            b = ours.forward(ids, cache_ours)  # [V]
+            assert a.shape == b.shape and b.dtype == torch.float32
+            assert close(b, a, rel), f"logits differ after {len(cache_ref)} positions ({action})"
+            assert int(a.argmax()) == int(b.argmax())
+            assert cache_ours.ids == cache_ref.ids
+            compared += 1
+    return compared
+
+
+def test_tiny_is_supported(tiny_loaded):
+    assert lean_support(tiny_loaded.model) is None
+
+
+def test_logits_match_hf_over_random_prefills_decodes_and_crops(tiny_loaded):
+    ref, ours = runners(tiny_loaded)
+    vocab = tiny_loaded.model.config.vocab_size
+    for seed in range(3):
+        assert drive(ref, ours, vocab, seed, steps=60, limit=ref.context_limit, rel=1e-4) > 20
+
+
+def test_cache_grows_in_blocks_and_keeps_what_it_holds(tiny_loaded, monkeypatch):
+    monkeypatch.setattr(lean, "CACHE_BLOCK", 8)
+    ref, ours = runners(tiny_loaded)
+    cache = ours.new_cache()
+    capacities = []
+    with torch.inference_mode():
+        ours.forward(list(range(3, 9)), cache)
+        capacities.append(cache.capacity)
+        cache_ref = ref.new_cache()
+        ref.forward(list(range(3, 9)), cache_ref)
+        for i in range(20):  # crosses two block boundaries while decoding
+            a = ref.forward([10 + i], cache_ref)
+            b = ours.forward([10 + i], cache)
+            assert close(b, a, 1e-4)
+            capacities.append(cache.capacity)
+    assert capacities[0] == 8 and capacities[-1] == 32
+    assert capacities == sorted(capacities)
+    assert cache.nbytes == 2 * cache.k.numel() * cache.k.element_size()
+
+
+def test_crop_keeps_capacity_and_overwrites(tiny_loaded):
+    ref, ours = runners(tiny_loaded)
+    cache = ours.new_cache()
+    with torch.inference_mode():
+        first = ours.forward([5, 6, 7, 8], cache)
+        before = cache.nbytes
+        cache.crop(2)
+        assert len(cache) == 2 and cache.nbytes == before
+        ours.forward([9, 9], cache)  # positions 2..3 now hold other ids
+        cache.crop(2)
+        again = ours.forward([7, 8], cache)
+    assert torch.equal(first, again) or close(again, first, 1e-5)
+
+
+def test_context_limit_is_enforced(tiny_loaded):
+    _, ours = runners(tiny_loaded)
+    cache = ours.new_cache()
+    with torch.inference_mode(), pytest.raises(ValueError, match="context limit"):
+        ours.forward([5] * (ours.context_limit + 1), cache)
+    with pytest.raises(ValueError):
+        ours.forward([], cache)
+
+
+def test_engine_replies_match_hf_over_a_conversation_with_an_edit(tiny_loaded):
+    hf_engine = build_engine(tiny_loaded, runner="hf")
+    lean_engine = build_engine(tiny_loaded, runner="lean")
+    assert isinstance(lean_engine.runner, LeanRunner) and isinstance(hf_engine.runner, HFRunner)
+    sessions = {e: e.new_session() for e in (hf_engine, lean_engine)}
+    history: list[dict] = []
+    user_turns = ["Hello, how are you?", "What is the capital of France?", "café naïve", "def main():"]
+    for i, text in enumerate(user_turns):
+        history.append({"role": "user", "content": text})
+        results = []
+        for engine, session in sessions.items():
+            done = [ev for ev in engine.generate(history, session, GREEDY) if isinstance(ev, Finished)][0]
+            results.append(done)
+        a, b = results
+        assert b.reply == a.reply and b.finish_reason == a.finish_reason
+        assert b.stats.cached_tokens == a.stats.cached_tokens and b.stats.prompt_tokens == a.stats.prompt_tokens
+        history.append({"role": "assistant", "content": a.reply})
+        if i == 1:  # the user edits their first message: both caches crop to the system-less prefix
+            history[0] = {"role": "user", "content": "Hi there!"}
+
+
+def test_auto_picks_lean_for_llama(tiny_loaded):
+    assert isinstance(build_engine(tiny_loaded).runner, LeanRunner)
+
+
+def _tiny_mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return MistralForCausalLM(config).eval()
+
+
+def test_other_architectures_fall_back_to_hf():
+    model = _tiny_mistral()
+    assert "mistral" in lean_support(model)
+    assert isinstance(make_runner(model, 64, "auto"), HFRunner)
+    with pytest.raises(LoadError, match="--runner lean"):
+        make_runner(model, 64, "lean")
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [({"attention_bias": True}, "attention biases"), ({"hidden_act": "gelu"}, "activation"),
+     ({"rope_parameters": {"rope_type": "dynamic"}}, "rope type")],
+)
+def test_unsupported_llama_variants_are_named(tiny_loaded, change, reason):
+    config = SimpleNamespace(**{**tiny_loaded.model.config.to_dict(), **change})
+    fake = SimpleNamespace(config=config, model=tiny_loaded.model.model)
+    assert reason in lean_support(fake)
+
+
+def test_int8_dense_is_close_to_fp32():
+    torch.manual_seed(0)
+    weight = torch.randn(96, 64)  # [out, in]
+    x = torch.randn(5, 64)  # [S, in]
+    exact = x @ weight.t()
+    approx = Int8Dense(weight)(x)
+    assert approx.shape == exact.shape
+    assert float((approx - exact).norm() / exact.norm()) < 0.03
+
+
+def test_int8_lean_runner_tracks_fp32(tiny_loaded):
+    limit = context_limit(tiny_loaded.model.config, tiny_loaded.tokenizer)
+    fp32 = LeanRunner(tiny_loaded.model, limit)
+    int8 = make_runner(tiny_loaded.model, limit, "lean", "int8")
+    assert int8.quantized and not fp32.quantized
+    assert int8.weight_bytes < fp32.weight_bytes / 2
+    assert isinstance(int8.layers[0].qkv, Int8Dense) and not isinstance(int8.layers[0].down, Int8Dense)
+    ids = list(range(3, 40))
+    with torch.inference_mode():
+        a, b = fp32.forward(ids, fp32.new_cache()), int8.forward(ids, int8.new_cache())
+    assert float((a - b).norm() / a.norm()) < 0.1
+    assert int(a.argmax()) == int(b.argmax())
+
+
+def test_int8_hf_runner_quantizes_a_copy(tiny_loaded):
+    model = tiny_loaded.model
+    copy = quantize_hf_model(model)
+    assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert type(copy.model.layers[0].self_attn.q_proj) is not torch.nn.Linear
+    runner = make_runner(model, 256, "hf", "int8")
+    assert isinstance(runner, HFRunner) and runner.model is not model
+
+
+def test_quantize_choices_are_checked():
+    check_quantize(None, "cuda")
+    with pytest.raises(QuantizeError, match="int8"):
+        check_quantize("int4", "cpu")
+    with pytest.raises(QuantizeError, match="CPU only"):
+        check_quantize("int8", "cuda")
+
+
+@pytest.mark.real_model
+def test_real_model_matches_hf(real_engine):
+    model = real_engine.runner.model
+    ref = HFRunner(model, real_engine.context_limit)
+    ours = real_engine.runner
+    assert isinstance(ours, LeanRunner)
+    assert drive(ref, ours, model.config.vocab_size, seed=7, steps=14, limit=512, rel=1e-3) >= 8
+
+
+@pytest.mark.real_model
+def test_real_model_greedy_replies_match_hf(real_engine):
+    hf = Engine(HFRunner(real_engine.runner.model, real_engine.context_limit), real_engine.tokenizer)
+    history = [{"role": "user", "content": "What is the capital of France?"}]
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    replies = []
+    for engine in (hf, real_engine):
+        session = engine.new_session()
+        turn = list(history)
+        out = []
+        for follow_up in ("And of Italy?", "Thanks!"):
+            done = [ev for ev in engine.generate(turn, session, params) if isinstance(ev, Finished)][0]
+            out.append(done.reply)
+            turn += [{"role": "assistant", "content": done.reply}, {"role": "user", "content": follow_up}]
+        replies.append(out)
+    assert replies[0] == replies[1]
+    assert all(replies[0])
+
+
+def test_fused_transposed_matches_cat_transpose_scale_and_interleave():
+    from chatcli.engine.lean import fused_transposed
+
+    torch.manual_seed(1)
+    q, k, v = torch.randn(8, 6), torch.randn(4, 6), torch.randn(4, 6)  # [out_i, in]: 2 q heads, 1 kv head, hd 4
+    scale = torch.rand(6) + 0.5  # [in]
+    plain = fused_transposed([q, k, v])
+    assert plain.is_contiguous() and torch.equal(plain, torch.cat([q, k, v]).t())
+    scaled = fused_transposed([q, k, v], scale)
+    assert torch.allclose(scaled, (torch.cat([q, k, v]) * scale).t())
+    mixed = fused_transposed([q, k, v], None, interleave=(2, 1))
+    order = torch.tensor([0, 2, 1, 3])  # hd 4: rotate-half pairs (0, 2), (1, 3) become adjacent
+    assert torch.equal(mixed[:, :4], q[order].t()) and torch.equal(mixed[:, 4:8], q[4 + order].t())
+    assert torch.equal(mixed[:, 8:12], k[order].t()) and torch.equal(mixed[:, 12:], v.t())
