@@ -39,6 +39,8 @@ DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
 DtypeOpt = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16")]
 DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="'auto': let accelerate place the model.")]
 RemoteCodeOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code.")]
+RunnerOpt = Annotated[str, typer.Option(help="auto | hf | lean: the forward pass (auto: lean for Llama models).")]
+QuantizeOpt = Annotated[Optional[str], typer.Option(help="int8: dynamic int8 weights and activations (CPU).")]
 
 
 def start_options(
@@ -48,6 +50,8 @@ def start_options(
     dtype="auto",
     device_map=None,
     trust_remote_code=False,
+    runner="auto",
+    quantize=None,
     system=None,
     theme=None,
     **sampling,
@@ -65,7 +69,14 @@ def start_options(
         raise UserError(str(exc), 2) from None
     return StartOptions(
         model=model,
-        load=LoadOptions(device=device, dtype=dtype, device_map=device_map, trust_remote_code=trust_remote_code),
+        load=LoadOptions(
+            device=device,
+            dtype=dtype,
+            device_map=device_map,
+            trust_remote_code=trust_remote_code,
+            runner=runner,
+            quantize=quantize,
+        ),
         params=params,
         system=system if system is not None else config.system,
         system_given=system is not None,
@@ -83,6 +94,8 @@ def chat(
     dtype: DtypeOpt = "auto",
     device_map: DeviceMapOpt = None,
     trust_remote_code: RemoteCodeOpt = False,
+    runner: RunnerOpt = "auto",
+    quantize: QuantizeOpt = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 is greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option(help="0 disables.")] = None,
     top_p: Annotated[Optional[float], typer.Option(help="In (0, 1]; 1 disables.")] = None,
@@ -109,6 +122,8 @@ def chat(
         dtype=dtype,
         device_map=device_map,
         trust_remote_code=trust_remote_code,
+        runner=runner,
+        quantize=quantize,
         system=system,
         theme=theme,
         temperature=temperature,
@@ -196,8 +211,10 @@ def _store():
         raise UserError(str(exc)) from None
 
 
-from chatcli.server.cli import serve_command  # noqa: E402 - cheap: the server imports lazily
+from chatcli.bench import bench_command  # noqa: E402 - cheap: both import torch lazily
+from chatcli.server.cli import serve_command  # noqa: E402
 
+app.command("bench")(bench_command)
 app.command("serve")(serve_command)
 
 

@@ -21,11 +21,12 @@ def tiny_loaded(tiny_model_dir):
     return load(str(tiny_model_dir), LoadOptions(device="cpu"))
 
 
-@pytest.fixture
-def tiny_engine(tiny_loaded):
+@pytest.fixture(params=["hf", "lean"])
+def tiny_engine(request, tiny_loaded):
+    """The tiny model behind each runner: the transformers reference and the lean Llama path."""
     from chatcli.engine.load import build_engine
 
-    return build_engine(tiny_loaded)
+    return build_engine(tiny_loaded, runner=request.param)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from chatcli.engine.engine import common_prefix
@@ -15,7 +16,15 @@ def turn(engine, session, messages):
     return list(engine.generate(messages, session, SamplingParams(temperature=0, max_tokens=8)))[-1]
 
 
-def test_saved_cache_continues_exactly(tiny_engine, tmp_path):
+@pytest.fixture(params=["hf", "lean"])
+def any_engine(request, tiny_loaded):
+    from chatcli.engine.load import build_engine
+
+    return build_engine(tiny_loaded, runner=request.param)
+
+
+def test_saved_cache_continues_exactly(any_engine, tmp_path):
+    tiny_engine = any_engine
     fp = fingerprint(tiny_engine.runner, "tiny")
     session = tiny_engine.new_session()
     messages = [{"role": "user", "content": "Hello there"}]
@@ -39,7 +48,8 @@ def test_saved_cache_continues_exactly(tiny_engine, tmp_path):
     torch.testing.assert_close(cached, full, atol=1e-4, rtol=1e-4)
 
 
-def test_foreign_or_damaged_files_are_ignored(tiny_engine, tmp_path):
+def test_foreign_or_damaged_files_are_ignored(any_engine, tmp_path):
+    tiny_engine = any_engine
     fp = fingerprint(tiny_engine.runner, "tiny")
     session = tiny_engine.new_session()
     turn(tiny_engine, session, [{"role": "user", "content": "Hi"}])
@@ -51,6 +61,17 @@ def test_foreign_or_damaged_files_are_ignored(tiny_engine, tmp_path):
     path.write_bytes(bytes(data))
     assert load_cache(tiny_engine.runner, path, fp) is None
     assert load_cache(tiny_engine.runner, tmp_path / "missing.safetensors", fp) is None
+
+
+def test_file_from_the_other_runner_is_ignored(tiny_loaded, tmp_path):
+    from chatcli.engine.load import build_engine
+
+    hf, lean = build_engine(tiny_loaded, runner="hf"), build_engine(tiny_loaded, runner="lean")
+    session = hf.new_session()
+    turn(hf, session, [{"role": "user", "content": "Hi"}])
+    path = tmp_path / "c.safetensors"
+    save_cache(session.cache, path, fingerprint(hf.runner, "tiny"))
+    assert load_cache(lean.runner, path, fingerprint(lean.runner, "tiny")) is None
 
 
 def test_too_large_is_not_written(tiny_engine, tmp_path):

@@ -98,7 +98,10 @@ def test_a_diverging_request_forks_and_leaves_the_original_whole(tiny_engine, id
     assert fork.how == "fork" and fork.session is not lease.session
     assert fork.cached_tokens == len(ids) - 3 == len(fork.session.cache.ids)
     assert lease.session.cache.ids == original_ids  # untouched
-    assert fork.session.cache.nbytes < lease.session.cache.nbytes
+    # The fork copies only the shared prefix (the lean cache allocates in blocks, so it may tie).
+    assert fork.session.cache.nbytes <= lease.session.cache.nbytes
+    if type(fork.session.cache).__name__ == "HFCache":
+        assert fork.session.cache.nbytes < lease.session.cache.nbytes
     pool.release(fork)
     assert len(pool) == 2 and pool.forks == 1
 

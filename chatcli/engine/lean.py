@@ -114,6 +114,34 @@ class LeanCache(KVCache):
     def _crop(self, keep: int) -> None:
         pass  # positions past `keep` are simply overwritten by the next forward
 
+    def clone(self, keep: int) -> LeanCache:
+        """A copy of the first `keep` positions, allocated for just those (the pool's forks)."""
+        keep = max(0, min(keep, len(self.ids)))
+        layers, kv_heads, head_dim = self._shape
+        other = LeanCache(layers, kv_heads, head_dim, self.limit, self.k.dtype, self.k.device)
+        other.reserve(keep)
+        other.k[:, :, :keep] = self.k[:, :, :keep]
+        other.v[:, :, :keep] = self.v[:, :, :keep]
+        other.ids = self.ids[:keep]
+        return other
+
+    def state(self) -> dict[str, torch.Tensor]:
+        n = len(self.ids)
+        return {"k": self.k[:, :, :n].contiguous(), "v": self.v[:, :, :n].contiguous()}  # [L, KV, n, hd]
+
+    def restore(self, ids: list[int], state: dict[str, torch.Tensor]) -> bool:
+        k, v = state.get("k"), state.get("v")
+        layers, kv_heads, head_dim = self._shape
+        want = (layers, kv_heads, len(ids), head_dim)
+        if k is None or v is None or tuple(k.shape) != want or tuple(v.shape) != want or len(ids) > self.limit:
+            return False
+        self.ids = []
+        self.reserve(len(ids))
+        self.k[:, :, : len(ids)] = k.to(self.k.dtype)
+        self.v[:, :, : len(ids)] = v.to(self.v.dtype)
+        self.ids = list(ids)
+        return True
+
     @property
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
