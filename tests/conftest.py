@@ -31,7 +31,7 @@ def tiny_engine(request, tiny_loaded):
 
 @pytest.fixture(scope="session")
 def real_engine(tmp_path_factory):
-    """The embedded SmolLM2-135M, converted once into a test cache dir."""
+    """The embedded SmolLM2-135M, from the user's conversion cache (converted there on first use)."""
     from chatcli.engine.load import build_engine, embedded_gguf, load
 
     path = embedded_gguf()

@@ -3,8 +3,8 @@
 transformers dequantizes a GGUF file on every load (about 25 s for SmolLM2-135M on
 two cores). We do it once and keep the result — safetensors weights, tokenizer, chat
 template, configs — in `<user cache dir>/converted/<name>-<key>/`, where the key is
-the GGUF file's identity (resolved path, size, mtime and a hash of its first and last
-MiB).
+the GGUF file's identity: its name, size and a hash of its first and last MiB (not its
+path, so every virtualenv's copy of the same wheel shares one conversion).
 
 Writes are atomic: the model is saved into a temporary folder beside the final one,
 which is renamed into place only when complete, so a run killed mid-conversion
@@ -39,7 +39,7 @@ def cache_root() -> Path:
 
 def gguf_key(path: Path) -> str:
     st = path.stat()
-    h = hashlib.sha256(f"{FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    h = hashlib.sha256(f"{FORMAT}|{path.name}|{st.st_size}".encode())
     with path.open("rb") as f:
         h.update(f.read(_EDGE))
         if st.st_size > _EDGE:
