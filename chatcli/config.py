@@ -12,12 +12,12 @@ Lives at `<user config dir>/config.toml` (or `$CHATCLI_CONFIG`):
 
 from __future__ import annotations
 
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatcli.engine.params import InvalidParameter, SamplingParams
+from chatcli.paths import config_file
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed")
 TOP_KEYS = ("model", "theme", "system", "sampling")
@@ -43,12 +43,7 @@ class Config:
 
 
 def config_path() -> Path:
-    override = os.environ.get("CHATCLI_CONFIG")
-    if override:
-        return Path(override)
-    from platformdirs import user_config_dir
-
-    return Path(user_config_dir("chatcli")) / "config.toml"
+    return config_file()
 
 
 def load_config(path: Path | None = None) -> Config:

@@ -11,13 +11,13 @@ newer one (from a later chatcli) is refused with a clear message, never a traceb
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from chatcli.chat.conversation import Conversation, Message
+from chatcli.paths import data_dir
 
 SCHEMA_VERSION = 1
 DB_NAME = "chatcli.db"
@@ -61,15 +61,6 @@ class Summary:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def data_dir() -> Path:
-    override = os.environ.get("CHATCLI_DATA_DIR")
-    if override:
-        return Path(override)
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("chatcli"))
 
 
 class Store:

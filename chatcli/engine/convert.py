@@ -29,12 +29,9 @@ _EDGE = 1 << 20
 
 
 def cache_root() -> Path:
-    override = os.environ.get("CHATCLI_CACHE_DIR")
-    if override:
-        return Path(override)
-    from platformdirs import user_cache_dir
+    from chatcli.paths import cache_dir
 
-    return Path(user_cache_dir("chatcli"))
+    return cache_dir()
 
 
 def gguf_key(path: Path) -> str:
