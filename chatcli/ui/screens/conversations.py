@@ -43,11 +43,12 @@ class Conversations:
 
     # -- the store -------------------------------------------------------------
 
-    def _save(self, write, *args) -> bool:
+    def _save(self, method: str, *args) -> bool:
+        """Call `self.store.<method>(*args)`; False (and saving ends) when there is no store or it fails."""
         if self.store is None:
             return False
         try:
-            write(*args)
+            getattr(self.store, method)(*args)
             return True
         except (StoreError, sqlite3.Error, OSError) as exc:
             self.store_failed(exc)
@@ -60,21 +61,21 @@ class Conversations:
     def save_user(self, message: Message) -> None:
         conv = self.conversation
         if conv.id in self.stored:
-            self._save(self.store.add_message, conv.id, message)
-        elif self._save(self.store.create if self.store else None, conv, getattr(self.engine, "name", "")):
+            self._save("add_message", conv.id, message)
+        elif self._save("create", conv, getattr(self.engine, "name", "")):
             self.stored.add(conv.id)  # created with its messages so far, this one included
 
     def save_reply(self, message: Message, params) -> None:
         if self.conversation.id in self.stored:
-            self._save(self.store.add_message, self.conversation.id, message, asdict(params))
+            self._save("add_message", self.conversation.id, message, asdict(params))
 
     def forget_last(self, count: int) -> None:
         if count and self.conversation.id in self.stored:
-            self._save(self.store.remove_last, self.conversation.id, count)
+            self._save("remove_last", self.conversation.id, count)
 
     def save_system(self) -> None:
         if self.conversation.id in self.stored:
-            self._save(self.store.set_system, self.conversation.id, self.conversation.system)
+            self._save("set_system", self.conversation.id, self.conversation.system)
 
     def kv_path(self, conv: Conversation) -> Path | None:
         if self.store is None or conv.id not in self.stored:
@@ -271,7 +272,7 @@ class Conversations:
     async def cmd_rename(self, arg: str) -> None:
         self.conversation.name = arg
         if self.conversation.id in self.stored:
-            self._save(self.store.rename, self.conversation.id, arg)
+            self._save("rename", self.conversation.id, arg)
         self.refresh_sidebar()
         self._note(f"renamed: {arg}")
 
@@ -295,9 +296,9 @@ class Conversations:
 
     async def delete_current(self) -> None:
         conv = self.conversation
-        path = self.kv_path(conv)
+        title, path = conv.title, self.kv_path(conv)
         if conv.id in self.stored:
-            self._save(self.store.delete, conv.id)
+            self._save("delete", conv.id)
             self.stored.discard(conv.id)
         if path is not None:
             path.unlink(missing_ok=True)
@@ -306,7 +307,7 @@ class Conversations:
         self.opened.pop(conv.id, None)
         conv.messages = []  # so switching away does not keep it listed
         await self.show_conversation(Conversation(system=self.default_system))
-        self._note(f"deleted: {conv.title}")
+        self._note(f"deleted: {title}")
 
     async def cmd_save(self, arg: str) -> None:
         conv = self.conversation
@@ -337,7 +338,7 @@ class Conversations:
         except ValueError as exc:  # json.JSONDecodeError is one
             self._note(f"/load: {arg}: {one_line(exc)}", error=True)
             return
-        if self._save(self.store.create if self.store else None, conv, str(data.get("model", ""))):
+        if self._save("create", conv, str(data.get("model", ""))):
             self.stored.add(conv.id)
         await self.show_conversation(conv)
         self._note(f"loaded {len(conv.messages)} messages from {arg} as a new conversation")

@@ -51,7 +51,7 @@ class Sidebar(Vertical):
     Sidebar { dock: left; width: 34; height: 1fr; display: none; background: $panel; border-right: vkey $primary 40%; }
     Sidebar.-open { display: block; }
     Sidebar #sidebar-title { padding: 0 1; text-style: bold; }
-    Sidebar OptionList { height: 1fr; border: none; background: transparent; }
+    Sidebar OptionList { height: 1fr; background: transparent; }
     """
 
     @dataclass
@@ -78,7 +78,7 @@ class Sidebar(Vertical):
         for i, row in enumerate(rows, 1):
             mark = "●" if row.id == current else ("◆" if row.id in resident else " ")
             line = Text(f"{i:>2}{mark}{clip(row.title)}\n", style="bold" if row.id == current else "")
-            detail = f"   {when(row.updated)} · {row.messages} msg"
+            detail = f"╰ {when(row.updated)} · {row.messages} msg"
             if row.model:
                 detail += f" · {row.model}"
             line.append(clip(detail, TITLE_WIDTH + 3), style="dim")
