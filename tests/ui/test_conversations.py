@@ -306,3 +306,45 @@ async def test_a_store_that_fails_mid_session_is_reported_once():
         assert screen.store is None
         assert sum("not saved from now on" in m for m in notifications(app)) == 1
         assert screen.conversation.messages[-1].content == "You said: **not saved**"
+
+
+async def test_quitting_mid_reply_saves_what_was_streamed_as_stopped():
+    engine = FakeEngine(script=lambda _t: "one two three four", hold_at=2)
+    app = make_app(engine)
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen._live.get("tokens") == 2)
+        cid = screen.conversation.id
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+    assert not app.is_running
+    messages = stored(cid).messages
+    assert [(m.role, m.content, m.finish_reason) for m in messages] == [("user", "go", None), ("assistant", "one two", "cancelled")]
+
+
+async def test_switching_while_the_model_loads_keeps_the_loading_line():
+    import threading
+
+    from chatcli.ui.app import ChatApp
+    from chatcli.ui.widgets.chat_pane import LoadingLine
+
+    saved_conversation()
+    gate = threading.Event()
+    engine = FakeEngine()
+
+    def slow_factory(status=None):
+        gate.wait(10)
+        return engine
+
+    app = ChatApp(StartOptions(), engine_factory=slow_factory)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen._loading is not None)
+        screen = app.chat_screen
+        note = await command(pilot, "/switch 2")  # 1 is the new, empty one on screen
+        assert note.text == "conversation 2: earlier question"
+        assert screen.query(LoadingLine) and [u.text for u in screen.pane.query(UserMessage)] == ["earlier question"]
+        gate.set()
+        await wait_for(pilot, lambda: screen.engine is not None and not screen.query(LoadingLine))
+        await send(pilot, "next")
+        assert len(engine.calls[-1]["messages"]) == 4

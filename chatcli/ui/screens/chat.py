@@ -94,7 +94,8 @@ class ChatScreen(Conversations, SlashCommands, Screen):
         self.last_stats: dict | None = None
         self.turns_done = 0
         self._reply: ReplyBox | None = None
-        self._buffer: list[str] = []
+        self._buffer: list[str] = []  # text not yet written to the reply widget
+        self._streamed: list[str] = []  # all the text of the streaming reply
         self._live: dict = {}
         self._rates: list[float] = []  # decode rate every `_rate_every` tokens of this reply
         self._rate_every = 1
@@ -197,6 +198,7 @@ class ChatScreen(Conversations, SlashCommands, Screen):
         self._reply.start_stream()
         self._reply.set_note("…")
         self._buffer.clear()
+        self._streamed = []
         self._rates = []
         self._rate_every = 1
         self._last_sample = None
@@ -236,6 +238,7 @@ class ChatScreen(Conversations, SlashCommands, Screen):
         if kind == "Token":
             if event.text:
                 self._buffer.append(event.text)
+                self._streamed.append(event.text)
             live["tokens"] = event.completion_tokens
             live["rate"] = event.decode_tok_s
             if event.decode_tok_s > 0 and event.completion_tokens % self._rate_every == 0:
@@ -376,10 +379,16 @@ class ChatScreen(Conversations, SlashCommands, Screen):
         self.panels.toggle_class("-toggled")  # hides them on a wide terminal, shows them on a narrow one
 
     def stop_all(self) -> None:
-        """Cancel the running turn (quitting): the worker ends within one decode step."""
+        """Cancel the running turn (quitting): the worker ends within one decode step, and
+        what was streamed so far is saved as a stopped reply (the app will not see `Finished`)."""
         self.queue.clear()
         if self.cancel is not None:
             self.cancel.set()
+        if self.busy and self.conversation.messages and self.conversation.messages[-1].role == "user":
+            partial = self.conversation.add_reply("".join(self._streamed), "cancelled")
+            self.save_reply(partial, self._turn_params)
+            self.turn += 1  # a late event of this turn is ignored
+            self.busy = False
 
     def on_unmount(self) -> None:
         self.stop_all()

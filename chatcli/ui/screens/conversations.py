@@ -19,6 +19,7 @@ from chatcli.chat.commands import export_format
 from chatcli.chat.conversation import Conversation, Message
 from chatcli.chat.store import StoreError, from_export, to_export, to_markdown
 from chatcli.ui.format import human_bytes, reply_note
+from chatcli.ui.widgets.chat_pane import LoadingLine
 from chatcli.ui.widgets.sidebar import Row, Sidebar
 
 BUSY_SWITCH = "a reply is streaming: press Esc to stop it before leaving this conversation"
@@ -184,6 +185,9 @@ class Conversations:
         self.opened[conv.id] = conv
         self.session = self.session_for(conv) if self.pool is not None else None
         await self.pane.remove_children()
+        if self._loading is not None:  # still loading: keep showing it
+            self._loading = LoadingLine("Loading the model…")
+            self.pane.mount(self._loading)
         for m in conv.messages:
             if m.role == "user":
                 self.pane.add_user(m.content).message = m
