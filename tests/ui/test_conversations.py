@@ -114,7 +114,7 @@ async def test_no_switching_while_a_reply_streams():
         screen = await ready(pilot)
         other = screen.conversation
         await command(pilot, "/new")  # an empty conversation: it leaves no trace when left
-        assert other.id not in [r.id for r in screen.conversation_rows()]
+        assert other.id not in [r.id for r in screen.conversation_rows()] and other.id not in screen.pool
         await send(pilot, "go", wait=False)
         await wait_for(pilot, lambda: screen._live.get("tokens") == 1)
         current = screen.conversation
@@ -143,8 +143,13 @@ async def test_sidebar_lists_switches_by_click_and_keys():
         assert titles == ["second topic", "first topic"]
         assert all(r.model == "fake-model" and r.messages == 2 for r in screen.sidebar.rows)
         assert screen.sidebar.list.has_focus
-        await pilot.press("down", "enter")  # keys: the second row
+        await pilot.press("ctrl+n")  # from the sidebar: the prompt gets the focus back
+        assert screen.prompt.has_focus and screen.sidebar.rows[0].title == "New conversation"
+        await pilot.press("f3", "f3")
+        assert screen.sidebar.list.has_focus and len(screen.sidebar.rows) == 3
+        await pilot.press("down", "down", "enter")  # keys: the third row, from the new one on top
         assert screen.conversation is first and screen.prompt.has_focus
+        assert [r.title for r in screen.sidebar.rows] == ["second topic", "first topic"]  # the empty one is gone
         await pilot.click("#conversations", offset=(5, 1))  # a click on the first row (below the border)
         await wait_for(pilot, lambda: screen.conversation is second)
         await pilot.press("f3")

@@ -181,6 +181,8 @@ class Conversations:
         old = self.conversation
         if old.id != conv.id and not old.messages and old.id not in self.stored:
             self.opened.pop(old.id, None)  # an empty new conversation leaves no trace
+            if self.pool is not None:
+                self.pool.drop(old.id)
         self.conversation = conv
         self.opened[conv.id] = conv
         self.session = self.session_for(conv) if self.pool is not None else None
@@ -200,6 +202,7 @@ class Conversations:
         self.refresh_pool()
         self.refresh_sidebar()
         self.pane.follow()
+        self.prompt.focus()  # the next thing typed is the prompt, wherever the focus was
 
     async def switch_to(self, number: int) -> None:
         refused = self.switch_refused()
