@@ -65,6 +65,8 @@ class Conversations:
             self._save("add_message", conv.id, message)
         elif self._save("create", conv, getattr(self.engine, "name", "")):
             self.stored.add(conv.id)  # created with its messages so far, this one included
+        if self.sidebar.is_open:
+            self.refresh_sidebar()  # its title and count, before the reply comes
 
     def save_reply(self, message: Message, params) -> None:
         if self.conversation.id in self.stored:
