@@ -86,3 +86,19 @@ async def test_a_reopened_conversation_restores_its_kv_cache_from_disk(tiny_engi
     path.write_bytes(b"not a safetensors file")  # a damaged file is ignored, never trusted
     restored, stats = await reopen()
     assert restored == [] and stats["cached_tokens"] == 0
+
+
+async def test_an_evicted_conversation_is_prefilled_again_even_with_a_kv_file(tiny_engine):
+    params = SamplingParams(temperature=0, max_tokens=4)
+    app = make_app(tiny_engine, start=StartOptions(params=params, cache_budget_bytes=1))  # nothing stays resident
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Hello")
+        first = screen.conversation.id
+        await command(pilot, "/new")
+        await send(pilot, "Other")
+        ids = [r.id for r in screen.conversation_rows()]
+        await command(pilot, f"/switch {ids.index(first) + 1}")
+        assert len(screen.session.cache) == 0
+        await send(pilot, "Again")
+        assert screen.last_stats["cached_tokens"] == 0 and screen.pool.evictions >= 2

@@ -40,6 +40,7 @@ class Conversations:
         self.pool = None  # SessionPool, once the engine is loaded
         self.opened: dict[str, Conversation] = {self.conversation.id: self.conversation}
         self.stored: set[str] = set()  # ids of conversations in the store
+        self.had_session: set[str] = set()  # ids given a session in this run (the KV file is only read before)
         self.sidebar = Sidebar()
 
     # -- the store -------------------------------------------------------------
@@ -96,13 +97,16 @@ class Conversations:
         self.pool = SessionPool(engine.new_session, budget)
 
     def session_for(self, conv: Conversation):
-        """The conversation's session: resident in the pool, else restored from disk, else new."""
+        """The conversation's session: resident in the pool, else new. A saved conversation
+        opened for the first time in this run starts from its KV file on disk, when it has a
+        valid one; one evicted from the pool later is prefilled again (cached_tokens 0)."""
         session = self.pool.get(conv.id)
         if session is None:
             session = self.engine.new_session()
-            restored = self._restore_kv(conv) if conv.messages else None
+            restored = self._restore_kv(conv) if conv.messages and conv.id not in self.had_session else None
             if restored is not None:
                 session.cache = restored
+        self.had_session.add(conv.id)
         self.pool.put(conv.id, session)  # most recently used
         return session
 
