@@ -102,6 +102,7 @@ class ChatScreen(Conversations, SlashCommands, Screen):
         self._last_sample: tuple[int, float] | None = None  # (tokens, seconds since the first) of the last point
         self._tick = None
         self._loading: LoadingLine | None = None
+        self.load_status = "Loading the model…"  # the latest LoadStatus (one may come before on_mount)
         self.pane = ChatPane()
         self.panels = StatsPanel()
         self.prompt = PromptInput(self.history, id="prompt")
@@ -120,14 +121,16 @@ class ChatScreen(Conversations, SlashCommands, Screen):
 
     async def on_mount(self) -> None:
         await self.open_at_start()
-        self._loading = LoadingLine("Loading the model…")
-        self.pane.mount(self._loading)
+        if self.engine is None and self.load_error is None:
+            self._loading = LoadingLine(self.load_status)
+            self.pane.mount(self._loading)
         self.refresh_info()
         self.prompt.focus()
 
     # -- loading ---------------------------------------------------------------
 
     def on_load_status(self, message: LoadStatus) -> None:
+        self.load_status = message.text
         if self._loading is not None:
             self._loading.status.update(message.text)
 

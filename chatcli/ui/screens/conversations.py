@@ -194,7 +194,7 @@ class Conversations:
         self.session = self.session_for(conv) if self.pool is not None else None
         await self.pane.remove_children()
         if self._loading is not None:  # still loading: keep showing it
-            self._loading = LoadingLine("Loading the model…")
+            self._loading = LoadingLine(self.load_status)
             self.pane.mount(self._loading)
         for m in conv.messages:
             if m.role == "user":
