@@ -108,6 +108,53 @@ def test_help_lists_every_command_once_with_a_description():
     assert listed == [f"/{s.name}" for s in commands.COMMANDS]
     assert all(desc for _, desc in rows)
     assert any("/temperature" in usage for usage, _ in rows)
-    for spec in commands.COMMANDS:  # every command parses by name (settings with a sample value)
-        line = f"/{spec.name}" + (" 1" if spec.reader else "")
+    samples = {"switch": " 2", "rename": " Notes", "save": " out.md", "load": " in.json"}
+    for spec in commands.COMMANDS:  # every command parses by name (settings and the like with a sample value)
+        line = f"/{spec.name}" + (" 1" if spec.reader else samples.get(spec.name, ""))
         assert parse(line).name == spec.name
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("/new", Command("new")),
+        ("/switch 3", Command("switch", "3")),
+        ("/rename  My   notes ", Command("rename", "My   notes")),
+        ("/delete", Command("delete")),
+        ("/save ~/chat.MD", Command("save", "~/chat.MD")),
+        ("/save out.json", Command("save", "out.json")),
+        ("/load export.json", Command("load", "export.json")),
+        ("/load whatever.txt", Command("load", "whatever.txt")),  # the content decides, not the name
+    ],
+)
+def test_conversation_commands_parse(line, expected):
+    assert parse(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("/switch", "/switch needs a value: /switch N"),
+        ("/switch two", "'two' is not a conversation number"),
+        ("/switch 0", "'0' is not a conversation number"),
+        ("/switch -1", "'-1' is not a conversation number"),
+        ("/rename", "/rename needs a value"),
+        ("/save", "/save needs a value"),
+        ("/save notes.txt", "name it .md or .json"),
+        ("/save notes", "name it .md or .json"),
+        ("/load", "/load needs a value"),
+        ("/new chat", "takes no argument"),
+        ("/delete 2", "takes no argument"),
+    ],
+)
+def test_conversation_commands_refuse_bad_arguments(line, fragment):
+    with pytest.raises(CommandError) as info:
+        parse(line)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_export_format_from_the_extension():
+    assert commands.export_format("a/b.md") == "md"
+    assert commands.export_format("X.JSON") == "json"
+    with pytest.raises(ValueError):
+        commands.export_format("b.html")

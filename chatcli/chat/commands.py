@@ -70,7 +70,13 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("system", "set the system prompt (bare: show it)", "[TEXT]"),
     CommandSpec("settings", "show the current settings"),
     CommandSpec("stats", "show the last turn's full statistics"),
-    CommandSpec("clear", "start an empty conversation"),
+    CommandSpec("clear", "start an empty conversation (the current one stays in the sidebar)"),
+    CommandSpec("new", "start a new conversation"),
+    CommandSpec("switch", "switch to conversation N of the sidebar", "N"),
+    CommandSpec("rename", "rename the current conversation", "TEXT"),
+    CommandSpec("delete", "delete the current conversation (asks first)"),
+    CommandSpec("save", "export the current conversation (.md or .json)", "FILE"),
+    CommandSpec("load", "import a JSON export as a new conversation", "FILE"),
     CommandSpec("retry", "regenerate the last reply"),
     CommandSpec("undo", "remove the last exchange"),
     CommandSpec("theme", "switch theme (bare: list them)", "[NAME]"),
@@ -82,7 +88,30 @@ for _spec in COMMANDS:
     for _n in (_spec.name, *_spec.aliases):
         _BY_NAME[_n] = _spec
 
-NO_ARGUMENT = frozenset({"help", "settings", "stats", "clear", "retry", "undo", "quit"})
+NO_ARGUMENT = frozenset({"help", "settings", "stats", "clear", "new", "delete", "retry", "undo", "quit"})
+NEEDS_ARGUMENT = frozenset({"switch", "rename", "save", "load"})
+EXPORT_FORMATS = {".md": "md", ".json": "json"}
+
+
+def export_format(path: str) -> str:
+    """'md' or 'json' from a file name's extension; ValueError for any other."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in EXPORT_FORMATS:
+        raise ValueError(f"cannot tell the format of {path!r}: name it .md or .json")
+    return EXPORT_FORMATS[ext]
+
+
+def _check_argument(name: str, arg: str) -> None:
+    """Raise `CommandError` when a conversation command's argument is missing or malformed."""
+    if name in NEEDS_ARGUMENT and not arg:
+        raise CommandError(f"/{name} needs a value: /{name} {_BY_NAME[name].usage}")
+    if name == "switch" and not (arg.isdigit() and int(arg) >= 1):
+        raise CommandError(f"/switch: {arg!r} is not a conversation number (the numbers in the sidebar, F3)")
+    if name == "save":
+        try:
+            export_format(arg)
+        except ValueError as exc:
+            raise CommandError(f"/save: {exc}") from None
 
 
 def is_command(text: str) -> bool:
@@ -125,6 +154,7 @@ def parse(text: str) -> Command:
     if found.name in NO_ARGUMENT and arg:
         raise CommandError(f"/{found.name} takes no argument")
     if found.reader is None:
+        _check_argument(found.name, arg)
         return Command(found.name, arg)
     if not arg:
         raise CommandError(f"/{head} needs a value: /{head} {found.usage}")

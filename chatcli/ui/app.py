@@ -19,6 +19,16 @@ from chatcli.ui.persist import PromptHistory, remember_theme
 from chatcli.ui.screens.chat import ChatScreen
 
 
+def open_store():
+    """(the conversation Store, None) or (None, the one-line reason it cannot be used)."""
+    from chatcli.chat.store import Store, StoreError
+
+    try:
+        return Store(), None
+    except StoreError as exc:
+        return None, str(exc)
+
+
 class ChatApp(App):
     TITLE = "chatcli"
     BINDINGS = [
@@ -78,10 +88,21 @@ class ChatApp(App):
         if error:
             self.set_chat_theme(themes.DEFAULT_THEME)
         system = start.system if start.system is not None else start.config.system
-        self.chat_screen = ChatScreen(start.params, system, self.history)
+        store, store_error = open_store()
+        self.chat_screen = ChatScreen(
+            start.params,
+            system,
+            self.history,
+            store=store,
+            resume=(start.continue_last, start.conversation),
+            budget=start.cache_budget_bytes,
+            system_given=start.system_given,
+        )
         self.push_screen(self.chat_screen)
         if error:
             self.notify(error, severity="error")
+        if store_error:
+            self.notify(f"{store_error}. Conversations are not saved.", title="Not saved", severity="error", timeout=10)
         # A daemon thread, not a worker: a model load cannot be cancelled, and quitting
         # during it must not wait for it to finish.
         threading.Thread(target=self._load, args=(self.chat_screen,), name="chatcli-load", daemon=True).start()

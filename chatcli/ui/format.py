@@ -52,5 +52,14 @@ def stats_lines(stats: dict) -> list[str]:
     return lines
 
 
+def reply_note(finish_reason: str | None, stats: dict | None) -> str:
+    """The line under a reply: how it ended, its length and speed."""
+    note = {"cancelled": "⏹ stopped", "length": "… cut at the token limit"}.get(finish_reason or "", "")
+    if not stats:
+        return note
+    summary = f"{stats['completion_tokens']} tokens · {stats['decode_tok_s']:.1f} tok/s"
+    return f"{note} · {summary}" if note else summary
+
+
 def turn_line(index: int, stats: dict) -> str:
     return f"#{index:<3} {stats['ttft_s'] * 1000:5.0f} ms {stats['decode_tok_s']:6.1f} tok/s"

@@ -55,3 +55,50 @@ async def test_a_turn_on_the_embedded_model(real_engine):
         assert reply.content.strip() and reply.stats["completion_tokens"] >= 1
         assert screen.panels.values["tokens"] == str(reply.stats["completion_tokens"])
         assert screen.panels.values["context"] == f"{len(screen.session.cache)} / {real_engine.context_limit}"
+
+
+async def test_a_reopened_conversation_restores_its_kv_cache_from_disk(tiny_engine):
+    from chatcli.chat.store import Store
+    from chatcli.oneshot import kv_file
+
+    params = SamplingParams(temperature=0, max_tokens=4)
+    app = make_app(tiny_engine, start=StartOptions(params=params))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Hello")
+        cid, kept = screen.conversation.id, list(screen.session.cache.ids)
+        first = screen.last_stats
+    path = kv_file(Store(), cid)
+    assert path.is_file()
+
+    async def reopen():
+        app = make_app(tiny_engine, start=StartOptions(params=params, continue_last=True))
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await ready(pilot)
+            assert screen.conversation.id == cid
+            restored = list(screen.session.cache.ids)
+            await send(pilot, "More")
+            return restored, screen.last_stats
+
+    restored, stats = await reopen()
+    assert restored == kept  # the session starts from the file, not empty
+    assert stats["cached_tokens"] >= first["prompt_tokens"]  # the history was not prefilled again
+    path.write_bytes(b"not a safetensors file")  # a damaged file is ignored, never trusted
+    restored, stats = await reopen()
+    assert restored == [] and stats["cached_tokens"] == 0
+
+
+async def test_an_evicted_conversation_is_prefilled_again_even_with_a_kv_file(tiny_engine):
+    params = SamplingParams(temperature=0, max_tokens=4)
+    app = make_app(tiny_engine, start=StartOptions(params=params, cache_budget_bytes=1))  # nothing stays resident
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Hello")
+        first = screen.conversation.id
+        await command(pilot, "/new")
+        await send(pilot, "Other")
+        ids = [r.id for r in screen.conversation_rows()]
+        await command(pilot, f"/switch {ids.index(first) + 1}")
+        assert len(screen.session.cache) == 0
+        await send(pilot, "Again")
+        assert screen.last_stats["cached_tokens"] == 0 and screen.pool.evictions >= 2

@@ -27,7 +27,8 @@ def test_the_three_themes_are_shipped():
 @pytest.mark.parametrize("theme", sorted(shipped_themes()))
 def test_main_screen_snapshot(theme, snap_compare):
     engine = FakeEngine(script=lambda _t: REPLY, token_s=lambda n: 1 / (30 + 4 * (n % 6)))
-    app = make_app(engine, start=StartOptions(theme=theme), remember=False)
+    start = StartOptions(theme=theme, cache_budget_bytes=512 << 20)  # not the RAM-based default: same on every machine
+    app = make_app(engine, start=start, remember=False)
 
     async def run_before(pilot):
         screen = await ready(pilot)

@@ -1,4 +1,7 @@
-"""The chat screen: one conversation (a `Conversation` and its engine `Session`) with its panes.
+"""The chat screen: the current conversation (a `Conversation` and its engine `Session`) with its panes.
+
+The conversations side — the store, the session pool, the sidebar, switching — lives
+in the `Conversations` mixin (`conversations.py`), the slash commands in `SlashCommands`.
 
 Turns run in a Textual thread worker that iterates `engine.generate(...)` and posts each
 event as a `TurnEvent`; the handlers only buffer text and numbers. A UI tick (10 Hz, only
@@ -19,9 +22,10 @@ from textual.widgets import Footer, Static
 
 from chatcli.chat.commands import is_command
 from chatcli.chat.conversation import Conversation
-from chatcli.ui.format import human_bytes, sampling_line, turn_line
+from chatcli.ui.format import human_bytes, reply_note, sampling_line, turn_line
 from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, TurnEvent, TurnFailed
 from chatcli.ui.persist import PromptHistory
+from chatcli.ui.screens.conversations import Conversations, one_line
 from chatcli.ui.screens.slash import SlashCommands
 from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, ReplyBox, UserMessage
 from chatcli.ui.widgets.panels import StatsPanel
@@ -43,27 +47,44 @@ def engine_label(engine) -> str:
     return f"{getattr(engine, 'name', 'model')} · {device} · {dtype}"
 
 
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def save_kv(engine, session, path) -> None:
+    """Keep the conversation's KV cache on disk for the next start (best effort, in the worker)."""
+    try:
+        from chatcli.oneshot import save_kv as write
+
+        write(engine, session, path)
+    except Exception:  # noqa: BLE001 - an engine without a saveable cache: the next start prefills
+        pass
 
 
-class ChatScreen(SlashCommands, Screen):
+class ChatScreen(Conversations, SlashCommands, Screen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # narrow: panels start hidden
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "toggle_panels", "Panels"),
+        Binding("f3", "toggle_sidebar", "Conversations"),
+        Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_chat(1)", "Scroll", show=False, priority=True),
         Binding("ctrl+q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, params, system: str | None = None, history: PromptHistory | None = None) -> None:
+    def __init__(
+        self,
+        params,
+        system: str | None = None,
+        history: PromptHistory | None = None,
+        store=None,
+        resume: tuple[bool, str | None] = (False, None),
+        budget: int | None = None,
+        system_given: bool = False,
+    ) -> None:
         super().__init__()
         self.params = params
         self.engine = None
         self.session = None
-        self.conversation = Conversation(system=system or None)
+        self.default_system = system or None
+        self.conversation = Conversation(system=self.default_system)
         self.history = history if history is not None else PromptHistory()
         self.load_error: str | None = None
         self.turn = 0  # id of the newest turn; events of older ones are ignored
@@ -73,43 +94,53 @@ class ChatScreen(SlashCommands, Screen):
         self.last_stats: dict | None = None
         self.turns_done = 0
         self._reply: ReplyBox | None = None
-        self._buffer: list[str] = []
+        self._buffer: list[str] = []  # text not yet written to the reply widget
+        self._streamed: list[str] = []  # all the text of the streaming reply
         self._live: dict = {}
         self._rates: list[float] = []  # decode rate every `_rate_every` tokens of this reply
         self._rate_every = 1
         self._last_sample: tuple[int, float] | None = None  # (tokens, seconds since the first) of the last point
         self._tick = None
         self._loading: LoadingLine | None = None
+        self.load_status = "Loading the model…"  # the latest LoadStatus (one may come before on_mount)
         self.pane = ChatPane()
         self.panels = StatsPanel()
         self.prompt = PromptInput(self.history, id="prompt")
         self.info = InfoBar("")
+        self._turn_params = params
+        self.init_conversations(store, resume, budget, system_given)
 
     def compose(self) -> ComposeResult:
         yield self.info
         with Horizontal(id="main"):
+            yield self.sidebar
             yield self.pane
             yield self.panels
         yield self.prompt
         yield Footer()
 
-    def on_mount(self) -> None:
-        self._loading = LoadingLine("Loading the model…")
-        self.pane.mount(self._loading)
+    async def on_mount(self) -> None:
+        await self.open_at_start()
+        if self.engine is None and self.load_error is None:
+            self._loading = LoadingLine(self.load_status)
+            self.pane.mount(self._loading)
         self.refresh_info()
         self.prompt.focus()
 
     # -- loading ---------------------------------------------------------------
 
     def on_load_status(self, message: LoadStatus) -> None:
+        self.load_status = message.text
         if self._loading is not None:
             self._loading.status.update(message.text)
 
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine = message.engine
-        self.session = self.engine.new_session()
+        self.start_pool(self.engine)
+        self.session = self.session_for(self.conversation)
         self._drop_loading()
-        self.panels.set_context(0, self.engine.context_limit)
+        self.panels.set_context(len(self.session.cache), self.engine.context_limit)
+        self.refresh_pool()
         self.refresh_info()
         self._next_in_queue()
 
@@ -158,6 +189,7 @@ class ChatScreen(SlashCommands, Screen):
         widget = self.queue.pop(0)
         widget.remove_class("-queued")
         widget.message = self.conversation.add_user(widget.text)
+        self.save_user(widget.message)
         self.begin_turn()
 
     def begin_turn(self) -> None:
@@ -169,6 +201,7 @@ class ChatScreen(SlashCommands, Screen):
         self._reply.start_stream()
         self._reply.set_note("…")
         self._buffer.clear()
+        self._streamed = []
         self._rates = []
         self._rate_every = 1
         self._last_sample = None
@@ -176,14 +209,21 @@ class ChatScreen(SlashCommands, Screen):
         self.panels.reset()
         self.pane.follow()
         self._tick = self.set_interval(TICK_S, self._on_tick)
-        self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, self.params, self.cancel)
+        self.session = self.session_for(self.conversation)  # a new one if the pool evicted it
+        self._turn_params = self.params
+        kv = self.kv_path(self.conversation)
+        self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, self.params, self.cancel, kv)
 
     @work(thread=True, exit_on_error=False, group="turn")
-    def _generate(self, engine, turn: int, messages: list, session, params, cancel: threading.Event) -> None:
-        """Worker thread: drive the engine and post every event; never touch a widget."""
+    def _generate(self, engine, turn: int, messages: list, session, params, cancel: threading.Event, kv=None) -> None:
+        """Worker thread: drive the engine and post every event; never touch a widget.
+        The KV cache goes to `kv` (when given) before `Finished` is posted, so no next turn
+        can change the cache while it is written."""
         try:
             for event in engine.generate(messages, session, params, cancel):
                 cache = session.cache
+                if kv is not None and type(event).__name__ == "Finished":
+                    save_kv(engine, session, kv)
                 self.post_message(TurnEvent(turn, event, len(cache), cache.nbytes))
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
             self.post_message(TurnFailed(turn, one_line(exc)))
@@ -201,6 +241,7 @@ class ChatScreen(SlashCommands, Screen):
         if kind == "Token":
             if event.text:
                 self._buffer.append(event.text)
+                self._streamed.append(event.text)
             live["tokens"] = event.completion_tokens
             live["rate"] = event.decode_tok_s
             if event.decode_tok_s > 0 and event.completion_tokens % self._rate_every == 0:
@@ -271,16 +312,16 @@ class ChatScreen(SlashCommands, Screen):
             await reply.end_stream()
         stats = done.stats.to_dict()
         reply_msg = self.conversation.add_reply(done.reply, done.finish_reason, stats)
+        self.save_reply(reply_msg, self._turn_params)
         self.last_stats = stats
         self.turns_done += 1
         if reply is not None:
             reply.message = reply_msg
-            note = {"cancelled": "⏹ stopped", "length": "… cut at the token limit"}.get(done.finish_reason, "")
-            summary = f"{stats['completion_tokens']} tokens · {stats['decode_tok_s']:.1f} tok/s"
-            reply.set_note(f"{note} · {summary}" if note else summary)
+            reply.set_note(reply_note(done.finish_reason, stats))
         self.panels.set_speeds(self._rates)
         self._show_final(stats)
         self.panels.add_turn(turn_line(self.turns_done, stats))
+        self.keep_session()
         self._end_turn()
 
     def _show_final(self, stats: dict) -> None:
@@ -306,6 +347,7 @@ class ChatScreen(SlashCommands, Screen):
         # The user message that failed leaves the conversation, so the next turn starts clean.
         if self.conversation.messages and self.conversation.messages[-1].role == "user":
             failed = self.conversation.messages.pop()
+            self.forget_last(1)
             for widget in self.pane.query(UserMessage):
                 if widget.message is failed:
                     widget.add_class("-queued")
@@ -340,10 +382,16 @@ class ChatScreen(SlashCommands, Screen):
         self.panels.toggle_class("-toggled")  # hides them on a wide terminal, shows them on a narrow one
 
     def stop_all(self) -> None:
-        """Cancel the running turn (quitting): the worker ends within one decode step."""
+        """Cancel the running turn (quitting): the worker ends within one decode step, and
+        what was streamed so far is saved as a stopped reply (the app will not see `Finished`)."""
         self.queue.clear()
         if self.cancel is not None:
             self.cancel.set()
+        if self.busy and self.conversation.messages and self.conversation.messages[-1].role == "user":
+            partial = self.conversation.add_reply("".join(self._streamed), "cancelled")
+            self.save_reply(partial, self._turn_params)
+            self.turn += 1  # a late event of this turn is ignored
+            self.busy = False
 
     def on_unmount(self) -> None:
         self.stop_all()

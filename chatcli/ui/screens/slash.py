@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from chatcli.chat.commands import CommandError, apply_setting, help_lines, parse
-from chatcli.chat.conversation import Conversation
 from chatcli.ui.format import settings_lines, stats_lines
 
 BUSY = "a reply is streaming: press Esc to stop it first"
@@ -52,7 +51,10 @@ class SlashCommands:
         rows = help_lines()
         width = max(len(usage) for usage, _ in rows)
         lines = [f"{usage:<{width}}  {desc}" for usage, desc in rows]
-        keys = "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop · F2 panels · Ctrl+Q quit"
+        keys = (
+            "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop"
+            " · F2 panels · F3 conversations · Ctrl+N new conversation · Ctrl+Q quit"
+        )
         self._note("\n".join(lines + ["", keys]))
 
     async def cmd_system(self, arg: str) -> None:
@@ -61,6 +63,7 @@ class SlashCommands:
             self._note(f"system prompt: {current}" if current else "no system prompt (set one with /system TEXT)")
             return
         self.conversation.system = arg
+        self.save_system()
         self._note(f"system prompt set: {arg}")
 
     async def cmd_settings(self, _arg: str) -> None:
@@ -74,19 +77,14 @@ class SlashCommands:
         self._note("\n".join(stats_lines(self.last_stats)))
 
     async def cmd_clear(self, _arg: str) -> None:
+        """A new, empty conversation with the current system prompt; the old one stays in the sidebar."""
         if self.busy:
             self._note(BUSY, error=True)
             return
-        self.conversation = Conversation(system=self.conversation.system)
-        if self.engine is not None:
-            self.session = self.engine.new_session()
-            self.panels.set_context(0, self.engine.context_limit)
         for widget in list(self.queue):
             widget.remove()
         self.queue.clear()
-        await self.pane.remove_children()
-        self.panels.reset()
-        self.last_stats = None
+        await self.new_conversation(self.conversation.system)
         self._note("new conversation")
 
     async def cmd_retry(self, _arg: str) -> None:
@@ -101,6 +99,7 @@ class SlashCommands:
             self._note("nothing to retry", error=True)
             return
         await self._remove_widgets_of([popped])
+        self.forget_last(1)
         self.begin_turn()
 
     async def cmd_undo(self, _arg: str) -> None:
@@ -112,6 +111,7 @@ class SlashCommands:
             self._note("nothing to undo", error=True)
             return
         await self._remove_widgets_of(removed)
+        self.forget_last(len(removed))
         kept = self.crop_cache()
         self._note(f"removed the last exchange ({len(removed)} messages); cache keeps {kept} tokens")
 

@@ -24,8 +24,8 @@ class ReplyMarkdown(Markdown):
 
     DEFAULT_CSS = "ReplyMarkdown { margin: 0; padding: 0 1; background: transparent; }"
 
-    def __init__(self) -> None:
-        super().__init__("")
+    def __init__(self, markdown: str = "") -> None:
+        super().__init__(markdown)
         self.appends = 0
 
     def append(self, markdown: str):
@@ -41,11 +41,11 @@ class ReplyBox(Vertical):
     ReplyBox .reply-note { padding: 0 1; height: auto; color: $text-muted; }
     """
 
-    def __init__(self) -> None:
+    def __init__(self, text: str = "", note: str = "") -> None:
         super().__init__()
         self.message = None  # the conversation's Message, once finished
-        self.markdown = ReplyMarkdown()
-        self.note = Static("", classes="reply-note", markup=False)
+        self.markdown = ReplyMarkdown(text)
+        self.note = Static(note, classes="reply-note", markup=False)
         self.stream = None
 
     def compose(self) -> ComposeResult:
@@ -116,6 +116,12 @@ class ChatPane(VerticalScroll):
 
     def add_reply(self) -> ReplyBox:
         box = ReplyBox()
+        self.mount(box)
+        return box
+
+    def add_saved_reply(self, text: str, note: str) -> ReplyBox:
+        """A finished reply of a reopened conversation (rendered once, no stream)."""
+        box = ReplyBox(text, note)
         self.mount(box)
         return box
 

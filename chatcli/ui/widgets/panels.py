@@ -16,6 +16,10 @@ ROWS = (
     ("context", "context"),
     ("kv", "KV cache"),
 )
+POOL_ROWS = (
+    ("resident", "resident"),
+    ("pool", "pool"),
+)
 HISTORY_TURNS = 5
 
 
@@ -41,7 +45,7 @@ class StatsPanel(VerticalScroll):
 
     def __init__(self) -> None:
         super().__init__()
-        self.values: dict[str, str] = {key: "–" for key, _ in ROWS}
+        self.values: dict[str, str] = {key: "–" for key, _ in ROWS + POOL_ROWS}
         self._value_widgets: dict[str, Static] = {}
         self.gauge = ProgressBar(total=1, show_eta=False, show_percentage=True)
         self.spark = Sparkline([], summary_function=max)
@@ -59,6 +63,13 @@ class StatsPanel(VerticalScroll):
             if key == "context":
                 yield self.gauge
         yield self.spark
+        yield Static("Cache pool", classes="title")
+        for key, label in POOL_ROWS:
+            value = Static(self.values[key], classes="value", markup=False)
+            self._value_widgets[key] = value
+            with Horizontal(classes="row"):
+                yield Static(label, classes="label")
+                yield value
         yield Static("Recent turns", classes="title")
         yield self.history
 
@@ -72,6 +83,10 @@ class StatsPanel(VerticalScroll):
     def set_context(self, used: int, limit: int) -> None:
         self.show(context=f"{used} / {limit}")
         self.gauge.update(total=max(limit, 1), progress=min(used, max(limit, 1)))
+
+    def set_pool(self, resident: str, used: str) -> None:
+        """Conversations whose KV cache is in memory, and the bytes they take of the budget."""
+        self.show(resident=resident, pool=used)
 
     def set_speeds(self, rates: list[float]) -> None:
         self.spark.data = list(rates)  # the widget buckets them into its width

@@ -1,0 +1,94 @@
+"""The conversations sidebar (F3): one numbered row per conversation, newest first.
+
+A row shows the title (the rename, else the first user message), when it was last
+updated and the model that answered it; `●` marks the conversation on screen and `◆`
+those whose KV cache is resident in the pool. Enter or a click posts `Sidebar.Picked`.
+The numbers are the ones `/switch N` takes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+TITLE_WIDTH = 26
+
+
+@dataclass
+class Row:
+    id: str
+    title: str
+    updated: float | None  # None: not saved yet
+    model: str
+    messages: int
+
+
+def when(ts: float | None, now: float | None = None) -> str:
+    """A short time: 14:05 today, Dec 02 this year, 2025-12-02 before; 'unsaved' for None."""
+    if ts is None:
+        return "unsaved"
+    now = time.time() if now is None else now
+    t, n = time.localtime(ts), time.localtime(now)
+    if (t.tm_year, t.tm_yday) == (n.tm_year, n.tm_yday):
+        return time.strftime("%H:%M", t)
+    return time.strftime("%b %d" if t.tm_year == n.tm_year else "%Y-%m-%d", t)
+
+
+def clip(text: str, width: int = TITLE_WIDTH) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class Sidebar(Vertical):
+    DEFAULT_CSS = """
+    Sidebar { dock: left; width: 34; height: 1fr; display: none; background: $panel; border-right: vkey $primary 40%; }
+    Sidebar.-open { display: block; }
+    Sidebar #sidebar-title { padding: 0 1; text-style: bold; }
+    Sidebar OptionList { height: 1fr; background: transparent; }
+    """
+
+    @dataclass
+    class Picked(Message):
+        index: int  # 0-based position in `rows`
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[Row] = []
+        self.list = OptionList(id="conversations")
+        self.current: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("Conversations · Ctrl+N new", id="sidebar-title")
+        yield self.list
+
+    @property
+    def is_open(self) -> bool:
+        return self.has_class("-open")
+
+    def show_rows(self, rows: list[Row], current: str | None, resident: set[str]) -> None:
+        self.rows, self.current = rows, current
+        options = []
+        for i, row in enumerate(rows, 1):
+            mark = "●" if row.id == current else ("◆" if row.id in resident else " ")
+            line = Text(f"{i:>2}{mark}{clip(row.title)}\n", style="bold" if row.id == current else "")
+            detail = f"╰ {when(row.updated)} · {row.messages} msg"
+            if row.model:
+                detail += f" · {row.model}"
+            line.append(clip(detail, TITLE_WIDTH + 3), style="dim")
+            options.append(Option(line, id=f"c{i}"))
+        self.list.clear_options()
+        self.list.add_options(options)
+        at = next((i for i, r in enumerate(rows) if r.id == current), None)
+        if at is not None:
+            self.list.highlighted = at
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.post_message(self.Picked(event.option_index))
