@@ -91,6 +91,15 @@ def run_oneshot(
     resume: str | None = None,
     continue_last: bool = False,
 ) -> int:
+    from chatcli.chat.store import StoreError
+
+    try:
+        return _answer(start, text, json_out, show_stats, resume, continue_last)
+    except StoreError as exc:  # e.g. a full disk: what was printed stays printed
+        raise UserError(str(exc)) from None
+
+
+def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, resume, continue_last: bool) -> int:
     from dataclasses import asdict
 
     from chatcli.chat.store import Store, StoreError

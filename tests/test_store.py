@@ -162,3 +162,18 @@ def test_sigkill_mid_reply_keeps_database_readable(cli, tmp_path):
     assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     result = cli("-c", "-p", "Third", "--max-tokens", "2", "--json")  # the next start works
     assert result.returncode == 0, result.stderr
+
+
+def test_find_takes_a_literal_prefix(store):
+    c = Conversation()
+    store.create(c)
+    assert store.find(c.id[:4]) == c.id
+    assert store.find("_") is None and store.find("%") is None  # no LIKE wildcards
+
+
+def test_write_failure_is_a_store_error(store):
+    c = Conversation()
+    store.create(c)
+    store.db.execute("PRAGMA query_only=ON")  # as good as a read-only disk
+    with pytest.raises(StoreError, match="cannot save"):
+        store.add_message(c.id, c.add_user("lost?"))

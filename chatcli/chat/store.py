@@ -155,7 +155,9 @@ class Store:
 
     def find(self, prefix: str) -> str | None:
         """A conversation id from its full id or a unique prefix of it."""
-        rows = self.db.execute("SELECT id FROM conversations WHERE id LIKE ? || '%'", (prefix,)).fetchall()
+        rows = self.db.execute(
+            "SELECT id FROM conversations WHERE substr(id, 1, length(?1)) = ?1", (prefix,)
+        ).fetchall()
         return rows[0][0] if len(rows) == 1 else None
 
     def load(self, conversation_id: str) -> Conversation | None:
@@ -203,11 +205,20 @@ class _Transaction:
         self.db = db
 
     def __enter__(self):
-        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:  # locked for too long, closed, read-only, disk full
+            raise StoreError(f"cannot save to the conversation database: {exc}") from None
         return self.db
 
     def __exit__(self, kind, value, tb):
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        try:
+            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        except sqlite3.Error as exc:
+            if kind is None:
+                raise StoreError(f"cannot save to the conversation database: {exc}") from None
+        if kind is not None and issubclass(kind, sqlite3.Error):
+            raise StoreError(f"cannot save to the conversation database: {value}") from None
         return False
 
 

@@ -6,20 +6,12 @@ No Textual imports: plain files, unit-tested on their own.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
+from chatcli.paths import data_dir
+
 HISTORY_LIMIT = 1000
-
-
-def data_dir() -> Path:
-    override = os.environ.get("CHATCLI_DATA_DIR")
-    if override:
-        return Path(override)
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("chatcli"))
 
 
 class PromptHistory:

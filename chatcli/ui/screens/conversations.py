@@ -145,7 +145,7 @@ class Conversations:
         if self.store is not None:
             try:
                 summaries = self.store.summaries()
-            except sqlite3.Error as exc:
+            except (StoreError, sqlite3.Error) as exc:
                 self.store_failed(exc)
                 summaries = []
             for s in summaries:
@@ -227,7 +227,7 @@ class Conversations:
         if conv is None:
             try:
                 conv = self.store.load(row.id)
-            except sqlite3.Error as exc:
+            except (StoreError, sqlite3.Error) as exc:
                 self.store_failed(exc)
                 conv = None
             if conv is None:
@@ -256,7 +256,7 @@ class Conversations:
         try:
             found = self.store.latest_id() if continue_last and not wanted else self.store.find(wanted)
             conv = self.store.load(found) if found else None
-        except sqlite3.Error as exc:
+        except (StoreError, sqlite3.Error) as exc:
             self.store_failed(exc)
             return
         if conv is None:
