@@ -486,7 +486,7 @@ def test_serve_command_reports_a_bad_model_in_one_line(tmp_path, monkeypatch):
                                       "--host", "0.0.0.0"])
     assert result.exit_code == 1
     output = result.output.strip().splitlines()
-    assert output[-1] == f"error: model file not found: {tmp_path / 'missing.gguf'}"
+    assert output[-1] == f"chatcli: error: model file not found: {tmp_path / 'missing.gguf'}"
     assert any(line.startswith("warning: serving on 0.0.0.0 without --api-key") for line in output)
     assert "Traceback" not in result.output
 

@@ -49,7 +49,7 @@ def bench_command(
                              ("turn-tokens", turn_tokens, 1), ("reply-tokens", reply_tokens, 1), ("threads", threads or 1, 1),
                              ("repeat", repeat, 1)):
         if value < low:
-            err.print(f"error: --{name} must be >= {low}, got {value}", markup=False, highlight=False)
+            err.print(f"chatcli: error: --{name} must be >= {low}, got {value}", markup=False, highlight=False)
             raise typer.Exit(2)
     progress = (lambda _msg: None) if json_output else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     try:
@@ -60,7 +60,7 @@ def bench_command(
             threads=threads, repeat=repeat, progress=progress,
         )
     except BenchError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
+        err.print(f"chatcli: error: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None
     if json_output:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")

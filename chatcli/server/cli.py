@@ -40,7 +40,7 @@ def bind_warning(host: str, api_key: str | None) -> str | None:
 
 
 def _fail(message: str, code: int = 1):
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"chatcli: error: {message}", err=True)
     raise typer.Exit(code)
 
 
