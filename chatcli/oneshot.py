@@ -99,67 +99,79 @@ def run_oneshot(
         raise UserError(str(exc)) from None
 
 
+
+def stream_reply(engine, conversation, session, params, out):
+    """Run one turn, writing text pieces to `out` (None: don't) as they come.
+
+    Returns (Finished, pieces), or (None, pieces) when Ctrl+C stopped it.
+    """
+    from chatcli.engine.engine import ContextOverflow, Finished, Token
+
+    pieces: list[str] = []
+    cancel = threading.Event()
+    try:
+        for event in engine.generate(conversation.for_template(), session, params, cancel):
+            if isinstance(event, Token) and event.text:
+                pieces.append(event.text)
+                if out is not None:
+                    out.write(event.text)
+                    out.flush()
+            elif isinstance(event, Finished):
+                return event, pieces
+    except ContextOverflow as exc:
+        raise UserError(f"prompt too long: {exc}") from None
+    except KeyboardInterrupt:
+        cancel.set()
+    return None, pieces
+
+
 def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, resume, continue_last: bool) -> int:
     from dataclasses import asdict
 
     from chatcli.chat.store import Store, StoreError
-    from chatcli.engine.engine import ContextOverflow, Finished, Token
 
     try:
         store = Store()
         conversation, new = open_conversation(store, start, resume, continue_last)
     except StoreError as exc:
         raise UserError(str(exc)) from None
-    engine = load_engine(start)
-    if new:
-        store.create(conversation, engine.name)
-    store.add_message(conversation.id, conversation.add_user(text))
-    session = engine.new_session()
-    kv_path = kv_file(store, conversation.id)
-    if not new:  # a cache saved by an earlier run spares the history's prefill
-        from chatcli.engine.persist import fingerprint, load_cache
-
-        fp = fingerprint(engine.runner, engine.name)
-        session.cache = load_cache(engine.runner, kv_path, fp) or session.cache
-    cancel = threading.Event()
-    out = sys.stdout
-    pieces: list[str] = []
-    done = None
     try:
-        for event in engine.generate(conversation.for_template(), session, start.params, cancel):
-            if isinstance(event, Token) and event.text:
-                pieces.append(event.text)
-                if not json_out:
-                    out.write(event.text)
-                    out.flush()
-            elif isinstance(event, Finished):
-                done = event
-    except ContextOverflow as exc:
-        raise UserError(f"prompt too long: {exc}") from None
-    except KeyboardInterrupt:
-        # Ctrl+C lands mid-step: keep what was streamed as a stopped reply, then leave.
-        cancel.set()
-        store.add_message(conversation.id, conversation.add_reply("".join(pieces), "cancelled"), asdict(start.params))
-        if pieces and not json_out:
+        engine = load_engine(start)
+        if new:
+            store.create(conversation, engine.name)
+        store.add_message(conversation.id, conversation.add_user(text))
+        session = engine.new_session()
+        kv_path = kv_file(store, conversation.id)
+        if not new:  # a cache saved by an earlier run spares the history's prefill
+            from chatcli.engine.persist import fingerprint, load_cache
+
+            fp = fingerprint(engine.runner, engine.name)
+            session.cache = load_cache(engine.runner, kv_path, fp) or session.cache
+        out = sys.stdout
+        done, pieces = stream_reply(engine, conversation, session, start.params, out if not json_out else None)
+        if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
+            store.add_message(conversation.id, conversation.add_reply("".join(pieces), "cancelled"), asdict(start.params))
+            if pieces and not json_out:
+                out.write("\n")
+                out.flush()
+            return 130
+        reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
+        store.add_message(conversation.id, reply, asdict(start.params))
+        save_kv(engine, session, kv_path)
+        if json_out:
+            record = {
+                "model": engine.name,
+                "conversation": conversation.id,
+                "reply": done.reply,
+                "finish_reason": done.finish_reason,
+                "stats": done.stats.to_dict(),
+            }
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        elif pieces and not pieces[-1].endswith("\n"):
             out.write("\n")
-            out.flush()
-        return 130
-    assert done is not None
-    reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
-    store.add_message(conversation.id, reply, asdict(start.params))
-    save_kv(engine, session, kv_path)
-    if json_out:
-        record = {
-            "model": engine.name,
-            "conversation": conversation.id,
-            "reply": done.reply,
-            "finish_reason": done.finish_reason,
-            "stats": done.stats.to_dict(),
-        }
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    elif pieces and not pieces[-1].endswith("\n"):
-        out.write("\n")
-    out.flush()
-    if show_stats:
-        sys.stderr.write(done.stats.summary() + "\n")
-    return 0
+        out.flush()
+        if show_stats:
+            sys.stderr.write(done.stats.summary() + "\n")
+        return 0
+    finally:
+        store.close()  # WAL checkpoint: the process may leave without interpreter teardown
