@@ -54,24 +54,23 @@ class StatsPanel(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Static("This turn", classes="title")
-        for key, label in ROWS:
-            value = Static(self.values[key], classes="value", markup=False)
-            self._value_widgets[key] = value
-            with Horizontal(classes="row"):
-                yield Static(label, classes="label")
-                yield value
-            if key == "context":
-                yield self.gauge
+        yield from self._rows(ROWS, after={"context": self.gauge})
         yield self.spark
         yield Static("Cache pool", classes="title")
-        for key, label in POOL_ROWS:
+        yield from self._rows(POOL_ROWS)
+        yield Static("Recent turns", classes="title")
+        yield self.history
+
+    def _rows(self, rows, after: dict | None = None) -> ComposeResult:
+        """A label/value row per key; `after` puts a widget below the row of its key."""
+        for key, label in rows:
             value = Static(self.values[key], classes="value", markup=False)
             self._value_widgets[key] = value
             with Horizontal(classes="row"):
                 yield Static(label, classes="label")
                 yield value
-        yield Static("Recent turns", classes="title")
-        yield self.history
+            if after and key in after:
+                yield after[key]
 
     def show(self, **values: str) -> None:
         """Set some rows; a row's widget is only touched when its text changes."""
