@@ -31,4 +31,4 @@ class StartOptions:
         from chatcli.engine.load import build_engine, load
 
         loaded = load(self.model, self.load, config_default=self.config.model, status=status)
-        return build_engine(loaded, runner=self.load.runner)
+        return build_engine(loaded)  # the runner and quantization chosen in self.load travel in `loaded`

@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.pool import SessionPool, common_prefix_len, fork_session
+from chatcli.engine.pool import SessionPool, fork_session
+from chatcli.engine.prefix import common_prefix
 from chatcli.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
@@ -23,7 +24,7 @@ def naive_prefix(a, b) -> int:
 
 @given(st.lists(st.integers(0, 3), max_size=700), st.lists(st.integers(0, 3), max_size=700))
 def test_common_prefix_len_matches_a_plain_loop(a, b):
-    assert common_prefix_len(a, b) == naive_prefix(a, b)
+    assert common_prefix(a, b) == naive_prefix(a, b)
 
 
 @given(st.lists(st.integers(0, 9), max_size=1200), st.integers(0, 1300), st.integers(10, 19))
@@ -31,7 +32,7 @@ def test_common_prefix_len_finds_a_late_mismatch(ids, cut, other):
     b = list(ids)
     if cut < len(b):
         b[cut] = other  # ids hold 0..9, so this always differs
-    assert common_prefix_len(ids, b) == min(cut, len(ids))
+    assert common_prefix(ids, b) == min(cut, len(ids))
 
 
 def fill(engine, session, ids):

@@ -6,7 +6,8 @@ import math
 import time
 
 from chatcli.bench.prompts import DECODE_PROMPT, QUALITY_PROMPTS, TEXT, filler
-from chatcli.engine.engine import Engine, Finished, Token, common_prefix
+from chatcli.engine.engine import Engine, Finished, Token
+from chatcli.engine.prefix import reusable_prefix
 from chatcli.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
@@ -71,7 +72,7 @@ def turns(engine: Engine, count: int, user_tokens: int, reply_tokens: int, repea
     for turn in range(1, count + 1):
         messages.append({"role": "user", "content": filler(engine.tokenizer, user_tokens, f"Turn {turn}.")})
         target, _ = engine.fit_prompt(messages, GREEDY.with_(max_tokens=reply_tokens))
-        keep = min(common_prefix(session.cache.ids, target), len(target) - 1)
+        keep = reusable_prefix(session.cache.ids, target)
         ttfts = []
         for r in range(repeat):
             session.cache.crop(keep)

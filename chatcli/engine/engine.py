@@ -28,6 +28,7 @@ from typing import Iterator, Sequence
 import torch
 
 from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
+from chatcli.engine.prefix import common_prefix, reusable_prefix  # noqa: F401 - common_prefix re-exported
 from chatcli.engine.runner import KVCache, ModelRunner
 from chatcli.engine.sampling import SamplingParams, sample
 from chatcli.engine.stats import TurnStats
@@ -86,14 +87,6 @@ class Session:
         return self.generator
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 class Engine:
     def __init__(self, runner: ModelRunner, tokenizer: ChatTokenizer, name: str = "model") -> None:
         self.runner = runner
@@ -132,7 +125,7 @@ class Engine:
 
     def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None) -> torch.Tensor | None:
         """Crop the cache to the common prefix and feed the rest of `target`; None if cancelled."""
-        keep = min(common_prefix(cache.ids, target), len(target) - 1)
+        keep = reusable_prefix(cache.ids, target)
         cache.crop(keep)
         logits = None
         for start in range(keep, len(target), PREFILL_CHUNK):
@@ -158,7 +151,7 @@ class Engine:
         t_submit = time.perf_counter()
         cache = session.cache
         target, truncated = self.fit_prompt(messages, params)
-        cached = min(common_prefix(cache.ids, target), len(target) - 1)
+        cached = reusable_prefix(cache.ids, target)
         stats = TurnStats(
             prompt_tokens=len(target),
             cached_tokens=cached,

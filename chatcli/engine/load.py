@@ -120,7 +120,7 @@ def load(
         except LoadError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as one line below
-            reason = _one_line(exc) if explicit or not name == FALLBACK_HUB_ID else "not in the local Hugging Face cache"
+            reason = _one_line(exc) if explicit or name != FALLBACK_HUB_ID else "not in the local Hugging Face cache"
             failures.append(f"{name}: {reason}")
     if model or config_default:
         raise LoadError(f"could not load model {failures[0]}")

@@ -33,10 +33,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from chatcli.engine.prefix import reusable_prefix
+
 if TYPE_CHECKING:
     from chatcli.engine.engine import Session
 
-MIN_FORK_TOKENS = 32
+MIN_FORK_TOKENS = 32  # a shorter shared prefix is cheaper to prefill again than to copy
 
 
 def default_budget_bytes() -> int:
@@ -47,18 +49,7 @@ def default_budget_bytes() -> int:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return 1 << 30
-    return max(256 << 20, min(4 << 30, total // 8))  # a shorter shared prefix is cheaper to prefill again than to copy
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading ids `a` and `b` share (compared a block at a time, in C)."""
-    n = min(len(a), len(b))
-    i, step = 0, 256
-    while i + step <= n and a[i : i + step] == b[i : i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return max(256 << 20, min(4 << 30, total // 8))
 
 
 def fork_session(session: Session, keep: int) -> Session:
@@ -239,6 +230,5 @@ class SessionPool:
 
 
 def _usable(session: Session, ids: Sequence[int]) -> int:
-    """The prefix of `ids` the engine will reuse from this session: never all of them
-    (the last id is always fed, for its logits)."""
-    return min(common_prefix_len(session.cache.ids, ids), max(len(ids) - 1, 0))
+    """The prefix of `ids` the engine will reuse from this session."""
+    return reusable_prefix(session.cache.ids, ids)
