@@ -73,8 +73,26 @@ def test_logits_match_hf_over_random_prefills_decodes_and_crops(tiny_loaded):
         assert drive(ref, ours, vocab, seed, steps=60, limit=ref.context_limit, rel=1e-4) > 20
 
 
+def test_cache_is_reserved_up_front_and_counts_written_positions(tiny_loaded):
+    _, ours = runners(tiny_loaded)
+    cache = ours.new_cache()
+    with torch.inference_mode():
+        ours.forward(list(range(3, 9)), cache)
+        k = cache.k
+        assert cache.capacity == ours.context_limit
+        per_position = cache.nbytes // 6
+        assert cache.nbytes == 6 * per_position > 0
+        ours.forward([10, 11], cache)
+        cache.crop(4)  # the pages behind positions 4..7 stay written
+        assert cache.nbytes == 8 * per_position
+        ours.forward([12], cache)
+    assert cache.k is k  # never moved
+    assert cache.clone(3).nbytes == 3 * per_position
+
+
 def test_cache_grows_in_blocks_and_keeps_what_it_holds(tiny_loaded, monkeypatch):
     monkeypatch.setattr(lean, "CACHE_BLOCK", 8)
+    monkeypatch.setattr(lean, "RESERVE_BYTES", 1)  # too little to reserve up front: grow instead
     ref, ours = runners(tiny_loaded)
     cache = ours.new_cache()
     capacities = []
@@ -90,7 +108,7 @@ def test_cache_grows_in_blocks_and_keeps_what_it_holds(tiny_loaded, monkeypatch)
             capacities.append(cache.capacity)
     assert capacities[0] == 8 and capacities[-1] == 32
     assert capacities == sorted(capacities)
-    assert cache.nbytes == 2 * cache.k.numel() * cache.k.element_size()
+    assert cache.nbytes == 2 * cache.k[:, :, :26].numel() * cache.k.element_size()
 
 
 def test_crop_keeps_capacity_and_overwrites(tiny_loaded):

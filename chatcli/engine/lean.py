@@ -6,8 +6,8 @@ a SmolLM2-135M decode step. This runner does only what a Llama decoder needs, in
 style of gpt-fast:
 
 - a preallocated KV cache per conversation, `[L, KV, capacity, hd]`, written in place
-  at an explicit position. It grows in blocks of `CACHE_BLOCK` positions, and cropping
-  only moves the position;
+  at an explicit position; it is reserved for the whole context at once (the OS backs
+  only the pages written), and cropping only moves the position;
 - projection weights transposed once at load (`x @ W_t` beats `F.linear` on CPU) and
   fused: q/k/v into one matrix, gate/up into another;
 - the RMSNorm weights folded into the projections after them, and q/k rows
@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from chatcli.engine.runner import KVCache, ModelRunner
 
-CACHE_BLOCK = 512  # the KV cache grows in steps of this many positions (amortised, never per step)
+CACHE_BLOCK = 512  # past RESERVE_BYTES, the KV cache grows in steps of this many positions
+RESERVE_BYTES = 1 << 30  # address space a cache takes up front (only written pages use memory)
 LEAN_MODEL_TYPES = ("llama",)
 LEAN_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -85,12 +86,23 @@ class LeanLayer:
 
 
 class LeanCache(KVCache):
-    """Keys and values of every layer in two preallocated tensors; the position is `len(self.ids)`."""
+    """Keys and values of every layer in two preallocated tensors; the position is `len(self.ids)`.
+
+    The tensors are allocated for the whole context limit up front (up to `RESERVE_BYTES`
+    of address space). The operating system backs a page only when a forward first writes
+    it, so a conversation's resident memory follows its length, and the cache never moves:
+    first-touch page faults cost about 1 ms per MB on this kind of machine, and a
+    grow-and-copy paid that for the whole cache again at every block. Longer limits fall
+    back to growing in `CACHE_BLOCK` steps.
+    """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype, device) -> None:
         super().__init__()
         self._shape = (layers, kv_heads, head_dim)
         self.limit = limit
+        self.written = 0  # the most positions ever written: what the pages behind the cache hold
+        per_position = 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        self._upfront = min(limit, max(CACHE_BLOCK, RESERVE_BYTES // per_position))
         self.k = torch.empty(layers, kv_heads, 0, head_dim, dtype=dtype, device=device)  # [L, KV, cap, hd]
         self.v = torch.empty_like(self.k)  # [L, KV, cap, hd]
 
@@ -99,12 +111,15 @@ class LeanCache(KVCache):
         return self.k.shape[2]
 
     def reserve(self, n: int) -> None:
-        """Make room for `n` positions in all; grows in blocks and copies what is held."""
-        if n <= self.capacity:
-            return
-        cap = min(max(self.limit, n), -(-n // CACHE_BLOCK) * CACHE_BLOCK)
+        """Make room for `n` positions in all (copying what is held only past the up-front size)."""
+        if n > self.capacity:
+            grown = -(-n // CACHE_BLOCK) * CACHE_BLOCK if n > self._upfront else self._upfront
+            self._resize(min(max(self.limit, n), grown))
+        self.written = max(self.written, n)
+
+    def _resize(self, cap: int) -> None:
         layers, kv_heads, head_dim = self._shape
-        held = len(self.ids)
+        held = min(len(self.ids), cap)
         for name in ("k", "v"):
             old = getattr(self, name)
             new = torch.empty(layers, kv_heads, cap, head_dim, dtype=old.dtype, device=old.device)
@@ -115,7 +130,7 @@ class LeanCache(KVCache):
         pass  # positions past `keep` are simply overwritten by the next forward
 
     def clone(self, keep: int) -> LeanCache:
-        """A copy of the first `keep` positions, allocated for just those (the pool's forks)."""
+        """A copy of the first `keep` positions (the pool's forks)."""
         keep = max(0, min(keep, len(self.ids)))
         layers, kv_heads, head_dim = self._shape
         other = LeanCache(layers, kv_heads, head_dim, self.limit, self.k.dtype, self.k.device)
@@ -144,7 +159,9 @@ class LeanCache(KVCache):
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        """Bytes of the positions written so far (allocated but never written pages take no memory)."""
+        layers, kv_heads, head_dim = self._shape
+        return 2 * layers * kv_heads * min(self.written, self.capacity) * head_dim * self.k.element_size()
 
 
 class LeanRunner(ModelRunner):
