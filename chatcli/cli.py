@@ -42,6 +42,7 @@ DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="'auto
 RemoteCodeOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code.")]
 RunnerOpt = Annotated[str, typer.Option(help="auto | hf | lean: the forward pass (auto: lean for Llama models).")]
 QuantizeOpt = Annotated[Optional[str], typer.Option(help="int8: dynamic int8 weights and activations (CPU).")]
+KvDtypeOpt = Annotated[str, typer.Option(help="KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16")]
 
 
 def start_options(
@@ -53,6 +54,7 @@ def start_options(
     trust_remote_code=False,
     runner="auto",
     quantize=None,
+    kv_dtype="auto",
     system=None,
     theme=None,
     **sampling,
@@ -77,6 +79,7 @@ def start_options(
             trust_remote_code=trust_remote_code,
             runner=runner,
             quantize=quantize,
+            kv_dtype=kv_dtype,
         ),
         params=params,
         system=system if system is not None else config.system,
@@ -97,6 +100,7 @@ def chat(
     trust_remote_code: RemoteCodeOpt = False,
     runner: RunnerOpt = "auto",
     quantize: QuantizeOpt = None,
+    kv_dtype: KvDtypeOpt = "auto",
     temperature: Annotated[Optional[float], typer.Option(help="0 is greedy.")] = None,
     top_k: Annotated[Optional[int], typer.Option(help="0 disables.")] = None,
     top_p: Annotated[Optional[float], typer.Option(help="In (0, 1]; 1 disables.")] = None,
@@ -125,6 +129,7 @@ def chat(
         trust_remote_code=trust_remote_code,
         runner=runner,
         quantize=quantize,
+        kv_dtype=kv_dtype,
         system=system,
         theme=theme,
         temperature=temperature,

@@ -23,10 +23,11 @@ def tiny_loaded(tiny_model_dir):
 
 @pytest.fixture(params=["hf", "lean"])
 def tiny_engine(request, tiny_loaded):
-    """The tiny model behind each runner: the transformers reference and the lean Llama path."""
+    """The tiny model behind each runner: the transformers reference and the lean Llama path
+    (with an fp32 cache, so both compute the same numbers; test_lean covers the bf16 cache)."""
     from chatcli.engine.load import build_engine
 
-    return build_engine(tiny_loaded, runner=request.param)
+    return build_engine(tiny_loaded, runner=request.param, kv_dtype="float32")
 
 
 @pytest.fixture(scope="session")

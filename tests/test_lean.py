@@ -196,6 +196,30 @@ def test_int8_dense_is_close_to_fp32():
     assert float((approx - exact).norm() / exact.norm()) < 0.03
 
 
+def test_bf16_cache_tracks_fp32_over_crops(tiny_loaded):
+    limit = context_limit(tiny_loaded.model.config, tiny_loaded.tokenizer)
+    exact = LeanRunner(tiny_loaded.model, limit, kv_dtype=torch.float32)
+    bf16 = LeanRunner(tiny_loaded.model, limit, kv_dtype=torch.bfloat16)
+    assert bf16.new_cache().k.dtype == torch.bfloat16
+    compared = drive(exact, bf16, tiny_loaded.model.config.vocab_size, seed=3, steps=40, limit=limit, rel=2e-2)
+    assert compared > 10
+
+
+def test_kv_dtype_auto_follows_the_cpu(tiny_loaded, monkeypatch):
+    import chatcli.engine.cpu as cpu
+
+    limit = context_limit(tiny_loaded.model.config, tiny_loaded.tokenizer)
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(cpu, "has_native_bf16", lambda native=native: native)
+        assert make_runner(tiny_loaded.model, limit, "lean").kv_dtype == want
+        assert make_runner(tiny_loaded.model, limit, "lean", kv_dtype="float32").kv_dtype == torch.float32
+    assert isinstance(make_runner(tiny_loaded.model, limit, "hf"), HFRunner)  # auto: the HF cache as it is
+    with pytest.raises(LoadError, match="--kv-dtype bfloat16: the HF runner"):
+        make_runner(tiny_loaded.model, limit, "hf", kv_dtype="bfloat16")
+    with pytest.raises(LoadError, match="--kv-dtype must be"):
+        make_runner(tiny_loaded.model, limit, "lean", kv_dtype="int4")
+
+
 def test_int8_lean_runner_tracks_fp32(tiny_loaded):
     limit = context_limit(tiny_loaded.model.config, tiny_loaded.tokenizer)
     fp32 = LeanRunner(tiny_loaded.model, limit)
@@ -231,9 +255,26 @@ def test_quantize_choices_are_checked():
 def test_real_model_matches_hf(real_engine):
     model = real_engine.runner.model
     ref = HFRunner(model, real_engine.context_limit)
-    ours = real_engine.runner
-    assert isinstance(ours, LeanRunner)
+    assert isinstance(real_engine.runner, LeanRunner)
+    ours = LeanRunner(model, real_engine.context_limit, kv_dtype=torch.float32)  # exact: the cache in fp32
     assert drive(ref, ours, model.config.vocab_size, seed=7, steps=14, limit=512, rel=1e-3) >= 8
+
+
+@pytest.mark.real_model
+def test_real_model_bf16_cache_tracks_fp32(real_engine):
+    model = real_engine.runner.model
+    exact = LeanRunner(model, real_engine.context_limit, kv_dtype=torch.float32)
+    bf16 = LeanRunner(model, real_engine.context_limit, kv_dtype=torch.bfloat16)
+    ids = real_engine.tokenizer.encode("The history of the city begins with a small settlement on the river, which")
+    with torch.inference_mode():
+        caches = exact.new_cache(), bf16.new_cache()
+        a, b = exact.forward(ids, caches[0]), bf16.forward(ids, caches[1])
+        for _ in range(12):  # greedy decode from both: the same tokens, logits within bf16 rounding
+            assert int(a.argmax()) == int(b.argmax())
+            assert float((a - b).abs().max()) < 0.05 * float(a.abs().max())
+            token = int(a.argmax())
+            a, b = exact.forward([token], caches[0]), bf16.forward([token], caches[1])
+    assert caches[1].k.dtype == torch.bfloat16 and caches[1].nbytes * 2 == caches[0].nbytes
 
 
 @pytest.mark.real_model

@@ -20,7 +20,7 @@ def turn(engine, session, messages):
 def any_engine(request, tiny_loaded):
     from chatcli.engine.load import build_engine
 
-    return build_engine(tiny_loaded, runner=request.param)
+    return build_engine(tiny_loaded, runner=request.param, kv_dtype="float32")
 
 
 def test_saved_cache_continues_exactly(any_engine, tmp_path):
@@ -72,6 +72,21 @@ def test_file_from_the_other_runner_is_ignored(tiny_loaded, tmp_path):
     path = tmp_path / "c.safetensors"
     save_cache(session.cache, path, fingerprint(hf.runner, "tiny"))
     assert load_cache(lean.runner, path, fingerprint(lean.runner, "tiny")) is None
+
+
+def test_file_from_another_cache_dtype_or_quantization_is_ignored(tiny_loaded, tmp_path):
+    from chatcli.engine.load import build_engine
+
+    fp32 = build_engine(tiny_loaded, runner="lean", kv_dtype="float32")
+    session = fp32.new_session()
+    turn(fp32, session, [{"role": "user", "content": "Hi"}])
+    path = tmp_path / "c.safetensors"
+    assert save_cache(session.cache, path, fingerprint(fp32.runner, "tiny"))
+    for other in (build_engine(tiny_loaded, runner="lean", kv_dtype="bfloat16"),
+                  build_engine(tiny_loaded, runner="lean", quantize="int8", kv_dtype="float32")):
+        assert fingerprint(other.runner, "tiny") != fingerprint(fp32.runner, "tiny")
+        assert load_cache(other.runner, path, fingerprint(other.runner, "tiny")) is None
+    assert load_cache(fp32.runner, path, fingerprint(fp32.runner, "tiny")) is not None
 
 
 def test_too_large_is_not_written(tiny_engine, tmp_path):

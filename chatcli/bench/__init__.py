@@ -27,6 +27,7 @@ def bench_command(
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16")] = "auto",
     runner: Annotated[str, typer.Option(help="auto | hf | lean: which forward the engine uses")] = "auto",
     quantize: Annotated[Optional[str], typer.Option(help="int8 (CPU): dynamic int8 weights and activations")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto | float32 | bfloat16 | float16")] = "auto",
     turns: Annotated[int, typer.Option(help="user turns in the multi-turn run (0 skips it)")] = 10,
     max_tokens: Annotated[int, typer.Option(help="tokens to decode in the decode run")] = 128,
     prefill_tokens: Annotated[int, typer.Option(help="prompt length of the prefill run")] = 1000,
@@ -54,7 +55,7 @@ def bench_command(
     progress = (lambda _msg: None) if json_output else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     try:
         result = run_bench(
-            model=model, device=device, dtype=dtype, runner=runner, quantize=quantize, turns=turns,
+            model=model, device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype, turns=turns,
             max_tokens=max_tokens, prefill_tokens=prefill_tokens, turn_tokens=turn_tokens, reply_tokens=reply_tokens,
             baseline=baseline, ceiling=ceiling, quality=quality, startup=startup, llama_cpp=llama_cpp,
             threads=threads, repeat=repeat, progress=progress,
@@ -75,7 +76,7 @@ class BenchError(RuntimeError):
 
 
 def run_bench(
-    model=None, device="auto", dtype="auto", runner="auto", quantize=None, turns=10, max_tokens=128,
+    model=None, device="auto", dtype="auto", runner="auto", quantize=None, kv_dtype="auto", turns=10, max_tokens=128,
     prefill_tokens=1000, turn_tokens=160, reply_tokens=32, baseline=True, ceiling=True, quality=None,
     startup=True, llama_cpp=True, threads=None, repeat=1, progress=lambda _msg: None,
 ) -> dict:
@@ -91,8 +92,9 @@ def run_bench(
         torch.set_num_threads(threads)
     try:
         progress("loading the model")
-        loaded = load(model, LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize), status=progress)
-        engine = build_engine(loaded, runner=runner, quantize=quantize)
+        loaded = load(model, LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize,
+                                                  kv_dtype=kv_dtype), status=progress)
+        engine = build_engine(loaded)
     except LoadError as exc:
         raise BenchError(str(exc)) from None
     runner_name = "lean" if type(engine.runner).__name__ == "LeanRunner" else "hf"
@@ -102,6 +104,7 @@ def run_bench(
         "dtype": loaded.dtype,
         "runner": runner_name,
         "quantize": quantize,
+        "kv_dtype": str(getattr(engine.runner, "kv_dtype", loaded.model.dtype)).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "repeat": repeat,
         "context_limit": engine.context_limit,
@@ -154,9 +157,10 @@ def run_bench(
             pre["prefill_tok_s"] / result["sgemm"]["ceiling_projections_tok_s"]
         )
     result["quality"] = None
-    if quality or (quality is None and quantize):
-        progress("quality against the fp32 reference")
-        reference = Engine(make_runner(loaded.model, engine.context_limit, runner_name, None), engine.tokenizer)
+    if quality or (quality is None and (quantize or result["kv_dtype"] != loaded.dtype)):
+        progress("quality against the unquantized reference with a cache in the model's dtype")
+        reference = Engine(make_runner(loaded.model, engine.context_limit, runner_name, None, loaded.dtype),
+                           engine.tokenizer)
         result["quality"] = measure.quality(engine, reference, 32)
         del reference
     result["llama_cpp"] = None
@@ -172,5 +176,5 @@ def run_bench(
     result["startup"] = None
     if startup:
         progress("one-shot start-up in a child process")
-        result["startup"] = ref.startup(model, device, dtype, runner, quantize)
+        result["startup"] = ref.startup(model, device, dtype, runner, quantize, kv_dtype)
     return result

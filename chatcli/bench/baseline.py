@@ -145,7 +145,8 @@ from chatcli.engine.engine import Token
 from chatcli.engine.sampling import SamplingParams
 a = json.loads(sys.argv[1])
 t3 = time.perf_counter()
-loaded = load(a["model"], LoadOptions(device=a["device"], dtype=a["dtype"], runner=a["runner"], quantize=a["quantize"]))
+loaded = load(a["model"], LoadOptions(device=a["device"], dtype=a["dtype"], runner=a["runner"], quantize=a["quantize"],
+                                       kv_dtype=a["kv_dtype"]))
 t4 = time.perf_counter()
 engine = build_engine(loaded)
 t5 = time.perf_counter()
@@ -159,9 +160,11 @@ print(json.dumps({"import_torch_s": t1 - t0, "import_transformers_s": t2 - t1, "
 """
 
 
-def startup(model: str | None, device: str, dtype: str, runner: str, quantize: str | None, timeout: float = 300) -> dict:
+def startup(model: str | None, device: str, dtype: str, runner: str, quantize: str | None, kv_dtype: str = "auto",
+            timeout: float = 300) -> dict:
     """A child process that imports, loads (warm conversion cache), prints the first token and exits."""
-    args = json.dumps({"model": model, "device": device, "dtype": dtype, "runner": runner, "quantize": quantize})
+    args = json.dumps({"model": model, "device": device, "dtype": dtype, "runner": runner, "quantize": quantize,
+                       "kv_dtype": kv_dtype})
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _STARTUP, args], capture_output=True, text=True, timeout=timeout)
     total = time.perf_counter() - t0

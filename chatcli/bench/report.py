@@ -7,6 +7,11 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
 
+def _kv_label(result: dict) -> str | None:
+    kv = result.get("kv_dtype")
+    return f"{kv} KV cache" if kv and kv != result["dtype"] else None
+
+
 def render(result: dict, console) -> None:
     from rich.table import Table
 
@@ -14,6 +19,8 @@ def render(result: dict, console) -> None:
     title = f"{result['model']} · {result['device']} · {result['dtype']} · runner {result['runner']}"
     if result.get("quantize"):
         title += f" · {result['quantize']}"
+    if _kv_label(result):
+        title += f" · {_kv_label(result)}"
     main = Table(title=title)
     for col in ("metric", "chatcli", "transformers generate()", "ratio"):
         main.add_column(col, justify="right" if col != "metric" else "left")
@@ -48,7 +55,8 @@ def render(result: dict, console) -> None:
 
     quality = result.get("quality")
     if quality:
-        q = Table(title=f"quality: {result.get('quantize') or result['runner']} vs fp32 reference (greedy)")
+        what = " + ".join(filter(None, [result.get("quantize"), _kv_label(result)])) or result["runner"]
+        q = Table(title=f"quality: {what} vs the {result['dtype']} reference (greedy)")
         q.add_column("prompt")
         q.add_column("reference")
         q.add_column("answer")
@@ -58,7 +66,7 @@ def render(result: dict, console) -> None:
         console.print(q)
         console.print(
             f"perplexity on the fixed text ({quality['perplexity_tokens']} tokens): "
-            f"{quality['perplexity']:.3f} vs fp32 {quality['perplexity_reference']:.3f} "
+            f"{quality['perplexity']:.3f} vs {result['dtype']} {quality['perplexity_reference']:.3f} "
             f"({(quality['perplexity_ratio'] - 1) * 100:+.2f} %)"
         )
 

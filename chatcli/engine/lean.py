@@ -167,7 +167,8 @@ class LeanCache(KVCache):
 class LeanRunner(ModelRunner):
     """A `ModelRunner` over a transformers Llama's weights, without transformers' forward."""
 
-    def __init__(self, model, context_limit: int, linear=Dense, quantize_head: bool = True, keep_dense=()) -> None:
+    def __init__(self, model, context_limit: int, linear=Dense, quantize_head: bool = True, keep_dense=(),
+                 kv_dtype: torch.dtype | None = None) -> None:
         reason = lean_support(model)
         if reason:
             raise ValueError(f"the lean runner cannot run this model: {reason}")
@@ -176,6 +177,7 @@ class LeanRunner(ModelRunner):
         self.context_limit = context_limit
         self.device = model.device
         self.dtype = model.dtype
+        self.kv_dtype = kv_dtype or model.dtype  # the cache's dtype; attention runs in it
         self.quantized = linear is not Dense
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
@@ -218,7 +220,7 @@ class LeanRunner(ModelRunner):
         return table[:, None, :].to(self.device)  # [T, 1, hd/2]
 
     def new_cache(self) -> LeanCache:
-        return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.context_limit, self.dtype, self.device)
+        return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.context_limit, self.kv_dtype, self.device)
 
     @property
     def weight_bytes(self) -> int:
@@ -267,13 +269,13 @@ class LeanRunner(ModelRunner):
         v = qkv[:, (heads + kv_heads) * hd :].view(length, kv_heads, hd)  # [S, KV, hd]
         cache.k[i, :, start:end] = qk[:, heads:].transpose(0, 1)
         cache.v[i, :, start:end] = v.transpose(0, 1)
-        q = qk[:, :heads].transpose(0, 1)  # [H, S, hd]
+        q = qk[:, :heads].transpose(0, 1).to(self.kv_dtype)  # [H, S, hd]
         keys = cache.k[i, :, :end]  # [KV, T, hd], a view
         values = cache.v[i, :, :end]  # [KV, T, hd]
         out = F.scaled_dot_product_attention(
             q[None], keys[None], values[None], attn_mask=mask, is_causal=causal, enable_gqa=heads != kv_heads,
         )  # [1, H, S, hd]
-        return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd))  # [S, D]
+        return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd).to(self.dtype))  # [S, D]
 
 
 def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = ()) -> torch.Tensor:

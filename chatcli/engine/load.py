@@ -37,6 +37,7 @@ class LoadOptions:
     trust_remote_code: bool = False
     runner: str = "auto"  # auto | hf | lean: which ModelRunner drives the forward (auto: lean for Llama)
     quantize: str | None = None  # None | "int8" (CPU): see chatcli.engine.quantize
+    kv_dtype: str = "auto"  # auto | float32 | bfloat16 | float16: the lean runner's KV cache (see pick_kv_dtype)
 
 
 @dataclass
@@ -83,12 +84,33 @@ def pick_device(device: str) -> str:
 def pick_dtype(dtype: str, device: str):
     import torch
 
-    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype == "auto":
         return torch.float32 if device == "cpu" else torch.bfloat16
-    if dtype not in names:
-        raise LoadError(f"--dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-    return names[dtype]
+    return _dtype_named(dtype, "--dtype")
+
+
+def _dtype_named(name: str, flag: str):
+    import torch
+
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in names:
+        raise LoadError(f"{flag} must be auto, float32, bfloat16 or float16, got {name!r}")
+    return names[name]
+
+
+def pick_kv_dtype(kv_dtype: str, model):
+    """The KV cache's dtype. auto: bf16 for an fp32 model on a CPU with bf16 matmuls in hardware
+    (attention over a long history runs ~2× faster and the cache takes half the memory, as
+    llama.cpp's f16 cache does), else the model's own dtype."""
+    from chatcli.engine.cpu import has_native_bf16
+
+    if kv_dtype != "auto":
+        return _dtype_named(kv_dtype, "--kv-dtype")
+    import torch
+
+    if model.device.type == "cpu" and model.dtype == torch.float32 and has_native_bf16():
+        return torch.bfloat16
+    return model.dtype
 
 
 def candidates(model: str | None, config_default: str | None) -> list[tuple[str, bool]]:
@@ -159,16 +181,18 @@ def _load_one(name: str, explicit: bool, options: LoadOptions, device: str, dtyp
         model.to(device)
     model.eval()
     dtype_name = str(dtype).removeprefix("torch.")
-    extra = {"runner": options.runner, "quantize": options.quantize}
+    extra = {"runner": options.runner, "quantize": options.quantize, "kv_dtype": options.kv_dtype}
     where = str(path) if local_only else name
     return LoadedModel(model, tokenizer, display, where, str(model.device.type), dtype_name, extra)
 
 
-def build_engine(loaded: LoadedModel, runner: str | None = None, quantize: str | None = None):
+def build_engine(loaded: LoadedModel, runner: str | None = None, quantize: str | None = None,
+                 kv_dtype: str | None = None):
     """Wrap a loaded model in the engine.
 
     `runner`: "auto" (the lean runner for Llama-family models, else HF), "hf" or "lean";
-    `quantize`: None or "int8". Either defaults to what `LoadOptions` asked for at load.
+    `quantize`: None or "int8"; `kv_dtype`: see `pick_kv_dtype`. Each defaults to what
+    `LoadOptions` asked for at load.
     """
     from chatcli.engine.engine import Engine
     from chatcli.engine.tokenize import ChatTokenizer
@@ -176,12 +200,13 @@ def build_engine(loaded: LoadedModel, runner: str | None = None, quantize: str |
     model = loaded.model
     runner = runner or loaded.extra.get("runner") or "auto"
     quantize = quantize or loaded.extra.get("quantize")
+    kv_dtype = kv_dtype or loaded.extra.get("kv_dtype") or "auto"
     limit = context_limit(model.config, loaded.tokenizer)
     chat_tokenizer = ChatTokenizer(loaded.tokenizer, model.config, getattr(model, "generation_config", None))
-    return Engine(make_runner(model, limit, runner, quantize), chat_tokenizer, loaded.name)
+    return Engine(make_runner(model, limit, runner, quantize, kv_dtype), chat_tokenizer, loaded.name)
 
 
-def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = None):
+def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = None, kv_dtype: str = "auto"):
     """The `ModelRunner` for `model`; a LoadError (one line) for a choice that cannot work."""
     from chatcli.engine.lean import LeanRunner, lean_support
     from chatcli.engine.quantize import QuantizeError, check_quantize
@@ -196,7 +221,11 @@ def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = 
     reason = lean_support(model)
     if runner == "lean" and reason:
         raise LoadError(f"--runner lean: {reason} (use --runner hf)")
+    kv = pick_kv_dtype(kv_dtype, model)
     if runner == "hf" or reason:
+        if kv != model.dtype and kv_dtype != "auto":
+            raise LoadError(f"--kv-dtype {kv_dtype}: the HF runner keeps its cache in the model's dtype "
+                            f"({str(model.dtype).removeprefix('torch.')}); use --runner lean or --dtype")
         if quantize == "int8":
             from chatcli.engine.quantize import quantize_hf_model
 
@@ -207,8 +236,8 @@ def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = 
 
         # down_proj's inputs (silu(gate) * up) have outlier channels that per-tensor int8
         # activations lose: it stays fp32 (greedy answers otherwise change; see the bench).
-        return LeanRunner(model, limit, linear=Int8Dense, keep_dense=("down",))
-    return LeanRunner(model, limit)
+        return LeanRunner(model, limit, linear=Int8Dense, keep_dense=("down",), kv_dtype=kv)
+    return LeanRunner(model, limit, kv_dtype=kv)
 
 
 def context_limit(config, tokenizer) -> int:

@@ -23,7 +23,10 @@ FOLDER_BUDGET = 2 << 30
 
 
 def fingerprint(runner: ModelRunner, model_name: str) -> str:
-    return f"{model_name}|{type(runner).__name__}|{runner.dtype}|{runner.context_limit}"
+    """What a saved cache must match: the same model, forward, weights' and cache's dtypes."""
+    kv = getattr(runner, "kv_dtype", runner.dtype)
+    weights = "int8" if getattr(runner, "quantized", False) else runner.dtype
+    return f"{model_name}|{type(runner).__name__}|{weights}|kv {kv}|{runner.context_limit}"
 
 
 def save_cache(cache: KVCache, path: Path, fp: str, max_bytes: int = MAX_FILE_BYTES) -> bool:

@@ -49,12 +49,9 @@ def pick_engine() -> str:
 def needs_reduce_range() -> bool:
     """7-bit activations unless the CPU has VNNI: AVX2/AVX-512 without it multiply u8×s8 into a
     saturating int16 (fbgemm's reason to default to reduce_range); VNNI accumulates in int32."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return True
-    return not ({"avx512_vnni", "avx_vnni"} & set(flags))
+    from chatcli.engine.cpu import has_vnni
+
+    return not has_vnni()
 
 
 REDUCE_RANGE = needs_reduce_range()  # 7-bit activations cost about 6 % perplexity on SmolLM2-135M

@@ -56,6 +56,7 @@ def serve_command(
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
     runner: Annotated[str, typer.Option(help="auto, hf or lean: the forward pass.")] = "auto",
     quantize: Annotated[Optional[str], typer.Option(help="int8: dynamic int8 weights and activations (CPU).")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto, float32, bfloat16 or float16.")] = "auto",
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted (413 past it).")] = MIB,
     cache_budget: Annotated[
         int, typer.Option(min=0, help="MiB of KV cache kept across requests for prefix reuse (0 keeps none).")
@@ -75,7 +76,8 @@ def serve_command(
         typer.echo(warning, err=True)
     try:
         config = load_config()
-        start = StartOptions(model=model, load=LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize), params=config.params(),
+        start = StartOptions(model=model, load=LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize,
+                                                                 kv_dtype=kv_dtype), params=config.params(),
                              config=config)
         engine = start.load_engine(status=lambda msg: typer.echo(msg, err=True))
     except (ConfigError, LoadError) as exc:

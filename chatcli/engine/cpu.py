@@ -1,0 +1,25 @@
+"""What this CPU can do, read once from /proc/cpuinfo (empty where that file is missing)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def has_native_bf16() -> bool:
+    """bf16 matmuls in hardware (AMX or AVX-512 BF16): attention over a bf16 cache beats fp32."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+
+
+def has_vnni() -> bool:
+    """int8 dot products that accumulate in int32 (AVX-512 VNNI or AVX-VNNI)."""
+    return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
