@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from chatcli.engine.quantize import calibration_ids
 from chatcli.engine.load import LoadOptions, context_limit, load, make_runner
 
 
@@ -45,7 +46,8 @@ def main() -> None:
     loaded = load(args.model, LoadOptions(device="cpu"))
     limit = context_limit(loaded.model.config, loaded.tokenizer)
     names = args.runners.split(",")
-    runners = {n: make_runner(loaded.model, limit, n.partition("-")[0], n.partition("-")[2] or None) for n in names}
+    runners = {n: make_runner(loaded.model, limit, n.partition("-")[0], n.partition("-")[2] or None,
+                               calibration_ids=calibration_ids(loaded.tokenizer)) for n in names}
     times: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(args.rounds):  # interleaved rounds: a shared machine's load hits every runner alike
         for name in names:

@@ -12,6 +12,7 @@ import torch
 
 from chatcli.bench.baseline import sgemm_ceiling
 from chatcli.engine.engine import PREFILL_CHUNK
+from chatcli.engine.quantize import calibration_ids
 from chatcli.engine.load import LoadOptions, context_limit, load, make_runner
 
 
@@ -40,7 +41,7 @@ def main() -> None:
     print(f"sgemm ceiling {ceiling['ceiling_prefill_tok_s']:.0f} tok/s ({ceiling['sgemm_gflop_s']:.0f} GFLOP/s)")
     for name in args.runners.split(","):
         kind, _, quant = name.partition("-")
-        runner = make_runner(loaded.model, limit, kind, quant or None)
+        runner = make_runner(loaded.model, limit, kind, quant or None, calibration_ids=calibration_ids(loaded.tokenizer))
         prefill_s(runner, ids[:64])  # warm-up
         best = min(prefill_s(runner, ids) for _ in range(2))
         rate = args.tokens / best

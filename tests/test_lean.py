@@ -17,7 +17,14 @@ from chatcli.engine import lean
 from chatcli.engine.engine import Engine, Finished
 from chatcli.engine.lean import LeanCache, LeanRunner, lean_support
 from chatcli.engine.load import LoadError, build_engine, context_limit, make_runner
-from chatcli.engine.quantize import Int8Dense, QuantizeError, check_quantize, quantize_hf_model
+from chatcli.engine.quantize import (
+    Int8Dense,
+    QuantizeError,
+    calibration_ids,
+    check_quantize,
+    down_smoothing,
+    quantize_hf_model,
+)
 from chatcli.engine.runner import HFRunner
 from chatcli.engine.sampling import SamplingParams
 
@@ -223,15 +230,53 @@ def test_kv_dtype_auto_follows_the_cpu(tiny_loaded, monkeypatch):
 def test_int8_lean_runner_tracks_fp32(tiny_loaded):
     limit = context_limit(tiny_loaded.model.config, tiny_loaded.tokenizer)
     fp32 = LeanRunner(tiny_loaded.model, limit)
-    int8 = make_runner(tiny_loaded.model, limit, "lean", "int8")
+    with pytest.raises(ValueError, match="calibration"):
+        make_runner(tiny_loaded.model, limit, "lean", "int8")
+    int8 = make_runner(tiny_loaded.model, limit, "lean", "int8", calibration_ids=calibration_ids(tiny_loaded.tokenizer))
     assert int8.quantized and not fp32.quantized
-    assert int8.weight_bytes < fp32.weight_bytes / 2
-    assert isinstance(int8.layers[0].qkv, Int8Dense) and not isinstance(int8.layers[0].down, Int8Dense)
+    assert int8.weight_bytes < fp32.weight_bytes / 2  # what a decode step reads
+    layer = int8.layers[0]
+    assert all(isinstance(p.decode, Int8Dense) and p.w_t is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
+    assert isinstance(int8.head.decode, Int8Dense) and int8.head.w_t is None  # the head only ever sees one row
     ids = list(range(3, 40))
     with torch.inference_mode():
-        a, b = fp32.forward(ids, fp32.new_cache()), int8.forward(ids, int8.new_cache())
-    assert float((a - b).norm() / a.norm()) < 0.1
-    assert int(a.argmax()) == int(b.argmax())
+        caches = fp32.new_cache(), int8.new_cache()
+        a, b = fp32.forward(ids, caches[0]), int8.forward(ids, caches[1])
+        assert float((a - b).norm() / a.norm()) < 0.1
+        assert int(a.argmax()) == int(b.argmax())
+        for token in (5, 9, 11):  # decode steps: the int8 projections
+            a, b = fp32.forward([token], caches[0]), int8.forward([token], caches[1])
+            assert float((a - b).norm() / a.norm()) < 0.1
+
+
+def test_int8_prefill_runs_on_dense_weights(tiny_loaded, monkeypatch):
+    limit = context_limit(tiny_loaded.model.config, tiny_loaded.tokenizer)
+    int8 = make_runner(tiny_loaded.model, limit, "lean", "int8", calibration_ids=calibration_ids(tiny_loaded.tokenizer))
+    calls = []
+    monkeypatch.setattr(Int8Dense, "__call__", lambda self, x: calls.append(x.shape[0]) or torch.ops.quantized.linear_dynamic(
+        x, self.packed, False))
+    with torch.inference_mode():
+        cache = int8.new_cache()
+        int8.forward(list(range(3, 20)), cache)
+        assert calls == [1]  # only the head, on the last position
+        calls.clear()
+        int8.forward([7], cache)
+    assert calls == [1] * (4 * len(int8.layers) + 1)
+
+
+def test_smoothing_scales_leave_the_function_unchanged(tiny_loaded):
+    model = tiny_loaded.model
+    limit = context_limit(model.config, tiny_loaded.tokenizer)
+    plain = LeanRunner(model, limit, kv_dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    scales = [torch.rand(model.config.intermediate_size, generator=gen) * 4 + 0.25 for _ in model.model.layers]
+    smoothed = LeanRunner(model, limit, kv_dtype=torch.float32, smooth=scales)
+    measured = down_smoothing(model, calibration_ids(tiny_loaded.tokenizer))
+    assert len(measured) == len(scales) and all(bool((s > 0).all()) for s in measured)
+    ids = list(range(3, 30))
+    with torch.inference_mode():
+        a, b = plain.forward(ids, plain.new_cache()), smoothed.forward(ids, smoothed.new_cache())
+    assert close(b, a, 1e-4)
 
 
 def test_int8_hf_runner_quantizes_a_copy(tiny_loaded):

@@ -63,26 +63,40 @@ def lean_support(model) -> str | None:
     return None
 
 
-class Dense:
-    """A projection with its weight stored transposed: `x [S, in] @ w_t [in, out]`."""
+class Projection:
+    """A projection with its weight stored transposed: `x [S, in] @ w_t [in, out]`.
 
-    def __init__(self, w_t: torch.Tensor) -> None:  # [in, out], contiguous (see `fused_transposed`)
+    `w_t` may be kept in another dtype than the activations (bf16 prefill weights for an
+    int8 model on a CPU with bf16 matmuls): inputs are cast to it and back. With `decode`,
+    single-row inputs (decode steps) go to that projection instead (int8 weights: a
+    quarter of the bytes, and a decode step is bound by the bytes it reads).
+    """
+
+    def __init__(self, w_t: torch.Tensor | None, decode=None) -> None:  # w_t: [in, out], contiguous
         self.w_t = w_t
+        self.decode = decode
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.decode is not None and (x.shape[0] == 1 or self.w_t is None):
+            return self.decode(x)
+        if x.dtype != self.w_t.dtype:
+            return (x.to(self.w_t.dtype) @ self.w_t).to(x.dtype)
         return x @ self.w_t
 
     @property
-    def nbytes(self) -> int:
+    def decode_nbytes(self) -> int:
+        """The bytes one decode step reads."""
+        if self.decode is not None:
+            return self.decode.nbytes
         return self.w_t.numel() * self.w_t.element_size()
 
 
 @dataclass
 class LeanLayer:
-    qkv: object  # [S, D] -> [S, (H + 2 KV) hd]; input norm folded in, q/k rows interleaved for rope
-    out: object  # [S, H hd] -> [S, D]
-    gate_up: object  # [S, D] -> [S, 2 F]; post-attention norm folded in
-    down: object  # [S, F] -> [S, D]
+    qkv: Projection  # [S, D] -> [S, (H + 2 KV) hd]; input norm folded in, q/k rows interleaved for rope
+    out: Projection  # [S, H hd] -> [S, D]
+    gate_up: Projection  # [S, D] -> [S, 2 F]; post-attention norm folded in
+    down: Projection  # [S, F] -> [S, D]
 
 
 class LeanCache(KVCache):
@@ -167,8 +181,12 @@ class LeanCache(KVCache):
 class LeanRunner(ModelRunner):
     """A `ModelRunner` over a transformers Llama's weights, without transformers' forward."""
 
-    def __init__(self, model, context_limit: int, linear=Dense, quantize_head: bool = True, keep_dense=(),
-                 kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model, context_limit: int, kv_dtype: torch.dtype | None = None, decode_linear=None,
+                 prefill_dtype: torch.dtype | None = None, smooth: list[torch.Tensor] | None = None) -> None:
+        """`kv_dtype`: the cache's dtype (default the model's). `decode_linear`: a factory
+        `weight [out, in] -> projection` for decode steps (`Int8Dense`); prefill keeps dense
+        weights in `prefill_dtype` (default the model's). `smooth`: per-layer SmoothQuant
+        scales for the down projection (see `quantize.down_smoothing`)."""
         reason = lean_support(model)
         if reason:
             raise ValueError(f"the lean runner cannot run this model: {reason}")
@@ -178,7 +196,8 @@ class LeanRunner(ModelRunner):
         self.device = model.device
         self.dtype = model.dtype
         self.kv_dtype = kv_dtype or model.dtype  # the cache's dtype; attention runs in it
-        self.quantized = linear is not Dense
+        self.quantized = decode_linear is not None
+        self.prefill_dtype = prefill_dtype or model.dtype
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.hidden = config.hidden_size
@@ -188,27 +207,32 @@ class LeanRunner(ModelRunner):
 
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # [V, D]
-        self._keep_dense = set(keep_dense)  # projections ("qkv", "out", "gate_up", "down") left unquantized
-        self.layers = [self._layer(block, linear) for block in inner.layers]
+        smooth = smooth or [None] * len(inner.layers)
+        self.layers = [self._layer(block, decode_linear, s) for block, s in zip(inner.layers, smooth)]
         head_t = fused_transposed([model.get_output_embeddings().weight], inner.norm.weight)  # [D, V], norm folded
-        self.head = Dense(head_t) if linear is Dense or not quantize_head else linear(head_t.t())  # [1, D] -> [1, V]
+        # [1, D] -> [1, V]: only ever the last position, so a quantized model keeps no dense head
+        self.head = Projection(None, decode_linear(head_t.t())) if decode_linear else Projection(head_t)
         self.rope = self._rope_table(inner.rotary_emb, context_limit)  # [T, 1, hd/2] complex
 
-    def _layer(self, block, quantized) -> LeanLayer:
-        def linear(name: str, parts: list, scale=None, interleave=()):
+    def _layer(self, block, decode_linear, smooth: torch.Tensor | None) -> LeanLayer:
+        def linear(parts: list, scale=None, interleave=()):
             w_t = fused_transposed(parts, scale, interleave)  # [in, out]
-            return Dense(w_t) if quantized is Dense or name in self._keep_dense else quantized(w_t.t())
+            decode = decode_linear(w_t.t()) if decode_linear else None
+            return Projection(w_t.to(self.prefill_dtype).contiguous(), decode)
 
         attn, mlp = block.self_attn, block.mlp
+        up, down = mlp.up_proj.weight, mlp.down_proj.weight  # [F, D], [D, F]
+        if smooth is not None:  # SmoothQuant: down's input channel j divided by s_j, its weight column times s_j
+            up, down = up / smooth[:, None], down * smooth[None, :]  # silu(gate) * up is linear in up
         # RMSNorm's weight scales the input columns of the projection after it: it is folded in.
         # q and k rows are interleaved per head so that rope is one complex multiplication.
         heads = (self.heads, self.kv_heads)
         return LeanLayer(
-            qkv=linear("qkv", [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
+            qkv=linear([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
                        block.input_layernorm.weight, interleave=heads),
-            out=linear("out", [attn.o_proj.weight]),
-            gate_up=linear("gate_up", [mlp.gate_proj.weight, mlp.up_proj.weight], block.post_attention_layernorm.weight),
-            down=linear("down", [mlp.down_proj.weight]),
+            out=linear([attn.o_proj.weight]),
+            gate_up=linear([mlp.gate_proj.weight, up], block.post_attention_layernorm.weight),
+            down=linear([down]),
         )
 
     def _rope_table(self, rotary, limit: int) -> torch.Tensor:
@@ -224,10 +248,11 @@ class LeanRunner(ModelRunner):
 
     @property
     def weight_bytes(self) -> int:
+        """The weight bytes one decode step reads (the bound on decode speed)."""
         total = 0
         for layer in self.layers:
-            total += sum(getattr(p, "nbytes", 0) for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
-        return total + getattr(self.head, "nbytes", 0)
+            total += sum(p.decode_nbytes for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
+        return total + self.head.decode_nbytes
 
     def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
         assert isinstance(cache, LeanCache)

@@ -7,10 +7,13 @@ reads a quarter of the fp32 weight bytes. On CPUs without VNNI, `reduce_range` k
 activations to 7 bits, which avoids the int16 saturation of AVX2's u8×s8 instructions
 (and costs some accuracy); with VNNI the full 8 bits are used.
 
-The lean runner quantizes every projection but the MLP's down projection, whose inputs
-(silu(gate) * up) have outlier channels that per-tensor activations lose; the output
-head is quantized too. Two entry points: `Int8Dense`, a projection for the lean runner, and
-`quantize_hf_model`, a quantized copy of a transformers model for the HF runner.
+The lean runner uses these kernels for decode steps only, where one row's activation
+scale is exact per token: every projection and the output head, the MLP's down projection
+after SmoothQuant (its inputs, silu(gate) * up, have outlier channels that one activation
+scale would lose; `down_smoothing` moves half of their range into the weight). Prefill keeps
+dense weights (see `load._int8_lean_runner`). Entry points: `Int8Dense`, a projection for
+the lean runner; `down_smoothing`; `quantize_hf_model`, a quantized copy of a transformers
+model for the HF runner.
 """
 
 from __future__ import annotations
@@ -84,3 +87,63 @@ def quantize_hf_model(model):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+
+
+# Calibration for the smoothing below: prose, a list, code and numbers, unlike the bench's
+# perplexity text, so the quality check does not measure the text it was calibrated on.
+CALIBRATION_TEXT = """\
+<|im_start|>user
+Can you explain how a bicycle stays upright, and give me a short Python example that sorts a list?<|im_end|>
+<|im_start|>assistant
+A moving bicycle stays upright mostly because the rider steers into the direction of a fall, which moves the
+wheels back under the centre of mass. The front fork's geometry helps: the contact patch trails behind the
+steering axis, so the wheel turns into a lean by itself.
+
+1. Speed makes small corrections enough.
+2. Gyroscopic effects from the wheels are real but small.
+3. At walking pace, balance needs larger steering movements.
+
+```python
+def sort_scores(scores: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(scores.items(), key=lambda item: item[1], reverse=True)
+
+print(sort_scores({"ada": 91.5, "bob": 78.0, "cy": 88.25}))
+```
+
+In 1817, Karl Drais rode his two-wheeled running machine 14 km in about an hour.<|im_end|>
+"""
+def calibration_ids(tokenizer) -> list[int]:
+    return tokenizer.encode(CALIBRATION_TEXT)
+
+
+SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength: half the outlier range moves into the weight
+
+
+def down_smoothing(model, ids: list[int], alpha: float = SMOOTH_ALPHA) -> list[torch.Tensor]:
+    """Per layer, SmoothQuant scales `s [F]` for the MLP's down projection (Xiao et al., 2023).
+
+    The down projection's inputs, silu(gate) * up, have a few channels far larger than the
+    rest, and one per-tensor activation scale then leaves the others with a bit or two. With
+    `s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)`, measured on `ids` through the model,
+    `X / s` and `W * s` give the same product with both ranges flattened.
+    """
+    maxima: dict[int, torch.Tensor] = {}
+    hooks = []
+    layers = model.model.layers
+    for i, block in enumerate(layers):
+        def record(_module, args, i=i):
+            seen = args[0].detach().abs().flatten(0, -2).amax(0).float()  # [F]
+            maxima[i] = torch.maximum(maxima[i], seen) if i in maxima else seen
+        hooks.append(block.mlp.down_proj.register_forward_pre_hook(record))
+    try:
+        with torch.inference_mode():
+            model(torch.tensor([ids], device=model.device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    scales = []
+    for i, block in enumerate(layers):
+        w_max = block.mlp.down_proj.weight.detach().abs().amax(0).float()  # [F]
+        s = maxima[i].clamp_min(1e-5).pow(alpha) / w_max.clamp_min(1e-5).pow(1 - alpha)
+        scales.append(s.clamp_min(1e-5).to(block.mlp.down_proj.weight.dtype))
+    return scales
