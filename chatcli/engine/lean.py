@@ -264,41 +264,80 @@ class LeanRunner(ModelRunner):
             raise ValueError(f"{end} positions exceed the context limit {self.context_limit}")
         cache.reserve(end)
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
+        step = self.decode_one_token if length == 1 else self.prefill
+        logits = step(tokens, cache.k, cache.v, start)  # [V]
+        cache.ids.extend(ids)
+        return logits
+
+    def prefill(self, tokens: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int) -> torch.Tensor:
+        """tokens [S] at positions start.. (written into k_cache/v_cache [L, KV, cap, hd]) -> logits [V] of the last."""
+        length = tokens.shape[0]
+        end = start + length
         x = self.embed[tokens]  # [S, D]
         rope = self.rope[start:end]  # [S, 1, hd/2]
         mask = None
         if length > 1 and start > 0:  # a chunk after cached positions: causal with an offset
             cols = torch.arange(end, device=self.device)  # [T]
             rows = torch.arange(start, end, device=self.device)  # [S]
-            mask = cols[None, :] <= rows[:, None]  # [S, T]
+            allowed = cols[None, :] <= rows[:, None]  # [S, T]
+            # additive, in the cache's dtype: SDPA would otherwise convert a bool mask in every layer
+            mask = torch.zeros(allowed.shape, dtype=k_cache.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
         causal = length > 1 and start == 0
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, self._norm(x), cache, start, end, rope, mask, causal)  # [S, D]
-            gate_up = layer.gate_up(self._norm(x))  # [S, 2F]
-            gate, up = gate_up.chunk(2, -1)  # [S, F] each
-            x = x + layer.down(F.silu(gate).mul_(up))  # [S, D]
-        logits = self.head(self._norm(x[-1:]))  # [1, V]
-        cache.ids.extend(ids)
-        return logits[0].float()  # [V]
+            x = x + self._attention(i, layer, self._norm(x), k_cache[i], v_cache[i], start, rope, mask, causal)  # [S, D]
+            x = x + self._mlp(layer, x)  # [S, D]
+        return self.head(self._norm(x[-1:]))[0].float()  # [V]
+
+    def decode_one_token(self, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:
+        """token [1] at position pos -> logits [V]: `prefill` for one row, with no mask, transposes or copies."""
+        heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
+        n_qk = (heads + kv_heads) * hd
+        x = self.embed[token]  # [1, D]
+        rope = self.rope[pos]  # [1, hd/2]
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(self._norm(x))  # [1, (H+2KV) hd]
+            pairs = qkv[0, :n_qk].view(heads + kv_heads, hd // 2, 2)  # [H+KV, hd/2, 2]
+            if pairs.dtype != torch.float32:
+                pairs = pairs.float()
+            qk = torch.view_as_real(torch.view_as_complex(pairs) * rope).view(heads + kv_heads, hd)  # [H+KV, hd]
+            k_cache[i, :, pos] = qk[heads:]  # [KV, hd]
+            v_cache[i, :, pos] = qkv[0, n_qk:].view(kv_heads, hd)  # [KV, hd]
+            q = qk[:heads].view(1, heads, 1, hd)  # [1, H, 1, hd]
+            if q.dtype != k_cache.dtype:
+                q = q.to(k_cache.dtype)
+            out = F.scaled_dot_product_attention(
+                q, k_cache[i, None, :, : pos + 1], v_cache[i, None, :, : pos + 1], enable_gqa=heads != kv_heads,
+            ).view(1, heads * hd)  # [1, H hd]
+            if out.dtype != x.dtype:
+                out = out.to(x.dtype)
+            x = x + layer.out(out)  # [1, D]
+            x = x + self._mlp(layer, x)  # [1, D]
+        return self.head(self._norm(x))[0].float()  # [V]
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm without its weight (folded into the next projection), in fp32 like transformers."""
-        xf = x.float()  # [S, D]
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        xf = x if x.dtype == torch.float32 else x.float()  # [S, D]
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed if normed.dtype == x.dtype else normed.to(x.dtype)
 
-    def _attention(self, i, layer: LeanLayer, h, cache: LeanCache, start, end, rope, mask, causal):
+    def _mlp(self, layer: LeanLayer, x: torch.Tensor) -> torch.Tensor:
+        gate, up = layer.gate_up(self._norm(x)).chunk(2, -1)  # [S, F] each
+        return layer.down(F.silu(gate).mul_(up))  # [S, D]
+
+    def _attention(self, i, layer: LeanLayer, h, k_cache, v_cache, start, rope, mask, causal):
+        """h [S, D] -> [S, D]; writes positions start.. of this layer's k_cache/v_cache [KV, cap, hd]."""
         length = h.shape[0]
+        end = start + length
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
         qkv = layer.qkv(h)  # [S, (H+2KV) hd]
         qk = _apply_rope(qkv[:, : (heads + kv_heads) * hd], rope, heads + kv_heads, hd)  # [S, H+KV, hd]
         v = qkv[:, (heads + kv_heads) * hd :].view(length, kv_heads, hd)  # [S, KV, hd]
-        cache.k[i, :, start:end] = qk[:, heads:].transpose(0, 1)
-        cache.v[i, :, start:end] = v.transpose(0, 1)
-        q = qk[:, :heads].transpose(0, 1).to(self.kv_dtype)  # [H, S, hd]
-        keys = cache.k[i, :, :end]  # [KV, T, hd], a view
-        values = cache.v[i, :, :end]  # [KV, T, hd]
+        k_cache[:, start:end] = qk[:, heads:].transpose(0, 1)
+        v_cache[:, start:end] = v.transpose(0, 1)
+        q = qk[:, :heads].transpose(0, 1).to(k_cache.dtype)  # [H, S, hd]
         out = F.scaled_dot_product_attention(
-            q[None], keys[None], values[None], attn_mask=mask, is_causal=causal, enable_gqa=heads != kv_heads,
+            q[None], k_cache[None, :, :end], v_cache[None, :, :end], attn_mask=mask, is_causal=causal,
+            enable_gqa=heads != kv_heads,
         )  # [1, H, S, hd]
         return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd).to(self.dtype))  # [S, D]
 
