@@ -111,6 +111,7 @@ def test_table_output(tiny_model_dir, bench_json):
         (["--quantize", "int4"], "--quantize must be one of int8"),
         (["--turns", "-1"], "--turns must be >= 0"),
         (["--dtype", "float8"], "--dtype must be"),
+        (["--kv-dtype", "int4"], "--kv-dtype must be auto, float32, bfloat16 or float16"),
     ],
 )
 def test_bad_options_give_one_line(tiny_model_dir, args, message):

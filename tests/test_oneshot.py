@@ -90,6 +90,8 @@ def test_config_file_sets_defaults_and_flags_override(cli):
         (("-p", "hi", "--max-tokens", "0"), b"", "max-tokens must be >= 1", 2),
         (("-p", "hi", "--temperature", "warm"), b"", "Invalid value for '--temperature'", 2),
         (("-p", "lazy dog " * 400,), b"", "prompt too long", 1),
+        (("-p", "hi", "--kv-dtype", "int4"), b"", "--kv-dtype must be", 1),
+        (("-p", "hi", "--runner", "hf", "--kv-dtype", "bfloat16"), b"", "the HF runner keeps its cache", 1),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(cli, args, stdin, words, code):
