@@ -97,6 +97,13 @@ def test_cache_is_reserved_up_front_and_counts_written_positions(tiny_loaded):
     assert cache.clone(3).nbytes == 3 * per_position
 
 
+def test_cache_off_the_cpu_grows_in_blocks():
+    cache = LeanCache(2, 1, 4, 4096, torch.float32, "meta")  # like a GPU: memory committed when allocated
+    cache.reserve(10)
+    assert cache.capacity == lean.CACHE_BLOCK
+    assert LeanCache(2, 1, 4, 4096, torch.float32, "cpu").capacity == 0  # nothing before the first forward
+
+
 def test_cache_grows_in_blocks_and_keeps_what_it_holds(tiny_loaded, monkeypatch):
     monkeypatch.setattr(lean, "CACHE_BLOCK", 8)
     monkeypatch.setattr(lean, "RESERVE_BYTES", 1)  # too little to reserve up front: grow instead

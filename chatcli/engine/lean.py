@@ -102,12 +102,13 @@ class LeanLayer:
 class LeanCache(KVCache):
     """Keys and values of every layer in two preallocated tensors; the position is `len(self.ids)`.
 
-    The tensors are allocated for the whole context limit up front (up to `RESERVE_BYTES`
-    of address space). The operating system backs a page only when a forward first writes
-    it, so a conversation's resident memory follows its length, and the cache never moves:
-    first-touch page faults cost about 1 ms per MB on this kind of machine, and a
-    grow-and-copy paid that for the whole cache again at every block. Longer limits fall
-    back to growing in `CACHE_BLOCK` steps.
+    On the CPU the tensors are allocated for the whole context limit up front (up to
+    `RESERVE_BYTES` of address space). The operating system backs a page only when a
+    forward first writes it, so a conversation's resident memory follows its length, and
+    the cache never moves: first-touch page faults cost about 1 ms per MB on this kind of
+    machine, and a grow-and-copy paid that for the whole cache again at every block.
+    Longer limits, and GPUs (whose memory is committed at allocation), grow in
+    `CACHE_BLOCK` steps instead.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype, device) -> None:
@@ -116,7 +117,8 @@ class LeanCache(KVCache):
         self.limit = limit
         self.written = 0  # the most positions ever written: what the pages behind the cache hold
         per_position = 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-        self._upfront = min(limit, max(CACHE_BLOCK, RESERVE_BYTES // per_position))
+        lazy = torch.device(device).type == "cpu"  # GPU memory is committed at allocation: grow there
+        self._upfront = min(limit, max(CACHE_BLOCK, RESERVE_BYTES // per_position if lazy else 0))
         self.k = torch.empty(layers, kv_heads, 0, head_dim, dtype=dtype, device=device)  # [L, KV, cap, hd]
         self.v = torch.empty_like(self.k)  # [L, KV, cap, hd]
 
