@@ -161,6 +161,21 @@ def test_lru_eviction_keeps_the_pool_under_its_budget(tiny_engine, ids):
     assert pool.keys() == [leases[2].key, leases[1].key]
 
 
+def test_get_marks_a_keyed_session_most_recently_used(tiny_engine, ids):
+    probe = tiny_engine.new_session()
+    fill(tiny_engine, probe, ids)
+    pool = SessionPool(tiny_engine.new_session, budget_bytes=int(probe.cache.nbytes * 2.5))
+    sessions = {}
+    for key in ("a", "b"):
+        sessions[key] = tiny_engine.new_session()
+        fill(tiny_engine, sessions[key], ids)
+        pool.put(key, sessions[key])
+    assert pool.get("a") is sessions["a"]  # now "b" is the least recently used
+    pool.put("c", probe)
+    assert pool.keys() == ["a", "c"] and pool.evictions == 1
+    assert pool.get("missing") is None
+
+
 def test_a_session_over_the_budget_alone_is_not_kept(tiny_engine, ids):
     pool = SessionPool(tiny_engine.new_session, budget_bytes=100)
     lease = pool.acquire(ids)

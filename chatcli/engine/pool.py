@@ -179,9 +179,13 @@ class SessionPool:
     # -- keyed access (conversations) -----------------------------------------
 
     def get(self, key: str) -> Session | None:
+        """The session kept under `key`, now the most recently used; None if there is none."""
         with self._lock:
             entry = self._entries.get(key)
-            return entry.session if entry is not None else None
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry.session
 
     def put(self, key: str, session: Session) -> None:
         """Keep `session` under a caller's key (a conversation id), as most recently used."""
