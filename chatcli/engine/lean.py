@@ -6,14 +6,18 @@ a SmolLM2-135M decode step. This runner does only what a Llama decoder needs, in
 style of gpt-fast:
 
 - a preallocated KV cache per conversation, `[L, KV, capacity, hd]`, written in place
-  at an explicit position; it is reserved for the whole context at once (the OS backs
-  only the pages written), and cropping only moves the position;
+  at an explicit position; on the CPU it is reserved for the whole context at once (the
+  OS backs only the pages written), and cropping only moves the position. It may be
+  kept in another dtype than the weights (`kv_dtype`: bf16 on CPUs with AMX), and
+  attention then runs in it;
 - projection weights transposed once at load (`x @ W_t` beats `F.linear` on CPU) and
   fused: q/k/v into one matrix, gate/up into another;
 - the RMSNorm weights folded into the projections after them, and q/k rows
   reordered so rope is one complex multiplication from a table built once;
 - logits for the last position only;
-- no Python-side shape work in the decode step beyond a few views.
+- two paths: `prefill` (a chunk of positions, causal mask with an offset) and
+  `decode_one_token` (one position: no mask, transposes or copies, beyond a few views);
+- for `--quantize int8`, int8 projections in decode steps only (`Projection.decode`).
 
 Models it cannot run exactly (other architectures, biases, sliding windows, rope
 types other than default/linear/llama3) fall back to `HFRunner`: see `lean_support`.
