@@ -82,6 +82,9 @@ def serve_command(
         engine = start.load_engine(status=lambda msg: typer.echo(msg, err=True))
     except (ConfigError, LoadError) as exc:
         _fail(str(exc))
+    from chatcli.engine.threads import release_cpu_threads
+
+    release_cpu_threads()  # requests run in the generation thread: see engine/threads.py
     serve(engine, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes,
           cache_budget_bytes=cache_budget * MIB, defaults=start.params, max_queue=max_queue, log_level=log_level)
 

@@ -109,8 +109,11 @@ class ChatApp(App):
 
     def _load(self, screen: ChatScreen) -> None:
         """Load thread: never touches a widget, only posts messages."""
+        from chatcli.engine.threads import release_cpu_threads
+
         try:
             engine = self.engine_factory(status=lambda text: screen.post_message(LoadStatus(text)))
+            release_cpu_threads()  # turns run in other threads: see engine/threads.py
         except Exception as exc:  # noqa: BLE001 - LoadError, or anything else: one line, the app keeps running
             lines = str(exc).strip().splitlines()
             screen.post_message(LoadFailed(lines[0] if lines else type(exc).__name__))

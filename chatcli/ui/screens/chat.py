@@ -219,6 +219,8 @@ class ChatScreen(Conversations, SlashCommands, Screen):
         """Worker thread: drive the engine and post every event; never touch a widget.
         The KV cache goes to `kv` (when given) before `Finished` is posted, so no next turn
         can change the cache while it is written."""
+        from chatcli.engine.threads import release_cpu_threads
+
         try:
             for event in engine.generate(messages, session, params, cancel):
                 cache = session.cache
@@ -227,6 +229,8 @@ class ChatScreen(Conversations, SlashCommands, Screen):
                 self.post_message(TurnEvent(turn, event, len(cache), cache.nbytes))
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
             self.post_message(TurnFailed(turn, one_line(exc)))
+        finally:
+            release_cpu_threads()  # the next turn may run in another pool thread: see engine/threads.py
 
     # -- streaming -------------------------------------------------------------
 

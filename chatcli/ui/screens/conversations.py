@@ -114,12 +114,16 @@ class Conversations:
         path = self.kv_path(conv)
         if path is None:
             return None
+        from chatcli.engine.threads import release_cpu_threads
+
         try:
             from chatcli.engine.persist import fingerprint, load_cache
 
             return load_cache(self.engine.runner, path, fingerprint(self.engine.runner, self.engine.name))
         except Exception:  # noqa: BLE001 - no usable file: the next turn prefills as usual
             return None
+        finally:
+            release_cpu_threads()  # restoring ran torch on the UI thread: see engine/threads.py
 
     def keep_session(self) -> None:
         """After a turn: put the session back at its new size (the pool may evict others)."""
