@@ -293,6 +293,7 @@ def test_int8_hf_runner_quantizes_a_copy(tiny_loaded):
     assert type(copy.model.layers[0].self_attn.q_proj) is not torch.nn.Linear
     runner = make_runner(model, 256, "hf", "int8")
     assert isinstance(runner, HFRunner) and runner.model is not model
+    assert runner.quantized and not make_runner(model, 256, "hf").quantized  # saved caches tell them apart
 
 
 def test_quantize_choices_are_checked():

@@ -237,7 +237,7 @@ def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = 
         if quantize == "int8":
             from chatcli.engine.quantize import quantize_hf_model
 
-            return HFRunner(quantize_hf_model(model), limit)
+            return HFRunner(quantize_hf_model(model), limit, quantized=True)
         return HFRunner(model, limit)
     if quantize == "int8":
         return _int8_lean_runner(model, limit, kv, calibration_ids)

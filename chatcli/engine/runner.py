@@ -117,11 +117,12 @@ class HFCache(KVCache):
 class HFRunner(ModelRunner):
     """The reference: the transformers model's own forward with a DynamicCache."""
 
-    def __init__(self, model, context_limit: int) -> None:
+    def __init__(self, model, context_limit: int, quantized: bool = False) -> None:
         self.model = model
         self.context_limit = context_limit
         self.device = model.device
         self.dtype = model.dtype
+        self.quantized = quantized  # the model is a dynamically quantized copy (quantize_hf_model)
 
     def new_cache(self) -> HFCache:
         return HFCache(self.model.config)
