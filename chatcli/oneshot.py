@@ -47,7 +47,7 @@ def load_engine(start: StartOptions):
 
     try:
         with loading_status() as status:
-            return start.load_engine(status=status)
+            return start.load_engine(status=status, long_lived=False)
     except LoadError as exc:
         raise UserError(str(exc)) from None
 

@@ -148,6 +148,26 @@ def test_context_limit_is_enforced(tiny_loaded):
         ours.forward([], cache)
 
 
+def test_long_lived_front_ends_drop_the_reference_model(tiny_model_dir):
+    import weakref
+
+    from chatcli.engine.load import LoadOptions
+    from chatcli.options import StartOptions
+
+    start = StartOptions(model=str(tiny_model_dir), load=LoadOptions(device="cpu", kv_dtype="float32"))
+    kept = start.load_engine(long_lived=False)  # one-shot: exits before the copy would pay
+    assert kept.runner.model is not None
+    engine = start.load_engine()
+    assert isinstance(engine.runner, LeanRunner) and engine.runner.model is None
+    history = [{"role": "user", "content": "Hello, how are you?"}]
+    replies = [[ev for ev in e.generate(history, e.new_session(), GREEDY) if isinstance(ev, Finished)][0].reply
+               for e in (kept, engine)]
+    assert replies[0] == replies[1]
+    gone = weakref.ref(kept.runner.model)
+    kept.runner.release_reference()
+    assert gone() is None  # nothing else holds the transformers model
+
+
 def test_engine_replies_match_hf_over_a_conversation_with_an_edit(tiny_loaded):
     hf_engine = build_engine(tiny_loaded, runner="hf")
     lean_engine = build_engine(tiny_loaded, runner="lean")

@@ -197,7 +197,7 @@ class LeanRunner(ModelRunner):
         if reason:
             raise ValueError(f"the lean runner cannot run this model: {reason}")
         config = model.config
-        self.model = model  # the transformers model whose weights these are (the HF reference)
+        self.model = model  # the transformers model whose weights these are (the HF reference; see release_reference)
         self.context_limit = context_limit
         self.device = model.device
         self.dtype = model.dtype
@@ -248,6 +248,13 @@ class LeanRunner(ModelRunner):
         freqs = torch.outer(positions, inv_freq)  # [T, hd/2]
         table = torch.polar(torch.full_like(freqs, scale), freqs)  # [T, hd/2] complex64
         return table[:, None, :].to(self.device)  # [T, 1, hd/2]
+
+    def release_reference(self) -> None:
+        """Let go of the transformers model: the lean path holds its own copy of the weights,
+        and only tests, the bench and `--runner hf` run the reference. The embedding, the one
+        tensor shared with it, is copied: a view would keep the whole weight file mapped."""
+        self.embed = self.embed.clone()
+        self.model = None
 
     def new_cache(self) -> LeanCache:
         return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.context_limit, self.kv_dtype, self.device)
