@@ -8,6 +8,7 @@ fallback to HF for architectures the lean path does not cover.
 from __future__ import annotations
 
 import random
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -97,6 +98,33 @@ def test_cache_is_reserved_up_front_and_counts_written_positions(tiny_loaded):
     assert cache.clone(3).nbytes == 3 * per_position
 
 
+def test_huge_pages_always_keeps_the_reservation_lazy(monkeypatch):
+    monkeypatch.setattr(lean, "huge_pages_always", lambda: True)
+    advised = []
+    monkeypatch.setattr(lean, "advise_no_huge_pages", lambda t: advised.append(t.numel()) or True)
+    lean.madvise_works.cache_clear()
+    cache = LeanCache(2, 1, 64, 4096, torch.float32, "cpu")
+    cache.reserve(3)
+    assert cache.capacity == 4096 and advised[-2:] == [2 * 64 * 4096] * 2  # k and v, marked before any write
+    monkeypatch.setattr(lean, "advise_no_huge_pages", lambda t: False)
+    lean.madvise_works.cache_clear()
+    cache = LeanCache(2, 1, 64, 4096, torch.float32, "cpu")
+    cache.reserve(3)
+    assert cache.capacity == lean.CACHE_BLOCK  # cannot opt out of huge pages: grow in blocks
+    lean.madvise_works.cache_clear()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_NOHUGEPAGE) is Linux's")
+def test_madvise_no_huge_pages_is_accepted():
+    assert lean.advise_no_huge_pages(torch.empty(1 << 22, dtype=torch.uint8))
+
+
+def test_int8_needs_float32_weights(tiny_loaded):
+    bf16 = SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cpu"), config=tiny_loaded.model.config)
+    with pytest.raises(LoadError, match="--quantize int8 quantizes float32 weights; the model is bfloat16"):
+        make_runner(bf16, 64, "lean", "int8")
+
+
 def test_cache_off_the_cpu_grows_in_blocks():
     cache = LeanCache(2, 1, 4, 4096, torch.float32, "meta")  # like a GPU: memory committed when allocated
     cache.reserve(10)
@@ -170,7 +198,7 @@ def test_long_lived_front_ends_drop_the_reference_model(tiny_model_dir):
 
 def test_engine_replies_match_hf_over_a_conversation_with_an_edit(tiny_loaded):
     hf_engine = build_engine(tiny_loaded, runner="hf")
-    lean_engine = build_engine(tiny_loaded, runner="lean")
+    lean_engine = build_engine(tiny_loaded, runner="lean", kv_dtype="float32")
     assert isinstance(lean_engine.runner, LeanRunner) and isinstance(hf_engine.runner, HFRunner)
     sessions = {e: e.new_session() for e in (hf_engine, lean_engine)}
     history: list[dict] = []
@@ -352,11 +380,13 @@ def test_real_model_bf16_cache_tracks_fp32(real_engine):
 
 @pytest.mark.real_model
 def test_real_model_greedy_replies_match_hf(real_engine):
-    hf = Engine(HFRunner(real_engine.runner.model, real_engine.context_limit), real_engine.tokenizer)
+    model = real_engine.runner.model
+    hf = Engine(HFRunner(model, real_engine.context_limit), real_engine.tokenizer)
+    exact = Engine(LeanRunner(model, real_engine.context_limit, kv_dtype=torch.float32), real_engine.tokenizer)
     history = [{"role": "user", "content": "What is the capital of France?"}]
     params = SamplingParams(temperature=0.0, max_tokens=16)
     replies = []
-    for engine in (hf, real_engine):
+    for engine in (hf, exact):
         session = engine.new_session()
         turn = list(history)
         out = []

@@ -28,6 +28,7 @@ tolerance over multi-turn conversations with crops.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +104,39 @@ class LeanLayer:
     down: Projection  # [S, F] -> [S, D]
 
 
+def huge_pages_always() -> bool:
+    """True where the kernel backs every large anonymous mapping with 2 MiB pages."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
+            return "[always]" in f.read()
+    except OSError:
+        return False
+
+
+def advise_no_huge_pages(tensor: torch.Tensor) -> bool:
+    """madvise(MADV_NOHUGEPAGE) over the whole pages of a CPU tensor's memory; False if it failed."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first, last = -(-start // page) * page, end // page * page
+    if last <= first:
+        return True  # nothing to advise: smaller than a page
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc.madvise(first, last - first, 15) == 0  # 15: MADV_NOHUGEPAGE on Linux
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
+@lru_cache(maxsize=1)
+def madvise_works() -> bool:
+    return advise_no_huge_pages(torch.empty(1 << 20, dtype=torch.uint8))
+
+
 class LeanCache(KVCache):
     """Keys and values of every layer in two preallocated tensors; the position is `len(self.ids)`.
 
@@ -112,7 +146,9 @@ class LeanCache(KVCache):
     the cache never moves: first-touch page faults cost about 1 ms per MB on this kind of
     machine, and a grow-and-copy paid that for the whole cache again at every block.
     Longer limits, and GPUs (whose memory is committed at allocation), grow in
-    `CACHE_BLOCK` steps instead.
+    `CACHE_BLOCK` steps instead. Where transparent huge pages are on for every mapping
+    (`always`), the first write to each `[cap, hd]` strip would back 2 MiB: the reservation
+    is marked MADV_NOHUGEPAGE, or, if that fails, the cache grows in blocks too.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype, device) -> None:
@@ -123,6 +159,9 @@ class LeanCache(KVCache):
         per_position = 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
         lazy = torch.device(device).type == "cpu"  # GPU memory is committed at allocation: grow there
         self._upfront = min(limit, max(CACHE_BLOCK, RESERVE_BYTES // per_position if lazy else 0))
+        self._no_huge_pages = lazy and huge_pages_always()
+        if self._no_huge_pages and not madvise_works():
+            self._upfront = CACHE_BLOCK  # resident memory must follow nbytes: grow in blocks
         self.k = torch.empty(layers, kv_heads, 0, head_dim, dtype=dtype, device=device)  # [L, KV, cap, hd]
         self.v = torch.empty_like(self.k)  # [L, KV, cap, hd]
 
@@ -143,6 +182,8 @@ class LeanCache(KVCache):
         for name in ("k", "v"):
             old = getattr(self, name)
             new = torch.empty(layers, kv_heads, cap, head_dim, dtype=old.dtype, device=old.device)
+            if self._no_huge_pages:
+                advise_no_huge_pages(new)
             new[:, :, :held] = old[:, :, :held]
             setattr(self, name, new)
 

@@ -226,6 +226,9 @@ def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = 
         check_quantize(quantize, model.device.type)
     except QuantizeError as exc:
         raise LoadError(str(exc)) from None
+    if quantize and str(model.dtype) != "torch.float32":
+        raise LoadError(f"--quantize {quantize} quantizes float32 weights; the model is "
+                        f"{str(model.dtype).removeprefix('torch.')} (use --dtype float32)")
     reason = lean_support(model)
     if runner == "lean" and reason:
         raise LoadError(f"--runner lean: {reason} (use --runner hf)")
@@ -233,7 +236,7 @@ def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = 
     if runner == "hf" or reason:
         if kv != model.dtype and kv_dtype != "auto":
             raise LoadError(f"--kv-dtype {kv_dtype}: the HF runner keeps its cache in the model's dtype "
-                            f"({str(model.dtype).removeprefix('torch.')}); use --runner lean or --dtype")
+                            f"({str(model.dtype).removeprefix('torch.')}); use --dtype, or --runner lean for a Llama-family model")
         if quantize == "int8":
             from chatcli.engine.quantize import quantize_hf_model
 

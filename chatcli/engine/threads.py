@@ -31,8 +31,11 @@ def _pause():
     import torch
 
     libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))
-    for handle in [*(ctypes.CDLL(path) for path in libs), ctypes.CDLL(None)]:
-        pause = getattr(handle, "omp_pause_resource_all", None)
+    for name in [*libs, None]:  # torch's own libgomp, else whatever OpenMP the process has
+        try:
+            pause = getattr(ctypes.CDLL(name), "omp_pause_resource_all", None)
+        except (OSError, TypeError):  # TypeError: CDLL(None) on Windows
+            continue
         if pause is not None:
             pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
             return pause
@@ -45,6 +48,6 @@ def release_cpu_threads() -> bool:
         return False  # no torch, no team
     try:
         pause = _pause()
-    except OSError:
+        return pause is not None and pause(OMP_PAUSE_SOFT) == 0
+    except Exception:  # noqa: BLE001 - an optimisation: never the reason something fails
         return False
-    return pause is not None and pause(OMP_PAUSE_SOFT) == 0

@@ -113,11 +113,12 @@ class ChatApp(App):
 
         try:
             engine = self.engine_factory(status=lambda text: screen.post_message(LoadStatus(text)))
-            release_cpu_threads()  # turns run in other threads: see engine/threads.py
         except Exception as exc:  # noqa: BLE001 - LoadError, or anything else: one line, the app keeps running
             lines = str(exc).strip().splitlines()
             screen.post_message(LoadFailed(lines[0] if lines else type(exc).__name__))
             return
+        finally:
+            release_cpu_threads()  # turns run in other threads: see engine/threads.py
         screen.post_message(EngineReady(engine))
 
     # -- quitting ----------------------------------------------------------------
