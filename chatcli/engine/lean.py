@@ -178,7 +178,7 @@ class LeanCache(KVCache):
 
     def _resize(self, cap: int) -> None:
         layers, kv_heads, head_dim = self._shape
-        held = min(len(self.ids), cap)
+        held = len(self.ids)
         for name in ("k", "v"):
             old = getattr(self, name)
             new = torch.empty(layers, kv_heads, cap, head_dim, dtype=old.dtype, device=old.device)
@@ -330,13 +330,13 @@ class LeanRunner(ModelRunner):
         x = self.embed[tokens]  # [S, D]
         rope = self.rope[start:end]  # [S, 1, hd/2]
         mask = None
-        if length > 1 and start > 0:  # a chunk after cached positions: causal with an offset
+        if start > 0:  # a chunk after cached positions: causal with an offset
             cols = torch.arange(end, device=self.device)  # [T]
             rows = torch.arange(start, end, device=self.device)  # [S]
             allowed = cols[None, :] <= rows[:, None]  # [S, T]
             # additive, in the cache's dtype: SDPA would otherwise convert a bool mask in every layer
             mask = torch.zeros(allowed.shape, dtype=k_cache.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
-        causal = length > 1 and start == 0
+        causal = start == 0
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, layer, self._norm(x), k_cache[i], v_cache[i], start, rope, mask, causal)  # [S, D]
             x = x + self._mlp(layer, x)  # [S, D]
