@@ -104,15 +104,20 @@ def pick_kv_dtype(kv_dtype: str, model, quantize: str | None = None):
     memory, as llama.cpp's f16 cache does; perplexity +0.05 % on SmolLM2-135M), else the
     model's own dtype. An int8 model keeps it: there the bf16 cache cost +3.6 % perplexity
     against +0.4 % with an fp32 cache (`chatcli bench --quantize int8 --kv-dtype ...`)."""
-    from chatcli.engine.cpu import has_native_bf16
-
     if kv_dtype != "auto":
         return _dtype_named(kv_dtype, "--kv-dtype")
     import torch
 
-    if model.device.type == "cpu" and model.dtype == torch.float32 and not quantize and has_native_bf16():
-        return torch.bfloat16
-    return model.dtype
+    return torch.bfloat16 if not quantize and bf16_pays(model) else model.dtype
+
+
+def bf16_pays(model) -> bool:
+    """An fp32 model on a CPU that multiplies bf16 in hardware: bf16 copies run faster there."""
+    import torch
+
+    from chatcli.engine.cpu import has_native_bf16
+
+    return model.device.type == "cpu" and model.dtype == torch.float32 and has_native_bf16()
 
 
 def candidates(model: str | None, config_default: str | None) -> list[tuple[str, bool]]:
@@ -253,14 +258,13 @@ def _int8_lean_runner(model, limit: int, kv_dtype, calibration_ids: list[int] | 
     bf16 where the CPU multiplies bf16 in hardware, else the model's dtype."""
     import torch
 
-    from chatcli.engine.cpu import has_native_bf16
     from chatcli.engine.lean import LeanRunner
     from chatcli.engine.quantize import Int8Dense, down_smoothing
 
     if calibration_ids is None:
         raise ValueError("the int8 lean runner needs calibration ids (quantize.CALIBRATION_TEXT, tokenized)")
     smooth = down_smoothing(model, calibration_ids)
-    prefill = torch.bfloat16 if model.dtype == torch.float32 and has_native_bf16() else model.dtype
+    prefill = torch.bfloat16 if bf16_pays(model) else model.dtype
     return LeanRunner(model, limit, kv_dtype=kv_dtype, decode_linear=Int8Dense, prefill_dtype=prefill, smooth=smooth)
 
 
