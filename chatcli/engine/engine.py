@@ -30,7 +30,8 @@ import torch
 from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.prefix import common_prefix, reusable_prefix  # noqa: F401 - common_prefix re-exported
 from chatcli.engine.runner import KVCache, ModelRunner
-from chatcli.engine.sampling import SamplingParams, sample
+from chatcli.engine.lookup import PromptLookup
+from chatcli.engine.sampling import SamplingParams, accept_draft, sample
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.tokenize import ChatTokenizer
 
@@ -173,14 +174,15 @@ class Engine:
         t_first = t_last = t_prefilled
         n = samples = 0  # reply tokens; sampled ids (an end-of-turn id too)
         rate = 0.0
+        ids = self._decode(logits, cache, params, generator, stats)
         while True:
-            if logits is None or (cancel is not None and cancel.is_set()):
+            if cancel is not None and cancel.is_set():
                 finish_reason = "cancelled"
                 break
-            recent = None
-            if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
-                recent = torch.tensor(cache.ids[-params.repeat_last_n :], dtype=torch.long)
-            token_id = sample(logits, params, generator, recent)
+            token_id = next(ids, None)
+            if token_id is None:  # prefill was cancelled
+                finish_reason = "cancelled"
+                break
             t_last = time.perf_counter()
             samples += 1
             if samples == 1:
@@ -198,10 +200,14 @@ class Engine:
             if stops.stopped:
                 finish_reason = "stop"
                 break
-            if n >= params.max_tokens or len(cache) >= self.context_limit:
+            if n >= params.max_tokens or len(target) + samples - 1 >= self.context_limit:
                 finish_reason = "length"
                 break
-            logits = self.runner.forward([token_id], cache)
+        ids.close()
+        if samples:
+            # Drafting may have fed ids past the last one taken: the cache holds the prompt and
+            # every sampled id but the last, whether or not a draft ran ahead.
+            cache.crop(len(target) + samples - 1)
 
         if not stops.stopped:
             tail = stops.push(detok.finish()) + stops.finish()
@@ -215,3 +221,58 @@ class Engine:
         stats.kv_cache_bytes = cache.nbytes
         stats.context_tokens = len(cache)
         yield Finished("".join(reply), finish_reason, stats)
+
+    # -- the decode loop --------------------------------------------------------
+
+    def _decode(self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats) -> Iterator[int]:
+        """Sampled ids, one at a time: sample, feed the id back, repeat. The caller stops taking
+        ids when it is done. With `params.lookup`, each fed id may bring a draft (`PromptLookup`)
+        that one `verify` pass checks; the ids the model agrees with come out without a forward
+        of their own, and the cache drops the rest."""
+        lookup = PromptLookup(cache.ids) if params.lookup and self.runner.exact_verify else None
+        budget = params.max_tokens  # ids the caller can still take (its reply limit; an end-of-turn id ends it sooner)
+        wait = backoff = 0  # after a wholly rejected draft, skip the next 1, 2, 4 … drafts (a miss costs ~0.4 step)
+        token = self._pick(logits, cache.ids, len(cache), params, generator)
+        while True:
+            yield token
+            budget -= 1
+            draft: list[int] = []
+            if lookup is not None:
+                lookup.append(token)
+                if wait:
+                    wait -= 1
+                else:
+                    draft = lookup.draft(min(params.lookup, budget - 1, self.context_limit - len(cache) - 1))
+            if not draft:
+                logits = self.runner.forward([token], cache)  # [V]
+                token = self._pick(logits, cache.ids, len(cache), params, generator)
+                continue
+            base = len(cache)
+            rows = self.runner.verify([token, *draft], cache)  # [1 + k, V]: row j predicts the id after draft[:j]
+            stats.draft_tokens += len(draft)
+            for j, guess in enumerate(draft):
+                token = self._pick(rows[j], cache.ids, base + 1 + j, params, generator, guess)
+                if token != guess:
+                    cache.crop(base + 1 + j)  # the draft's ids from here on were not the model's
+                    break
+                stats.accepted_tokens += 1
+                lookup.append(guess)
+                yield guess
+                budget -= 1
+            else:
+                token = self._pick(rows[-1], cache.ids, len(cache), params, generator)
+            if len(cache) == base + 1:  # nothing accepted
+                backoff = min(2 * backoff or 1, 16)
+                wait = backoff
+            else:
+                backoff = 0
+
+    @staticmethod
+    def _pick(logits, ids: list[int], end: int, params: SamplingParams, generator, draft: int | None = None) -> int:
+        """The next id after `ids[:end]`: sampled, or the drafted id kept or replaced (`accept_draft`)."""
+        recent = None
+        if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
+            recent = torch.tensor(ids[max(0, end - params.repeat_last_n) : end], dtype=torch.long)
+        if draft is None:
+            return sample(logits, params, generator, recent)
+        return accept_draft(logits, draft, params, generator, recent)

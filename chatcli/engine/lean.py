@@ -323,8 +323,25 @@ class LeanRunner(ModelRunner):
         cache.ids.extend(ids)
         return logits
 
-    def prefill(self, tokens: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int) -> torch.Tensor:
-        """tokens [S] at positions start.. (written into k_cache/v_cache [L, KV, cap, hd]) -> logits [V] of the last."""
+    def verify(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        """A few ids -> logits [S, V] of each (a draft to check; see `ModelRunner.verify`)."""
+        assert isinstance(cache, LeanCache)
+        start, end = len(cache.ids), len(cache.ids) + len(ids)
+        if not ids or end > self.context_limit:
+            raise ValueError(f"verify needs 1..{self.context_limit - start} ids, got {len(ids)}")
+        cache.reserve(end)
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
+        if len(ids) == 1:
+            logits = self.decode_one_token(tokens, cache.k, cache.v, start)[None]  # [1, V]
+        else:
+            logits = self.prefill(tokens, cache.k, cache.v, start, every=True)  # [S, V]
+        cache.ids.extend(ids)
+        return logits
+
+    def prefill(self, tokens: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+                every: bool = False) -> torch.Tensor:
+        """tokens [S] at positions start.. (written into k_cache/v_cache [L, KV, cap, hd]) -> logits [V] of the
+        last; `every`: logits [S, V] of each position."""
         length = tokens.shape[0]
         end = start + length
         x = self.embed[tokens]  # [S, D]
@@ -340,6 +357,8 @@ class LeanRunner(ModelRunner):
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, layer, self._norm(x), k_cache[i], v_cache[i], start, rope, mask, causal)  # [S, D]
             x = x + self._mlp(layer, x)  # [S, D]
+        if every:
+            return self.head(self._norm(x)).float()  # [S, V]
         return self.head(self._norm(x[-1:]))[0].float()  # [V]
 
     def decode_one_token(self, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:

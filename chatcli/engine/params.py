@@ -9,6 +9,9 @@ import math
 from dataclasses import dataclass, fields, replace
 
 
+MAX_LOOKUP = 16  # drafted tokens per verifying pass; past a few, a draft is rarely accepted to its end
+
+
 class InvalidParameter(ValueError):
     """A sampling value outside its range; the message names the value and the range."""
 
@@ -24,6 +27,7 @@ class SamplingParams:
     max_tokens: int = 1024
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    lookup: int = 0  # draft up to this many tokens by prompt lookup, verified in one pass (0 disables)
 
     def __post_init__(self) -> None:
         check = _check
@@ -39,6 +43,7 @@ class SamplingParams:
         )
         check(self.repeat_last_n >= 0, "repeat-last-n", self.repeat_last_n, ">= 0")
         check(self.max_tokens >= 1, "max-tokens", self.max_tokens, ">= 1")
+        check(0 <= self.lookup <= MAX_LOOKUP, "lookup", self.lookup, f"in [0, {MAX_LOOKUP}] (0 disables it)")
         if any(not s for s in self.stop):
             raise InvalidParameter("stop strings must not be empty")
 

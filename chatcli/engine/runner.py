@@ -50,6 +50,14 @@ class ModelRunner(ABC):
     context_limit: int
     device: torch.device
     dtype: torch.dtype
+    quantized: bool = False
+
+    @property
+    def exact_verify(self) -> bool:
+        """Whether `verify`'s logits for a position are those `forward` would give, so checking a
+        draft never changes a reply. Not with int8: activations are quantized per call, so rows
+        verified together share a scale that single-row decode steps do not."""
+        return not self.quantized
 
     @abstractmethod
     def new_cache(self) -> KVCache: ...
@@ -57,6 +65,11 @@ class ModelRunner(ABC):
     @abstractmethod
     def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
         """Feed `ids` after what `cache` holds; return fp32 logits `[V]` of the last position."""
+
+    @abstractmethod
+    def verify(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        """`forward`, returning fp32 logits `[S, V]` of every position: one pass that checks a
+        drafted continuation (see `chatcli.engine.lookup`); the caller crops what it rejects."""
 
 
 class HFCache(KVCache):
@@ -128,10 +141,17 @@ class HFRunner(ModelRunner):
         return HFCache(self.model.config)
 
     def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        return self._logits(ids, cache, 1)[-1]  # [V]
+
+    def verify(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        return self._logits(ids, cache, 0)  # [S, V]
+
+    def _logits(self, ids: list[int], cache: KVCache, keep: int) -> torch.Tensor:
+        """[S] ids -> fp32 logits of the last `keep` positions (0: all) `[keep, V]`."""
         assert isinstance(cache, HFCache)
         if not ids:
             raise ValueError("forward needs at least one id")
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, S]
-        out = self.model(input_ids=input_ids, cache=cache.hf, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=input_ids, cache=cache.hf, use_cache=True, logits_to_keep=keep)
         cache.ids.extend(ids)
-        return out.logits[0, -1].float()  # [V]
+        return out.logits[0].float()  # [keep or S, V]

@@ -19,6 +19,8 @@ class TurnStats:
     context_tokens: int = 0  # tokens held in the cache at the end of the turn
     context_limit: int = 0
     truncated_turns: int = 0  # earlier turns dropped to fit the context
+    draft_tokens: int = 0  # ids proposed by prompt lookup (--lookup) and verified
+    accepted_tokens: int = 0  # of those, the ones the model agreed with
 
     def to_dict(self) -> dict:
         return asdict(self)
