@@ -108,6 +108,9 @@ def chat(
     repeat_penalty: Annotated[Optional[float], typer.Option(help="1 disables.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed the sampler for a reproducible run.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Most tokens in a reply.")] = None,
+    lookup: Annotated[
+        Optional[int], typer.Option(help="Draft up to N tokens from the conversation, verified in one pass (0 disables).")
+    ] = None,
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop at this string (repeatable).")] = None,
     system: Annotated[Optional[str], typer.Option(help="System prompt.")] = None,
     theme: Annotated[Optional[str], typer.Option(help="TUI theme.")] = None,
@@ -139,6 +142,7 @@ def chat(
         repeat_penalty=repeat_penalty,
         seed=seed,
         max_tokens=max_tokens,
+        lookup=lookup,
         stop=stop,
     )
     start.continue_last, start.conversation = continue_last, conversation

@@ -19,7 +19,7 @@ from pathlib import Path
 from chatcli.engine.params import InvalidParameter, SamplingParams
 from chatcli.paths import config_file
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed", "lookup")
 TOP_KEYS = ("model", "theme", "system", "sampling")
 
 

@@ -91,6 +91,16 @@ def test_quantized_bench_reports_quality(tiny_model_dir):
     assert quality["perplexity_ratio"] == pytest.approx(quality["perplexity"] / quality["perplexity_reference"])
 
 
+def test_lookup_rows_compare_decode_without_and_with_drafting(bench_json):
+    rows = bench_json["lookup"]
+    assert [row["prompt"] for row in rows] == ["story", "code edit"]
+    for row in rows:
+        assert row["lookup"] == 4 and row["off_tok_s"] > 0 and row["on_tok_s"] > 0
+        assert 0 <= row["accepted_tokens"] <= row["draft_tokens"]
+        assert 0 < row["completion_tokens"] <= 6
+        assert row["same_reply"] is True  # greedy with an fp32 model: drafting never changes a reply
+
+
 def test_table_output(tiny_model_dir, bench_json):
     from rich.console import Console
 
@@ -100,7 +110,7 @@ def test_table_output(tiny_model_dir, bench_json):
     render(bench_json, Console(file=buf, width=160))
     text = buf.getvalue()
     assert "decode tok/s" in text and "transformers generate()" in text
-    assert "multi-turn" in text and "one-shot start-up" in text
+    assert "multi-turn" in text and "one-shot start-up" in text and "prompt lookup" in text
     assert f"{bench_json['decode_tok_s']:.1f}" in text
 
 
@@ -112,6 +122,7 @@ def test_table_output(tiny_model_dir, bench_json):
         (["--turns", "-1"], "--turns must be >= 0"),
         (["--dtype", "float8"], "--dtype must be"),
         (["--kv-dtype", "int4"], "--kv-dtype must be auto, float32, bfloat16 or float16"),
+        (["--lookup", "99"], "--lookup must be <= 16"),
     ],
 )
 def test_bad_options_give_one_line(tiny_model_dir, args, message):

@@ -172,9 +172,11 @@ def test_single_message_longer_than_context_is_an_error(tiny_engine):
         list(tiny_engine.generate(huge, tiny_engine.new_session(), GREEDY))
 
 
-def test_generation_stops_at_context_limit(tiny_engine):
+@pytest.mark.parametrize("lookup", [0, 8])
+def test_generation_stops_at_context_limit(tiny_engine, monkeypatch, lookup):
+    monkeypatch.setattr(tiny_engine.tokenizer, "stop_ids", frozenset())  # no end-of-turn: only the limit ends it
     messages = [{"role": "user", "content": "lazy dog " * 25}]
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1, max_tokens=10_000)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1, max_tokens=10_000, lookup=lookup)
     done = run(tiny_engine, messages, tiny_engine.new_session(), params)
     assert done.finish_reason == "length"
     assert done.stats.context_tokens == tiny_engine.context_limit
@@ -188,6 +190,7 @@ class SlowRunner:
         self.runner, self.delay = runner, delay
         self.context_limit, self.device, self.dtype = runner.context_limit, runner.device, runner.dtype
         self.new_cache = runner.new_cache
+        self.exact_verify = runner.exact_verify
         self.forwards = threading.Semaphore(0)
 
     def forward(self, ids, cache):
@@ -195,6 +198,14 @@ class SlowRunner:
 
         time.sleep(self.delay)
         out = self.runner.forward(ids, cache)
+        self.forwards.release()
+        return out
+
+    def verify(self, ids, cache):
+        import time
+
+        time.sleep(self.delay)
+        out = self.runner.verify(ids, cache)
         self.forwards.release()
         return out
 
@@ -207,7 +218,7 @@ def test_cancel_from_another_thread_keeps_cache_consistent(tiny_engine):
     session = engine.new_session()
     cancel = threading.Event()
     messages = [{"role": "user", "content": "Hello"}]
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3, max_tokens=150)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, max_tokens=150)
     result = {}
 
     def drive():

@@ -11,7 +11,7 @@ from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.params import InvalidParameter
 from chatcli.engine.sampling import SamplingParams, accept_draft, logits_to_probs
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, lookup=0)
 
 
 def test_draft_follows_the_newest_earlier_occurrence():

@@ -77,6 +77,14 @@ def test_config_file_sets_defaults_and_flags_override(cli):
     assert json.loads(cli("-p", "Hello", "--json", "--max-tokens", "6").stdout)["stats"]["completion_tokens"] > 2
 
 
+def test_lookup_drafts_in_one_shot_and_can_be_turned_off(cli):
+    prompt = ("-p", "def main():\n    print('hello world')\n    return 0\n" * 3, "--temperature", "0", "--json")
+    on = json.loads(cli(*prompt, "--max-tokens", "24").stdout)
+    off = json.loads(cli(*prompt, "--max-tokens", "24", "--lookup", "0").stdout)
+    assert on["stats"]["draft_tokens"] > 0 and off["stats"]["draft_tokens"] == 0
+    assert on["reply"] == off["reply"]
+
+
 @pytest.mark.parametrize(
     "args, stdin, words, code",
     [
@@ -88,6 +96,7 @@ def test_config_file_sets_defaults_and_flags_override(cli):
         (("-p", "hi", "--min-p", "2"), b"", "min-p must be in [0, 1]", 2),
         (("-p", "hi", "--top-k", "-3"), b"", "top-k must be >= 0", 2),
         (("-p", "hi", "--max-tokens", "0"), b"", "max-tokens must be >= 1", 2),
+        (("-p", "hi", "--lookup", "-1"), b"", "lookup must be in [0, 16]", 2),
         (("-p", "hi", "--temperature", "warm"), b"", "Invalid value for '--temperature'", 2),
         (("-p", "lazy dog " * 400,), b"", "prompt too long", 1),
         (("-p", "hi", "--kv-dtype", "int4"), b"", "--kv-dtype must be", 1),

@@ -33,6 +33,7 @@ def bench_command(
     prefill_tokens: Annotated[int, typer.Option(help="prompt length of the prefill run")] = 1000,
     turn_tokens: Annotated[int, typer.Option(help="tokens per user message in the multi-turn run")] = 160,
     reply_tokens: Annotated[int, typer.Option(help="reply tokens per turn in the multi-turn run")] = 32,
+    lookup: Annotated[int, typer.Option(help="drafted tokens in the prompt-lookup run (0 skips it)")] = 4,
     baseline: Annotated[bool, typer.Option(help="run transformers' generate() as the baseline")] = True,
     ceiling: Annotated[bool, typer.Option(help="measure the sgemm ceiling for prefill")] = True,
     quality: Annotated[Optional[bool], typer.Option(help="greedy answers and perplexity vs fp32 (default: with --quantize)")] = None,
@@ -47,17 +48,23 @@ def bench_command(
 
     err = Console(stderr=True)
     for name, value, low in (("turns", turns, 0), ("max-tokens", max_tokens, 2), ("prefill-tokens", prefill_tokens, 8),
-                             ("turn-tokens", turn_tokens, 1), ("reply-tokens", reply_tokens, 1), ("threads", threads or 1, 1),
+                             ("turn-tokens", turn_tokens, 1), ("reply-tokens", reply_tokens, 1), ("lookup", lookup, 0),
+                             ("threads", threads or 1, 1),
                              ("repeat", repeat, 1)):
         if value < low:
             err.print(f"chatcli: error: --{name} must be >= {low}, got {value}", markup=False, highlight=False)
             raise typer.Exit(2)
+    from chatcli.engine.params import MAX_LOOKUP
+
+    if lookup > MAX_LOOKUP:
+        err.print(f"chatcli: error: --lookup must be <= {MAX_LOOKUP}, got {lookup}", markup=False, highlight=False)
+        raise typer.Exit(2)
     progress = (lambda _msg: None) if json_output else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     try:
         result = run_bench(
             model=model, device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype, turns=turns,
             max_tokens=max_tokens, prefill_tokens=prefill_tokens, turn_tokens=turn_tokens, reply_tokens=reply_tokens,
-            baseline=baseline, ceiling=ceiling, quality=quality, startup=startup, llama_cpp=llama_cpp,
+            lookup=lookup, baseline=baseline, ceiling=ceiling, quality=quality, startup=startup, llama_cpp=llama_cpp,
             threads=threads, repeat=repeat, progress=progress,
         )
     except BenchError as exc:
@@ -77,7 +84,7 @@ class BenchError(RuntimeError):
 
 def run_bench(
     model=None, device="auto", dtype="auto", runner="auto", quantize=None, kv_dtype="auto", turns=10, max_tokens=128,
-    prefill_tokens=1000, turn_tokens=160, reply_tokens=32, baseline=True, ceiling=True, quality=None,
+    prefill_tokens=1000, turn_tokens=160, reply_tokens=32, lookup=4, baseline=True, ceiling=True, quality=None,
     startup=True, llama_cpp=True, threads=None, repeat=1, progress=lambda _msg: None,
 ) -> dict:
     """Everything `chatcli bench` measures, as the dict `--json` prints."""
@@ -126,12 +133,16 @@ def run_bench(
         pre = max(prefills, key=lambda d: d["prefill_tok_s"])
         progress(f"multi-turn: {turns} turns")
         rows = measure.turns(engine, turns, turn_tokens, reply_tokens, repeat) if turns else []
+        drafting = []
+        if lookup:
+            progress(f"prompt lookup: greedy decode with and without --lookup {lookup}")
+            drafting = measure.lookup(engine, max_tokens, lookup, repeat) if engine.runner.exact_verify else []
     except ContextOverflow as exc:
         raise BenchError(f"{exc}; use smaller --prefill-tokens / --turn-tokens") from None
     result.update(
         decode_tok_s=dec["decode_tok_s"], decode_tokens=dec["completion_tokens"], prefill_tok_s=pre["prefill_tok_s"],
         prefill_tokens=pre["prefill_tokens"], prefill_ttft_s=pre["ttft_s"], ttft_s=min(d["ttft_s"] for d in decodes),
-        turns=rows,
+        turns=rows, lookup=drafting,
     )
     if rows:
         last, first = rows[-1], rows[0]

@@ -5,20 +5,20 @@ from __future__ import annotations
 import math
 import time
 
-from chatcli.bench.prompts import DECODE_PROMPT, QUALITY_PROMPTS, TEXT, filler
+from chatcli.bench.prompts import DECODE_PROMPT, EDIT_PROMPT, QUALITY_PROMPTS, TEXT, filler
 from chatcli.engine.engine import Engine, Finished, Token
 from chatcli.engine.prefix import reusable_prefix
 from chatcli.engine.sampling import SamplingParams
 
-GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, lookup=0)  # plain decode steps
 
 
-def run_turn(engine: Engine, messages: list[dict], session, max_tokens: int):
+def run_turn(engine: Engine, messages: list[dict], session, max_tokens: int, lookup: int = 0):
     """One greedy turn; returns the `Finished` event and the wall time to the first token."""
     done = None
     first = None
     t0 = time.perf_counter()
-    for event in engine.generate(messages, session, GREEDY.with_(max_tokens=max_tokens)):
+    for event in engine.generate(messages, session, GREEDY.with_(max_tokens=max_tokens, lookup=lookup)):
         if first is None and isinstance(event, Token):
             first = time.perf_counter() - t0
         if isinstance(event, Finished):
@@ -42,6 +42,30 @@ def decode(engine: Engine, max_tokens: int) -> dict:
         "completion_tokens": s.completion_tokens,
         "finish_reason": done.finish_reason,
     }
+
+
+def lookup(engine: Engine, max_tokens: int, drafts: int, repeat: int = 1) -> list[dict]:
+    """Greedy decode with and without prompt-lookup drafting, on the decode prompt and on an edit
+    (a reply that repeats its prompt); the best rate of `repeat` runs each."""
+    rows = []
+    for name, prompt in (("story", DECODE_PROMPT), ("code edit", EDIT_PROMPT)):
+        messages = [{"role": "user", "content": prompt}]
+        runs = {}
+        for n in (0, drafts):
+            runs[n] = max((run_turn(engine, messages, engine.new_session(), max_tokens, n)[0] for _ in range(repeat)),
+                          key=lambda done: done.stats.decode_tok_s)
+        off, on = runs[0], runs[drafts]
+        rows.append({
+            "prompt": name,
+            "lookup": drafts,
+            "off_tok_s": off.stats.decode_tok_s,
+            "on_tok_s": on.stats.decode_tok_s,
+            "completion_tokens": on.stats.completion_tokens,
+            "draft_tokens": on.stats.draft_tokens,
+            "accepted_tokens": on.stats.accepted_tokens,
+            "same_reply": on.reply == off.reply,
+        })
+    return rows
 
 
 def prefill(engine: Engine, tokens: int) -> dict:

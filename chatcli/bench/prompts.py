@@ -7,6 +7,13 @@ DECODE_PROMPT = (
     "Describe the island, the weather, the keeper's daily routine and what the message says."
 )
 
+# A reply that repeats its prompt (an edit of code it is shown): where prompt lookup pays.
+EDIT_PROMPT = (
+    "Rename the function fib to fibonacci in this code and show the whole code:\n\n"
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
+    "def main():\n    for i in range(10):\n        print(i, fib(i))\n"
+)
+
 QUALITY_PROMPTS = (
     "What is the capital of France?",
     "Give me three tips for staying healthy.",

@@ -53,6 +53,16 @@ def render(result: dict, console) -> None:
             )
         console.print(turns)
 
+    if result.get("lookup"):
+        look = Table(title=f"prompt lookup (greedy): decode without and with --lookup {result['lookup'][0]['lookup']}")
+        for col in ("prompt", "off tok/s", "on tok/s", "ratio", "drafts kept", "same reply"):
+            look.add_column(col, justify="right" if col != "prompt" else "left")
+        for row in result["lookup"]:
+            look.add_row(row["prompt"], f"{row['off_tok_s']:.1f}", f"{row['on_tok_s']:.1f}",
+                         _ratio(row["on_tok_s"], row["off_tok_s"]), f"{row['accepted_tokens']}/{row['draft_tokens']}",
+                         "yes" if row["same_reply"] else "no")
+        console.print(look)
+
     quality = result.get("quality")
     if quality:
         what = " + ".join(filter(None, [result.get("quantize"), _kv_label(result)])) or result["runner"]

@@ -66,6 +66,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("min-p", "drop tokens below P × the top probability (0 = off)", "P", (), "min_p", _float),
     CommandSpec("max-tokens", "longest reply, in tokens", "N", (), "max_tokens", _int),
     CommandSpec("repeat-penalty", "penalty on recently seen tokens (1 = off)", "X", (), "repeat_penalty", _float),
+    CommandSpec("lookup", "draft up to N tokens from the conversation (0 = off)", "N", (), "lookup", _int),
     CommandSpec("seed", "fix the random seed, or 'off' for a fresh one each turn", "N|off", (), "seed", _seed),
     CommandSpec("system", "set the system prompt (bare: show it)", "[TEXT]"),
     CommandSpec("settings", "show the current settings"),

@@ -27,7 +27,7 @@ class SamplingParams:
     max_tokens: int = 1024
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    lookup: int = 0  # draft up to this many tokens by prompt lookup, verified in one pass (0 disables)
+    lookup: int = 4  # draft up to this many tokens by prompt lookup, verified in one pass (0 disables)
 
     def __post_init__(self) -> None:
         check = _check

@@ -31,5 +31,6 @@ class TurnStats:
             f"ttft {self.ttft_s * 1000:.0f} ms · prefill {self.prefill_tok_s:.0f} tok/s "
             f"· decode {self.decode_tok_s:.1f} tok/s · {self.completion_tokens} tokens "
             f"· cached {self.cached_tokens}/{self.prompt_tokens} prefilled {self.prefill_tokens}"
+            + (f" · drafts kept {self.accepted_tokens}/{self.draft_tokens}" if self.draft_tokens else "")
             + (f" · dropped {self.truncated_turns} turns" if self.truncated_turns else "")
         )

@@ -13,6 +13,7 @@ def human_bytes(n: int) -> str:
 
 
 def sampling_line(params) -> str:
+    """The header's settings: what shapes a reply (lookup only changes its speed; /settings shows it)."""
     seed = "off" if params.seed is None else str(params.seed)
     return (
         f"temp {params.temperature:g} · top-k {params.top_k} · top-p {params.top_p:g} · min-p {params.min_p:g}"
@@ -30,6 +31,7 @@ def settings_lines(params, system: str | None, theme: str, model: str) -> list[s
         f"min-p          {params.min_p:g}",
         f"repeat-penalty {params.repeat_penalty:g}",
         f"max-tokens     {params.max_tokens}",
+        f"lookup         {params.lookup}",
         f"seed           {seed}",
         f"theme          {theme}",
         f"system         {system if system else '(none)'}",

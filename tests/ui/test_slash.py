@@ -22,6 +22,7 @@ from tests.ui.fake import FakeEngine
         ("/max-tokens 99", "max_tokens", 99, "max-tokens = 99"),
         ("/repeat-penalty 1.3", "repeat_penalty", 1.3, "repeat-penalty = 1.3"),
         ("/seed 5", "seed", 5, "seed = 5"),
+        ("/lookup 0", "lookup", 0, "lookup = 0"),
     ],
 )
 async def test_setting_commands_confirm_and_change_neither_history_nor_cache(line, field, value, shown):

@@ -13,6 +13,7 @@ SETTING_NAMES = {
     "min_p": "min-p",
     "max_tokens": "max-tokens",
     "repeat_penalty": "repeat-penalty",
+    "lookup": "lookup",
     "seed": "seed",
 }
 
