@@ -127,3 +127,17 @@ def test_int8_weights_do_not_draft(tiny_loaded):
     assert not engine.runner.exact_verify
     done = turn(engine, engine.new_session(), [{"role": "user", "content": "a b a b a b a b"}], GREEDY.with_(lookup=4))
     assert done.stats.draft_tokens == 0 and done.stats.completion_tokens > 0
+
+
+def test_the_drafts_row_says_off_none_or_how_many_were_kept():
+    from chatcli.ui.format import drafts_text
+
+    assert drafts_text({"draft_tokens": 116, "accepted_tokens": 73}, 4) == "73 of 116 kept"
+    assert drafts_text({"draft_tokens": 0, "accepted_tokens": 0}, 4) == "none"
+    assert drafts_text({"draft_tokens": 0, "accepted_tokens": 0}, 0) == "off"
+
+
+def test_engine_reports_no_drafting_where_verification_is_not_exact(tiny_loaded):
+    params = SamplingParams(lookup=5)
+    assert build_engine(tiny_loaded, runner="lean", kv_dtype="float32").lookup_for(params) == 5
+    assert build_engine(tiny_loaded, runner="lean", quantize="int8").lookup_for(params) == 0

@@ -101,6 +101,11 @@ class Engine:
     def new_session(self) -> Session:
         return Session(self.runner.new_cache())
 
+    def lookup_for(self, params: SamplingParams) -> int:
+        """The draft length a turn with `params` uses: `params.lookup`, or 0 where the runner's
+        verification is not exact (int8; see `ModelRunner.exact_verify`)."""
+        return params.lookup if self.runner.exact_verify else 0
+
     # -- ingress --------------------------------------------------------------
 
     def fit_prompt(self, messages: Sequence[dict], params: SamplingParams) -> tuple[list[int], int]:
@@ -229,7 +234,8 @@ class Engine:
         ids when it is done. With `params.lookup`, each fed id may bring a draft (`PromptLookup`)
         that one `verify` pass checks; the ids the model agrees with come out without a forward
         of their own, and the cache drops the rest."""
-        lookup = PromptLookup(cache.ids) if params.lookup and self.runner.exact_verify else None
+        drafts = self.lookup_for(params)
+        lookup = PromptLookup(cache.ids) if drafts else None
         budget = params.max_tokens  # ids the caller can still take (its reply limit; an end-of-turn id ends it sooner)
         wait = backoff = 0  # after a wholly rejected draft, skip the next 1, 2, 4 … drafts (a miss costs ~0.4 step)
         token = self._pick(logits, cache.ids, len(cache), params, generator)
@@ -242,7 +248,7 @@ class Engine:
                 if wait:
                     wait -= 1
                 else:
-                    draft = lookup.draft(min(params.lookup, budget - 1, self.context_limit - len(cache) - 1))
+                    draft = lookup.draft(min(drafts, budget - 1, self.context_limit - len(cache) - 1))
             if not draft:
                 logits = self.runner.forward([token], cache)  # [V]
                 token = self._pick(logits, cache.ids, len(cache), params, generator)

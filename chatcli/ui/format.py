@@ -54,6 +54,14 @@ def stats_lines(stats: dict) -> list[str]:
     return lines
 
 
+def drafts_text(stats: dict, lookup: int) -> str:
+    """The drafts row: how many prompt-lookup drafts the model kept this turn."""
+    if not lookup:
+        return "off"
+    drafted = stats.get("draft_tokens", 0)
+    return f"{stats.get('accepted_tokens', 0)} of {drafted} kept" if drafted else "none"
+
+
 def reply_note(finish_reason: str | None, stats: dict | None) -> str:
     """The line under a reply: how it ended, its length and speed."""
     note = {"cancelled": "⏹ stopped", "length": "… cut at the token limit"}.get(finish_reason or "", "")

@@ -76,6 +76,9 @@ class FakeEngine:
         self.finished = threading.Event()
         self.reasons: list[str] = []  # finish reason of each turn, recorded in the worker thread
 
+    def lookup_for(self, params) -> int:
+        return params.lookup
+
     def new_session(self) -> FakeSession:
         return FakeSession()
 

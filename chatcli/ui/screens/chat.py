@@ -22,7 +22,7 @@ from textual.widgets import Footer, Static
 
 from chatcli.chat.commands import is_command
 from chatcli.chat.conversation import Conversation
-from chatcli.ui.format import human_bytes, reply_note, sampling_line, turn_line
+from chatcli.ui.format import drafts_text, human_bytes, reply_note, sampling_line, turn_line
 from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, TurnEvent, TurnFailed
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.screens.conversations import Conversations, one_line
@@ -342,6 +342,7 @@ class ChatScreen(Conversations, SlashCommands, Screen):
             tokens=str(stats["completion_tokens"]),
             prompt=f"{stats['cached_tokens']} cached · {stats['prefill_tokens']} new",
             kv=human_bytes(stats["kv_cache_bytes"]),
+            drafts=drafts_text(stats, self.engine.lookup_for(self._turn_params) if self._turn_params else 0),
         )
         self.panels.set_context(stats["context_tokens"], stats["context_limit"] or self.engine.context_limit)
 

@@ -13,6 +13,7 @@ ROWS = (
     ("decode", "decode"),
     ("tokens", "tokens"),
     ("prompt", "prompt"),
+    ("drafts", "drafts"),
     ("context", "context"),
     ("kv", "KV cache"),
 )
