@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from chatcli.engine import lean
+from chatcli.engine import lean, lean_cache
 from chatcli.engine.engine import Engine, Finished
 from chatcli.engine.lean import LeanCache, LeanRunner, lean_support
 from chatcli.engine.load import LoadError, build_engine, context_limit, make_runner
@@ -99,24 +99,24 @@ def test_cache_is_reserved_up_front_and_counts_written_positions(tiny_loaded):
 
 
 def test_huge_pages_always_keeps_the_reservation_lazy(monkeypatch):
-    monkeypatch.setattr(lean, "huge_pages_always", lambda: True)
+    monkeypatch.setattr(lean_cache, "huge_pages_always", lambda: True)
     advised = []
-    monkeypatch.setattr(lean, "advise_no_huge_pages", lambda t: advised.append(t.numel()) or True)
-    lean.madvise_works.cache_clear()
+    monkeypatch.setattr(lean_cache, "advise_no_huge_pages", lambda t: advised.append(t.numel()) or True)
+    lean_cache.madvise_works.cache_clear()
     cache = LeanCache(2, 1, 64, 4096, torch.float32, "cpu")
     cache.reserve(3)
     assert cache.capacity == 4096 and advised[-2:] == [2 * 64 * 4096] * 2  # k and v, marked before any write
-    monkeypatch.setattr(lean, "advise_no_huge_pages", lambda t: False)
-    lean.madvise_works.cache_clear()
+    monkeypatch.setattr(lean_cache, "advise_no_huge_pages", lambda t: False)
+    lean_cache.madvise_works.cache_clear()
     cache = LeanCache(2, 1, 64, 4096, torch.float32, "cpu")
     cache.reserve(3)
-    assert cache.capacity == lean.CACHE_BLOCK  # cannot opt out of huge pages: grow in blocks
-    lean.madvise_works.cache_clear()
+    assert cache.capacity == lean_cache.CACHE_BLOCK  # cannot opt out of huge pages: grow in blocks
+    lean_cache.madvise_works.cache_clear()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_NOHUGEPAGE) is Linux's")
 def test_madvise_no_huge_pages_is_accepted():
-    assert lean.advise_no_huge_pages(torch.empty(1 << 22, dtype=torch.uint8))
+    assert lean_cache.advise_no_huge_pages(torch.empty(1 << 22, dtype=torch.uint8))
 
 
 def test_int8_needs_float32_weights(tiny_loaded):
@@ -128,13 +128,13 @@ def test_int8_needs_float32_weights(tiny_loaded):
 def test_cache_off_the_cpu_grows_in_blocks():
     cache = LeanCache(2, 1, 4, 4096, torch.float32, "meta")  # like a GPU: memory committed when allocated
     cache.reserve(10)
-    assert cache.capacity == lean.CACHE_BLOCK
+    assert cache.capacity == lean_cache.CACHE_BLOCK
     assert LeanCache(2, 1, 4, 4096, torch.float32, "cpu").capacity == 0  # nothing before the first forward
 
 
 def test_cache_grows_in_blocks_and_keeps_what_it_holds(tiny_loaded, monkeypatch):
-    monkeypatch.setattr(lean, "CACHE_BLOCK", 8)
-    monkeypatch.setattr(lean, "RESERVE_BYTES", 1)  # too little to reserve up front: grow instead
+    monkeypatch.setattr(lean_cache, "CACHE_BLOCK", 8)
+    monkeypatch.setattr(lean_cache, "RESERVE_BYTES", 1)  # too little to reserve up front: grow instead
     ref, ours = runners(tiny_loaded)
     cache = ours.new_cache()
     capacities = []
