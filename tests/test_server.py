@@ -146,6 +146,20 @@ def test_a_follow_up_that_extends_the_conversation_reuses_the_cache(tiny_engine,
     assert second.choices[0].message.content == alone(tiny_engine, follow, temperature=0, max_tokens=8)
 
 
+def test_usage_reports_prompt_lookup_drafts_as_prediction_tokens(tiny_engine, serve):
+    code = "def main():\n    print('hello world')\n    return 0\n" * 3
+    messages = [{"role": "user", "content": code}]
+    reply = client(serve(tiny_engine)).chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                                              max_tokens=24)
+    details = reply.usage.completion_tokens_details
+    events = list(tiny_engine.generate(messages, tiny_engine.new_session(), SamplingParams(temperature=0, max_tokens=24)))
+    stats = events[-1].stats
+    assert stats.accepted_tokens > 0  # the tiny model repeats itself: drafts are kept
+    assert details.accepted_prediction_tokens == stats.accepted_tokens
+    assert details.rejected_prediction_tokens == stats.draft_tokens - stats.accepted_tokens
+    assert reply.choices[0].message.content == events[-1].reply
+
+
 def test_a_shared_system_prompt_is_forked_not_taken_from_its_first_client(tiny_engine, serve):
     server = serve(tiny_engine)
     system = {"role": "system", "content": "The quick brown fox jumps over the lazy dog. " * 4}

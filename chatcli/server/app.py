@@ -142,7 +142,7 @@ class CompletionResponse(Response):
                 await self._send_json(send, event.error.status, event.error.body())
                 return
             elif isinstance(event, Finished):
-                use = schema.usage(first.prompt_tokens, event.stats.completion_tokens, first.cached_tokens)
+                use = schema.usage(first, event.stats)
                 body = schema.completion(schema.new_id(), self.model, event.reply, event.finish_reason, use)
                 await self._send_json(send, 200, body)
                 return
@@ -173,7 +173,7 @@ class CompletionResponse(Response):
             elif isinstance(event, Finished):
                 await data(schema.chunk(cid, self.model, created, {}, event.finish_reason, with_usage=with_usage))
                 if with_usage:
-                    use = schema.usage(first.prompt_tokens, event.stats.completion_tokens, first.cached_tokens)
+                    use = schema.usage(first, event.stats)
                     await data(schema.chunk(cid, self.model, created, None, use=use, with_usage=True))
                 break
         await data(b"[DONE]")

@@ -179,12 +179,19 @@ def new_id() -> str:
     return "chatcmpl-" + uuid.uuid4().hex[:24]
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+def usage(first, stats) -> dict:
+    """OpenAI's usage object from a turn's `Prefilled` event and `TurnStats`: prompt tokens read
+    from the KV cache as `cached_tokens`, and prompt-lookup drafts as the prediction tokens
+    kept and rejected (the fields OpenAI's Predicted Outputs report)."""
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens": first.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": first.prompt_tokens + stats.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": stats.accepted_tokens,
+            "rejected_prediction_tokens": stats.draft_tokens - stats.accepted_tokens,
+        },
     }
 
 
