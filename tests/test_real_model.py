@@ -69,7 +69,8 @@ def test_ctrl_c_stops_oneshot_with_130_keeping_output(tmp_path):
 
     env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "none.toml"), "CHATCLI_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chatcli", "-p", "Write a very long story about a dragon.", "--max-tokens", "2000"],
+        [sys.executable, "-m", "chatcli", "-p", "Write a very long story about a dragon.", "--max-tokens", "2000",
+         "--temperature", "0"],  # greedy runs the whole 2,000 tokens; a sampled story can end before the signal
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )
     first = proc.stdout.read(20)  # the reply has started streaming
