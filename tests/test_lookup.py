@@ -141,3 +141,11 @@ def test_engine_reports_no_drafting_where_verification_is_not_exact(tiny_loaded)
     params = SamplingParams(lookup=5)
     assert build_engine(tiny_loaded, runner="lean", kv_dtype="float32").lookup_for(params) == 5
     assert build_engine(tiny_loaded, runner="lean", quantize="int8").lookup_for(params) == 0
+
+
+def test_hf_models_with_sliding_windows_do_not_draft(tiny_loaded, monkeypatch):
+    """Their caches cannot be cropped back a few positions mid-turn, which a rejected draft needs."""
+    engine = build_engine(tiny_loaded, runner="hf")
+    assert engine.runner.exact_verify
+    monkeypatch.setattr(tiny_loaded.model.config, "sliding_window", 16, raising=False)
+    assert build_engine(tiny_loaded, runner="hf").lookup_for(SamplingParams(lookup=4)) == 0

@@ -72,6 +72,7 @@ def test_ctrl_c_stops_oneshot_with_130_keeping_output(tmp_path):
         [sys.executable, "-m", "chatcli", "-p", "Write a very long story about a dragon.", "--max-tokens", "2000",
          "--temperature", "0"],  # greedy runs the whole 2,000 tokens; a sampled story can end before the signal
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # an ignored SIGINT would be inherited
     )
     first = proc.stdout.read(20)  # the reply has started streaming
     assert first

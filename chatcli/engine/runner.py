@@ -136,6 +136,14 @@ class HFRunner(ModelRunner):
         self.device = model.device
         self.dtype = model.dtype
         self.quantized = quantized  # the model is a dynamically quantized copy (quantize_hf_model)
+        config = model.config
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        # sliding-window or recurrent layers cannot be cropped back by a few positions mid-turn
+        self.rewinds = not getattr(config, "sliding_window", None) and layer_types <= {"full_attention"}
+
+    @property
+    def exact_verify(self) -> bool:
+        return self.rewinds and not self.quantized
 
     def new_cache(self) -> HFCache:
         return HFCache(self.model.config)
