@@ -233,11 +233,13 @@ class Engine:
         """Sampled ids, one at a time: sample, feed the id back, repeat. The caller stops taking
         ids when it is done. With `params.lookup`, each fed id may bring a draft (`PromptLookup`)
         that one `verify` pass checks; the ids the model agrees with come out without a forward
-        of their own, and the cache drops the rest."""
+        of their own, and the cache drops the rest. Nothing when prefill was cancelled (`logits` None)."""
+        if logits is None:
+            return
         drafts = self.lookup_for(params)
         lookup = PromptLookup(cache.ids) if drafts else None
         budget = params.max_tokens  # ids the caller can still take (its reply limit; an end-of-turn id ends it sooner)
-        wait = backoff = 0  # after a wholly rejected draft, skip the next 1, 2, 4 … drafts (a miss costs ~0.4 step)
+        wait = backoff = 0  # after a wholly rejected draft, skip drafting for the next 1, 2, 4 … ids (a 5-position check costs ~1.9 steps here)
         token = self._pick(logits, cache.ids, len(cache), params, generator)
         while True:
             yield token
