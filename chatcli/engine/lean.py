@@ -106,11 +106,13 @@ class LeanRunner(ModelRunner):
     """A `ModelRunner` over a transformers Llama's weights, without transformers' forward."""
 
     def __init__(self, model, context_limit: int, kv_dtype: torch.dtype | None = None, decode_linear=None,
-                 prefill_dtype: torch.dtype | None = None, smooth: list[torch.Tensor] | None = None) -> None:
+                 prefill_dtype: torch.dtype | None = None, smooth: list[torch.Tensor] | None = None,
+                 kernel: bool = True) -> None:
         """`kv_dtype`: the cache's dtype (default the model's). `decode_linear`: a factory
-        `weight [out, in] -> projection` for decode steps (`Int8Dense`); prefill keeps dense
-        weights in `prefill_dtype` (default the model's). `smooth`: per-layer SmoothQuant
-        scales for the down projection (see `quantize.down_smoothing`)."""
+        `weight [out, in] -> projection` for decode steps (`Int8Rows`, `Int8Dense`); prefill keeps
+        dense weights in `prefill_dtype` (default the model's). `smooth`: per-layer SmoothQuant
+        scales for the down projection (see `quantize.down_smoothing`). `kernel`: run decode
+        steps and draft checks through the compiled kernel where it can (`compiled.py`)."""
         reason = lean_support(model)
         if reason:
             raise ValueError(f"the lean runner cannot run this model: {reason}")
@@ -137,6 +139,19 @@ class LeanRunner(ModelRunner):
         # [1, D] -> [1, V]: only ever the last position, so a quantized model keeps no dense head
         self.head = Projection(None, decode_linear(head_t.t())) if decode_linear else Projection(head_t)
         self.rope = self._rope_table(inner.rotary_emb, context_limit)  # [T, 1, hd/2] complex
+        self.kernel = kernel
+        self._compile()
+
+    def _compile(self) -> None:
+        """`self.compiled`: the kernel's step over these weights, or None with `kernel_why_not` saying why."""
+        from chatcli.engine.compiled import compile_decode
+
+        self.compiled, self.kernel_why_not = compile_decode(self) if self.kernel else (None, "not asked for")
+
+    @property
+    def exact_verify(self) -> bool:
+        """The kernel checks a draft's rows as it decodes each alone, int8 included."""
+        return self.compiled is not None or not self.quantized
 
     def _layer(self, block, decode_linear, smooth: torch.Tensor | None) -> LeanLayer:
         def linear(parts: list, scale=None, interleave=()):
@@ -173,6 +188,7 @@ class LeanRunner(ModelRunner):
         tensor shared with it, is copied: a view would keep the whole weight file mapped."""
         self.embed = self.embed.clone()
         self.model = None
+        self._compile()  # the compiled step held the old embedding
 
     def new_cache(self) -> LeanCache:
         return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.context_limit, self.kv_dtype, self.device)
@@ -194,9 +210,12 @@ class LeanRunner(ModelRunner):
         if end > self.context_limit:
             raise ValueError(f"{end} positions exceed the context limit {self.context_limit}")
         cache.reserve(end)
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
-        step = self.decode_one_token if length == 1 else self.prefill
-        logits = step(tokens, cache.k, cache.v, start)  # [V]
+        if length == 1 and self.compiled is not None:
+            logits = self.compiled(ids, cache.k, cache.v, start, every=False)  # [V]
+        else:
+            tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
+            step = self.decode_one_token if length == 1 else self.prefill
+            logits = step(tokens, cache.k, cache.v, start)  # [V]
         cache.ids.extend(ids)
         return logits
 
@@ -208,7 +227,9 @@ class LeanRunner(ModelRunner):
             raise ValueError(f"verify needs 1..{self.context_limit - start} ids, got {len(ids)}")
         cache.reserve(end)
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
-        if len(ids) == 1:
+        if self.compiled is not None:
+            logits = self.compiled(ids, cache.k, cache.v, start, every=True)  # [S, V], each row as if alone
+        elif len(ids) == 1:
             logits = self.decode_one_token(tokens, cache.k, cache.v, start)[None]  # [1, V]
         else:
             logits = self.prefill(tokens, cache.k, cache.v, start, every=True)  # [S, V]

@@ -1,0 +1,106 @@
+"""The compiled decode step (`decode.cpp`), built once per machine and loaded with ctypes.
+
+The source is compiled with the system's C++ compiler into the user cache dir, named by a
+digest of the source, the flags and the compiler, so an edit or a new compiler builds anew
+and a build is never half-written (a temporary file renamed into place). It is linked
+against OpenMP by soname: torch's bundled `libgomp.so.1` is loaded first, so the kernel
+runs in the same thread teams as torch (two OpenMP runtimes would fight over 2 cores).
+
+`library()` returns the loaded library, or None with `why_not()` saying why in one line:
+no AVX-512 VNNI, no compiler, a failed build, or `CHATCLI_KERNEL=off` in the environment.
+Callers then keep the pure-torch path, which stays the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("decode.cpp")
+FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
+         "-mavx512dq", "-mavx512vnni", "-mfma"]
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma")  # /proc/cpuinfo names
+ENV = "CHATCLI_KERNEL"  # "off": never build or load; the torch path runs
+
+_reason = ""
+
+
+def why_not() -> str:
+    """Why `library()` gave None (empty when it did not)."""
+    return _reason
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def library_path(cxx: str) -> Path:
+    from chatcli.paths import cache_dir
+
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"decode-{digest}.so"
+
+
+def build(cxx: str, target: Path) -> None:
+    """Compile the source into `target` (about 2 s); raises RuntimeError with the compiler's first error."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
+            raise RuntimeError(f"{Path(cxx).name} failed: {errors[0] if errors else 'exit ' + str(done.returncode)}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The compiled decode step, built first if need be; None where it cannot run here."""
+    global _reason
+    from chatcli.engine.cpu import cpu_flags
+
+    if os.environ.get(ENV, "").lower() in ("off", "0", "no", "false"):
+        _reason = f"{ENV}=off"
+        return None
+    missing = [f for f in CPU_FLAGS if f not in cpu_flags()]
+    if missing:
+        _reason = f"the CPU lacks {', '.join(missing)}"
+        return None
+    cxx = compiler()
+    if cxx is None:
+        _reason = "no C++ compiler (g++) found"
+        return None
+    import torch  # noqa: F401  (torch's libgomp must be loaded before the kernel's)
+
+    try:
+        target = library_path(cxx)
+        if not target.exists():
+            build(cxx, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        _reason = f"the decode kernel did not build: {exc}"
+        return None
+    _declare(lib)
+    _reason = ""
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    from chatcli.engine.kernels.structs import Cache, Matrix, Model
+
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.chatcli_decode.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Cache), ptr, i64, i64, ptr, i64, ctypes.c_int32]
+    lib.chatcli_decode.restype = ctypes.c_int
+    lib.chatcli_project.argtypes = [ctypes.POINTER(Matrix), ptr, i64, ptr, ctypes.c_int32]
+    lib.chatcli_project.restype = ctypes.c_int
