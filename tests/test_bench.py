@@ -40,6 +40,9 @@ def test_json_has_the_contract_keys(bench_json, tiny_model_dir):
     assert bench_json["model"] == tiny_model_dir.name
     assert bench_json["device"] == "cpu" and bench_json["dtype"] == "float32"
     assert bench_json["runner"] == "lean"  # the default for a Llama model
+    from chatcli.engine.kernels import library, why_not
+
+    assert bench_json["decode_kernel"] == ("compiled" if library() else f"torch ({why_not()})")
     assert bench_json["decode_tok_s"] > 0 and bench_json["prefill_tok_s"] > 0 and bench_json["ttft_s"] > 0
     assert bench_json["baseline"]["hf_generate_decode_tok_s"] > 0
     assert bench_json["repeat"] == 2

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from chatcli.engine import lean, lean_cache
+from chatcli.engine.compiled import Int8Rows
 from chatcli.engine.engine import Engine, Finished
 from chatcli.engine.lean import LeanCache, LeanRunner, lean_support
 from chatcli.engine.load import LoadError, build_engine, context_limit, make_runner
@@ -282,7 +283,17 @@ def test_kv_dtype_auto_follows_the_cpu(tiny_loaded, monkeypatch):
         make_runner(tiny_loaded.model, limit, "lean", kv_dtype="int4")
 
 
-def test_int8_lean_runner_tracks_fp32(tiny_loaded):
+@pytest.fixture(params=["kernel", "torch"])
+def int8_path(request):
+    """Each int8 decode path: the compiled kernel's `Int8Rows` and torch's fbgemm `Int8Dense`."""
+    if request.param == "kernel":
+        request.getfixturevalue("kernel")
+        return Int8Rows
+    request.getfixturevalue("no_kernel")
+    return Int8Dense
+
+
+def test_int8_lean_runner_tracks_fp32(tiny_loaded, int8_path):
     limit = context_limit(tiny_loaded.model.config, tiny_loaded.tokenizer)
     fp32 = LeanRunner(tiny_loaded.model, limit)
     with pytest.raises(ValueError, match="calibration"):
@@ -291,8 +302,10 @@ def test_int8_lean_runner_tracks_fp32(tiny_loaded):
     assert int8.quantized and not fp32.quantized
     assert int8.weight_bytes < fp32.weight_bytes / 2  # what a decode step reads
     layer = int8.layers[0]
-    assert all(isinstance(p.decode, Int8Dense) and p.w_t is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
-    assert isinstance(int8.head.decode, Int8Dense) and int8.head.w_t is None  # the head only ever sees one row
+    assert all(isinstance(p.decode, int8_path) and p.w_t is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
+    assert isinstance(int8.head.decode, int8_path) and int8.head.w_t is None  # the head only ever sees one row
+    assert all(p.w_t.dtype == torch.float32 for p in (layer.qkv, layer.down))  # prefill on the model's own weights
+    assert (int8.compiled is not None) == (int8_path is Int8Rows)
     ids = list(range(3, 40))
     with torch.inference_mode():
         caches = fp32.new_cache(), int8.new_cache()
@@ -304,19 +317,20 @@ def test_int8_lean_runner_tracks_fp32(tiny_loaded):
             assert float((a - b).norm() / a.norm()) < 0.1
 
 
-def test_int8_prefill_runs_on_dense_weights(tiny_loaded, monkeypatch):
+def test_int8_prefill_runs_on_dense_weights(tiny_loaded, int8_path, monkeypatch):
     limit = context_limit(tiny_loaded.model.config, tiny_loaded.tokenizer)
     int8 = make_runner(tiny_loaded.model, limit, "lean", "int8", calibration_ids=calibration_ids(tiny_loaded.tokenizer))
     calls = []
-    monkeypatch.setattr(Int8Dense, "__call__", lambda self, x: calls.append(x.shape[0]) or torch.ops.quantized.linear_dynamic(
-        x, self.packed, False))
+    original = int8_path.__call__
+    monkeypatch.setattr(int8_path, "__call__", lambda self, x: calls.append(x.shape[0]) or original(self, x))
     with torch.inference_mode():
         cache = int8.new_cache()
         int8.forward(list(range(3, 20)), cache)
         assert calls == [1]  # only the head, on the last position
         calls.clear()
         int8.forward([7], cache)
-    assert calls == [1] * (4 * len(int8.layers) + 1)
+    # a decode step: each projection in torch, or all of them inside the kernel's one call
+    assert calls == ([1] * (4 * len(int8.layers) + 1) if int8_path is Int8Dense else [])
 
 
 def test_smoothing_scales_leave_the_function_unchanged(tiny_loaded):

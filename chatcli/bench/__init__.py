@@ -112,6 +112,9 @@ def run_bench(
         "runner": runner_name,
         "quantize": quantize,
         "kv_dtype": str(getattr(engine.runner, "kv_dtype", loaded.model.dtype)).removeprefix("torch."),
+        # decode steps: "compiled" (kernels/decode.cpp), else the torch path and why
+        "decode_kernel": "compiled" if getattr(engine.runner, "compiled", None) is not None
+        else f"torch ({getattr(engine.runner, 'kernel_why_not', '') or 'not the lean runner'})",
         "threads": torch.get_num_threads(),
         "repeat": repeat,
         "context_limit": engine.context_limit,

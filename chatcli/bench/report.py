@@ -21,6 +21,8 @@ def render(result: dict, console) -> None:
         title += f" · {result['quantize']}"
     if _kv_label(result):
         title += f" · {_kv_label(result)}"
+    if result.get("decode_kernel"):
+        title += f" · decode {result['decode_kernel']}"
     main = Table(title=title)
     for col in ("metric", "chatcli", "transformers generate()", "ratio"):
         main.add_column(col, justify="right" if col != "metric" else "left")

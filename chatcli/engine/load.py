@@ -112,7 +112,7 @@ def pick_kv_dtype(kv_dtype: str, model, quantize: str | None = None):
 
 
 def bf16_pays(model) -> bool:
-    """An fp32 model on a CPU that multiplies bf16 in hardware: bf16 copies run faster there."""
+    """An fp32 model on a CPU that multiplies bf16 in hardware: a bf16 KV cache pays there."""
     import torch
 
     from chatcli.engine.cpu import has_native_bf16
@@ -253,19 +253,23 @@ def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = 
 
 
 def _int8_lean_runner(model, limit: int, kv_dtype, calibration_ids: list[int] | None):
-    """Decode steps in int8 (they are bound by the bytes they read); prefill with dense weights
-    (it is bound by compute, and one int8 activation scale for a whole prompt costs quality):
-    bf16 where the CPU multiplies bf16 in hardware, else the model's dtype."""
-    import torch
-
+    """Decode steps in int8 (they are bound by the bytes they read); prefill with the model's
+    dense weights (it is bound by compute). bf16 prefill weights were 2x faster on CPUs with
+    bf16 matmuls, but they moved logits enough to flip near-ties: "What is the capital of
+    France?" began "L'Étoile, la France..." instead of "The capital of France is Paris."
+    (`chatcli bench --quantize int8`, AVX-512 BF16 CPU, 2026-12-03)."""
+    from chatcli.engine.kernels import library
     from chatcli.engine.lean import LeanRunner
     from chatcli.engine.quantize import Int8Dense, down_smoothing
 
     if calibration_ids is None:
         raise ValueError("the int8 lean runner needs calibration ids (quantize.CALIBRATION_TEXT, tokenized)")
     smooth = down_smoothing(model, calibration_ids)
-    prefill = torch.bfloat16 if bf16_pays(model) else model.dtype
-    return LeanRunner(model, limit, kv_dtype=kv_dtype, decode_linear=Int8Dense, prefill_dtype=prefill, smooth=smooth)
+    if library() is not None:  # the compiled kernel: per-row activation scales, drafts checked exactly
+        from chatcli.engine.compiled import Int8Rows
+
+        return LeanRunner(model, limit, kv_dtype=kv_dtype, decode_linear=Int8Rows, smooth=smooth)
+    return LeanRunner(model, limit, kv_dtype=kv_dtype, decode_linear=Int8Dense, smooth=smooth)
 
 
 def context_limit(config, tokenizer) -> int:
