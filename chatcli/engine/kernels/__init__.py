@@ -59,6 +59,9 @@ def build(cxx: str, target: Path) -> None:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
             raise RuntimeError(f"{Path(cxx).name} failed: {errors[0] if errors else 'exit ' + str(done.returncode)}")
         os.replace(tmp, target)
+        for old in target.parent.glob("decode-*.so"):  # earlier sources' builds (a loaded one stays mapped)
+            if old != target:
+                old.unlink(missing_ok=True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
