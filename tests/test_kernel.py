@@ -189,3 +189,45 @@ def test_without_the_kernel_the_torch_path_runs(tiny_loaded, no_kernel):
         cache = runner.new_cache()
         runner.forward([3, 4, 5], cache)
         assert runner.forward([6], cache).shape == (tiny_loaded.model.config.vocab_size,)
+
+
+def test_a_dropped_runner_is_freed_at_once(tiny_loaded, kernel):
+    """The compiled step keeps the weights it reads, not its runner: no cycle outlives `del`."""
+    import gc
+    import weakref
+
+    runner = LeanRunner(tiny_loaded.model, 64, kv_dtype=torch.float32)
+    assert runner.compiled is not None
+    gone = weakref.ref(runner)
+    gc.disable()
+    try:
+        del runner
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+def test_out_of_range_ids_are_refused_not_read(tiny_loaded, kernel):
+    runner = LeanRunner(tiny_loaded.model, 64, kv_dtype=torch.float32)
+    cache = runner.new_cache()
+    with torch.inference_mode():
+        runner.forward([3, 4], cache)
+        with pytest.raises(IndexError):
+            runner.forward([tiny_loaded.model.config.vocab_size], cache)
+        with pytest.raises(ValueError, match="Int8Rows takes"):
+            Int8Rows(torch.randn(8, 16))(torch.randn(2, 15))
+    assert cache.ids == [3, 4]
+
+
+def test_a_second_openmp_runtime_keeps_the_torch_path(monkeypatch):
+    monkeypatch.setattr(kernels, "openmp_runtimes", lambda: {"/torch/lib/libgomp-ab12.so.1", "/usr/lib/libgomp.so.1"})
+    kernels.library.cache_clear()
+    try:
+        from chatcli.engine.cpu import cpu_flags
+
+        if kernels.compiler() is None or any(f not in cpu_flags() for f in kernels.CPU_FLAGS):
+            pytest.skip("the kernel does not load here anyway")
+        assert kernels.library() is None and "second OpenMP runtime" in kernels.why_not()
+    finally:
+        monkeypatch.undo()
+        kernels.library.cache_clear()

@@ -58,6 +58,8 @@ class Int8Rows:
         return q.float() * self.scale[:, None]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.matrix.k:
+            raise ValueError(f"Int8Rows takes [S, {self.matrix.k}], got {tuple(x.shape)}")
         x = x.float().contiguous()  # [S, in]
         y = torch.empty(x.shape[0], self.matrix.n)  # [S, out]
         if self._lib.chatcli_project(ctypes.byref(self.matrix), x.data_ptr(), x.shape[0], y.data_ptr(), _threads()):
@@ -65,12 +67,13 @@ class Int8Rows:
         return y
 
 
-def _matrix(projection) -> Matrix | None:
+def _matrix(projection) -> tuple[Matrix, object] | None:
+    """The kernel's view of a projection, and the object that owns the memory it points into."""
     if isinstance(projection.decode, Int8Rows):
-        return projection.decode.matrix
+        return projection.decode.matrix, projection.decode
     w_t = projection.w_t
     if projection.decode is None and w_t is not None and w_t.dtype == torch.float32 and w_t.is_contiguous():
-        return Matrix(WEIGHT_F32, w_t.shape[1], w_t.shape[0], w_t.shape[0], w_t.data_ptr(), None, None)
+        return Matrix(WEIGHT_F32, w_t.shape[1], w_t.shape[0], w_t.shape[0], w_t.data_ptr(), None, None), w_t
     return None
 
 
@@ -83,34 +86,44 @@ def compile_decode(runner) -> tuple[CompiledDecode | None, str]:
         return None, "the kernel runs float32 models on the CPU"
     if runner.kv_dtype not in CACHE_KINDS:
         return None, f"the kernel keeps no {runner.kv_dtype} KV cache"
-    if runner.head_dim % 16 or runner.heads % runner.kv_heads:
+    if runner.head_dim % 16:
         return None, "the kernel needs a head size that is a multiple of 16"
+    if runner.heads % runner.kv_heads:
+        return None, "the kernel needs query heads in whole groups per key/value head"
     projections = [[layer.qkv, layer.out, layer.gate_up, layer.down] for layer in runner.layers]
-    matrices = [[_matrix(p) for p in group] for group in projections]
-    head = _matrix(runner.head)
-    if head is None or any(m is None for group in matrices for m in group):
+    views = [_matrix(p) for group in projections for p in group] + [_matrix(runner.head)]
+    if any(v is None for v in views):
         return None, "a projection's weights are in a form the kernel does not read"
-    return CompiledDecode(lib, runner, matrices, head), ""
+    matrices = [[m for m, _ in views[i : i + 4]] for i in range(0, 4 * len(projections), 4)]
+    head, owners = views[-1][0], [owner for _, owner in views]
+    return CompiledDecode(lib, runner, matrices, head, owners), ""
 
 
 class CompiledDecode:
     """tokens at positions start.. -> logits, through every layer in one call of the kernel."""
 
-    def __init__(self, lib, runner, matrices: list[list[Matrix]], head: Matrix) -> None:
+    def __init__(self, lib, runner, matrices: list[list[Matrix]], head: Matrix, owners: list) -> None:
+        """`owners`: what owns the memory the matrices point into (weights, `Int8Rows`), kept alive
+        here; the runner itself is not kept (it holds this step: a cycle would outlive `del`)."""
         self._lib = lib
+        self._owners = owners
         self._layers = (Layer * len(matrices))(*[Layer(*group) for group in matrices])
         self._rope = torch.view_as_real(runner.rope).contiguous()  # [T, 1, hd/2, 2]
-        self._embed = runner.embed.float().contiguous()  # [V, D]: kept alive here
-        self.vocab = self._embed.shape[0]
+        self._embed = runner.embed.float().contiguous()  # [V_in, D]: kept alive here
+        self.positions = self._rope.shape[0]  # the rope table's length: the most positions a call may reach
+        self.vocab = head.n  # the head's outputs: a logits row
         self._model = Model(
             len(matrices), runner.hidden, runner.heads, runner.kv_heads, runner.head_dim,
             matrices[0][3].k, self.vocab, runner.eps,
             self._embed.data_ptr(), self._rope.data_ptr(), self._layers, head,
         )
-        self._keep = runner  # its weights are the ones the matrices point into
 
     def __call__(self, ids: list[int], k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, every: bool) -> torch.Tensor:
         """ids [S] -> logits [S, V] if `every`, else [V] of the last; k/v_cache [L, KV, capacity, hd] written at start.."""
+        if not ids or start + len(ids) > min(self.positions, k_cache.shape[2]):
+            raise ValueError(f"{len(ids)} ids at position {start} do not fit in {k_cache.shape[2]} cache positions")
+        if min(ids) < 0 or max(ids) >= self._embed.shape[0]:  # C would read past the embedding
+            raise IndexError(f"token id out of range for an embedding of {self._embed.shape[0]} rows")
         tokens = torch.tensor(ids, dtype=torch.int64)  # [S]
         rows = len(ids) if every else 1
         logits = torch.empty(rows, self.vocab)  # [rows, V]

@@ -7,8 +7,9 @@ reads a quarter of the fp32 weight bytes. On CPUs without VNNI, `reduce_range` k
 activations to 7 bits, which avoids the int16 saturation of AVX2's u8×s8 instructions
 (and costs some accuracy); with VNNI the full 8 bits are used.
 
-The lean runner uses these kernels for decode steps only, where one row's activation
-scale is exact per token: every projection and the output head, the MLP's down projection
+Where the compiled decode kernel cannot run (`compiled.Int8Rows` is the same scheme with a
+scale per activation row, inside the kernel), the lean runner uses these kernels for decode
+steps only, where one row's activation scale is exact per token: every projection and the output head, the MLP's down projection
 after SmoothQuant (its inputs, silu(gate) * up, have outlier channels that one activation
 scale would lose; `down_smoothing` moves half of their range into the weight). Prefill keeps
 dense weights (see `load._int8_lean_runner`). Entry points: `Int8Dense`, a projection for

@@ -55,8 +55,9 @@ class ModelRunner(ABC):
     @property
     def exact_verify(self) -> bool:
         """Whether `verify`'s logits for a position are those `forward` would give, so checking a
-        draft never changes a reply. Not with int8: activations are quantized per call, so rows
-        verified together share a scale that single-row decode steps do not."""
+        draft never changes a reply. Not with torch's int8 kernels: activations are quantized per
+        call, so rows verified together share a scale that single-row decode steps do not (the
+        lean runner's compiled step scales each row alone: see `LeanRunner.exact_verify`)."""
         return not self.quantized
 
     @abstractmethod

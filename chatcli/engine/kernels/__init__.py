@@ -7,7 +7,8 @@ against OpenMP by soname: torch's bundled `libgomp.so.1` is loaded first, so the
 runs in the same thread teams as torch (two OpenMP runtimes would fight over 2 cores).
 
 `library()` returns the loaded library, or None with `why_not()` saying why in one line:
-no AVX-512 VNNI, no compiler, a failed build, or `CHATCLI_KERNEL=off` in the environment.
+no AVX-512 VNNI, no compiler, a failed build, a second OpenMP runtime (a torch whose libgomp
+has another name), or `CHATCLI_KERNEL=off` in the environment.
 Callers then keep the pure-torch path, which stays the reference.
 """
 
@@ -16,9 +17,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,35 +39,60 @@ def why_not() -> str:
     return _reason
 
 
-def compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+STALE_S = 7 * 86400  # other builds unused this long are removed (another install may still use a newer one)
 
 
-def library_path(cxx: str) -> Path:
+def compiler() -> list[str] | None:
+    """The C++ compiler's command: `$CXX` (which may carry arguments, e.g. `ccache g++`), else g++."""
+    if os.environ.get("CXX"):
+        return shlex.split(os.environ["CXX"])
+    found = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    return [found] if found else None
+
+
+def library_path(cxx: list[str]) -> Path:
     from chatcli.paths import cache_dir
 
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"decode-{digest}.so"
 
 
-def build(cxx: str, target: Path) -> None:
+def build(cxx: list[str], target: Path) -> None:
     """Compile the source into `target` (about 2 s); raises RuntimeError with the compiler's first error."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([*cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
-            raise RuntimeError(f"{Path(cxx).name} failed: {errors[0] if errors else 'exit ' + str(done.returncode)}")
+            raise RuntimeError(f"{Path(cxx[0]).name} failed: {errors[0] if errors else 'exit ' + str(done.returncode)}")
         os.replace(tmp, target)
-        for old in target.parent.glob("decode-*.so"):  # earlier sources' builds (a loaded one stays mapped)
-            if old != target:
-                old.unlink(missing_ok=True)
+        _prune(target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _prune(keep: Path) -> None:
+    """Remove other builds and killed builds' temporary files not touched for STALE_S."""
+    now = time.time()
+    for old in [*keep.parent.glob("decode-*.so"), *keep.parent.glob("decode-*.tmp")]:
+        try:
+            if old != keep and now - old.stat().st_mtime > STALE_S:
+                old.unlink()
+        except OSError:
+            pass
+
+
+def openmp_runtimes() -> set[str]:
+    """The OpenMP runtime files mapped into this process (one expected: torch's)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            return {os.path.realpath(line.split()[-1]) for line in f if "libgomp" in line and "/" in line}
+    except OSError:
+        return set()
 
 
 @lru_cache(maxsize=1)
@@ -90,9 +118,17 @@ def library() -> ctypes.CDLL | None:
         target = library_path(cxx)
         if not target.exists():
             build(cxx, target)
-        lib = ctypes.CDLL(str(target))
+        try:
+            lib = ctypes.CDLL(str(target))
+        except OSError:  # removed or broken in between: build it once more
+            build(cxx, target)
+            lib = ctypes.CDLL(str(target))
+        os.utime(target)  # in use: not stale
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         _reason = f"the decode kernel did not build: {exc}"
+        return None
+    if len(openmp_runtimes()) > 1:  # torch's libgomp has another soname: the kernel would bring its own
+        _reason = "the kernel would run a second OpenMP runtime beside torch's"
         return None
     _declare(lib)
     _reason = ""

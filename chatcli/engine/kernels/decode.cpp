@@ -2,9 +2,11 @@
 //
 // `chatcli_decode` runs S rows (a sampled token, or a token and the draft that follows it)
 // through every layer of a Llama decoder and writes their keys and values into the KV cache
-// at positions pos..pos+S-1. It is the same computation as `LeanRunner.decode_one_token`
+// at positions pos..pos+S-1. It computes what `LeanRunner.decode_one_token` computes
 // (RMSNorm weights folded into the projections, q/k rows in adjacent rope pairs), but with
-// no per-op dispatch: one OpenMP team for the whole step, a barrier between stages.
+// no per-op dispatch: one OpenMP team for the whole step, a barrier between stages. With a
+// bf16 cache, keys and values are stored in bf16 but q and the attention output stay fp32
+// (the torch path rounds those to bf16 too).
 //
 // Every number of a row is computed from that row alone, by one thread, in a fixed order:
 // int8 activations get a scale and zero point per row, a dot product sums in int32 (exact
@@ -429,24 +431,32 @@ extern "C" {
 int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_t rows, int64_t pos, float* logits,
                    int64_t logit_rows, int32_t threads) {
   if (rows < 1 || logit_rows < 1 || logit_rows > rows || pos + rows > c->capacity || m->head_dim % 16 != 0) return 1;
-  if (c->kind == CACHE_BF16)
-    forward<uint16_t>(*m, *c, tokens, rows, pos, logits, logit_rows, threads);
-  else
-    forward<float>(*m, *c, tokens, rows, pos, logits, logit_rows, threads);
+  try {  // no exception may cross into C (a failed allocation of the scratch space)
+    if (c->kind == CACHE_BF16)
+      forward<uint16_t>(*m, *c, tokens, rows, pos, logits, logit_rows, threads);
+    else
+      forward<float>(*m, *c, tokens, rows, pos, logits, logit_rows, threads);
+  } catch (...) {
+    return 2;
+  }
   return 0;
 }
 
 // y [rows, n] = x [rows, k] W^T through one projection (the int8 head after a dense prefill; tests)
 int chatcli_project(const Matrix* m, const float* x, int64_t rows, float* y, int32_t threads) {
   if (rows < 1) return 1;
-  Scratch sc;
-  sc.h.resize(rows * m->k);
-  sc.xq.resize(rows * (m->kp + 64));
-  sc.xs.resize(rows);
-  sc.xz.resize(rows);
-  const Rows in = prepare(*m, x, m->k, rows, false, 0.f, sc);
+  try {
+    Scratch sc;
+    sc.h.resize(rows * m->k);
+    sc.xq.resize(rows * (m->kp + 64));
+    sc.xs.resize(rows);
+    sc.xz.resize(rows);
+    const Rows in = prepare(*m, x, m->k, rows, false, 0.f, sc);
 #pragma omp parallel num_threads(threads)
-  project(*m, in, y, m->n, false);
+    project(*m, in, y, m->n, false);
+  } catch (...) {
+    return 2;
+  }
   return 0;
 }
 
