@@ -17,7 +17,10 @@ style of gpt-fast:
 - logits for the last position only;
 - two paths: `prefill` (a chunk of positions, causal mask with an offset) and
   `decode_one_token` (one position: no mask, transposes or copies, beyond a few views);
-- for `--quantize int8`, int8 projections in decode steps only (`Projection.decode`).
+- for `--quantize int8`, int8 projections in decode steps only (`Projection.decode`);
+- where the CPU has AVX-512 VNNI, decode steps and draft checks in one call of the
+  compiled kernel (`compiled.py`, `kernels/decode.cpp`); `decode_one_token` is the torch
+  path it replaces, and the reference the tests hold it to.
 
 Models it cannot run exactly (other architectures, biases, sliding windows, rope
 types other than default/linear/llama3) fall back to `HFRunner`: see `lean_support`.
