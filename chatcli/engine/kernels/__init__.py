@@ -1,7 +1,7 @@
 """The compiled decode step (`decode.cpp`), built once per machine and loaded with ctypes.
 
-The source is compiled with the system's C++ compiler into the user cache dir, named by a
-digest of the source, the flags and the compiler, so an edit or a new compiler builds anew
+The source (with `simd.h` beside it) is compiled with the system's C++ compiler into the
+user cache dir, named by a digest of the sources, the flags and the compiler, so an edit or a new compiler builds anew
 and a build is never half-written (a temporary file renamed into place). It is linked
 against OpenMP by soname: torch's bundled `libgomp.so.1` is loaded first, so the kernel
 runs in the same thread teams as torch (two OpenMP runtimes would fight over 2 cores).
@@ -54,7 +54,8 @@ def library_path(cxx: list[str]) -> Path:
     from chatcli.paths import cache_dir
 
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    sources = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in sorted(SOURCE.parent.glob("*.h")))
+    digest = hashlib.sha256(sources + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"decode-{digest}.so"
 
 

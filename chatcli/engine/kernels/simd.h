@@ -1,0 +1,92 @@
+// Vector helpers and per-row stages of the decode step (see decode.cpp), AVX-512.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+// ---- small vector helpers ---------------------------------------------------------------
+
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// exp for x <= 0 (softmax, silu of negative inputs): 2^n * p(f), |rel. error| < 2e-7
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), f);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(f, f), _mm512_add_ps(f, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch does
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// ---- per-row stages ---------------------------------------------------------------------
+
+// RMSNorm without its weight (folded into the next projection): out = x / rms(x)
+void rms_norm(const float* x, int64_t d, float eps, float* out) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) acc = _mm512_fmadd_ps(load16(x + i), load16(x + i), acc);
+  float ss = hsum(acc);
+  for (; i < d; i++) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+  for (i = 0; i < d; i++) out[i] = x[i] * inv;
+}
+
+// x [k] -> xq [kp] uint8 (padding holds the zero point: the padded weights are 0 anyway)
+void quantize_row(const float* x, int64_t k, int64_t kp, uint8_t* xq, float* scale, int32_t* zero) {
+  float lo = 0.f, hi = 0.f;  // the range always holds 0, so 0 is exact
+  for (int64_t i = 0; i < k; i++) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  const float step = hi > lo ? (hi - lo) / 255.f : 1.f;
+  const int32_t zp = std::clamp(static_cast<int32_t>(std::nearbyint(-lo / step)), 0, 255);
+  const float inv = 1.f / step;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i vzp = _mm512_set1_epi32(zp), vlo = _mm512_setzero_si512(), vhi = _mm512_set1_epi32(255);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(load16(x + i), vinv)), vzp);  // nearest even
+    q = _mm512_min_epi32(_mm512_max_epi32(q, vlo), vhi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + i), _mm512_cvtepi32_epi8(q));
+  }
+  for (; i < k; i++) xq[i] = static_cast<uint8_t>(std::clamp(static_cast<int32_t>(std::nearbyint(x[i] * inv)) + zp, 0, 255));
+  for (; i < kp; i++) xq[i] = static_cast<uint8_t>(zp);
+  *scale = step;
+  *zero = zp;
+}
+
+}  // namespace
