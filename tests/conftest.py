@@ -44,11 +44,9 @@ def real_engine(tmp_path_factory):
 @pytest.fixture
 def no_kernel(monkeypatch):
     """The pure-torch decode path, as on a CPU without AVX-512 VNNI or a machine without g++."""
-    import chatcli.engine.compiled as compiled
     import chatcli.engine.kernels as kernels
 
     monkeypatch.setattr(kernels, "library", lambda: None)
-    monkeypatch.setattr(compiled, "library", lambda: None)
     monkeypatch.setattr(kernels, "_reason", "switched off for this test")
 
 
@@ -57,9 +55,8 @@ def kernel():
     """The compiled decode kernel. Skipped only where the CPU cannot run it or there is no
     compiler: where both are there, a failed build fails the test instead of hiding behind a skip."""
     from chatcli.engine import kernels
-    from chatcli.engine.cpu import cpu_flags
 
-    missing = [f for f in kernels.CPU_FLAGS if f not in cpu_flags()]
+    missing = kernels.missing_cpu_flags()
     if missing:
         pytest.skip(f"the CPU lacks {', '.join(missing)}")
     if kernels.compiler() is None:

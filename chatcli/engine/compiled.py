@@ -19,7 +19,7 @@ import ctypes
 
 import torch
 
-from chatcli.engine.kernels import library, why_not
+from chatcli.engine import kernels
 from chatcli.engine.kernels.structs import CACHE_BF16, CACHE_F32, WEIGHT_F32, WEIGHT_I8, Cache, Layer, Matrix, Model
 
 CACHE_KINDS = {torch.float32: CACHE_F32, torch.bfloat16: CACHE_BF16}
@@ -34,9 +34,9 @@ class Int8Rows:
     with a scale and zero point per row, so each row's result is the one it would get alone."""
 
     def __init__(self, weight: torch.Tensor) -> None:  # weight: [out, in] float
-        lib = library()
+        lib = kernels.library()
         if lib is None:
-            raise RuntimeError(f"the int8 kernel is not available: {why_not()}")
+            raise RuntimeError(f"the int8 kernel is not available: {kernels.why_not()}")
         self._lib = lib
         w = weight.detach().float()
         n, k = w.shape
@@ -79,9 +79,9 @@ def _matrix(projection) -> tuple[Matrix, object] | None:
 
 def compile_decode(runner) -> tuple[CompiledDecode | None, str]:
     """The compiled step over `runner`'s weights, or None and why not (one line)."""
-    lib = library()
+    lib = kernels.library()
     if lib is None:
-        return None, why_not()
+        return None, kernels.why_not()
     if runner.device.type != "cpu" or runner.dtype != torch.float32:
         return None, "the kernel runs float32 models on the CPU"
     if runner.kv_dtype not in CACHE_KINDS:

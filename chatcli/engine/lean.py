@@ -229,13 +229,14 @@ class LeanRunner(ModelRunner):
         if not ids or end > self.context_limit:
             raise ValueError(f"verify needs 1..{self.context_limit - start} ids, got {len(ids)}")
         cache.reserve(end)
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
         if self.compiled is not None:
             logits = self.compiled(ids, cache.k, cache.v, start, every=True)  # [S, V], each row as if alone
-        elif len(ids) == 1:
-            logits = self.decode_one_token(tokens, cache.k, cache.v, start)[None]  # [1, V]
         else:
-            logits = self.prefill(tokens, cache.k, cache.v, start, every=True)  # [S, V]
+            tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
+            if len(ids) == 1:
+                logits = self.decode_one_token(tokens, cache.k, cache.v, start)[None]  # [1, V]
+            else:
+                logits = self.prefill(tokens, cache.k, cache.v, start, every=True)  # [S, V]
         cache.ids.extend(ids)
         return logits
 

@@ -265,11 +265,12 @@ def _int8_lean_runner(model, limit: int, kv_dtype, calibration_ids: list[int] | 
     if calibration_ids is None:
         raise ValueError("the int8 lean runner needs calibration ids (quantize.CALIBRATION_TEXT, tokenized)")
     smooth = down_smoothing(model, calibration_ids)
+    decode_linear = Int8Dense
     if library() is not None:  # the compiled kernel: per-row activation scales, drafts checked exactly
         from chatcli.engine.compiled import Int8Rows
 
-        return LeanRunner(model, limit, kv_dtype=kv_dtype, decode_linear=Int8Rows, smooth=smooth)
-    return LeanRunner(model, limit, kv_dtype=kv_dtype, decode_linear=Int8Dense, smooth=smooth)
+        decode_linear = Int8Rows
+    return LeanRunner(model, limit, kv_dtype=kv_dtype, decode_linear=decode_linear, smooth=smooth)
 
 
 def context_limit(config, tokenizer) -> int:

@@ -1,8 +1,9 @@
 """The compiled decode step (`decode.cpp`), built once per machine and loaded with ctypes.
 
 The source (with `simd.h` beside it) is compiled with the system's C++ compiler into the
-user cache dir, named by a digest of the sources, the flags and the compiler, so an edit or a new compiler builds anew
-and a build is never half-written (a temporary file renamed into place). It is linked
+user cache dir, named by a digest of the sources, the flags and the compiler, so an edit or
+a new compiler builds anew and a build is never half-written (a temporary file renamed into
+place). It is linked
 against OpenMP by soname: torch's bundled `libgomp.so.1` is loaded first, so the kernel
 runs in the same thread teams as torch (two OpenMP runtimes would fight over 2 cores).
 
@@ -37,6 +38,13 @@ _reason = ""
 def why_not() -> str:
     """Why `library()` gave None (empty when it did not)."""
     return _reason
+
+
+def missing_cpu_flags() -> list[str]:
+    """What the kernel needs that this CPU lacks (empty where it can run)."""
+    from chatcli.engine.cpu import cpu_flags
+
+    return [f for f in CPU_FLAGS if f not in cpu_flags()]
 
 
 STALE_S = 7 * 86400  # other builds unused this long are removed (another install may still use a newer one)
@@ -100,12 +108,10 @@ def openmp_runtimes() -> set[str]:
 def library() -> ctypes.CDLL | None:
     """The compiled decode step, built first if need be; None where it cannot run here."""
     global _reason
-    from chatcli.engine.cpu import cpu_flags
-
     if os.environ.get(ENV, "").lower() in ("off", "0", "no", "false"):
         _reason = f"{ENV}=off"
         return None
-    missing = [f for f in CPU_FLAGS if f not in cpu_flags()]
+    missing = missing_cpu_flags()
     if missing:
         _reason = f"the CPU lacks {', '.join(missing)}"
         return None
