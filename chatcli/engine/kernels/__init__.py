@@ -4,8 +4,9 @@ The source (with `simd.h` beside it) is compiled with the system's C++ compiler 
 user cache dir, named by a digest of the sources, the flags and the compiler, so an edit or
 a new compiler builds anew and a build is never half-written (a temporary file renamed into
 place). It is linked
-against OpenMP by soname: torch's bundled `libgomp.so.1` is loaded first, so the kernel
-runs in the same thread teams as torch (two OpenMP runtimes would fight over 2 cores).
+against OpenMP by soname (`libgomp.so.1`): in a process that has torch, the kernel shares
+torch's runtime; in one that has not, the system's, which a torch imported later then
+shares too (the loader reuses a loaded soname). Two runtimes would fight over the cores.
 
 `library()` returns the loaded library, or None with `why_not()` saying why in one line:
 no AVX-512 VNNI, no compiler, a failed build, a second OpenMP runtime (a torch whose libgomp
@@ -59,11 +60,18 @@ def compiler() -> list[str] | None:
 
 
 def library_path(cxx: list[str]) -> Path:
+    """Where the build for these sources, flags and compiler lives. The compiler is named by its
+    command and its binary's path, size and mtime (a stat, not a `--version` run at each start)."""
     from chatcli.paths import cache_dir
 
-    version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    binary = shutil.which(cxx[0]) or cxx[0]
+    try:
+        st = os.stat(binary)
+        compiler_id = f"{' '.join(cxx)}|{os.path.realpath(binary)}|{st.st_size}|{st.st_mtime_ns}"
+    except OSError:
+        compiler_id = " ".join(cxx)
     sources = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in sorted(SOURCE.parent.glob("*.h")))
-    digest = hashlib.sha256(sources + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(sources + " ".join(FLAGS).encode() + compiler_id.encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"decode-{digest}.so"
 
 
@@ -119,8 +127,6 @@ def library() -> ctypes.CDLL | None:
     if cxx is None:
         _reason = "no C++ compiler (g++) found"
         return None
-    import torch  # noqa: F401  (torch's libgomp must be loaded before the kernel's)
-
     try:
         target = library_path(cxx)
         if not target.exists():

@@ -18,7 +18,8 @@
 //   int8: W packed as [ceil(n/16)][kp/4][16][4] int8 (16 outputs a block, 4 consecutive k
 //     per 32-bit lane, as VPDPBUSD wants), symmetric per output row, scale [n], row sums
 //     [n] (for the activations' zero point): y = xs * ws * (sum xq * wq - xz * wsum).
-//   fp32: W as the lean runner keeps it for prefill, transposed [k, n] (w_t).
+//   fp32: W in panels of 64 outputs, [ceil(n/64)][k][64], zero past n: each thread streams whole
+//     panels, contiguous (a transposed [k, n] layout put the rows of a wide matrix in the same cache sets).
 // The KV cache is [L, KV, capacity, hd] in fp32 or bf16 (round to nearest even).
 
 #include <immintrin.h>
@@ -69,7 +70,9 @@ struct Cache {
 
 namespace {
 
-constexpr int kRowsPerPass = 4;  // activation rows that share one read of a weight block (at most)
+constexpr int kRowsPerPass = 4;  // int8: activation rows that share one read of a weight block (at most)
+constexpr int kF32Rows = 6;      // fp32: rows a pass over a panel computes (6 x 4 accumulators)
+constexpr int64_t kPanel = 64;   // fp32 weights: panels of 64 outputs, [ceil(n/64)][k][64]
 
 // ---- projections, run inside an OpenMP team (each splits its output blocks) ---------------
 
@@ -121,110 +124,199 @@ void int8_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y
   }
 }
 
-// y[s, n0..n0+16*V) for rows s0..s0+R from w_t [k, n], V vectors of 16 outputs
-template <int R, int V>
-void f32_block(const Matrix& m, int64_t n0, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
-  const float* w = static_cast<const float*>(m.w);
-  __m512 acc[R][V];
+// y[s, p*64..p*64+64) for rows s0..s0+R from fp32 panel p ([k][64], zero past n)
+template <int R>
+void f32_panel(const Matrix& m, int64_t p, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
+  const float* w = static_cast<const float*>(m.w) + p * m.k * kPanel;
+  __m512 acc[R][4];
   for (int r = 0; r < R; r++)
-    for (int v = 0; v < V; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_ps();
+  const float* x = in.x + s0 * in.ldx;
   for (int64_t k = 0; k < m.k; k++) {
-    const float* wk = w + k * m.n + n0;
-    _mm_prefetch(reinterpret_cast<const char*>(wk + 8 * m.n), _MM_HINT_T0);
-    __m512 wv[V];
-    for (int v = 0; v < V; v++) wv[v] = _mm512_loadu_ps(wk + 16 * v);
+    const float* wk = w + k * kPanel;
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 8 * kPanel), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 8 * kPanel + 32), _MM_HINT_T0);
+    const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16), w2 = _mm512_loadu_ps(wk + 32),
+                 w3 = _mm512_loadu_ps(wk + 48);
     for (int r = 0; r < R; r++) {
-      const __m512 xb = _mm512_set1_ps(in.x[(s0 + r) * in.ldx + k]);
-      for (int v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(xb, wv[v], acc[r][v]);
+      const __m512 xb = _mm512_set1_ps(x[r * in.ldx + k]);
+      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(xb, w3, acc[r][3]);
     }
   }
-  for (int r = 0; r < R; r++)
-    for (int v = 0; v < V; v++) {
+  const int64_t n0 = p * kPanel;
+  for (int v = 0; v < 4; v++) {
+    const int64_t width = std::clamp<int64_t>(m.n - n0 - 16 * v, 0, 16);
+    if (width == 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+    for (int r = 0; r < R; r++) {
       float* out = y + (s0 + r) * ldy + n0 + 16 * v;
-      _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), acc[r][v]) : acc[r][v]);
+      const __m512 val = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), acc[r][v]) : acc[r][v];
+      _mm512_mask_storeu_ps(out, mask, val);
     }
+  }
 }
 
-// fp32 outputs past the last whole vector, one at a time (in the same k order)
-void f32_tail(const Matrix& m, int64_t n0, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-  const float* w = static_cast<const float*>(m.w);
-  for (int64_t s = 0; s < in.count; s++)
-    for (int64_t n = n0; n < m.n; n++) {
-      float acc = 0.f;
-      for (int64_t k = 0; k < m.k; k++) acc = std::fma(in.x[s * in.ldx + k], w[k * m.n + n], acc);
-      float* out = y + s * ldy + n;
-      *out = accumulate ? *out + acc : acc;
-    }
+// the last pass: `left` (< R) rows from s
+template <int R, typename Block>
+void tail_pass(int64_t left, int64_t s, Block& block) {
+  if constexpr (R > 0) {
+    if (left == R)
+      block(std::integral_constant<int, R>{}, s);
+    else
+      tail_pass<R - 1>(left, s, block);
+  }
 }
 
-template <typename Block>
+// block(integral_constant<int, R>, s0) over the rows, in passes of kRows and one shorter last pass
+template <int kRows, typename Block>
 void each_row_pass(const Rows& in, Block block) {
-  static_assert(kRowsPerPass == 4, "the passes below are written out for 4 rows");
   int64_t s = 0;
-  for (; s + kRowsPerPass <= in.count; s += kRowsPerPass) block(std::integral_constant<int, kRowsPerPass>{}, s);
-  switch (in.count - s) {
-    case 3: block(std::integral_constant<int, 3>{}, s); break;
-    case 2: block(std::integral_constant<int, 2>{}, s); break;
-    case 1: block(std::integral_constant<int, 1>{}, s); break;
-    default: break;
+  for (; s + kRows <= in.count; s += kRows) block(std::integral_constant<int, kRows>{}, s);
+  tail_pass<kRows - 1>(in.count - s, s, block);
+}
+
+// Row blocks to split a projection's rows into, beside its `units` output blocks, so that the team's
+// threads get equal shares: a few wide rows of units (9 fp32 panels for 2 threads) would leave one idle.
+int64_t row_blocks(int64_t units, int64_t rows, int64_t pass) {
+  const int64_t threads = omp_get_num_threads();
+  int64_t best = 1;
+  double best_cost = 2.0;
+  for (int64_t rb = 1; rb <= 8 && (rb == 1 || rb * pass <= rows); rb++) {
+    const int64_t items = units * rb;
+    const double cost = static_cast<double>((items + threads - 1) / threads) * threads / items;  // 1: even
+    if (cost < best_cost - 1e-9) best = rb, best_cost = cost;
+  }
+  return best;
+}
+
+// every (unit, row block) pair once over the team: work(unit, rows) with a view of the rows
+template <int kRows, typename Work>
+void split(const Rows& in, int64_t units, Work work) {
+  const int64_t rb = row_blocks(units, in.count, kRows);
+  const int64_t per = ((in.count + rb - 1) / rb + kRows - 1) / kRows * kRows;  // rows a block, whole passes
+#pragma omp for schedule(static)
+  for (int64_t item = 0; item < units * rb; item++) {
+    const int64_t unit = item / rb, first = (item % rb) * per;
+    if (first >= in.count) continue;
+    Rows part = in;
+    part.count = std::min(per, in.count - first);
+    each_row_pass<kRows>(part, [&](auto r, int64_t s) { work(unit, r, first + s); });
   }
 }
 
 // y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team
 void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-  if (m.kind == WEIGHT_I8) {
-    const int64_t blocks = (m.n + 15) / 16;
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; b++)
-      each_row_pass(in, [&](auto rows, int64_t s) { int8_block<decltype(rows)::value>(m, b, in, s, y, ldy, accumulate); });
-    return;
-  }
-  constexpr int64_t kTile = 64;  // 4 vectors of outputs
-  const int64_t tiles = m.n / kTile, vectors = (m.n % kTile) / 16, tail = tiles * kTile + vectors * 16;
-#pragma omp for schedule(static)
-  for (int64_t t = 0; t < tiles + vectors; t++) {
-    if (t < tiles)
-      each_row_pass(in, [&](auto rows, int64_t s) { f32_block<decltype(rows)::value, 4>(m, t * kTile, in, s, y, ldy, accumulate); });
-    else
-      each_row_pass(in, [&](auto rows, int64_t s) {
-        f32_block<decltype(rows)::value, 1>(m, tiles * kTile + (t - tiles) * 16, in, s, y, ldy, accumulate);
-      });
-  }
-#pragma omp single
-  if (tail < m.n) f32_tail(m, tail, in, y, ldy, accumulate);
+  if (m.kind == WEIGHT_I8)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      int8_block<decltype(r)::value>(m, b, in, s, y, ldy, accumulate);
+    });
+  else
+    split<kF32Rows>(in, (m.n + kPanel - 1) / kPanel, [&](int64_t p, auto r, int64_t s) {
+      f32_panel<decltype(r)::value>(m, p, in, s, y, ldy, accumulate);
+    });
 }
 
 // ---- attention ------------------------------------------------------------------------------
 
+// lane j of the result = the sum of v[j]'s 16 lanes (a transpose-and-add tree: 45 instructions
+// where 16 separate reductions take ~130)
+inline __m512 sum_each(const __m512 v[16]) {
+  __m512 w[8], x[4];
+  for (int j = 0; j < 8; j++)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+  for (int j = 0; j < 4; j++)  // per 128-bit lane L: the lane-L sums of v[4j..4j+4)
+    x[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+constexpr int kMaxGroup = 8;      // query heads attended together over one read of their K and V
+constexpr int kMaxHeadDim = 256;  // the largest head the kernel takes
+
+// `heads` (<= kMaxGroup) query rows [heads, hd] of one position over the `length` cached positions
+// of their shared K and V (one query group, or part of one): K and V are read once for all of
+// them. scores [heads, length + 16]. Each head sums in the same order whatever the rows and heads
+// around it, so a prefill and the same tokens one at a time give the same bits.
 template <typename T>
-void attend(const float* q, const T* k, const T* v, int64_t length, int64_t hd, float* scores, float* out) {
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  float top = -INFINITY;
-  for (int64_t t = 0; t < length; t++) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < hd; i += 16) acc = _mm512_fmadd_ps(load16(q + i), load16(k + t * hd + i), acc);
-    scores[t] = hsum(acc) * scale;
-    top = std::max(top, scores[t]);
-  }
-  const __m512 vtop = _mm512_set1_ps(top);
-  __m512 vsum = _mm512_setzero_ps();
+void attend(const float* q, int64_t heads, const T* k, const T* v, int64_t length, int64_t hd, float* scores,
+            float* out) {
+  const int64_t lds = length + 16;
+  const __m512 vscale = _mm512_set1_ps(1.f / std::sqrt(static_cast<float>(hd)));
+  __m512 vmax[kMaxGroup];
+  for (int64_t h = 0; h < heads; h++) vmax[h] = _mm512_set1_ps(-INFINITY);
   int64_t t = 0;
-  for (; t + 16 <= length; t += 16) {
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(scores + t), vtop));
-    _mm512_storeu_ps(scores + t, e);
-    vsum = _mm512_add_ps(vsum, e);
+  alignas(64) float kbuf[16 * kMaxHeadDim];  // a bf16 block of keys in fp32, converted once for every head
+  for (; t + 16 <= length; t += 16) {  // 16 keys at a time (in L1 for every head): one reduction tree
+    const float* kb = nullptr;
+    if constexpr (sizeof(T) == 4) {
+      kb = reinterpret_cast<const float*>(k) + t * hd;
+    } else {
+      for (int64_t i = 0; i < 16 * hd; i += 16) _mm512_store_ps(kbuf + i, load16(k + t * hd + i));
+      kb = kbuf;
+    }
+    for (int64_t h = 0; h < heads; h++) {
+      __m512 acc[16];
+      for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < hd; i += 16) {
+        const __m512 qi = load16(q + h * hd + i);
+        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qi, _mm512_loadu_ps(kb + j * hd + i), acc[j]);
+      }
+      const __m512 sc = _mm512_mul_ps(sum_each(acc), vscale);
+      _mm512_storeu_ps(scores + h * lds + t, sc);
+      vmax[h] = _mm512_max_ps(vmax[h], sc);
+    }
   }
-  if (t < length) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (length - t)) - 1u);
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores + t), vtop));
-    _mm512_mask_storeu_ps(scores + t, mask, e);
-    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
+  float inv[kMaxGroup];
+  for (int64_t h = 0; h < heads; h++) {
+    float* sh = scores + h * lds;
+    float top = _mm512_reduce_max_ps(vmax[h]);
+    for (int64_t u = t; u < length; u++) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t i = 0; i < hd; i += 16) acc = _mm512_fmadd_ps(load16(q + h * hd + i), load16(k + u * hd + i), acc);
+      sh[u] = hsum(acc) * (1.f / std::sqrt(static_cast<float>(hd)));
+      top = std::max(top, sh[u]);
+    }
+    const __m512 vtop = _mm512_set1_ps(top);
+    __m512 vsum = _mm512_setzero_ps();
+    int64_t u = 0;
+    for (; u + 16 <= length; u += 16) {
+      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sh + u), vtop));
+      _mm512_storeu_ps(sh + u, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    if (u < length) {
+      const __mmask16 mask = static_cast<__mmask16>((1u << (length - u)) - 1u);
+      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + u), vtop));
+      _mm512_mask_storeu_ps(sh + u, mask, e);
+      vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
+    }
+    inv[h] = 1.f / hsum(vsum);
   }
-  const float inv = 1.f / hsum(vsum);
-  for (int64_t i = 0; i < hd; i += 16) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t u = 0; u < length; u++) acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[u]), load16(v + u * hd + i), acc);
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+  for (int64_t i = 0; i < hd; i += 16) {  // each V block read once for every head; two chains a head
+    __m512 acc[2][kMaxGroup];
+    for (int64_t h = 0; h < heads; h++) acc[0][h] = acc[1][h] = _mm512_setzero_ps();
+    int64_t u = 0;
+    for (; u + 2 <= length; u += 2) {
+      const __m512 v0 = load16(v + u * hd + i), v1 = load16(v + (u + 1) * hd + i);
+      for (int64_t h = 0; h < heads; h++) {
+        acc[0][h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * lds + u]), v0, acc[0][h]);
+        acc[1][h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * lds + u + 1]), v1, acc[1][h]);
+      }
+    }
+    if (u < length) {
+      const __m512 v0 = load16(v + u * hd + i);
+      for (int64_t h = 0; h < heads; h++) acc[0][h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * lds + u]), v0, acc[0][h]);
+    }
+    for (int64_t h = 0; h < heads; h++)
+      _mm512_storeu_ps(out + h * hd + i, _mm512_mul_ps(_mm512_add_ps(acc[0][h], acc[1][h]), _mm512_set1_ps(inv[h])));
   }
 }
 
@@ -246,16 +338,25 @@ struct Scratch {
   std::vector<int32_t> xz;
 };
 
-// rows s of src [S, k] -> normalised (or not) and, for an int8 projection, quantized
-Rows prepare(const Matrix& m, const float* src, int64_t lds, int64_t count, bool norm, float eps, Scratch& sc) {
+// The rows a projection reads: `src [count, k]` itself, or its normalised rows in sc.h
+Rows rows_for(const Matrix& m, const float* src, int64_t lds, int64_t count, bool norm, const Scratch& sc) {
   Rows rows{count, src, lds, sc.xq.data(), sc.xs.data(), sc.xz.data()};
   if (norm) {
-    for (int64_t s = 0; s < count; s++) rms_norm(src + s * lds, m.k, eps, sc.h.data() + s * m.k);
     rows.x = sc.h.data();
     rows.ldx = m.k;
   }
-  if (m.kind == WEIGHT_I8)
-    for (int64_t s = 0; s < count; s++) quantize_row(rows.x + s * rows.ldx, m.k, m.kp, sc.xq.data() + s * m.kp, &sc.xs[s], &sc.xz[s]);
+  return rows;
+}
+
+// rows s of src [S, k] -> normalised (or not) and, for an int8 projection, quantized; each row by one
+// thread (called by every thread of a team; ends with its barrier)
+Rows prepare(const Matrix& m, const float* src, int64_t lds, int64_t count, bool norm, float eps, Scratch& sc) {
+  const Rows rows = rows_for(m, src, lds, count, norm, sc);
+#pragma omp for schedule(static)
+  for (int64_t s = 0; s < count; s++) {
+    if (norm) rms_norm(src + s * lds, m.k, eps, sc.h.data() + s * m.k);
+    if (m.kind == WEIGHT_I8) quantize_row(rows.x + s * rows.ldx, m.k, m.kp, sc.xq.data() + s * m.kp, &sc.xs[s], &sc.xz[s]);
+  }
   return rows;
 }
 
@@ -274,75 +375,55 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
   sc.xq.resize(S * (widest + 64));
   sc.xs.resize(S);
   sc.xz.resize(S);
-  sc.scores.resize(static_cast<size_t>(threads) * (pos + S + 16));
+  const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together
+  const int64_t parts = (group + part - 1) / part;
+  // few rows (a decode step): one head a task, so that every thread has some
+  const int64_t per_task = S * KV * parts >= 4 * threads ? part : 1;
+  const int64_t tasks_per_group = (group + per_task - 1) / per_task;
+  const size_t scores_per_thread = static_cast<size_t>(per_task) * (pos + S + 16);
+  sc.scores.resize(static_cast<size_t>(threads) * scores_per_thread);
   for (int64_t s = 0; s < S; s++) std::memcpy(&sc.x[s * D], m.embed + tokens[s] * D, D * sizeof(float));
   T* k_cache = static_cast<T*>(c.k);
   T* v_cache = static_cast<T*>(c.v);
-  Rows rows{};
 
+  // Every stage splits its rows (or output blocks, or heads) over the team; a barrier ends each.
 #pragma omp parallel num_threads(threads)
   {
-    float* scores = sc.scores.data() + static_cast<size_t>(omp_get_thread_num()) * (pos + S + 16);
+    float* scores = sc.scores.data() + static_cast<size_t>(omp_get_thread_num()) * scores_per_thread;
     for (int64_t l = 0; l < m.n_layers; l++) {
       const Layer& layer = m.layers[l];
       T* kl = k_cache + l * KV * c.capacity * hd;
       T* vl = v_cache + l * KV * c.capacity * hd;
-#pragma omp single
-      rows = prepare(layer.qkv, sc.x.data(), D, S, true, m.eps, sc);
+      Rows rows = prepare(layer.qkv, sc.x.data(), D, S, true, m.eps, sc);
       project(layer.qkv, rows, sc.qkv.data(), n_qkv, false);
-#pragma omp single
+#pragma omp for schedule(static)
       for (int64_t s = 0; s < S; s++) {  // rope on q and k (adjacent pairs), then k and v into the cache
         float* row = &sc.qkv[s * n_qkv];
-        const float* rope = m.rope + (pos + s) * hd;  // [hd/2, 2]
-        for (int64_t head = 0; head < H + KV; head++)
-          for (int64_t i = 0; i < half; i++) {
-            float* p = row + head * hd + 2 * i;
-            const float a = p[0], b = p[1], cs = rope[2 * i], sn = rope[2 * i + 1];
-            p[0] = a * cs - b * sn;
-            p[1] = a * sn + b * cs;
-          }
+        rope_row(row, m.rope + (pos + s) * hd, H + KV, half);  // rope [hd/2, 2] of this position
         for (int64_t g = 0; g < KV; g++) {
           store_row(kl + (g * c.capacity + pos + s) * hd, row + (H + g) * hd, hd);
           store_row(vl + (g * c.capacity + pos + s) * hd, row + (H + KV + g) * hd, hd);
         }
       }
-#pragma omp for schedule(static)
-      for (int64_t task = 0; task < S * H; task++) {
-        const int64_t s = task / H, head = task % H, g = head / group;
-        attend(&sc.qkv[s * n_qkv + head * hd], kl + g * c.capacity * hd, vl + g * c.capacity * hd, pos + s + 1, hd,
-               scores, &sc.att[(s * H + head) * hd]);
+#pragma omp for schedule(static, 1)  // interleaved: a causal row's cost grows with its position
+      for (int64_t task = 0; task < S * KV * tasks_per_group; task++) {
+        const int64_t s = task / (KV * tasks_per_group), g = task / tasks_per_group % KV;
+        const int64_t head = g * group + task % tasks_per_group * per_task;
+        const int64_t heads = std::min(per_task, (g + 1) * group - head);
+        attend(&sc.qkv[s * n_qkv + head * hd], heads, kl + g * c.capacity * hd, vl + g * c.capacity * hd, pos + s + 1,
+               hd, scores, &sc.att[(s * H + head) * hd]);
       }
-#pragma omp single
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
       project(layer.out, rows, sc.x.data(), D, true);
-#pragma omp single
       rows = prepare(layer.gate_up, sc.x.data(), D, S, true, m.eps, sc);
       project(layer.gate_up, rows, sc.gu.data(), 2 * F, false);
-#pragma omp single
-      {
-        for (int64_t s = 0; s < S; s++) {  // silu(gate) * up, in place of gate
-          float* g = &sc.gu[s * 2 * F];
-          const float* u = g + F;
-          int64_t i = 0;
-          for (; i + 16 <= F; i += 16) {
-            const __m512 gv = _mm512_loadu_ps(g + i);
-            const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));  // exp(-|g|)
-            const __m512 sig = _mm512_mask_div_ps(_mm512_div_ps(e, _mm512_add_ps(e, _mm512_set1_ps(1.f))),
-                                                  _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_GE_OQ),
-                                                  _mm512_set1_ps(1.f), _mm512_add_ps(e, _mm512_set1_ps(1.f)));
-            _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + i)));
-          }
-          for (; i < F; i++) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-        }
-        rows = prepare(layer.down, sc.gu.data(), 2 * F, S, false, m.eps, sc);
-      }
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < S; s++) silu_mul_row(&sc.gu[s * 2 * F], F);  // silu(gate) * up, in place of gate
+      rows = prepare(layer.down, sc.gu.data(), 2 * F, S, false, m.eps, sc);
       project(layer.down, rows, sc.x.data(), D, true);
     }
-#pragma omp single
-    {
-      const int64_t first = S - logit_rows;
-      rows = prepare(m.head, sc.x.data() + first * D, D, logit_rows, true, m.eps, sc);
-    }
+    const int64_t first = S - logit_rows;
+    const Rows rows = prepare(m.head, sc.x.data() + first * D, D, logit_rows, true, m.eps, sc);
     project(m.head, rows, logits, m.vocab, false);
   }
 }
@@ -354,7 +435,9 @@ extern "C" {
 // S rows at positions pos.. -> logits [logit_rows, V] of the last logit_rows rows (1 or S)
 int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_t rows, int64_t pos, float* logits,
                    int64_t logit_rows, int32_t threads) {
-  if (rows < 1 || logit_rows < 1 || logit_rows > rows || pos + rows > c->capacity || m->head_dim % 16 != 0) return 1;
+  if (rows < 1 || logit_rows < 1 || logit_rows > rows || pos + rows > c->capacity || m->head_dim % 16 != 0 ||
+      m->head_dim > kMaxHeadDim)
+    return 1;
   try {  // no exception may cross into C (a failed allocation of the scratch space)
     if (c->kind == CACHE_BF16)
       forward<uint16_t>(*m, *c, tokens, rows, pos, logits, logit_rows, threads);
@@ -366,7 +449,7 @@ int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_
   return 0;
 }
 
-// y [rows, n] = x [rows, k] W^T through one projection (the int8 head after a dense prefill; tests)
+// y [rows, n] = x [rows, k] W^T through one projection, each row as if alone (for tests)
 int chatcli_project(const Matrix* m, const float* x, int64_t rows, float* y, int32_t threads) {
   if (rows < 1) return 1;
   try {

@@ -62,13 +62,22 @@ void rms_norm(const float* x, int64_t d, float eps, float* out) {
   float ss = hsum(acc);
   for (; i < d; i++) ss += x[i] * x[i];
   const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
-  for (i = 0; i < d; i++) out[i] = x[i] * inv;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  for (i = 0; i + 16 <= d; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(load16(x + i), vinv));
+  for (; i < d; i++) out[i] = x[i] * inv;
 }
 
 // x [k] -> xq [kp] uint8 (padding holds the zero point: the padded weights are 0 anyway)
 void quantize_row(const float* x, int64_t k, int64_t kp, uint8_t* xq, float* scale, int32_t* zero) {
-  float lo = 0.f, hi = 0.f;  // the range always holds 0, so 0 is exact
-  for (int64_t i = 0; i < k; i++) {
+  __m512 vmin = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();  // the range always holds 0, so 0 is exact
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512 v = load16(x + i);
+    vmin = _mm512_min_ps(vmin, v);
+    vmax = _mm512_max_ps(vmax, v);
+  }
+  float lo = _mm512_reduce_min_ps(vmin), hi = _mm512_reduce_max_ps(vmax);
+  for (; i < k; i++) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
@@ -77,8 +86,7 @@ void quantize_row(const float* x, int64_t k, int64_t kp, uint8_t* xq, float* sca
   const float inv = 1.f / step;
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i vzp = _mm512_set1_epi32(zp), vlo = _mm512_setzero_si512(), vhi = _mm512_set1_epi32(255);
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
+  for (i = 0; i + 16 <= k; i += 16) {
     __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(load16(x + i), vinv)), vzp);  // nearest even
     q = _mm512_min_epi32(_mm512_max_epi32(q, vlo), vhi);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + i), _mm512_cvtepi32_epi8(q));
@@ -87,6 +95,32 @@ void quantize_row(const float* x, int64_t k, int64_t kp, uint8_t* xq, float* sca
   for (; i < kp; i++) xq[i] = static_cast<uint8_t>(zp);
   *scale = step;
   *zero = zp;
+}
+
+// rope on `heads` heads of a row in adjacent pairs (2i, 2i + 1): rope [hd/2, 2] holds cos, sin
+void rope_row(float* row, const float* rope, int64_t heads, int64_t half) {
+  for (int64_t head = 0; head < heads; head++)
+    for (int64_t i = 0; i < half; i++) {
+      float* p = row + head * 2 * half + 2 * i;
+      const float a = p[0], b = p[1], cs = rope[2 * i], sn = rope[2 * i + 1];
+      p[0] = a * cs - b * sn;
+      p[1] = a * sn + b * cs;
+    }
+}
+
+// g [F] <- silu(g) * u, where u = g + F (the gate_up projection's two halves)
+void silu_mul_row(float* g, int64_t F) {
+  const float* u = g + F;
+  int64_t i = 0;
+  for (; i + 16 <= F; i += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + i);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));  // exp(-|g|)
+    const __m512 sig = _mm512_mask_div_ps(_mm512_div_ps(e, _mm512_add_ps(e, _mm512_set1_ps(1.f))),
+                                          _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_GE_OQ),
+                                          _mm512_set1_ps(1.f), _mm512_add_ps(e, _mm512_set1_ps(1.f)));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + i)));
+  }
+  for (; i < F; i++) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
 }  // namespace
