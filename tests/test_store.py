@@ -138,12 +138,12 @@ def test_sigkill_mid_reply_keeps_database_readable(cli, tmp_path):
     script = tmp_path / "slow.py"
     script.write_text(
         "import sys, time\n"
-        "import chatcli.engine.runner as r\n"
-        "orig = r.HFRunner.forward\n"
-        "def slow(self, ids, cache):\n"
+        "import chatcli.engine.engine as e\n"
+        "orig = e.Engine._pick\n"
+        "def slow(*args, **kwargs):\n"
         "    time.sleep(0.05)\n"
-        "    return orig(self, ids, cache)\n"
-        "r.HFRunner.forward = slow\n"
+        "    return orig(*args, **kwargs)\n"
+        "e.Engine._pick = staticmethod(slow)\n"
         "from chatcli.cli import main\n"
         "main(sys.argv[1:])\n"
     )

@@ -37,3 +37,45 @@ def test_a_thread_ends_its_openmp_team():
     assert seen["with_team"] > seen["before"]
     assert seen["released"] is True
     assert seen["after"] < seen["with_team"]
+
+
+NATIVE_TEAM = """
+import ctypes, os, sys, threading, time
+import numpy as np
+from chatcli.engine import kernels
+from chatcli.engine.kernels.structs import WEIGHT_F32, Matrix
+from chatcli.engine.threads import release_cpu_threads
+
+lib = kernels.library()
+w = np.ones((16, 1024, 64), np.float32)  # 1024 outputs in fp32 panels
+m = Matrix(WEIGHT_F32, 1024, 1024, 1024, w.ctypes.data, None, None)
+x, y = np.ones((4, 1024), np.float32), np.empty((4, 1024), np.float32)
+count = lambda: len(os.listdir("/proc/self/task"))
+seen = {}
+
+def work():
+    seen["before"] = count()
+    lib.chatcli_project(ctypes.byref(m), x.ctypes.data, 4, y.ctypes.data, 2)
+    seen["with_team"] = count()
+    seen["released"] = release_cpu_threads()
+    deadline = time.monotonic() + 5
+    while count() >= seen["with_team"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seen["after"] = count()
+
+t = threading.Thread(target=work)
+t.start()
+t.join()
+assert "torch" not in sys.modules
+print(seen["with_team"] > seen["before"], seen["released"], seen["after"] < seen["with_team"])
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_the_kernels_team_is_released_without_torch(kernel):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", NATIVE_TEAM], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"]

@@ -86,3 +86,13 @@ def build_tiny_model_dir(folder: Path, max_positions: int = 256) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def lean_weights(model, kind: str, folder: Path, tokenizer=None):
+    """`model` converted into a lean file of `kind` in `folder` (no cache involved), opened."""
+    from chatcli.engine.lean_convert import convert_lean
+    from chatcli.engine.lean_weights import LeanWeights
+
+    path = folder / f"{kind}.safetensors"
+    convert_lean(folder, path, kind, "test", model_loader=lambda: (model, tokenizer))
+    return LeanWeights(path, kind, "test")

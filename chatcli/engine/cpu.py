@@ -23,3 +23,23 @@ def has_native_bf16() -> bool:
 def has_vnni() -> bool:
     """int8 dot products that accumulate in int32 (AVX-512 VNNI or AVX-VNNI)."""
     return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
+
+
+@lru_cache(maxsize=1)
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (SMT siblings counted once), as torch counts."""
+    import os
+
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        try:
+            topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+            with open(f"{topology}/physical_package_id") as f, open(f"{topology}/core_id") as g:
+                cores.add((f.read().strip(), g.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))

@@ -14,8 +14,9 @@ appends the reply (also a cancelled, partial one) as the assistant turn. The cac
 stays consistent whatever happens, because it records exactly the ids it holds and
 the next turn starts from the common prefix.
 
-The engine imports no UI code and may run in any single thread; `cancel` is a
-`threading.Event` that another thread sets and the engine checks at every step.
+The engine imports no UI code, nor torch: a runner hands it numpy logits, whichever
+forward made them. It may run in any single thread; `cancel` is a `threading.Event` that
+another thread sets and the engine checks at every step.
 """
 
 from __future__ import annotations
@@ -25,13 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-import torch
-
 from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.prefix import common_prefix, reusable_prefix  # noqa: F401 - common_prefix re-exported
 from chatcli.engine.runner import KVCache, ModelRunner
 from chatcli.engine.lookup import PromptLookup
-from chatcli.engine.sampling import SamplingParams, accept_draft, sample
+from chatcli.engine.sampling import SamplingParams, accept_draft, new_generator, sample
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.tokenize import ChatTokenizer
 
@@ -74,16 +73,15 @@ class Session:
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
-        self.generator = torch.Generator(device="cpu")
-        self.generator.seed()
+        self.generator = new_generator()
         self._seeded = False
 
-    def generator_for(self, params: SamplingParams) -> torch.Generator:
+    def generator_for(self, params: SamplingParams):
         """A seed makes each turn reproducible on its own: the generator restarts from it every turn."""
         if params.seed is not None:
-            self.generator.manual_seed(params.seed)
+            self.generator = new_generator(params.seed)
         elif self._seeded:
-            self.generator.seed()  # seeding switched off: back to fresh randomness
+            self.generator = new_generator()  # seeding switched off: back to fresh randomness
         self._seeded = params.seed is not None
         return self.generator
 
@@ -129,7 +127,7 @@ class Engine:
             turns = turns[starts[1] :]
             dropped += 1  # one exchange: a user message and the replies after it
 
-    def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None) -> torch.Tensor | None:
+    def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None):
         """Crop the cache to the common prefix and feed the rest of `target`; None if cancelled."""
         keep = reusable_prefix(cache.ids, target)
         cache.crop(keep)
@@ -149,9 +147,7 @@ class Engine:
         params: SamplingParams | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
-        params = params or SamplingParams()
-        with torch.inference_mode():  # thread-local: entered in whatever thread drives us
-            yield from self._generate(messages, session, params, cancel)
+        yield from self._generate(messages, session, params or SamplingParams(), cancel)
 
     def _generate(self, messages, session: Session, params: SamplingParams, cancel) -> Iterator[Event]:
         t_submit = time.perf_counter()
@@ -280,7 +276,7 @@ class Engine:
         """The next id after `ids[:end]`: sampled, or the drafted id kept or replaced (`accept_draft`)."""
         recent = None
         if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
-            recent = torch.tensor(ids[max(0, end - params.repeat_last_n) : end], dtype=torch.long)
+            recent = ids[max(0, end - params.repeat_last_n) : end]
         if draft is None:
             return sample(logits, params, generator, recent)
         return accept_draft(logits, draft, params, generator, recent)

@@ -1,81 +1,60 @@
-"""The lean forward for the Llama family: the same weights, less machinery.
+"""The lean forward for the Llama family on torch: the same weights, less machinery.
 
 transformers' forward is general. On two CPU cores its per-step overhead (module
 calls, cache bookkeeping, mask building, unfused projections) was about a quarter of
 a SmolLM2-135M decode step. This runner does only what a Llama decoder needs, in the
-style of gpt-fast:
+style of gpt-fast, over a lean file's tensors (`lean_weights`: fused, transposed,
+norm-folded, rope-ordered, memory-mapped; torch views of the mapping, no copies on the CPU):
 
 - a preallocated KV cache per conversation, `[L, KV, capacity, hd]`, written in place
-  at an explicit position (`lean_cache.LeanCache`); on the CPU it is reserved for the
-  whole context at once (the OS backs only the pages written). It may be
-  kept in another dtype than the weights (`kv_dtype`: bf16 on CPUs with AMX), and
-  attention then runs in it;
-- projection weights transposed once at load (`x @ W_t` beats `F.linear` on CPU) and
-  fused: q/k/v into one matrix, gate/up into another;
-- the RMSNorm weights folded into the projections after them, and q/k rows
-  reordered so rope is one complex multiplication from a table built once;
+  at an explicit position (`lean_cache.LeanCache`); it may be kept in another dtype than
+  the weights (`kv_dtype`: bf16 on CPUs with bf16 matmuls), and attention then runs in it;
+- `x @ W_t` on the stored `w_t [k, n]` (it beats `F.linear` on the CPU);
 - logits for the last position only;
 - two paths: `prefill` (a chunk of positions, causal mask with an offset) and
   `decode_one_token` (one position: no mask, transposes or copies, beyond a few views);
-- for `--quantize int8`, int8 projections in decode steps only (`Projection.decode`);
-- where the CPU has AVX-512 VNNI, decode steps and draft checks in one call of the
-  compiled kernel (`compiled.py`, `kernels/decode.cpp`); `decode_one_token` is the torch
-  path it replaces, and the reference the tests hold it to.
+- for `--quantize int8`, int8 projections in decode steps only (`Projection.decode`, torch's
+  fbgemm kernels over the int8 lean file's weights); prefill keeps the dense weights.
 
-Models it cannot run exactly (other architectures, biases, sliding windows, rope
-types other than default/linear/llama3) fall back to `HFRunner`: see `lean_support`.
-The tests check that it gives the HF reference's greedy tokens and logits within
-tolerance over multi-turn conversations with crops.
+This is the path where the compiled kernel cannot run (no AVX-512 VNNI, no compiler, a GPU,
+bf16 weights); where it can, `native.NativeRunner` runs the same lean tensors without torch.
+Models it cannot run exactly fall back to `HFRunner` (see `lean_weights.lean_support`).
+The tests check that it gives the HF reference's greedy tokens and logits within tolerance
+over multi-turn conversations with crops.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from chatcli.engine.lean_cache import LeanCache
+from chatcli.engine.lean_weights import INT8, PROJECTIONS, LeanWeights
 from chatcli.engine.runner import KVCache, ModelRunner
+from chatcli.engine.torch_state import logits_out
 
-LEAN_MODEL_TYPES = ("llama",)
-LEAN_ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def lean_support(model) -> str | None:
-    """None if the lean runner reproduces this model exactly, else why not (one line)."""
-    config = getattr(model, "config", None)
-    kind = getattr(config, "model_type", None)
-    if kind not in LEAN_MODEL_TYPES:
-        return f"architecture {kind!r} is not in the lean path ({', '.join(LEAN_MODEL_TYPES)})"
-    if getattr(model, "hf_device_map", None):
-        return "the model is split across devices (--device-map)"
-    checks = {
-        "attention biases": getattr(config, "attention_bias", False),
-        "MLP biases": getattr(config, "mlp_bias", False),
-        "a sliding window": getattr(config, "sliding_window", None),
-        f"activation {getattr(config, 'hidden_act', None)!r}": getattr(config, "hidden_act", "silu") != "silu",
-        "pretraining_tp > 1": (getattr(config, "pretraining_tp", 1) or 1) > 1,
-    }
-    for what, present in checks.items():
-        if present:
-            return f"the model uses {what}"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in LEAN_ROPE_TYPES:
-        return f"rope type {rope_type!r} is not in the lean path"
-    if getattr(getattr(model, "model", None), "rotary_emb", None) is None:
-        return "the model has no rotary embedding module"
-    return None
+def mapped(weights: LeanWeights, name: str, device) -> torch.Tensor:
+    """A tensor of the lean file: a view of the mapping on the CPU (never written), a copy elsewhere."""
+    info = weights.file.tensors[name]
+    with warnings.catch_warnings():  # the mapping is read-only; torch warns that it cannot be written
+        warnings.simplefilter("ignore")
+        tensor = torch.from_numpy(weights.array(name))
+    if info.dtype == "BF16":
+        tensor = tensor.view(torch.bfloat16)
+    return tensor if torch.device(device).type == "cpu" else tensor.to(device)
 
 
 class Projection:
     """A projection with its weight stored transposed: `x [S, in] @ w_t [in, out]`.
 
-    `w_t` may be kept in another dtype than the activations (bf16 prefill weights for an
-    int8 model on a CPU with bf16 matmuls): inputs are cast to it and back. With `decode`,
-    single-row inputs (decode steps) go to that projection instead (int8 weights: a
-    quarter of the bytes, and a decode step is bound by the bytes it reads).
+    With `decode`, single-row inputs (decode steps) go to that projection instead (int8
+    weights: a quarter of the bytes, and a decode step is bound by the bytes it reads).
     """
 
     def __init__(self, w_t: torch.Tensor | None, decode=None) -> None:  # w_t: [in, out], contiguous
@@ -85,8 +64,6 @@ class Projection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.decode is not None and (x.shape[0] == 1 or self.w_t is None):
             return self.decode(x)
-        if x.dtype != self.w_t.dtype:
-            return (x.to(self.w_t.dtype) @ self.w_t).to(x.dtype)
         return x @ self.w_t
 
     @property
@@ -106,92 +83,35 @@ class LeanLayer:
 
 
 class LeanRunner(ModelRunner):
-    """A `ModelRunner` over a transformers Llama's weights, without transformers' forward."""
+    """A `ModelRunner` over a dense lean file (and, for int8 decode steps, an int8 one), on torch."""
 
-    def __init__(self, model, context_limit: int, kv_dtype: torch.dtype | None = None, decode_linear=None,
-                 prefill_dtype: torch.dtype | None = None, smooth: list[torch.Tensor] | None = None,
-                 kernel: bool = True) -> None:
-        """`kv_dtype`: the cache's dtype (default the model's). `decode_linear`: a factory
-        `weight [out, in] -> projection` for decode steps (`Int8Rows`, `Int8Dense`); prefill keeps
-        dense weights in `prefill_dtype` (default the model's). `smooth`: per-layer SmoothQuant
-        scales for the down projection (see `quantize.down_smoothing`). `kernel`: run decode
-        steps and draft checks through the compiled kernel where it can (`compiled.py`)."""
-        reason = lean_support(model)
-        if reason:
-            raise ValueError(f"the lean runner cannot run this model: {reason}")
-        config = model.config
-        self.model = model  # the transformers model whose weights these are (the HF reference; see release_reference)
-        self.context_limit = context_limit
-        self.device = model.device
-        self.dtype = model.dtype
-        self.kv_dtype = kv_dtype or model.dtype  # the cache's dtype; attention runs in it
-        self.quantized = decode_linear is not None
-        self.prefill_dtype = prefill_dtype or model.dtype
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.hidden = config.hidden_size
-        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
-        self.eps = float(config.rms_norm_eps)
-        self._split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
-
-        inner = model.model
-        self.embed = inner.embed_tokens.weight.detach()  # [V, D]
-        smooth = smooth or [None] * len(inner.layers)
-        self.layers = [self._layer(block, decode_linear, s) for block, s in zip(inner.layers, smooth)]
-        head_t = fused_transposed([model.get_output_embeddings().weight], inner.norm.weight)  # [D, V], norm folded
+    def __init__(self, weights: LeanWeights, device="cpu", kv_dtype: torch.dtype | None = None,
+                 int8: LeanWeights | None = None) -> None:
+        """`weights`: a `<dtype>-dense` lean file; `kv_dtype`: the cache's dtype (default the weights');
+        `int8`: an int8 lean file of the same model, whose weights then run the decode steps."""
+        c = weights.config
+        if not c.kind.endswith("-dense"):
+            raise ValueError(f"the torch lean runner reads a dense lean file, not {c.kind}")
+        self.config = c
+        self.context_limit = c.positions
+        self.device = torch.device(device)
+        self.dtype = DTYPES[c.weights]
+        self.kv_dtype = kv_dtype or self.dtype  # the cache's dtype; attention runs in it
+        self.quantized = int8 is not None
+        self.heads, self.kv_heads, self.head_dim, self.hidden = c.heads, c.kv_heads, c.head_dim, c.hidden
+        self.eps = c.eps
+        self._weights = [w for w in (weights, int8) if w is not None]  # the mappings stay open
+        tensor = lambda name: mapped(weights, name, device)  # noqa: E731
+        self.embed = tensor("embed")  # [V, D] fp32
+        decode = _int8_projections(int8) if int8 is not None else {}
+        self.layers = [LeanLayer(*[Projection(tensor(f"layers.{i}.{p}"), decode.get(f"layers.{i}.{p}"))
+                                   for p in PROJECTIONS]) for i in range(c.layers)]
         # [1, D] -> [1, V]: only ever the last position, so a quantized model keeps no dense head
-        self.head = Projection(None, decode_linear(head_t.t())) if decode_linear else Projection(head_t)
-        self.rope = self._rope_table(inner.rotary_emb, context_limit)  # [T, 1, hd/2] complex
-        self.kernel = kernel
-        self._compile()
+        self.head = Projection(None, decode["head"]) if decode else Projection(tensor("head"))
+        self.rope = torch.view_as_complex(tensor("rope"))[:, None, :]  # [T, 1, hd/2] complex
 
-    def _compile(self) -> None:
-        """`self.compiled`: the kernel's step over these weights, or None with `kernel_why_not` saying why."""
-        from chatcli.engine.compiled import compile_decode
-
-        self.compiled, self.kernel_why_not = compile_decode(self) if self.kernel else (None, "not asked for")
-
-    @property
-    def exact_verify(self) -> bool:
-        """The kernel checks a draft's rows as it decodes each alone, int8 included."""
-        return self.compiled is not None or not self.quantized
-
-    def _layer(self, block, decode_linear, smooth: torch.Tensor | None) -> LeanLayer:
-        def linear(parts: list, scale=None, interleave=()):
-            w_t = fused_transposed(parts, scale, interleave)  # [in, out]
-            decode = decode_linear(w_t.t()) if decode_linear else None
-            return Projection(w_t.to(self.prefill_dtype).contiguous(), decode)
-
-        attn, mlp = block.self_attn, block.mlp
-        up, down = mlp.up_proj.weight, mlp.down_proj.weight  # [F, D], [D, F]
-        if smooth is not None:  # SmoothQuant: down's input channel j divided by s_j, its weight column times s_j
-            up, down = up / smooth[:, None], down * smooth[None, :]  # silu(gate) * up is linear in up
-        # RMSNorm's weight scales the input columns of the projection after it: it is folded in.
-        # q and k rows are interleaved per head so that rope is one complex multiplication.
-        heads = (self.heads, self.kv_heads)
-        return LeanLayer(
-            qkv=linear([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
-                       block.input_layernorm.weight, interleave=heads),
-            out=linear([attn.o_proj.weight]),
-            gate_up=linear([mlp.gate_proj.weight, up], block.post_attention_layernorm.weight),
-            down=linear([down]),
-        )
-
-    def _rope_table(self, rotary, limit: int) -> torch.Tensor:
-        inv_freq = rotary.inv_freq.float()  # [hd/2], rope scaling already folded in by transformers
-        scale = float(getattr(rotary, "attention_scaling", 1.0))
-        positions = torch.arange(limit, dtype=torch.float32, device=inv_freq.device)  # [T]
-        freqs = torch.outer(positions, inv_freq)  # [T, hd/2]
-        table = torch.polar(torch.full_like(freqs, scale), freqs)  # [T, hd/2] complex64
-        return table[:, None, :].to(self.device)  # [T, 1, hd/2]
-
-    def release_reference(self) -> None:
-        """Let go of the transformers model: the lean path holds its own copy of the weights,
-        and only tests, the bench and `--runner hf` run the reference. The embedding, the one
-        tensor shared with it, is copied: a view would keep the whole weight file mapped."""
-        self.embed = self.embed.clone()
-        self.model = None
-        self._compile()  # the compiled step held the old embedding
+    def files(self) -> list:
+        return [w.file.path for w in self._weights]
 
     def new_cache(self) -> LeanCache:
         return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.context_limit, self.kv_dtype, self.device)
@@ -204,7 +124,8 @@ class LeanRunner(ModelRunner):
             total += sum(p.decode_nbytes for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
         return total + self.head.decode_nbytes
 
-    def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+    @torch.inference_mode()  # thread-local: entered in whichever thread runs the step
+    def forward(self, ids: list[int], cache: KVCache):
         assert isinstance(cache, LeanCache)
         if not ids:
             raise ValueError("forward needs at least one id")
@@ -213,32 +134,27 @@ class LeanRunner(ModelRunner):
         if end > self.context_limit:
             raise ValueError(f"{end} positions exceed the context limit {self.context_limit}")
         cache.reserve(end)
-        if length == 1 and self.compiled is not None:
-            logits = self.compiled(ids, cache.k, cache.v, start, every=False)  # [V]
-        else:
-            tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
-            step = self.decode_one_token if length == 1 else self.prefill
-            logits = step(tokens, cache.k, cache.v, start)  # [V]
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
+        step = self.decode_one_token if length == 1 else self.prefill
+        logits = step(tokens, cache.k, cache.v, start)  # [V]
         cache.ids.extend(ids)
-        return logits
+        return logits_out(logits)
 
-    def verify(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+    @torch.inference_mode()
+    def verify(self, ids: list[int], cache: KVCache):
         """A few ids -> logits [S, V] of each (a draft to check; see `ModelRunner.verify`)."""
         assert isinstance(cache, LeanCache)
         start, end = len(cache.ids), len(cache.ids) + len(ids)
         if not ids or end > self.context_limit:
             raise ValueError(f"verify needs 1..{self.context_limit - start} ids, got {len(ids)}")
         cache.reserve(end)
-        if self.compiled is not None:
-            logits = self.compiled(ids, cache.k, cache.v, start, every=True)  # [S, V], each row as if alone
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
+        if len(ids) == 1:
+            logits = self.decode_one_token(tokens, cache.k, cache.v, start)[None]  # [1, V]
         else:
-            tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
-            if len(ids) == 1:
-                logits = self.decode_one_token(tokens, cache.k, cache.v, start)[None]  # [1, V]
-            else:
-                logits = self.prefill(tokens, cache.k, cache.v, start, every=True)  # [S, V]
+            logits = self.prefill(tokens, cache.k, cache.v, start, every=True)  # [S, V]
         cache.ids.extend(ids)
-        return logits
+        return logits_out(logits)
 
     def prefill(self, tokens: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
                 every: bool = False) -> torch.Tensor:
@@ -246,7 +162,7 @@ class LeanRunner(ModelRunner):
         last; `every`: logits [S, V] of each position."""
         length = tokens.shape[0]
         end = start + length
-        x = self.embed[tokens]  # [S, D]
+        x = self.embed[tokens].to(self.dtype)  # [S, D]
         rope = self.rope[start:end]  # [S, 1, hd/2]
         mask = None
         if start > 0:  # a chunk after cached positions: causal with an offset
@@ -267,7 +183,7 @@ class LeanRunner(ModelRunner):
         """token [1] at position pos -> logits [V]: `prefill` for one row, with no mask, transposes or copies."""
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
         n_qk = (heads + kv_heads) * hd
-        x = self.embed[token]  # [1, D]
+        x = self.embed[token].to(self.dtype)  # [1, D]
         rope = self.rope[pos]  # [1, hd/2]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x))  # [1, (H+2KV) hd]
@@ -317,38 +233,22 @@ class LeanRunner(ModelRunner):
         return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd).to(self.dtype))  # [S, D]
 
 
-def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = ()) -> torch.Tensor:
-    """nn.Linear weights `[out_i, in]` → one contiguous `[in, sum out_i]`, written once, in place.
-
-    `scale [in]` multiplies the input rows (a folded RMSNorm weight). The first
-    `len(interleave)` parts (q, k with that many heads) get their rows reordered per head
-    from rotate-half pairs (i, i + hd/2) to adjacent pairs (2i, 2i + 1); q and k get the
-    same order, so attention scores are unchanged.
-    """
-    parts = [p.detach() for p in parts]
-    dim_in = parts[0].shape[1]
-    out = torch.empty(dim_in, sum(p.shape[0] for p in parts), dtype=parts[0].dtype, device=parts[0].device)
-    col = 0
-    for i, weight in enumerate(parts):
-        n = weight.shape[0]
-        dest = out[:, col : col + n]  # [in, n], a view
-        src = weight.t()  # [in, n], a view
-        if i < len(interleave):
-            heads = interleave[i]
-            half = n // heads // 2
-            dest = dest.view(dim_in, heads, half, 2)  # adjacent pairs
-            src = src.view(dim_in, heads, 2, half).transpose(2, 3)  # rotate-half pairs, as a view
-        if scale is not None:
-            torch.mul(src, scale.detach().view(-1, *([1] * (src.dim() - 1))), out=dest)
-        else:
-            dest.copy_(src)
-        col += n
-    return out
-
-
 def _apply_rope(x: torch.Tensor, rope: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
     """x [S, N hd] (adjacent pairs) times rope [S, 1, hd/2] complex -> [S, N, hd] in x's dtype."""
     length = x.shape[0]
     pairs = x.float().view(length, heads, head_dim // 2, 2)  # [S, N, hd/2, 2]
     rotated = torch.view_as_real(torch.view_as_complex(pairs) * rope)  # [S, N, hd/2, 2]
     return rotated.view(length, heads, head_dim).to(x.dtype)
+
+
+def _int8_projections(int8: LeanWeights) -> dict:
+    """Every projection of an int8 lean file as torch's fbgemm int8 linear (`quantize.Int8Dense`)."""
+    from chatcli.engine.lean_convert import unpack_int8
+    from chatcli.engine.quantize import Int8Dense
+
+    out = {}
+    for name, (k, n) in int8.config.shapes().items():
+        packed = torch.from_numpy(int8.array(f"{name}.w").copy())
+        scale = torch.from_numpy(int8.array(f"{name}.scale")[:n].copy())
+        out[name] = Int8Dense.from_int8(unpack_int8(packed, n, k), scale)
+    return out

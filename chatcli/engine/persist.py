@@ -1,20 +1,16 @@
 """A conversation's KV cache on disk, so `chatcli -c` after a restart skips the prefill.
 
-One safetensors file per conversation: the cache's named tensors (`KVCache.state()`),
-the ids they hold, and metadata naming the model, runner and dtype that made them.
-Loading checks all of that: a file from another model or runner, a damaged file, or
-ids that do not match are ignored (the engine then prefills as usual), never trusted.
-Files over `max_bytes` are not written; the folder is kept under `folder_budget` by
-deleting the least recently written files.
+One safetensors file per conversation: the cache's named arrays (`KVCache.state()`), the
+ids they hold, and metadata naming the model, runner and dtype that made them. Loading
+checks all of that: a file from another model or runner, a damaged file, or ids that do not
+match are ignored (the engine then prefills as usual), never trusted. Files over `max_bytes`
+are not written; the folder is kept under `folder_budget` by deleting the least recently
+written files. No torch here: the arrays are numpy (`tensorfile` reads and writes them).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
-
-import torch
 
 from chatcli.engine.runner import KVCache, ModelRunner
 
@@ -24,54 +20,44 @@ FOLDER_BUDGET = 2 << 30
 
 def fingerprint(runner: ModelRunner, model_name: str) -> str:
     """What a saved cache must match: the same model, forward, weights' and cache's dtypes."""
-    kv = getattr(runner, "kv_dtype", runner.dtype)
-    weights = "int8" if getattr(runner, "quantized", False) else runner.dtype
+    kv = str(getattr(runner, "kv_dtype", runner.dtype)).removeprefix("torch.")
+    weights = "int8" if getattr(runner, "quantized", False) else str(runner.dtype).removeprefix("torch.")
     return f"{model_name}|{type(runner).__name__}|{weights}|kv {kv}|{runner.context_limit}"
 
 
 def save_cache(cache: KVCache, path: Path, fp: str, max_bytes: int = MAX_FILE_BYTES) -> bool:
     """Write the cache atomically; False when it is empty, unsupported or too large."""
-    from safetensors.torch import save_file
+    import numpy as np
+
+    from chatcli.engine.tensorfile import write_tensors
 
     state = cache.state()
-    size = sum(t.numel() * t.element_size() for t in state.values())
+    size = sum(array.nbytes for _, array in state.values())
     if not state or not cache.ids or size > max_bytes:
         path.unlink(missing_ok=True)  # a stale file would no longer match
         return False
-    tensors = {name: t.detach().to("cpu") for name, t in state.items()}
-    tensors["ids"] = torch.tensor(cache.ids, dtype=torch.int64)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"fingerprint": fp})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    tensors = {name: value for name, value in state.items()}
+    tensors["ids"] = np.asarray(cache.ids, dtype=np.int64)
+    write_tensors(path, tensors, {"fingerprint": fp}, align=False)
     return True
 
 
 def load_cache(runner: ModelRunner, path: Path, fp: str) -> KVCache | None:
     """A cache restored from `path`, or None when there is none that fits this runner."""
-    from safetensors import safe_open
+    from chatcli.engine.tensorfile import MappedTensors
 
     if not path.is_file():
         return None
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            if (f.metadata() or {}).get("fingerprint") != fp:
-                return None
-            state = {name: f.get_tensor(name) for name in f.keys()}
+        f = MappedTensors(path)
+        if f.metadata.get("fingerprint") != fp or "ids" not in f or f.tensors["ids"].dtype != "I64":
+            return None
+        ids = [int(i) for i in f.array("ids")]
+        state = {name: (info.dtype, f.array(name)) for name, info in f.tensors.items() if name != "ids"}
+        cache = runner.new_cache()
+        return cache if cache.restore(ids, state) else None
     except Exception:  # noqa: BLE001 - a damaged or foreign file is ignored, not trusted
         return None
-    ids = state.pop("ids", None)
-    if ids is None:
-        return None
-    device = runner.device
-    state = {name: t.to(device) for name, t in state.items()}
-    cache = runner.new_cache()
-    return cache if cache.restore(ids.tolist(), state) else None
 
 
 def trim_folder(folder: Path, budget: int = FOLDER_BUDGET) -> None:

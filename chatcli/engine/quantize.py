@@ -1,20 +1,17 @@
 """`--quantize int8`: dynamic int8 on CPU (int8 weights, int8 activations per call).
 
-Weights are quantized once, symmetric per output channel, and packed for torch's
-fbgemm/x86 kernels; each call quantizes the activations per tensor and multiplies in
-int8 with int32 accumulation. This is what pays on CPUs without fast bf16: decode
-reads a quarter of the fp32 weight bytes. On CPUs without VNNI, `reduce_range` keeps
-activations to 7 bits, which avoids the int16 saturation of AVX2's u8×s8 instructions
-(and costs some accuracy); with VNNI the full 8 bits are used.
+Weights are quantized once, at conversion (`lean_convert.pack_int8`), symmetric per output
+row, after SmoothQuant moved half the range of the MLP down projection's outlier input
+channels into its weight (`down_smoothing`: silu(gate) * up has a few channels far larger
+than the rest, which one activation scale would lose). The compiled kernel (`native`)
+quantizes activations per row, prefill included.
 
-Where the compiled decode kernel cannot run (`compiled.Int8Rows` is the same scheme with a
-scale per activation row, inside the kernel), the lean runner uses these kernels for decode
-steps only, where one row's activation scale is exact per token: every projection and the output head, the MLP's down projection
-after SmoothQuant (its inputs, silu(gate) * up, have outlier channels that one activation
-scale would lose; `down_smoothing` moves half of their range into the weight). Prefill keeps
-dense weights (see `load._int8_lean_runner`). Entry points: `Int8Dense`, a projection for
-the lean runner; `down_smoothing`; `quantize_hf_model`, a quantized copy of a transformers
-model for the HF runner.
+Where the kernel cannot run, the torch lean runner uses torch's fbgemm/x86 kernels over the
+same int8 weights for decode steps only (one row: its activation scale is exact per token),
+and prefills on the dense weights: `Int8Dense`. On CPUs without VNNI, `reduce_range` keeps
+activations to 7 bits, which avoids the int16 saturation of AVX2's u8×s8 instructions (and
+costs some accuracy); with VNNI the full 8 bits are used. `quantize_hf_model` is a quantized
+copy of a transformers model for the HF runner.
 """
 
 from __future__ import annotations
@@ -23,21 +20,9 @@ import warnings
 
 import torch
 
-QUANTIZE_CHOICES = ("int8",)
-
 
 class QuantizeError(ValueError):
     """The requested quantization is not available here; the message says why."""
-
-
-def check_quantize(quantize: str | None, device: str) -> None:
-    if quantize is None:
-        return
-    if quantize not in QUANTIZE_CHOICES:
-        raise QuantizeError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
-    if device != "cpu":
-        raise QuantizeError(f"--quantize int8 runs on the CPU only (the model is on {device}); use --device cpu")
-    pick_engine()
 
 
 def pick_engine() -> str:
@@ -70,9 +55,23 @@ class Int8Dense:
         zero_points = torch.zeros(w.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # torch marks quantized tensors deprecated; the kernels are current
             warnings.simplefilter("ignore")
-            qweight = torch.quantize_per_channel(w, scales.double(), zero_points, 0, torch.qint8)  # [out, in]
-            self.packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self.nbytes = w.numel() + 8 * w.shape[0]
+            self._prepack(torch.quantize_per_channel(w, scales.double(), zero_points, 0, torch.qint8))
+
+    @classmethod
+    def from_int8(cls, q: torch.Tensor, scale: torch.Tensor) -> Int8Dense:
+        """Over weights quantized already: `q [out, in]` int8, `scale [out]` (a lean int8 file's)."""
+        self = cls.__new__(cls)
+        zero_points = torch.zeros(q.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            qweight = torch._make_per_channel_quantized_tensor(q.contiguous(), scale.double(), zero_points, 0)
+            self._prepack(qweight)
+        return self
+
+    def _prepack(self, qweight: torch.Tensor) -> None:  # [out, in] qint8
+        pick_engine()
+        self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.nbytes = qweight.numel() + 8 * qweight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, REDUCE_RANGE)

@@ -3,15 +3,15 @@
 A `ModelRunner` turns token ids into next-token logits and appends their keys and
 values to a `KVCache`. The cache remembers exactly which ids it holds (`cache.ids`),
 so the engine can compare them with the next turn's prompt and keep the common
-prefix. `HFRunner` is the reference path over any transformers causal LM; faster
-runners (the lean Llama path) implement the same interface.
+prefix. Logits come back as numpy float32 arrays whatever computed them, so the engine
+and the sampler need no torch. `hf_runner.HFRunner` is the reference path over any
+transformers causal LM; the lean Llama runners (`lean.LeanRunner` on torch,
+`native.NativeRunner` on the compiled kernel) implement the same interface.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
-import torch
 
 
 class KVCache(ABC):
@@ -37,19 +37,20 @@ class KVCache(ABC):
     @abstractmethod
     def nbytes(self) -> int: ...
 
-    def state(self) -> dict[str, torch.Tensor]:
-        """The held keys/values as named tensors (for saving to disk); empty where unsupported."""
+    def state(self) -> dict[str, tuple[str, object]]:
+        """The held keys/values as named (safetensors dtype code, numpy array) pairs, BF16 as uint16
+        (for saving to disk; see persist); empty where unsupported."""
         return {}
 
-    def restore(self, ids: list[int], state: dict[str, torch.Tensor]) -> bool:
+    def restore(self, ids: list[int], state: dict[str, tuple[str, object]]) -> bool:
         """Load what `state()` gave, for exactly `ids`; False (and left empty) where unsupported."""
         return False
 
 
 class ModelRunner(ABC):
     context_limit: int
-    device: torch.device
-    dtype: torch.dtype
+    device: object  # a torch.device, or "cpu"
+    dtype: object  # a torch.dtype, or its name
     quantized: bool = False
 
     @property
@@ -64,103 +65,14 @@ class ModelRunner(ABC):
     def new_cache(self) -> KVCache: ...
 
     @abstractmethod
-    def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
-        """Feed `ids` after what `cache` holds; return fp32 logits `[V]` of the last position."""
+    def forward(self, ids: list[int], cache: KVCache):
+        """Feed `ids` after what `cache` holds; return fp32 logits `[V]` (numpy) of the last position."""
 
     @abstractmethod
-    def verify(self, ids: list[int], cache: KVCache) -> torch.Tensor:
-        """`forward`, returning fp32 logits `[S, V]` of every position: one pass that checks a
+    def verify(self, ids: list[int], cache: KVCache):
+        """`forward`, returning fp32 logits `[S, V]` (numpy) of every position: one pass that checks a
         drafted continuation (see `chatcli.engine.lookup`); the caller crops what it rejects."""
 
-
-class HFCache(KVCache):
-    def __init__(self, config) -> None:
-        super().__init__()
-        from transformers import DynamicCache
-
-        self._config = config
-        self.hf = DynamicCache(config=config)
-
-    def _crop(self, keep: int) -> None:
-        layers = getattr(self.hf, "layers", [])
-        if keep == 0 or not all(getattr(layer, "is_croppable", True) for layer in layers):
-            from transformers import DynamicCache
-
-            self.hf = DynamicCache(config=self._config)  # sliding/linear layers: start over
-            self.ids.clear()
-            return
-        self.hf.crop(-(len(self.ids) - keep))  # transformers 5: a negative count to remove
-
-    def state(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for i, layer in enumerate(getattr(self.hf, "layers", [])):
-            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-            if not isinstance(keys, torch.Tensor) or getattr(layer, "is_sliding", False):
-                return {}  # sliding-window or linear-attention layers: not saved
-            out[f"k{i}"], out[f"v{i}"] = keys.contiguous(), values.contiguous()  # [1, KV, S, hd]
-        return out
-
-    def restore(self, ids: list[int], state: dict[str, torch.Tensor]) -> bool:
-        from transformers import DynamicCache
-
-        self.hf = DynamicCache(config=self._config)
-        self.ids = []
-        layers = len(state) // 2
-        try:
-            for i in range(layers):
-                keys, values = state[f"k{i}"], state[f"v{i}"]
-                if keys.shape[-2] != len(ids) or values.shape != keys.shape:
-                    raise ValueError("saved cache does not match its ids")
-                self.hf.update(keys, values, i)
-        except (KeyError, ValueError, RuntimeError):
-            self.hf = DynamicCache(config=self._config)
-            return False
-        self.ids = list(ids)
-        return layers > 0
-
-    @property
-    def nbytes(self) -> int:
-        total = 0
-        for layer in getattr(self.hf, "layers", []):
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-        return total
-
-
-class HFRunner(ModelRunner):
-    """The reference: the transformers model's own forward with a DynamicCache."""
-
-    def __init__(self, model, context_limit: int, quantized: bool = False) -> None:
-        self.model = model
-        self.context_limit = context_limit
-        self.device = model.device
-        self.dtype = model.dtype
-        self.quantized = quantized  # the model is a dynamically quantized copy (quantize_hf_model)
-        config = model.config
-        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-        # sliding-window or recurrent layers cannot be cropped back by a few positions mid-turn
-        self.rewinds = not getattr(config, "sliding_window", None) and layer_types <= {"full_attention"}
-
-    @property
-    def exact_verify(self) -> bool:
-        return self.rewinds and not self.quantized
-
-    def new_cache(self) -> HFCache:
-        return HFCache(self.model.config)
-
-    def forward(self, ids: list[int], cache: KVCache) -> torch.Tensor:
-        return self._logits(ids, cache, 1)[-1]  # [V]
-
-    def verify(self, ids: list[int], cache: KVCache) -> torch.Tensor:
-        return self._logits(ids, cache, 0)  # [S, V]
-
-    def _logits(self, ids: list[int], cache: KVCache, keep: int) -> torch.Tensor:
-        """[S] ids -> fp32 logits of the last `keep` positions (0: all) `[keep, V]`."""
-        assert isinstance(cache, HFCache)
-        if not ids:
-            raise ValueError("forward needs at least one id")
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, S]
-        out = self.model(input_ids=input_ids, cache=cache.hf, use_cache=True, logits_to_keep=keep)
-        cache.ids.extend(ids)
-        return out.logits[0].float()  # [keep or S, V]
+    def files(self) -> list:
+        """The lean files this runner memory-maps (none for the transformers runner)."""
+        return []

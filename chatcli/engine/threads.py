@@ -9,6 +9,9 @@ regions of a decode step pays a wake-up. One other thread with a team is enough
 (the thread that loaded the model, the pool thread that ran the previous turn): on
 2 cores, decode in a worker thread ran at 21 tok/s against 42 on the main thread.
 
+The compiled kernel runs its OpenMP teams the same way (one per calling thread, in the
+same `libgomp.so.1`), so the same release applies to the native runner without torch.
+
 `release_cpu_threads()` ends the calling thread's team (OpenMP 5's
 `omp_pause_resource_all`; torch makes a new one at its next parallel call). Every
 thread that runs torch code and then waits, or hands the engine to another thread,
@@ -21,31 +24,40 @@ import ctypes
 import glob
 import os
 import sys
-from functools import lru_cache
 
 OMP_PAUSE_SOFT = 1
 
 
-@lru_cache(maxsize=1)
-def _pause():
-    import torch
+_found = []  # the runtime's omp_pause_resource_all, once a runtime is loaded
 
-    libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))
-    for name in [*libs, None]:  # torch's own libgomp, else whatever OpenMP the process has
+
+def _pause():
+    """`omp_pause_resource_all` of the process's OpenMP runtime (torch's, or the one the compiled
+    kernel loaded: the same `libgomp.so.1` where both are there); None while none is loaded."""
+    if _found:
+        return _found[0]
+    names = []
+    if "torch" in sys.modules:
+        import torch
+
+        names += glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))
+    from chatcli.engine.kernels import openmp_runtimes
+
+    names += sorted(openmp_runtimes())  # already mapped: opening them loads nothing new
+    for name in names:
         try:
             pause = getattr(ctypes.CDLL(name), "omp_pause_resource_all", None)
-        except (OSError, TypeError):  # TypeError: CDLL(None) on Windows
+        except OSError:
             continue
         if pause is not None:
             pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+            _found.append(pause)
             return pause
     return None
 
 
 def release_cpu_threads() -> bool:
-    """End the calling thread's OpenMP team; False where this torch build has none to end."""
-    if "torch" not in sys.modules:
-        return False  # no torch, no team
+    """End the calling thread's OpenMP team; False where the process has none to end."""
     try:
         pause = _pause()
         return pause is not None and pause(OMP_PAUSE_SOFT) == 0

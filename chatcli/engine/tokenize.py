@@ -1,36 +1,64 @@
 """Ingress: chat messages → token ids through the model's chat template and BPE tokenizer.
 
-Also knows which ids end a reply: every end-of-sequence id the model config, the
-generation config and the tokenizer define, plus the end-of-turn markers of common
-chat templates when the vocabulary has them.
+Two implementations of one small interface (`encode_chat`, `encode`, `decode`, `stop_ids`):
+
+- `FolderTokenizer`: the model folder's own files, read without transformers — the
+  `tokenizers` library over `tokenizer.json`, and the chat template rendered by jinja2 in
+  the same sandbox, with the same options and helpers, as transformers renders it. This is
+  what the lean runners use: loading it takes ~0.1 s, where transformers' tokenizer chain
+  imports ~1.3 s of modules first.
+- `TransformersTokenizer`: a transformers tokenizer (the HF runner, the bench baseline, and
+  folders the first cannot read: no `tokenizer.json`, or a decode clean-up it does not do).
+
+Both know which ids end a reply: every end-of-sequence id the model config, the generation
+config and the tokenizer define, plus the end-of-turn markers of common chat templates when
+the vocabulary has them.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Iterable, Sequence
 
 # End-of-turn markers of widespread chat templates (ChatML, Llama 3, Gemma, Phi).
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class UnsupportedTokenizer(ValueError):
+    """The folder's tokenizer needs transformers (the message says why)."""
 
 
 class ChatTokenizer:
+    """What the engine needs of a tokenizer; `stop_ids` is set by the implementations."""
+
+    stop_ids: frozenset[int] = frozenset()
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        """The whole conversation, templated with the assistant's turn opened."""
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        raise NotImplementedError
+
+
+class TransformersTokenizer(ChatTokenizer):
     def __init__(self, tokenizer, model_config=None, generation_config=None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
-        self.stop_ids = frozenset(self._stop_ids(tokenizer, model_config, generation_config))
-
-    @staticmethod
-    def _stop_ids(tokenizer, model_config, generation_config) -> set[int]:
         ids: set[int] = set()
         for source in (model_config, generation_config, tokenizer):
             ids.update(_as_ids(getattr(source, "eos_token_id", None)))
         vocab = tokenizer.get_vocab()
         ids.update(vocab[m] for m in END_OF_TURN_MARKERS if m in vocab)
-        return ids
+        self.stop_ids = frozenset(ids)
 
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        """The whole conversation, templated with the assistant's turn opened."""
         ids = self.tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=True, return_dict=False
         )
@@ -41,6 +69,134 @@ class ChatTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+class FolderTokenizer(ChatTokenizer):
+    """A model folder's `tokenizer.json`, chat template and configs, without transformers."""
+
+    def __init__(self, folder: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        if not (folder / "tokenizer.json").is_file():
+            raise UnsupportedTokenizer(f"{folder.name} has no tokenizer.json")
+        settings = _json(folder / "tokenizer_config.json")
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        if settings.get("clean_up_tokenization_spaces") and type(self.tokenizer.model).__name__ != "BPE":
+            raise UnsupportedTokenizer("the tokenizer cleans up spaces when it decodes")
+        self.special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
+        self.template = _compile(_chat_template(folder, settings))
+        ids: set[int] = set()
+        for config in (_json(folder / "config.json"), _json(folder / "generation_config.json")):
+            ids.update(_as_ids(config.get("eos_token_id")))
+        for token in (self.special.get("eos_token"), *END_OF_TURN_MARKERS):
+            found = self.tokenizer.token_to_id(token) if token else None
+            if found is not None:
+                ids.add(found)
+        self.stop_ids = frozenset(ids)
+
+    def render(self, messages: Sequence[dict]) -> str:
+        """The chat template's text for `messages`, the assistant's turn opened (as transformers renders it)."""
+        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        return self.template.render(messages=chat, tools=None, documents=None, add_generation_prompt=True,
+                                    **self.special)
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        return self.encode(self.render(messages))
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise UnsupportedTokenizer(f"{path.name} does not parse: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _content(token) -> str:
+    return token.get("content", "") if isinstance(token, dict) else str(token)
+
+
+def _chat_template(folder: Path, settings: dict) -> str:
+    """The folder's chat template: `chat_template.jinja`, else tokenizer_config.json's (a string,
+    or a list of named templates, of which 'default')."""
+    path = folder / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    template = settings.get("chat_template")
+    if isinstance(template, list):
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+    if not isinstance(template, str) or not template:
+        raise ValueError("the tokenizer has no chat template")
+    return template
+
+
+def _compile(source: str):
+    """The template in the sandbox transformers renders chat templates in (jinja2 >= 3.1.6, immutable,
+    trim_blocks and lstrip_blocks, loop controls, a tojson that keeps non-ASCII text, and the
+    helpers templates call: raise_exception, strftime_now, dict, namespace)."""
+    from datetime import datetime
+
+    import jinja2
+    import jinja2.ext
+    import jinja2.nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    class Namespace(jinja2.utils.Namespace):  # no underscore attributes: no way to CPython internals
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                Namespace._check(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            Namespace._check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"a chat template cannot set {name!r} on a namespace")
+
+    class Dict:  # dict() and dict.fromkeys() for templates, without the type itself
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class Generation(jinja2.ext.Extension):  # `{% generation %}` marks assistant text for training masks: rendered as is
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt),
+                       dict=Dict(), namespace=Namespace)
+    return env.from_string(source)
 
 
 def _as_ids(value) -> Iterable[int]:

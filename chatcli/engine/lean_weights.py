@@ -1,0 +1,247 @@
+"""The lean-native model file: the exact tensors the lean runners read, converted once, memory-mapped.
+
+A Llama-family model is converted once (`lean_convert`, with torch and transformers) into one
+safetensors file per *kind* in the user cache: the projections fused (q/k/v, gate/up),
+transposed, with the RMSNorm weights folded in and q/k rows ordered for rope, in the layout
+and dtype their reader wants:
+
+- `float32-panels`: fp32, each projection in panels of 64 outputs `[ceil(n/64), k, 64]`, for
+  the compiled kernel (`native.NativeRunner`);
+- `int8`: int8 weights packed for the kernel's VNNI dot products `[ceil(n/16), kp/4, 16, 4]`
+  with a scale and a row sum per output, SmoothQuant folded into gate/up and down;
+- `<dtype>-dense`: `w_t [k, n]` in that dtype for the torch lean runner (`lean.LeanRunner`).
+
+Every start then maps the file (`tensorfile.MappedTensors`): no transformers model, no
+transposes, no second copy, and processes reading the same model share its pages. The
+embedding `[V, D]` is stored as it is (only the rows of ids seen are ever read), beside a rope
+table `[T, hd/2, 2]`. The file's metadata holds the architecture and a fingerprint (format
+version, kind, the source's identity); a sidecar JSON records the file's size, mtime and
+SHA-256. A file that does not match, cannot be parsed, is truncated or changed is converted
+again (`lean_file`), never read. This module imports neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+FORMAT = 1
+PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
+PROJECTIONS = ("qkv", "out", "gate_up", "down")
+LEAN_MODEL_TYPES = ("llama",)
+LEAN_ROPE_TYPES = ("default", "linear", "llama3")
+INT8 = "int8"
+SOURCE_FILE = "source.txt"  # in each lean folder of the cache: the model folder it was converted from
+
+Status = Callable[..., None]  # status(text, done=None, total=None)
+
+
+class LeanFileError(ValueError):
+    """A lean file that cannot be used as it is; the loader converts again."""
+
+
+@dataclass(frozen=True)
+class LeanConfig:
+    """The architecture a lean file holds, and how it is stored."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int  # outputs of the head
+    embed_rows: int  # rows of the embedding (ids below this are valid)
+    eps: float
+    positions: int  # rows of the rope table: the context limit
+    kind: str  # "float32-panels", "int8", "<dtype>-dense"
+    source: str  # the source model's identity (see source_key)
+    format: int = FORMAT
+
+    @property
+    def weights(self) -> str:
+        """The projections' dtype: float32, bfloat16, float16 or int8."""
+        return self.kind.split("-")[0]
+
+    @property
+    def qkv(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        """Every projection's (k inputs, n outputs), by tensor name prefix."""
+        d, f = self.hidden, self.ffn
+        per = {"qkv": (d, self.qkv), "out": (self.heads * self.head_dim, d), "gate_up": (d, 2 * f), "down": (f, d)}
+        out = {f"layers.{i}.{p}": per[p] for i in range(self.layers) for p in PROJECTIONS}
+        out["head"] = (d, self.vocab)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LeanConfig:
+        try:
+            return cls(**json.loads(text))
+        except (TypeError, ValueError) as exc:
+            raise LeanFileError(f"the lean file's config does not parse: {exc}") from None
+
+
+def lean_support(config) -> str | None:
+    """None if the lean runners compute this model exactly, else why not (one line).
+
+    `config`: a model's config.json as a dict, or a transformers config (read by attribute)."""
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    kind = get("model_type")
+    if kind not in LEAN_MODEL_TYPES:
+        return f"architecture {kind!r} is not in the lean path ({', '.join(LEAN_MODEL_TYPES)})"
+    checks = {
+        "attention biases": get("attention_bias", False),
+        "MLP biases": get("mlp_bias", False),
+        "a sliding window": get("sliding_window", None),
+        f"activation {get('hidden_act', None)!r}": get("hidden_act", "silu") != "silu",
+        "pretraining_tp > 1": (get("pretraining_tp", 1) or 1) > 1,
+    }
+    for what, present in checks.items():
+        if present:
+            return f"the model uses {what}"
+    rope = get("rope_parameters", None) or get("rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in LEAN_ROPE_TYPES:
+        return f"rope type {rope_type!r} is not in the lean path"
+    return None
+
+
+def source_key(folder: Path) -> str:
+    """The identity of a model folder's weights and config: names, sizes and mtimes (stat only)."""
+    h = hashlib.sha256(f"{FORMAT}".encode())
+    for p in sorted(folder.iterdir()):
+        if p.suffix in (".safetensors", ".bin", ".json", ".jinja", ".model") and p.is_file():
+            st = p.stat()
+            h.update(f"{p.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def lean_path(folder: Path, kind: str) -> Path:
+    """Where the lean file of `kind` for the model in `folder` lives: the user cache's
+    `lean/<folder name>-<hash of its path>/<kind>-<source key>.safetensors`."""
+    from chatcli.paths import cache_dir
+
+    where = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
+    return cache_dir() / "lean" / f"{folder.name}-{where}" / f"{kind}-{source_key(folder)}.safetensors"
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def record(path: Path) -> None:
+    """Write the sidecar of a finished lean file: its size, mtime and hash (atomically)."""
+    st = path.stat()
+    side = _sidecar(path)
+    tmp = side.with_name(f".{side.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path)}))
+    os.replace(tmp, side)
+
+
+def unchanged(path: Path) -> bool:
+    """The file is the one its sidecar recorded: same size, and same mtime or same hash."""
+    try:
+        want = json.loads(_sidecar(path).read_text())
+        st = path.stat()
+        if st.st_size != want["size"]:
+            return False
+        return st.st_mtime_ns == want["mtime_ns"] or _sha256(path) == want["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+class LeanWeights:
+    """An opened lean file: its config and the tensors' addresses (see `tensorfile.MappedTensors`)."""
+
+    def __init__(self, path: Path, expect_kind: str | None = None, expect_source: str | None = None) -> None:
+        from chatcli.engine.tensorfile import MappedTensors, TensorFileError
+
+        try:
+            self.file = MappedTensors(path)
+        except (OSError, TensorFileError) as exc:
+            raise LeanFileError(str(exc)) from None
+        self.config = LeanConfig.from_json(self.file.metadata.get("chatcli", "null"))
+        c = self.config
+        if c.format != FORMAT or (expect_kind and c.kind != expect_kind) or (expect_source and c.source != expect_source):
+            raise LeanFileError(f"{path.name} was made for {c.kind} of {c.source} (format {c.format})")
+        self._check()
+
+    def _check(self) -> None:
+        """Every tensor the runners read is there with the shape the config implies."""
+        c = self.config
+        want = {"embed": ("F32", (c.embed_rows, c.hidden)), "rope": ("F32", (c.positions, c.head_dim // 2, 2))}
+        code = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(c.weights)
+        for name, (k, n) in c.shapes().items():
+            if c.weights == INT8:
+                kp, blocks = -(-k // 4) * 4, -(-n // 16)
+                want[f"{name}.w"] = ("I8", (blocks, kp // 4, 16, 4))
+                want[f"{name}.scale"] = ("F32", (blocks * 16,))
+                want[f"{name}.wsum"] = ("I32", (blocks * 16,))
+            elif c.kind.endswith("-panels"):
+                want[name] = (code, (-(-n // PANEL), k, PANEL))
+            else:
+                want[name] = (code, (k, n))
+        for name, (dtype, shape) in want.items():
+            info = self.file.tensors.get(name)
+            if info is None or info.dtype != dtype or info.shape != shape:
+                got = f"{info.dtype} {list(info.shape)}" if info else "missing"
+                raise LeanFileError(f"{self.file.path.name}: {name} is {got}, expected {dtype} {list(shape)}")
+
+    def address(self, name: str) -> int:
+        return self.file.address(name)
+
+    def array(self, name: str):
+        return self.file.array(name)
+
+
+def lean_file(folder: Path, kind: str, status: Status | None = None, model_loader=None) -> LeanWeights:
+    """The lean file of `kind` for the model in `folder`, converted first where there is none
+    that matches (`model_loader()` gives the transformers model to convert; see lean_convert)."""
+    path = lean_path(folder, kind)
+    source = f"{path.parent.name}/{path.stem.rsplit('-', 1)[1]}"
+    if path.is_file() and unchanged(path):
+        try:
+            return LeanWeights(path, kind, source)
+        except LeanFileError:
+            pass  # converted again below
+    from chatcli.engine.lean_convert import convert_lean
+
+    convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
+    (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))
+    prune(path, kind)
+    return LeanWeights(path, kind, source)
+
+
+def prune(keep: Path, kind: str) -> None:
+    """Remove this kind's files made from earlier versions of the model's files, and the lean
+    folders of models whose folder is gone (each lean folder names its model's in SOURCE_FILE)."""
+    import shutil
+
+    for other in keep.parent.glob(f"{kind}-*.safetensors"):
+        if other != keep:
+            other.unlink(missing_ok=True)
+            _sidecar(other).unlink(missing_ok=True)
+    for folder in keep.parent.parent.iterdir():
+        try:
+            source = Path((folder / SOURCE_FILE).read_text())
+        except OSError:
+            continue
+        if not source.exists():
+            shutil.rmtree(folder, ignore_errors=True)

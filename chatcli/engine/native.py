@@ -1,0 +1,206 @@
+"""The native runner: a Llama decoder in the compiled kernel over a memory-mapped lean file, no torch.
+
+`kernels/decode.cpp` runs S rows (a prompt chunk, a sampled token, or a token and the draft
+after it) through every layer, the KV cache writes and the head in one call and one OpenMP
+team. It computes each row exactly as it would alone, in a fixed order: prefill gives the
+numbers that decoding the same tokens one by one gives, and a draft is checked exactly, int8
+included (activations get a scale per row). The weights are the lean file's (fp32 panels or
+packed int8: see `lean_weights`), read where they are mapped; the KV cache lives in anonymous
+memory that the OS backs as it is written. Logits come back as numpy arrays.
+
+`NativeRunner` is what a Llama model gets on a CPU where the kernel builds (AVX-512 VNNI and a
+C++ compiler): start-up is a file mapping, and a process that answers one prompt never
+imports torch. Elsewhere `lean.LeanRunner` runs the same lean tensors on torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import numpy as np
+
+from chatcli.engine import kernels
+from chatcli.engine.kernels.structs import CACHE_BF16, CACHE_F32, WEIGHT_F32, WEIGHT_I8, Cache, Layer, Matrix, Model
+from chatcli.engine import kv_memory
+from chatcli.engine.lean_weights import INT8, PROJECTIONS, LeanWeights
+from chatcli.engine.runner import KVCache, ModelRunner
+
+CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
+
+
+MAX_HEAD_DIM = 256  # decode.cpp's kMaxHeadDim
+
+
+def shape_reason(head_dim: int, heads: int, kv_heads: int) -> str | None:
+    """Why the kernel cannot run a model of these attention shapes (None: it can)."""
+    if head_dim % 16 or head_dim > MAX_HEAD_DIM:
+        return f"the kernel takes heads of a multiple of 16 up to {MAX_HEAD_DIM}, not {head_dim}"
+    if heads % kv_heads:
+        return "the kernel needs whole query groups"
+    return None
+
+
+def kernel_threads() -> int:
+    """Threads for the kernel's team: $OMP_NUM_THREADS, else the physical cores this process may use."""
+    from chatcli.engine.cpu import physical_cores
+
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return physical_cores()
+
+
+class NativeCache(KVCache):
+    """Keys and values `[L, KV, capacity, hd]` (fp32, or bf16 held as uint16) in anonymous memory."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype: str) -> None:
+        super().__init__()
+        self.kind, self._np, self._code = CACHE_DTYPES[dtype]
+        self.dtype = dtype
+        self._shape = (layers, kv_heads, head_dim)
+        self.limit = limit
+        self.written = 0
+        per_position = 2 * layers * kv_heads * head_dim * np.dtype(self._np).itemsize
+        self._upfront = kv_memory.upfront_positions(limit, per_position, lazy=True)
+        self._no_huge_pages = kv_memory.huge_pages_always()
+        self._map = None
+        self.k = self.v = np.empty((layers, kv_heads, 0, head_dim), self._np)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, n: int) -> None:
+        if n > self.capacity:
+            self._resize(kv_memory.grown(n, self._upfront, self.limit))
+        self.written = max(self.written, n)
+
+    def _resize(self, cap: int) -> None:
+        layers, kv_heads, head_dim = self._shape
+        count = layers * kv_heads * cap * head_dim
+        memory = mmap.mmap(-1, max(1, 2 * count * np.dtype(self._np).itemsize))  # pages backed when written
+        flat = np.frombuffer(memory, dtype=self._np)
+        if self._no_huge_pages:
+            kv_memory.advise_no_huge_pages(flat.ctypes.data, flat.nbytes)
+        k = flat[:count].reshape(layers, kv_heads, cap, head_dim)
+        v = flat[count : 2 * count].reshape(layers, kv_heads, cap, head_dim)
+        held = len(self.ids)
+        k[:, :, :held], v[:, :, :held] = self.k[:, :, :held], self.v[:, :, :held]
+        self.k, self.v, self._map = k, v, memory
+
+    def _crop(self, keep: int) -> None:
+        pass  # positions past `keep` are overwritten by the next forward
+
+    def clone(self, keep: int) -> NativeCache:
+        keep = max(0, min(keep, len(self.ids)))
+        other = NativeCache(*self._shape, self.limit, self.dtype)
+        other.reserve(keep)
+        other.k[:, :, :keep], other.v[:, :, :keep] = self.k[:, :, :keep], self.v[:, :, :keep]
+        other.ids = self.ids[:keep]
+        return other
+
+    def state(self) -> dict:
+        n = len(self.ids)
+        return {"k": (self._code, self.k[:, :, :n]), "v": (self._code, self.v[:, :, :n])}  # [L, KV, n, hd]
+
+    def restore(self, ids: list[int], state: dict) -> bool:
+        layers, kv_heads, head_dim = self._shape
+        want = (layers, kv_heads, len(ids), head_dim)
+        try:
+            (kc, k), (vc, v) = state["k"], state["v"]
+        except (KeyError, TypeError, ValueError):
+            return False
+        if kc != self._code or vc != self._code or k.shape != want or v.shape != want or len(ids) > self.limit:
+            return False
+        self.ids = []
+        self.reserve(len(ids))
+        self.k[:, :, : len(ids)], self.v[:, :, : len(ids)] = k, v
+        self.ids = list(ids)
+        return True
+
+    @property
+    def nbytes(self) -> int:
+        layers, kv_heads, head_dim = self._shape
+        return 2 * layers * kv_heads * min(self.written, self.capacity) * head_dim * np.dtype(self._np).itemsize
+
+
+class NativeRunner(ModelRunner):
+    """A `ModelRunner` over a lean file (`float32-panels` or `int8`) through the compiled kernel."""
+
+    def __init__(self, weights: LeanWeights, kv_dtype: str = "float32", threads: int | None = None) -> None:
+        lib = kernels.library()
+        if lib is None:
+            raise RuntimeError(f"the compiled kernel is not available: {kernels.why_not()}")
+        c = weights.config
+        if c.kind not in ("float32-panels", INT8):
+            raise ValueError(f"the native runner reads float32-panels or int8 lean files, not {c.kind}")
+        if kv_dtype not in CACHE_DTYPES:
+            raise ValueError(f"the native runner keeps a float32 or bfloat16 KV cache, not {kv_dtype}")
+        reason = shape_reason(c.head_dim, c.heads, c.kv_heads)
+        if reason:
+            raise ValueError(reason)
+        self._lib = lib
+        self.weights = weights  # the mapping the kernel reads stays open while the runner lives
+        self.config = c
+        self.context_limit = c.positions
+        self.device = "cpu"
+        self.dtype = "float32"  # activations; the weights are `c.weights`
+        self.quantized = c.weights == INT8
+        self.kv_dtype = kv_dtype
+        self.threads = threads or kernel_threads()
+        shapes = c.shapes()
+        layers = [Layer(*[self._matrix(f"layers.{i}.{p}", shapes) for p in PROJECTIONS]) for i in range(c.layers)]
+        self._layers = (Layer * c.layers)(*layers)
+        self._model = Model(c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab, c.eps,
+                            weights.address("embed"), weights.address("rope"), self._layers,
+                            self._matrix("head", shapes))
+        self.weight_bytes = sum(weights.file.tensors[n].nbytes for n in weights.file.tensors if n not in ("embed", "rope"))
+
+    def _matrix(self, name: str, shapes: dict) -> Matrix:
+        k, n = shapes[name]
+        if self.quantized:
+            w = self.weights
+            return Matrix(WEIGHT_I8, n, k, -(-k // 4) * 4, w.address(f"{name}.w"), w.address(f"{name}.scale"),
+                          w.address(f"{name}.wsum"))
+        return Matrix(WEIGHT_F32, n, k, k, self.weights.address(name), None, None)
+
+    def files(self) -> list:
+        return [self.weights.file.path]
+
+    @property
+    def exact_verify(self) -> bool:
+        return True  # every row is computed as if alone, int8 included
+
+    def new_cache(self) -> NativeCache:
+        c = self.config
+        return NativeCache(c.layers, c.kv_heads, c.head_dim, self.context_limit, self.kv_dtype)
+
+    def forward(self, ids: list[int], cache: KVCache) -> np.ndarray:
+        return self._run(ids, cache, every=False)[0]  # [V]
+
+    def verify(self, ids: list[int], cache: KVCache) -> np.ndarray:
+        return self._run(ids, cache, every=True)  # [S, V]
+
+    def _run(self, ids: list[int], cache: KVCache, every: bool) -> np.ndarray:
+        """ids at positions len(cache).. -> logits [S or 1, V]; writes their keys and values into `cache`."""
+        assert isinstance(cache, NativeCache) and cache.dtype == self.kv_dtype
+        start, count = len(cache.ids), len(ids)
+        if not ids:
+            raise ValueError("forward needs at least one id")
+        if start + count > self.context_limit:
+            raise ValueError(f"{start + count} positions exceed the context limit {self.context_limit}")
+        if min(ids) < 0 or max(ids) >= self.config.embed_rows:  # the kernel would read past the embedding
+            raise IndexError(f"token id out of range for an embedding of {self.config.embed_rows} rows")
+        cache.reserve(start + count)
+        tokens = (ctypes.c_int64 * count)(*ids)
+        rows = count if every else 1
+        logits = np.empty((rows, self.config.vocab), dtype=np.float32)
+        c = Cache(cache.kind, cache.k.ctypes.data, cache.v.ctypes.data, cache.capacity)
+        status = self._lib.chatcli_decode(ctypes.byref(self._model), ctypes.byref(c), tokens, count, start,
+                                          logits.ctypes.data, rows, self.threads)
+        if status:
+            raise ValueError(f"the kernel refused {count} ids at position {start} (status {status})")
+        cache.ids.extend(ids)
+        return logits
