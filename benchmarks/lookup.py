@@ -15,7 +15,7 @@ import statistics
 from chatcli.bench.measure import warm_up
 from chatcli.bench.prompts import DECODE_PROMPT, EDIT_PROMPT
 from chatcli.engine.engine import Finished
-from chatcli.engine.load import LoadOptions, build_engine, load
+from chatcli.engine.load import LoadOptions, load_engine
 from chatcli.engine.sampling import SamplingParams
 
 
@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--lookup", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args()
-    engine = build_engine(load(args.model, LoadOptions(device="cpu")))
+    engine = load_engine(args.model, LoadOptions(device="cpu"))
     warm_up(engine)
     for name, prompt in (("story", DECODE_PROMPT), ("code edit", EDIT_PROMPT)):
         for lookup in (0, args.lookup):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -104,74 +105,113 @@ def sgemm_ceiling(config, prompt_tokens: int, chunk: int, dtype=None, reps: int 
     }
 
 
-def llama_cpp_available() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
+def llama_python() -> str | None:
+    """An interpreter that has llama-cpp-python: `$CHATCLI_LLAMA_PYTHON` (a benchmark-only venv's
+    python, the recommended set-up), else this one where `llama_cpp` is importable, else None."""
+    other = os.environ.get("CHATCLI_LLAMA_PYTHON")
+    if other:
+        return other if os.access(other, os.X_OK) else None
+    return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
 
 
-def llama_cpp(gguf_path: str, decode_ids: list[int], prefill_ids: list[int], new_tokens: int, threads: int) -> dict:
-    """The same prompts through llama.cpp on the same GGUF file (only when llama-cpp-python is installed)."""
-    from llama_cpp import Llama  # optional, never a dependency
-
-    llm = Llama(model_path=gguf_path, n_ctx=max(2048, len(prefill_ids) + 64), n_threads=threads,
-                n_batch=512, verbose=False, logits_all=False)
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(prefill_ids)
-    prefill_s = time.perf_counter() - t0
-    llm.reset()
-    llm.eval(decode_ids)
-    token = int(llm.scores[llm.n_tokens - 1].argmax())
-    t0 = time.perf_counter()
-    for _ in range(new_tokens - 1):
-        llm.eval([token])
-        token = int(llm.scores[llm.n_tokens - 1].argmax())
-    decode_s = time.perf_counter() - t0
-    return {
-        "decode_tok_s": (new_tokens - 1) / max(decode_s, 1e-9),
-        "prefill_tok_s": len(prefill_ids) / max(prefill_s, 1e-9),
-        "threads": threads,
-    }
-
-
-_STARTUP = r"""
+_LLAMA = r"""
 import json, sys, time
-t0 = time.perf_counter()
-import torch
-t1 = time.perf_counter()
-import transformers
-t2 = time.perf_counter()
-from chatcli.engine.load import LoadOptions, build_engine, load
-from chatcli.engine.engine import Token
-from chatcli.engine.sampling import SamplingParams
+from llama_cpp import Llama
 a = json.loads(sys.argv[1])
-t3 = time.perf_counter()
-loaded = load(a["model"], LoadOptions(device=a["device"], dtype=a["dtype"], runner=a["runner"], quantize=a["quantize"],
-                                       kv_dtype=a["kv_dtype"]))
-t4 = time.perf_counter()
-engine = build_engine(loaded)
-t5 = time.perf_counter()
-for event in engine.generate([{"role": "user", "content": "Hello!"}], engine.new_session(),
-                             SamplingParams(temperature=0, max_tokens=1)):
-    if isinstance(event, Token):
-        break
-t6 = time.perf_counter()
-print(json.dumps({"import_torch_s": t1 - t0, "import_transformers_s": t2 - t1, "import_chatcli_s": t3 - t2,
-                  "load_s": t4 - t3, "build_engine_s": t5 - t4, "first_token_s": t6 - t5}))
+llm = Llama(model_path=a["gguf"], n_ctx=max(2048, len(a["prefill"]) + 64), n_threads=a["threads"], n_batch=512,
+            verbose=False, logits_all=False)
+llm.reset()
+t0 = time.perf_counter()
+llm.eval(a["prefill"])
+prefill_s = time.perf_counter() - t0
+llm.reset()
+llm.eval(a["decode"])
+token = int(llm.scores[llm.n_tokens - 1].argmax())
+t0 = time.perf_counter()
+for _ in range(a["new_tokens"] - 1):
+    llm.eval([token])
+    token = int(llm.scores[llm.n_tokens - 1].argmax())
+decode_s = time.perf_counter() - t0
+print(json.dumps({"decode_tok_s": (a["new_tokens"] - 1) / max(decode_s, 1e-9),
+                  "prefill_tok_s": len(a["prefill"]) / max(prefill_s, 1e-9), "threads": a["threads"]}))
+"""
+
+# A one-shot `Hi` as llama-cpp-python's users write it: load, chat-complete one token, exit.
+LLAMA_ONESHOT = r"""
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_threads=int(sys.argv[2]), verbose=False)
+out = llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}], max_tokens=1, temperature=0)
+print(out["choices"][0]["message"]["content"])
 """
 
 
-def startup(model: str | None, device: str, dtype: str, runner: str, quantize: str | None, kv_dtype: str = "auto",
-            timeout: float = 300) -> dict:
-    """A child process that imports, loads (warm conversion cache), prints the first token and exits."""
-    args = json.dumps({"model": model, "device": device, "dtype": dtype, "runner": runner, "quantize": quantize,
-                       "kv_dtype": kv_dtype})
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _STARTUP, args], capture_output=True, text=True, timeout=timeout)
-    total = time.perf_counter() - t0
+def llama_cpp(python: str, gguf_path: str, decode_ids: list[int], prefill_ids: list[int], new_tokens: int,
+              threads: int, timeout: float = 600) -> dict:
+    """The same prompts through llama.cpp on the same GGUF file, in a child process of `python`."""
+    args = json.dumps({"gguf": gguf_path, "decode": decode_ids, "prefill": prefill_ids, "new_tokens": new_tokens,
+                       "threads": threads})
+    proc = subprocess.run([python, "-c", _LLAMA, args], capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         lines = (proc.stderr or "").strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "total_s": total}
-    parts = json.loads(proc.stdout.strip().splitlines()[-1])
-    parts["interpreter_and_exit_s"] = max(0.0, total - sum(parts.values()))
-    parts["total_s"] = total
-    return parts
+        raise RuntimeError(lines[-1] if lines else f"exit status {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# Runs one command from a small interpreter and prints its wall time, peak RSS (KiB) and status.
+# A child forked from the bench itself would report the bench's own resident memory as its
+# peak (ru_maxrss counts the image before exec), hence the extra hop.
+_LAUNCH = r"""
+import json, os, sys, time
+devnull = os.open(os.devnull, os.O_RDWR)
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+print(json.dumps([time.perf_counter() - t0, usage.ru_maxrss, os.waitstatus_to_exitcode(status)]))
+"""
+
+
+def process_run(argv: list[str], env: dict | None = None, timeout: float = 300) -> tuple[float, float, int]:
+    """One whole process: (wall seconds from start to exit, its peak resident MiB, exit status)."""
+    done = subprocess.run([sys.executable, "-S", "-c", _LAUNCH, *argv], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    wall, peak_kib, code = json.loads(done.stdout.strip().splitlines()[-1])
+    return wall, peak_kib / 1024, code
+
+
+def startup(model: str | None, runs: int = 5, llama: str | None = None, gguf: str | None = None,
+            threads: int = 2) -> dict:
+    """Whole processes, in turn, after one warm-up each: a one-shot `chatcli -p Hi --max-tokens 1`
+    in fp32 and int8 (a private data dir: no history written), `python -c "import torch"`, and
+    llama.cpp's one-shot `Hi` on the same GGUF where `llama` (an interpreter with llama-cpp-python) is given.
+    Per command: the median wall time from start to exit and the median peak resident memory."""
+    import statistics
+    import tempfile
+
+    base = [sys.executable, "-m", "chatcli", "-p", "Hi", "--max-tokens", "1", "--temperature", "0"]
+    base += ["--model", model] if model else []
+    commands = {"chatcli fp32": base, "chatcli int8": base + ["--quantize", "int8"],
+                "python -c 'import torch'": [sys.executable, "-c", "import torch"]}
+    if llama and gguf:
+        commands["llama.cpp (llama-cpp-python)"] = [llama, "-c", LLAMA_ONESHOT, gguf, str(threads)]
+    with tempfile.TemporaryDirectory() as data:
+        env = {**os.environ, "CHATCLI_DATA_DIR": data, "CHATCLI_CONFIG": os.path.join(data, "none.toml")}
+        samples: dict[str, list] = {name: [] for name in commands}
+        for name, argv in commands.items():
+            process_run(argv, env)  # warm-up: page cache, a first conversion
+        for _ in range(runs):
+            for name, argv in commands.items():
+                samples[name].append(process_run(argv, env))
+    rows = []
+    for name, got in samples.items():
+        codes = {code for _, _, code in got}
+        rows.append({"command": name, "wall_s": statistics.median(w for w, _, _ in got),
+                     "peak_mib": statistics.median(m for _, m, _ in got), "exit": max(codes, key=abs)})
+    return {"runs": runs, "rows": rows}

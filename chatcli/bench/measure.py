@@ -129,16 +129,16 @@ def greedy_answers(engine: Engine, max_tokens: int) -> list[str]:
 
 def perplexity(engine: Engine, max_tokens: int = 256) -> tuple[float, int]:
     """Perplexity of the runner on the fixed text, fed one token at a time (the decode path)."""
-    import torch
+    import numpy as np
 
     ids = engine.tokenizer.encode(TEXT)[: min(max_tokens, engine.context_limit)]
     runner = engine.runner
     cache = runner.new_cache()
     nll = 0.0
-    with torch.inference_mode():
-        for i in range(len(ids) - 1):
-            logits = runner.forward([ids[i]], cache)  # [V]
-            nll -= float(torch.log_softmax(logits, -1)[ids[i + 1]])
+    for i in range(len(ids) - 1):
+        logits = runner.forward([ids[i]], cache).astype(np.float64)  # [V]
+        top = logits.max()
+        nll -= float(logits[ids[i + 1]] - top - np.log(np.exp(logits - top).sum()))
     return math.exp(nll / max(1, len(ids) - 1)), len(ids)
 
 

@@ -84,10 +84,9 @@ def render(result: dict, console) -> None:
 
     start = result.get("startup")
     if start:
-        if "error" in start:
-            console.print(f"one-shot start-up: failed: {start['error']}")
-        else:
-            parts = " · ".join(
-                f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f} s" for k, v in start.items() if k != "total_s"
-            )
-            console.print(f"one-shot start-up to first token and exit: {start['total_s']:.2f} s ({parts})")
+        runs = Table(title=f"one-shot `Hi`, process start to exit (median of {start['runs']}; {result.get('cpu', '')})")
+        for col in ("command", "wall", "peak memory", "exit"):
+            runs.add_column(col, justify="right" if col != "command" else "left")
+        for row in start["rows"]:
+            runs.add_row(row["command"], f"{row['wall_s']:.2f} s", f"{row['peak_mib']:.0f} MiB", str(row["exit"]))
+        console.print(runs)
