@@ -2,28 +2,40 @@
 
 Every failure a user can cause ends as one line on stderr and a non-zero exit:
 2 for bad usage or values, 1 for a model or context problem, 130 for Ctrl+C.
+Built on click directly: a one-shot's start-up pays for the parser it uses and nothing more.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated, Optional
 
-import typer
+import click
 
 from chatcli.config import ConfigError, load_config
 from chatcli.engine.load import LoadError, LoadOptions
 from chatcli.engine.params import InvalidParameter
 from chatcli.options import StartOptions
 
-app = typer.Typer(
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    help="A terminal chat for local LLMs. Run it bare for the TUI, or pipe a prompt in for one answer.",
-)
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+class LazyGroup(click.Group):
+    """Subcommands imported only when named (click's documented lazy-loading pattern): a one-shot
+    imports neither the bench nor the server."""
+
+    lazy = {"bench": "chatcli.bench:bench_command", "serve": "chatcli.server.cli:serve_command"}
+
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx, name):
+        if name in self.lazy:
+            import importlib
+
+            module, _, attr = self.lazy[name].partition(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
 
 
 class UserError(Exception):
@@ -34,15 +46,31 @@ class UserError(Exception):
         self.code = code
 
 
-# Options shared by every command that loads a model.
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Hub id, model folder or .gguf file.")]
-DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda | mps")]
-DtypeOpt = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16")]
-DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="'auto': let accelerate place the model.")]
-RemoteCodeOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code.")]
-RunnerOpt = Annotated[str, typer.Option(help="auto | hf | lean: the forward pass (auto: lean for Llama models).")]
-QuantizeOpt = Annotated[Optional[str], typer.Option(help="int8: dynamic int8 weights and activations (CPU).")]
-KvDtypeOpt = Annotated[str, typer.Option(help="KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16")]
+def model_options(device: str = "auto", device_map: bool = True, runner: bool = True):
+    """The options of every command that loads a model (click decorators, outermost first)."""
+    options = [
+        click.option("--model", "-m", default=None, help="Hub id, model folder or .gguf file."),
+        click.option("--device", default=device, show_default=True, help="auto | cpu | cuda | mps"),
+        click.option("--dtype", default="auto", show_default=True, help="auto | float32 | bfloat16 | float16"),
+    ]
+    if device_map:
+        options.append(click.option("--device-map", default=None, help="'auto': let accelerate place the model."))
+    options.append(click.option("--trust-remote-code", is_flag=True, help="Allow the model's own Python code."))
+    if runner:
+        options += [
+            click.option("--runner", default="auto", show_default=True,
+                         help="auto | hf | lean: the forward pass (auto: lean for Llama models)."),
+            click.option("--kv-dtype", default="auto", show_default=True,
+                         help="KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16"),
+        ]
+    options.append(click.option("--quantize", default=None, help="int8: int8 weights and activations (CPU)."))
+
+    def apply(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply
 
 
 def start_options(
@@ -89,39 +117,32 @@ def start_options(
     )
 
 
-@app.callback(invoke_without_command=True)
-def chat(
-    ctx: typer.Context,
-    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Answer this once and exit.")] = None,
-    model: ModelOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    device_map: DeviceMapOpt = None,
-    trust_remote_code: RemoteCodeOpt = False,
-    runner: RunnerOpt = "auto",
-    quantize: QuantizeOpt = None,
-    kv_dtype: KvDtypeOpt = "auto",
-    temperature: Annotated[Optional[float], typer.Option(help="0 is greedy.")] = None,
-    top_k: Annotated[Optional[int], typer.Option(help="0 disables.")] = None,
-    top_p: Annotated[Optional[float], typer.Option(help="In (0, 1]; 1 disables.")] = None,
-    min_p: Annotated[Optional[float], typer.Option(help="In [0, 1]; 0 disables.")] = None,
-    repeat_penalty: Annotated[Optional[float], typer.Option(help="1 disables.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed the sampler for a reproducible run.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Most tokens in a reply.")] = None,
-    lookup: Annotated[
-        Optional[int], typer.Option(help="Draft up to N tokens from the conversation, verified in one pass (0 disables).")
-    ] = None,
-    stop: Annotated[Optional[list[str]], typer.Option(help="Stop at this string (repeatable).")] = None,
-    system: Annotated[Optional[str], typer.Option(help="System prompt.")] = None,
-    theme: Annotated[Optional[str], typer.Option(help="TUI theme.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="One-shot: print one JSON object.")] = False,
-    stats: Annotated[bool, typer.Option("--stats", help="One-shot: a stats line on stderr.")] = False,
-    continue_last: Annotated[bool, typer.Option("--continue", "-c", help="Continue the most recent conversation.")] = False,
-    conversation: Annotated[Optional[str], typer.Option(help="Continue this conversation (an id from 'chatcli history').")] = None,
-    cache_budget: Annotated[
-        Optional[int], typer.Option(min=0, help="MiB of KV caches kept in memory across conversations (default: RAM/8).")
-    ] = None,
-) -> None:
+@click.group(cls=LazyGroup, invoke_without_command=True, context_settings=CONTEXT,
+             help="A terminal chat for local LLMs. Run it bare for the TUI, or pipe a prompt in for one answer.")
+@click.option("--prompt", "-p", default=None, help="Answer this once and exit.")
+@model_options()
+@click.option("--temperature", type=float, default=None, help="0 is greedy.")
+@click.option("--top-k", type=int, default=None, help="0 disables.")
+@click.option("--top-p", type=float, default=None, help="In (0, 1]; 1 disables.")
+@click.option("--min-p", type=float, default=None, help="In [0, 1]; 0 disables.")
+@click.option("--repeat-penalty", type=float, default=None, help="1 disables.")
+@click.option("--seed", type=int, default=None, help="Seed the sampler for a reproducible run.")
+@click.option("--max-tokens", type=int, default=None, help="Most tokens in a reply.")
+@click.option("--lookup", type=int, default=None,
+              help="Draft up to N tokens from the conversation, verified in one pass (0 disables).")
+@click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
+@click.option("--system", default=None, help="System prompt.")
+@click.option("--theme", default=None, help="TUI theme.")
+@click.option("--json", "json_out", is_flag=True, help="One-shot: print one JSON object.")
+@click.option("--stats", is_flag=True, help="One-shot: a stats line on stderr.")
+@click.option("--continue", "-c", "continue_last", is_flag=True, help="Continue the most recent conversation.")
+@click.option("--conversation", default=None, help="Continue this conversation (an id from 'chatcli history').")
+@click.option("--cache-budget", type=click.IntRange(min=0), default=None,
+              help="MiB of KV caches kept in memory across conversations (default: RAM/8).")
+@click.pass_context
+def app(ctx, prompt, model, device, dtype, device_map, trust_remote_code, runner, kv_dtype, quantize, temperature,
+        top_k, top_p, min_p, repeat_penalty, seed, max_tokens, lookup, stop, system, theme, json_out, stats,
+        continue_last, conversation, cache_budget) -> None:
     if ctx.invoked_subcommand is not None:
         return
     start = start_options(
@@ -143,7 +164,7 @@ def chat(
         seed=seed,
         max_tokens=max_tokens,
         lookup=lookup,
-        stop=stop,
+        stop=list(stop),
     )
     start.continue_last, start.conversation = continue_last, conversation
     start.cache_budget_bytes = cache_budget * (1 << 20) if cache_budget is not None else None
@@ -153,7 +174,7 @@ def chat(
             raise UserError("no prompt: pass -p TEXT or pipe text in (the TUI needs a terminal)", 2)
         from chatcli.ui.app import run_tui
 
-        raise typer.Exit(run_tui(start))
+        raise click.exceptions.Exit(run_tui(start))
     from chatcli.oneshot import read_prompt, run_oneshot
 
     text = read_prompt(sys.stdin.buffer if piped else None, prompt)
@@ -164,41 +185,41 @@ def chat(
     os._exit(code)
 
 
-@app.command()
-def pull(
-    model: ModelOpt = None,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "auto",
-    trust_remote_code: RemoteCodeOpt = False,
-) -> None:
-    """Load a model once (converting a GGUF into the cache) and say where it is."""
+@app.command(context_settings=CONTEXT)
+@model_options(device="cpu", device_map=False, runner=False)
+def pull(model, device, dtype, trust_remote_code, quantize) -> None:
+    """Make a model ready: convert a GGUF into the cache and write the lean file(s) a start
+    memory-maps (fp32, and int8 with --quantize int8), then say where they are."""
     from chatcli.oneshot import load_engine
 
-    start = start_options(model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    start = start_options(model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                          quantize=quantize)
     engine = load_engine(start)
-    typer.echo(f"ready: {engine.name} ({engine.context_limit} tokens of context)")
+    click.echo(f"ready: {engine.name} ({engine.context_limit} tokens of context, {type(engine.runner).__name__})")
+    for path in engine.runner.files():
+        click.echo(f"  {path} ({path.stat().st_size / 2**20:,.0f} MiB, memory-mapped at each start)")
 
 
-@app.command()
-def history(json_out: Annotated[bool, typer.Option("--json", help="A JSON list.")] = False) -> None:
+@app.command(context_settings=CONTEXT)
+@click.option("--json", "json_out", is_flag=True, help="A JSON list.")
+def history(json_out) -> None:
     """List saved conversations, most recent first."""
     import json
     from datetime import datetime
 
     summaries = [s.to_dict() for s in _store().summaries()]
     if json_out:
-        typer.echo(json.dumps(summaries, ensure_ascii=False, indent=1))
+        click.echo(json.dumps(summaries, ensure_ascii=False, indent=1))
         return
     for s in summaries:
         when = datetime.fromtimestamp(s["updated"]).strftime("%Y-%m-%d %H:%M")
-        typer.echo(f"{s['id']}  {when}  {s['messages']:>3} msgs  {s['model'] or '-'}  {s['title']}")
+        click.echo(f"{s['id']}  {when}  {s['messages']:>3} msgs  {s['model'] or '-'}  {s['title']}")
 
 
-@app.command()
-def export(
-    conversation_id: Annotated[str, typer.Argument(metavar="ID", help="An id (or a unique prefix) from 'chatcli history'.")],
-    fmt: Annotated[str, typer.Option("--format", help="md | json")] = "md",
-) -> None:
+@app.command(context_settings=CONTEXT)
+@click.argument("conversation_id", metavar="ID")
+@click.option("--format", "fmt", default="md", show_default=True, help="md | json")
+def export(conversation_id, fmt) -> None:
     """Print one saved conversation as Markdown or JSON."""
     import json
 
@@ -211,7 +232,7 @@ def export(
     data = store.export(found) if found else None
     if data is None:
         raise UserError(f"no conversation {conversation_id!r} (see 'chatcli history')")
-    typer.echo(json.dumps(data, ensure_ascii=False, indent=1) if fmt == "json" else to_markdown(data))
+    click.echo(json.dumps(data, ensure_ascii=False, indent=1) if fmt == "json" else to_markdown(data))
 
 
 def _store():
@@ -223,41 +244,21 @@ def _store():
         raise UserError(str(exc)) from None
 
 
-from chatcli.bench import bench_command  # noqa: E402 - cheap: both import torch lazily
-from chatcli.server.cli import serve_command  # noqa: E402
-
-app.command("bench")(bench_command)
-app.command("serve")(serve_command)
-
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the typer app, turning every user error into one line."""
-    command = typer.main.get_command(app)
+    """Console entry point: run the click app, turning every user error into one line."""
     try:
-        code = command.main(args=argv, prog_name="chatcli", standalone_mode=False)
+        code = app.main(args=argv, prog_name="chatcli", standalone_mode=False)
     except UserError as exc:
         _fail(str(exc), exc.code)
-    except typer.Exit as exc:
+    except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt):
         sys.stderr.write("\n")
         sys.exit(130)
-    except _usage_errors() as exc:  # unknown option, bad value, missing argument
-        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        _fail(f"{message} (see 'chatcli --help')", getattr(exc, "exit_code", 2))
+    except click.ClickException as exc:  # unknown option, bad value, missing argument
+        _fail(f"{exc.format_message()} (see 'chatcli --help')", exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def _usage_errors() -> tuple[type[Exception], ...]:
-    """The parser's exception classes: typer >= 0.20 vendors click, older typer uses click itself."""
-    classes: list[type[Exception]] = [typer.exceptions.TyperException]
-    try:
-        import click
-
-        classes.append(click.ClickException)
-    except ImportError:
-        pass
-    return tuple(classes)
 
 
 def _fail(message: str, code: int) -> None:

@@ -31,15 +31,25 @@ def read_prompt(stdin: BinaryIO | None, prompt: str | None) -> str:
 
 @contextmanager
 def loading_status():
-    """A spinner on stderr while the model loads (only where stderr is a terminal)."""
+    """Loading progress on stderr (only where stderr is a terminal): a spinner with the latest
+    message, and a bar for steps that report how far they are (a first conversion). Elsewhere
+    nothing, and rich is not even imported (a piped one-shot starts faster)."""
+    if not sys.stderr.isatty():
+        yield lambda *_a, **_k: None
+        return
     from rich.console import Console
 
     console = Console(stderr=True)
-    if not console.is_terminal:
-        yield lambda _msg: None
-        return
-    with console.status("Loading model…") as status:
-        yield lambda msg: status.update(msg)
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("Loading model…", total=None)
+
+        def status(text: str, done: int | None = None, total: int | None = None) -> None:
+            progress.update(task, description=text, completed=done or 0, total=total)
+
+        yield status
 
 
 def load_engine(start: StartOptions):
@@ -47,7 +57,7 @@ def load_engine(start: StartOptions):
 
     try:
         with loading_status() as status:
-            return start.load_engine(status=status, long_lived=False)
+            return start.load_engine(status=status)
     except LoadError as exc:
         raise UserError(str(exc)) from None
 

@@ -26,17 +26,8 @@ class StartOptions:
     conversation: str | None = None  # --conversation ID (or a unique prefix)
     cache_budget_bytes: int | None = None  # --cache-budget; None: chatcli.engine.pool.default_budget_bytes()
 
-    def load_engine(self, status=None, long_lived: bool = True):
-        """Load the model and wrap it in an Engine (slow: call it off the UI thread).
+    def load_engine(self, status=None):
+        """Load the model and wrap it in an Engine (can be slow the first time: call it off the UI thread)."""
+        from chatcli.engine.load import load_engine
 
-        `long_lived` (the TUI, serve): drop the transformers reference model the lean runner
-        no longer needs (resident memory 1.39 -> 0.99 GB for SmolLM2). A one-shot run exits
-        sooner than the copy this takes (~0.1 s)."""
-        from chatcli.engine.load import build_engine, load
-
-        loaded = load(self.model, self.load, config_default=self.config.model, status=status)
-        engine = build_engine(loaded)  # the runner and quantization chosen in self.load travel in `loaded`
-        release = getattr(engine.runner, "release_reference", None)
-        if long_lived and release is not None:
-            release()  # the front ends never run the HF reference
-        return engine
+        return load_engine(self.model, self.load, config_default=self.config.model, status=status)

@@ -9,27 +9,21 @@ import io
 import json
 
 import pytest
-import typer
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from chatcli.bench import bench_command
 
 SMALL = ["--turns", "3", "--max-tokens", "6", "--prefill-tokens", "60", "--turn-tokens", "12", "--reply-tokens", "4"]
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command()(bench_command)
-    return app
-
-
 def invoke(*args: str):
-    return CliRunner().invoke(_app(), list(args))
+    return CliRunner().invoke(bench_command, list(args))
 
 
 @pytest.fixture(scope="module")
 def bench_json(tiny_model_dir):
-    result = invoke("--model", str(tiny_model_dir), "--device", "cpu", *SMALL, "--repeat", "2", "--json")
+    result = invoke("--model", str(tiny_model_dir), "--device", "cpu", *SMALL, "--repeat", "2", "--startup-runs", "1",
+                    "--no-llama-cpp", "--json")
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -39,9 +33,10 @@ def test_json_has_the_contract_keys(bench_json, tiny_model_dir):
         assert key in bench_json
     assert bench_json["model"] == tiny_model_dir.name
     assert bench_json["device"] == "cpu" and bench_json["dtype"] == "float32"
-    assert bench_json["runner"] == "lean"  # the default for a Llama model
     from chatcli.engine.kernels import library, why_not
 
+    # the default for a Llama model: the lean path, in the compiled kernel where it runs
+    assert bench_json["runner"] == ("native" if library() else "lean")
     assert bench_json["decode_kernel"] == ("compiled" if library() else f"torch ({why_not()})")
     assert bench_json["decode_tok_s"] > 0 and bench_json["prefill_tok_s"] > 0 and bench_json["ttft_s"] > 0
     assert bench_json["baseline"]["hf_generate_decode_tok_s"] > 0
@@ -73,8 +68,11 @@ def test_extras_are_reported(bench_json):
     sgemm = bench_json["sgemm"]
     assert sgemm["ceiling_prefill_tok_s"] > 0 and sgemm["prompt_tokens"] > 0
     start = bench_json["startup"]
-    assert "error" not in start, start
-    assert start["total_s"] >= start["load_s"] > 0 and start["first_token_s"] > 0
+    commands = [row["command"] for row in start["rows"]]
+    assert commands[:3] == ["chatcli fp32", "chatcli int8", "python -c 'import torch'"]
+    for row in start["rows"]:
+        assert row["exit"] == 0, row
+        assert row["wall_s"] > 0 and row["peak_mib"] > 10
     # quality only with --quantize, --quality, or a KV cache in another dtype than the model (auto: bf16 on some CPUs)
     assert (bench_json["quality"] is None) == (bench_json["kv_dtype"] == bench_json["dtype"])
 
@@ -113,7 +111,7 @@ def test_table_output(tiny_model_dir, bench_json):
     render(bench_json, Console(file=buf, width=160))
     text = buf.getvalue()
     assert "decode tok/s" in text and "transformers generate()" in text
-    assert "multi-turn" in text and "one-shot start-up" in text and "prompt lookup" in text
+    assert "multi-turn" in text and "one-shot `Hi`, process start to exit" in text and "prompt lookup" in text
     assert f"{bench_json['decode_tok_s']:.1f}" in text
 
 

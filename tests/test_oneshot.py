@@ -14,8 +14,8 @@ import pytest
 def cli(tiny_model_dir, tmp_path):
     env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "config.toml"), "CHATCLI_CACHE_DIR": str(tmp_path / "cache")}
 
-    def run(*args, stdin: bytes | None = b"", model=True):
-        argv = [sys.executable, "-m", "chatcli", *args]
+    def run(*args, stdin: bytes | None = b"", model=True, python=()):
+        argv = [sys.executable, *python, "-m", "chatcli", *args]
         if model:
             argv += ["--model", str(tiny_model_dir), "--device", "cpu"]
         return subprocess.run(argv, input=stdin, capture_output=True, env=env, timeout=120)
@@ -90,7 +90,7 @@ def test_lookup_drafts_in_one_shot_and_can_be_turned_off(cli):
     [
         ((), b"   \n\t", "empty prompt", 2),
         ((), b"\xff\xfehello", "not valid UTF-8", 2),
-        (("-p", "hi", "--bogus"), b"", "No such option: --bogus", 2),
+        (("-p", "hi", "--bogus"), b"", "No such option", 2),
         (("-p", "hi", "--temperature", "-1"), b"", "temperature must be >= 0", 2),
         (("-p", "hi", "--top-p", "0"), b"", "top-p must be in (0, 1]", 2),
         (("-p", "hi", "--min-p", "2"), b"", "min-p must be in [0, 1]", 2),
@@ -121,3 +121,20 @@ def test_malformed_config_names_file_and_line(cli):
     assert result.returncode == 2
     line = one_error_line(result)
     assert str(cli.config) in line and "line 2" in line
+
+
+def test_a_piped_prompt_imports_only_what_it_uses(cli):
+    """`echo q | chatcli` loads no UI, server or bench code, and (where the kernel runs, once the
+    lean file is converted) neither torch nor transformers."""
+    from tests.conftest import require_kernel
+
+    assert cli("--max-tokens", "1", stdin=b"warm up").returncode == 0  # the conversion, once
+    result = cli("--max-tokens", "2", stdin=b"Hello", python=("-X", "importtime"))
+    assert result.returncode == 0, result.stderr
+    imported = {line.split("|")[-1].strip() for line in result.stderr.decode().splitlines() if "import time:" in line}
+    assert "chatcli.oneshot" in imported and "chatcli.engine.engine" in imported  # the log is read right
+    top = {name.split(".")[0] for name in imported}
+    assert not top & {"textual", "uvicorn", "starlette", "httpx"}, top
+    assert not {n for n in imported if n.startswith(("chatcli.ui", "chatcli.server", "chatcli.bench"))}
+    require_kernel()
+    assert not top & {"torch", "transformers"}, top & {"torch", "transformers"}

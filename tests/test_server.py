@@ -487,15 +487,13 @@ def test_bind_warning_only_for_exposed_hosts_without_a_key():
 
 
 def test_serve_command_reports_a_bad_model_in_one_line(tmp_path, monkeypatch):
-    import typer
-    from typer.testing import CliRunner
+    import click
+    from click.testing import CliRunner
 
     from chatcli.server.cli import serve_command
 
     monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "none.toml"))
-    app = typer.Typer()
-    app.command("serve")(serve_command)
-    app.command("other")(lambda: None)  # two commands: "serve" is a subcommand, as in chatcli
+    app = click.Group(commands={"serve": serve_command})  # "serve" is a subcommand, as in chatcli
     result = CliRunner().invoke(app, ["serve", "--model", str(tmp_path / "missing.gguf"), "--device", "cpu",
                                       "--host", "0.0.0.0"])
     assert result.exit_code == 1

@@ -5,7 +5,7 @@ a multi-turn run (cached vs recomputed TTFT per turn), the `generate()` baseline
 sgemm ceiling for prefill, int8 quality against fp32 (with `--quantize`), llama.cpp
 when it happens to be installed, and a one-shot start-up breakdown in a child process.
 
-Registered by the CLI as `app.command("bench")(bench_command)`; `python -m chatcli.bench`
+Registered by the CLI as `app.add_command(bench_command)` (a click command); `python -m chatcli.bench`
 runs it alone. Benchmarks are not tests: the suite checks the shape of the result only.
 This module imports neither torch nor transformers at the top (CLI start-up time).
 """
@@ -13,63 +13,68 @@ This module imports neither torch nor transformers at the top (CLI start-up time
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import Annotated, Optional
 
-import typer
+import click
 
 __all__ = ["bench_command", "run_bench"]
 
 
-def bench_command(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="A .gguf file, model folder or hub id.")] = None,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda | mps")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16")] = "auto",
-    runner: Annotated[str, typer.Option(help="auto | hf | lean: which forward the engine uses")] = "auto",
-    quantize: Annotated[Optional[str], typer.Option(help="int8 (CPU): dynamic int8 weights and activations")] = None,
-    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto | float32 | bfloat16 | float16")] = "auto",
-    turns: Annotated[int, typer.Option(help="user turns in the multi-turn run (0 skips it)")] = 10,
-    max_tokens: Annotated[int, typer.Option(help="tokens to decode in the decode run")] = 128,
-    prefill_tokens: Annotated[int, typer.Option(help="prompt length of the prefill run")] = 1000,
-    turn_tokens: Annotated[int, typer.Option(help="tokens per user message in the multi-turn run")] = 160,
-    reply_tokens: Annotated[int, typer.Option(help="reply tokens per turn in the multi-turn run")] = 32,
-    lookup: Annotated[int, typer.Option(help="drafted tokens in the prompt-lookup run (0 skips it)")] = 4,
-    baseline: Annotated[bool, typer.Option(help="run transformers' generate() as the baseline")] = True,
-    ceiling: Annotated[bool, typer.Option(help="measure the sgemm ceiling for prefill")] = True,
-    quality: Annotated[Optional[bool], typer.Option(help="greedy answers and perplexity vs fp32 (default: with --quantize)")] = None,
-    startup: Annotated[bool, typer.Option(help="time a one-shot start-up (import, load, first token) in a child process")] = True,
-    llama_cpp: Annotated[bool, typer.Option("--llama-cpp/--no-llama-cpp", help="compare with llama.cpp if llama-cpp-python is installed")] = True,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice)")] = None,
-    repeat: Annotated[int, typer.Option(help="run each measurement this many times; keep the best")] = 1,
-    json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
-) -> None:
+@click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "-m", default=None, help="A .gguf file, model folder or hub id.")
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | mps")
+@click.option("--dtype", default="auto", show_default=True, help="auto | float32 | bfloat16 | float16")
+@click.option("--runner", default="auto", show_default=True, help="auto | hf | lean: which forward the engine uses")
+@click.option("--quantize", default=None, help="int8 (CPU): int8 weights and activations")
+@click.option("--kv-dtype", default="auto", show_default=True, help="KV cache dtype: auto | float32 | bfloat16 | float16")
+@click.option("--turns", type=int, default=10, show_default=True, help="user turns in the multi-turn run (0 skips it)")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens to decode in the decode run")
+@click.option("--prefill-tokens", type=int, default=1000, show_default=True, help="prompt length of the prefill run")
+@click.option("--turn-tokens", type=int, default=160, show_default=True, help="tokens per user message in the multi-turn run")
+@click.option("--reply-tokens", type=int, default=32, show_default=True, help="reply tokens per turn in the multi-turn run")
+@click.option("--lookup", type=int, default=4, show_default=True, help="drafted tokens in the prompt-lookup run (0 skips it)")
+@click.option("--baseline/--no-baseline", default=True, help="run transformers' generate() as the baseline")
+@click.option("--ceiling/--no-ceiling", default=True, help="measure the sgemm ceiling for prefill")
+@click.option("--quality/--no-quality", default=None, help="greedy answers and perplexity vs fp32 (default: with --quantize)")
+@click.option("--startup/--no-startup", default=True,
+              help="time one-shot processes start to exit (fp32, int8, import torch, llama.cpp)")
+@click.option("--startup-runs", type=int, default=5, show_default=True, help="counted runs of each start-up command")
+@click.option("--llama-cpp/--no-llama-cpp", default=True,
+              help="compare with llama.cpp where llama-cpp-python is installed ($CHATCLI_LLAMA_PYTHON names a venv's python)")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+@click.option("--repeat", type=int, default=1, show_default=True, help="run each measurement this many times; keep the best")
+@click.option("--json", "json_output", is_flag=True, help="print the result as JSON")
+def bench_command(model, device, dtype, runner, quantize, kv_dtype, turns, max_tokens, prefill_tokens, turn_tokens,
+                  reply_tokens, lookup, baseline, ceiling, quality, startup, startup_runs, llama_cpp, threads, repeat,
+                  json_output) -> None:
     """Measure decode, prefill, TTFT and multi-turn caching against transformers' generate()."""
     from rich.console import Console
 
     err = Console(stderr=True)
     for name, value, low in (("turns", turns, 0), ("max-tokens", max_tokens, 2), ("prefill-tokens", prefill_tokens, 8),
                              ("turn-tokens", turn_tokens, 1), ("reply-tokens", reply_tokens, 1), ("lookup", lookup, 0),
-                             ("threads", threads or 1, 1),
+                             ("threads", threads or 1, 1), ("startup-runs", startup_runs, 1),
                              ("repeat", repeat, 1)):
         if value < low:
             err.print(f"chatcli: error: --{name} must be >= {low}, got {value}", markup=False, highlight=False)
-            raise typer.Exit(2)
+            raise click.exceptions.Exit(2)
     from chatcli.engine.params import MAX_LOOKUP
 
     if lookup > MAX_LOOKUP:
         err.print(f"chatcli: error: --lookup must be <= {MAX_LOOKUP}, got {lookup}", markup=False, highlight=False)
-        raise typer.Exit(2)
+        raise click.exceptions.Exit(2)
     progress = (lambda _msg: None) if json_output else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     try:
         result = run_bench(
             model=model, device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype, turns=turns,
             max_tokens=max_tokens, prefill_tokens=prefill_tokens, turn_tokens=turn_tokens, reply_tokens=reply_tokens,
             lookup=lookup, baseline=baseline, ceiling=ceiling, quality=quality, startup=startup, llama_cpp=llama_cpp,
-            threads=threads, repeat=repeat, progress=progress,
+            threads=threads, repeat=repeat, progress=progress, startup_runs=startup_runs,
         )
     except BenchError as exc:
         err.print(f"chatcli: error: {exc}", markup=False, highlight=False)
-        raise typer.Exit(1) from None
+        raise click.exceptions.Exit(1) from None
     if json_output:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
@@ -82,40 +87,55 @@ class BenchError(RuntimeError):
     """The bench cannot run as asked; one line for the user."""
 
 
+RUNNER_NAMES = {"NativeRunner": "native", "LeanRunner": "lean", "HFRunner": "hf"}
+
+
 def run_bench(
     model=None, device="auto", dtype="auto", runner="auto", quantize=None, kv_dtype="auto", turns=10, max_tokens=128,
     prefill_tokens=1000, turn_tokens=160, reply_tokens=32, lookup=4, baseline=True, ceiling=True, quality=None,
-    startup=True, llama_cpp=True, threads=None, repeat=1, progress=lambda _msg: None,
+    startup=True, llama_cpp=True, threads=None, repeat=1, progress=lambda _msg: None, startup_runs=5,
 ) -> dict:
     """Everything `chatcli bench` measures, as the dict `--json` prints."""
-    import torch
-
     from chatcli.bench import baseline as ref
     from chatcli.bench import measure
-    from chatcli.engine.engine import PREFILL_CHUNK, ContextOverflow, Engine
-    from chatcli.engine.load import LoadError, LoadOptions, build_engine, load, make_runner
+    from chatcli.engine.engine import PREFILL_CHUNK, ContextOverflow
+    from chatcli.engine.load import LoadError, LoadOptions, load_engine
+
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel's team; torch's below
+    options = LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype)
+    report = lambda text, *_a, **_k: progress(text)  # noqa: E731 - load steps as progress lines
+    try:
+        progress("loading the model")
+        engine = load_engine(model, options, status=report)
+        kv_name = str(getattr(engine.runner, "kv_dtype", engine.runner.dtype)).removeprefix("torch.")
+        if quality is None:
+            quality = bool(quantize) or kv_name != str(engine.runner.dtype).removeprefix("torch.")
+        hf = None
+        if baseline or ceiling or quality:
+            from chatcli.engine.hf_load import load
+
+            progress("loading the transformers reference")
+            hf = load(model, LoadOptions(device=device, dtype=dtype), status=report)
+    except LoadError as exc:
+        raise BenchError(str(exc)) from None
+    import torch  # the reference and baseline run on it (the engine may not)
 
     if threads:
         torch.set_num_threads(threads)
-    try:
-        progress("loading the model")
-        loaded = load(model, LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize,
-                                                  kv_dtype=kv_dtype), status=progress)
-        engine = build_engine(loaded)
-    except LoadError as exc:
-        raise BenchError(str(exc)) from None
-    runner_name = "lean" if type(engine.runner).__name__ == "LeanRunner" else "hf"
+    runner_name = RUNNER_NAMES.get(type(engine.runner).__name__, type(engine.runner).__name__)
+    native = runner_name == "native"
     result: dict = {
-        "model": loaded.name,
-        "device": loaded.device,
-        "dtype": loaded.dtype,
+        "model": engine.name,
+        "cpu": _cpu_name(),
+        "device": str(getattr(engine.runner.device, "type", engine.runner.device)),
+        "dtype": str(engine.runner.dtype).removeprefix("torch."),
         "runner": runner_name,
         "quantize": quantize,
-        "kv_dtype": str(getattr(engine.runner, "kv_dtype", loaded.model.dtype)).removeprefix("torch."),
-        # decode steps: "compiled" (kernels/decode.cpp), else the torch path and why
-        "decode_kernel": "compiled" if getattr(engine.runner, "compiled", None) is not None
-        else f"torch ({getattr(engine.runner, 'kernel_why_not', '') or 'not the lean runner'})",
-        "threads": torch.get_num_threads(),
+        "kv_dtype": str(getattr(engine.runner, "kv_dtype", engine.runner.dtype)).removeprefix("torch."),
+        # "compiled" (kernels/decode.cpp, the native runner), else the torch path and why
+        "decode_kernel": "compiled" if native else f"torch ({_why_not_kernel(runner_name)})",
+        "threads": getattr(engine.runner, "threads", None) or torch.get_num_threads(),
         "repeat": repeat,
         "context_limit": engine.context_limit,
     }
@@ -130,7 +150,7 @@ def run_bench(
             prefills.append(measure.prefill(engine, prefill_tokens))
             if baseline:
                 progress("baseline: transformers generate()")
-                bases.append(ref.hf_generate(loaded.model, decodes[-1]["prompt_ids"], prefills[-1]["prompt_ids"],
+                bases.append(ref.hf_generate(hf.model, decodes[-1]["prompt_ids"], prefills[-1]["prompt_ids"],
                                              max_tokens))
         dec = max(decodes, key=lambda d: d["decode_tok_s"])
         pre = max(prefills, key=lambda d: d["prefill_tok_s"])
@@ -165,23 +185,27 @@ def run_bench(
     result["sgemm"] = None
     if ceiling:
         progress("sgemm ceiling")
-        result["sgemm"] = ref.sgemm_ceiling(loaded.model.config, len(pre["prompt_ids"]), PREFILL_CHUNK, loaded.model.dtype)
+        result["sgemm"] = ref.sgemm_ceiling(hf.model.config, len(pre["prompt_ids"]), PREFILL_CHUNK, hf.model.dtype)
         result["sgemm"]["prefill_fraction"] = pre["prefill_tok_s"] / result["sgemm"]["ceiling_prefill_tok_s"]
         result["sgemm"]["prefill_fraction_projections_only"] = (
             pre["prefill_tok_s"] / result["sgemm"]["ceiling_projections_tok_s"]
         )
     result["quality"] = None
-    if quality or (quality is None and (quantize or result["kv_dtype"] != loaded.dtype)):
+    if quality:
+        from chatcli.engine.hf_load import build_engine
+
         progress("quality against the unquantized reference with a cache in the model's dtype")
-        reference = Engine(make_runner(loaded.model, engine.context_limit, runner_name, None, loaded.dtype),
-                           engine.tokenizer)
+        reference = build_engine(hf, runner="hf" if runner_name == "hf" else "lean", kv_dtype=result["dtype"],
+                                 kernel=native)
         result["quality"] = measure.quality(engine, reference, 32)
         del reference
+    gguf = _gguf_of(model)
     result["llama_cpp"] = None
-    if llama_cpp and ref.llama_cpp_available() and loaded.source.endswith(".gguf"):
+    llama = ref.llama_python() if llama_cpp else None
+    if llama and gguf:
         progress("llama.cpp on the same GGUF")
         try:
-            lc = ref.llama_cpp(loaded.source, dec["prompt_ids"], pre["prompt_ids"], max_tokens, torch.get_num_threads())
+            lc = ref.llama_cpp(llama, gguf, dec["prompt_ids"], pre["prompt_ids"], max_tokens, result["threads"])
             lc["decode_ratio"] = dec["decode_tok_s"] / lc["decode_tok_s"]
             lc["prefill_ratio"] = pre["prefill_tok_s"] / lc["prefill_tok_s"]
         except Exception as exc:  # noqa: BLE001 - optional comparison: report, don't fail
@@ -189,6 +213,34 @@ def run_bench(
         result["llama_cpp"] = lc
     result["startup"] = None
     if startup:
-        progress("one-shot start-up in a child process")
-        result["startup"] = ref.startup(model, device, dtype, runner, quantize, kv_dtype)
+        progress("one-shot processes, start to exit")
+        result["startup"] = ref.startup(model, startup_runs, llama, gguf, result["threads"])
     return result
+
+
+def _gguf_of(model: str | None) -> str | None:
+    """The GGUF file the model comes from (the embedded one by default), for llama.cpp."""
+    from chatcli.engine.load import embedded_gguf
+
+    if model is None:
+        found = embedded_gguf()
+        return str(found) if found else None
+    return model if model.endswith(".gguf") else None
+
+
+def _why_not_kernel(runner_name: str) -> str:
+    from chatcli.engine import kernels
+
+    if runner_name == "hf":
+        return "not the lean runner"
+    return kernels.why_not() or "the lean runner on torch (a GPU, bf16 weights, or an fp16 cache)"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        import platform
+
+        return platform.processor()

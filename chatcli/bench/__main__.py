@@ -1,7 +1,5 @@
 """`python -m chatcli.bench`: the bench on its own."""
 
-import typer
-
 from chatcli.bench import bench_command
 
-typer.run(bench_command)
+bench_command(prog_name="python -m chatcli.bench")

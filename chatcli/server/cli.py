@@ -1,7 +1,7 @@
 """`chatcli serve`: load the model, then serve the OpenAI-compatible API with uvicorn.
 
-`serve_command` is a plain function with typer options; `chatcli.cli` registers it
-with `app.command("serve")(serve_command)`. Also runnable alone:
+`serve_command` is a click command; `chatcli.cli` adds it with
+`app.add_command(serve_command)`. Also runnable alone:
 `python -m chatcli.server --port 8000`.
 
 Imported at CLI start-up, so nothing heavy (torch, transformers, starlette,
@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import ipaddress
 import sys
-from typing import Annotated, Optional
 
-import typer
+import click
 
 MIB = 1 << 20
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -40,30 +39,30 @@ def bind_warning(host: str, api_key: str | None) -> str | None:
 
 
 def _fail(message: str, code: int = 1):
-    typer.echo(f"chatcli: error: {message}", err=True)
-    raise typer.Exit(code)
+    click.echo(f"chatcli: error: {message}", err=True)
+    raise click.exceptions.Exit(code)
 
 
-def serve_command(
-    host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
-    api_key: Annotated[
-        Optional[str],
-        typer.Option("--api-key", envvar="CHATCLI_API_KEY", help="Require 'Authorization: Bearer KEY' on every request."),
-    ] = None,
-    model: Annotated[Optional[str], typer.Option(help="A .gguf file, a model folder or a hub id.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
-    runner: Annotated[str, typer.Option(help="auto, hf or lean: the forward pass.")] = "auto",
-    quantize: Annotated[Optional[str], typer.Option(help="int8: dynamic int8 weights and activations (CPU).")] = None,
-    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto, float32, bfloat16 or float16.")] = "auto",
-    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted (413 past it).")] = MIB,
-    cache_budget: Annotated[
-        int, typer.Option(min=0, help="MiB of KV cache kept across requests for prefix reuse (0 keeps none).")
-    ] = 1024,
-    max_queue: Annotated[int, typer.Option(min=1, help="Requests running or waiting before more get a 503.")] = 64,
-    log_level: Annotated[str, typer.Option(help="uvicorn's log level: debug, info, warning, error.")] = "info",
-) -> None:
+@click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; loopback by default.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port.")
+@click.option("--api-key", envvar="CHATCLI_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every request.")
+@click.option("--model", default=None, help="A .gguf file, a model folder or a hub id.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps.")
+@click.option("--dtype", default="auto", show_default=True, help="auto, float32, bfloat16 or float16.")
+@click.option("--runner", default="auto", show_default=True, help="auto, hf or lean: the forward pass.")
+@click.option("--quantize", default=None, help="int8: int8 weights and activations (CPU).")
+@click.option("--kv-dtype", default="auto", show_default=True, help="KV cache dtype: auto, float32, bfloat16 or float16.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=MIB, show_default=True,
+              help="Largest request body accepted (413 past it).")
+@click.option("--cache-budget", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="MiB of KV cache kept across requests for prefix reuse (0 keeps none).")
+@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Requests running or waiting before more get a 503.")
+@click.option("--log-level", default="info", show_default=True, help="uvicorn's log level: debug, info, warning, error.")
+def serve_command(host, port, api_key, model, device, dtype, runner, quantize, kv_dtype, max_body_bytes, cache_budget,
+                  max_queue, log_level) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
     from chatcli.config import ConfigError, load_config
     from chatcli.engine.load import LoadError, LoadOptions
@@ -73,13 +72,13 @@ def serve_command(
         _fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
     warning = bind_warning(host, api_key)
     if warning:
-        typer.echo(warning, err=True)
+        click.echo(warning, err=True)
     try:
         config = load_config()
         start = StartOptions(model=model, load=LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize,
                                                                  kv_dtype=kv_dtype), params=config.params(),
                              config=config)
-        engine = start.load_engine(status=lambda msg: typer.echo(msg, err=True))
+        engine = start.load_engine(status=_status_lines())
     except (ConfigError, LoadError) as exc:
         _fail(str(exc))
     from chatcli.engine.threads import release_cpu_threads
@@ -87,6 +86,18 @@ def serve_command(
     release_cpu_threads()  # requests run in the generation thread: see engine/threads.py
     serve(engine, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes,
           cache_budget_bytes=cache_budget * MIB, defaults=start.params, max_queue=max_queue, log_level=log_level)
+
+
+def _status_lines():
+    """Loading messages on stderr, one line each (a conversion's per-tensor steps once)."""
+    last = []
+
+    def status(text: str, done: int | None = None, total: int | None = None) -> None:
+        if not last or last[-1] != text:
+            last.append(text)
+            click.echo(text, err=True)
+
+    return status
 
 
 def serve(engine, *, host: str, port: int, api_key: str | None = None, max_body_bytes: int = MIB,
@@ -99,7 +110,7 @@ def serve(engine, *, host: str, port: int, api_key: str | None = None, max_body_
     app = create_app(engine, api_key=api_key, max_body_bytes=max_body_bytes,
                      cache_budget_bytes=cache_budget_bytes, defaults=defaults, max_pending=max_queue)
     shown = f"[{host}]" if ":" in host else host
-    typer.echo(f"Serving {engine.name} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)", err=True)
+    click.echo(f"Serving {engine.name} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
     try:
         uvicorn.Server(config).run()
@@ -108,7 +119,7 @@ def serve(engine, *, host: str, port: int, api_key: str | None = None, max_body_
 
 
 def main() -> None:
-    typer.run(serve_command)
+    serve_command(prog_name="python -m chatcli.server")
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ class ChatApp(App):
         from chatcli.engine.threads import release_cpu_threads
 
         try:
-            engine = self.engine_factory(status=lambda text: screen.post_message(LoadStatus(text)))
+            engine = self.engine_factory(status=lambda *step: screen.post_message(LoadStatus(*step)))
         except Exception as exc:  # noqa: BLE001 - LoadError, or anything else: one line, the app keeps running
             lines = str(exc).strip().splitlines()
             screen.post_message(LoadFailed(lines[0] if lines else type(exc).__name__))

@@ -14,6 +14,11 @@ from textual.message import Message
 @dataclass
 class LoadStatus(Message):
     text: str
+    done: int | None = None  # steps of a long one (a first conversion), where it says
+    total: int | None = None
+
+    def line(self) -> str:
+        return f"{self.text} ({self.done}/{self.total})" if self.total else self.text
 
 
 @dataclass

@@ -134,9 +134,9 @@ class ChatScreen(Conversations, SlashCommands, Screen):
     # -- loading ---------------------------------------------------------------
 
     def on_load_status(self, message: LoadStatus) -> None:
-        self.load_status = message.text
+        self.load_status = message.line()
         if self._loading is not None:
-            self._loading.status.update(message.text)
+            self._loading.status.update(self.load_status)
 
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine = message.engine
