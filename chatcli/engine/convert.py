@@ -68,7 +68,7 @@ def is_valid(folder: Path) -> bool:
             st = (folder / name).stat()
             if st.st_size != want["size"]:
                 return False
-            if st.st_mtime_ns != want["mtime_ns"] and _sha256(folder / name) != want["sha256"]:
+            if st.st_mtime_ns != want["mtime_ns"] and file_sha256(folder / name) != want["sha256"]:
                 return False
         return bool(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -84,7 +84,7 @@ def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m:
         files = {}
         for p in sorted(tmp.iterdir()):
             st = p.stat()
-            files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(p)}
+            files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(p)}
         manifest = {"format": FORMAT, "source": str(path.resolve()), "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if folder.exists() and not is_valid(folder):
@@ -128,7 +128,7 @@ def save_converted(path: Path, out: Path, status: Callable[[str], None] = lambda
     tokenizer.save_pretrained(out)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):

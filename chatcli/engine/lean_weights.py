@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from chatcli.engine.convert import file_sha256
+
 FORMAT = 1
 PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
 PROJECTIONS = ("qkv", "out", "gate_up", "down")
@@ -138,20 +140,12 @@ def _sidecar(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def record(path: Path) -> None:
     """Write the sidecar of a finished lean file: its size, mtime and hash (atomically)."""
     st = path.stat()
     side = _sidecar(path)
     tmp = side.with_name(f".{side.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path)}))
+    tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}))
     os.replace(tmp, side)
 
 
@@ -162,7 +156,7 @@ def unchanged(path: Path) -> bool:
         st = path.stat()
         if st.st_size != want["size"]:
             return False
-        return st.st_mtime_ns == want["mtime_ns"] or _sha256(path) == want["sha256"]
+        return st.st_mtime_ns == want["mtime_ns"] or file_sha256(path) == want["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
 

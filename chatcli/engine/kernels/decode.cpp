@@ -241,6 +241,29 @@ inline __m512 sum_each(const __m512 v[16]) {
 constexpr int kMaxGroup = 8;      // query heads attended together over one read of their K and V
 constexpr int kMaxHeadDim = 256;  // the largest head the kernel takes
 
+// out [H, 64] = softmax weights [H, lds] · V [length, 64] for H heads of one group: each V row is read
+// (and converted) once, each weight broadcast once, 4H accumulators stay in registers; per head and
+// block one chain over u, the same order as the generic loop in `attend`.
+template <int H, typename T>
+void weigh_values64(const float* w, int64_t lds, const T* v, int64_t length, const float* inv, float* out) {
+  __m512 acc[H][4];
+  for (int h = 0; h < H; h++)
+    for (int b = 0; b < 4; b++) acc[h][b] = _mm512_setzero_ps();
+  for (int64_t u = 0; u < length; u++) {
+    const __m512 v0 = load16(v + u * 64), v1 = load16(v + u * 64 + 16), v2 = load16(v + u * 64 + 32),
+                 v3 = load16(v + u * 64 + 48);
+    for (int h = 0; h < H; h++) {
+      const __m512 wu = _mm512_set1_ps(w[h * lds + u]);
+      acc[h][0] = _mm512_fmadd_ps(wu, v0, acc[h][0]);
+      acc[h][1] = _mm512_fmadd_ps(wu, v1, acc[h][1]);
+      acc[h][2] = _mm512_fmadd_ps(wu, v2, acc[h][2]);
+      acc[h][3] = _mm512_fmadd_ps(wu, v3, acc[h][3]);
+    }
+  }
+  for (int h = 0; h < H; h++)
+    for (int b = 0; b < 4; b++) _mm512_storeu_ps(out + h * 64 + 16 * b, _mm512_mul_ps(acc[h][b], _mm512_set1_ps(inv[h])));
+}
+
 // `heads` (<= kMaxGroup) query rows [heads, hd] of one position over the `length` cached positions
 // of their shared K and V (one query group, or part of one): K and V are read once for all of
 // them. scores [heads, length + 16]. Each head sums in the same order whatever the rows and heads
@@ -300,23 +323,23 @@ void attend(const float* q, int64_t heads, const T* k, const T* v, int64_t lengt
     }
     inv[h] = 1.f / hsum(vsum);
   }
-  for (int64_t i = 0; i < hd; i += 16) {  // each V block read once for every head; two chains a head
-    __m512 acc[2][kMaxGroup];
-    for (int64_t h = 0; h < heads; h++) acc[0][h] = acc[1][h] = _mm512_setzero_ps();
-    int64_t u = 0;
-    for (; u + 2 <= length; u += 2) {
-      const __m512 v0 = load16(v + u * hd + i), v1 = load16(v + (u + 1) * hd + i);
-      for (int64_t h = 0; h < heads; h++) {
-        acc[0][h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * lds + u]), v0, acc[0][h]);
-        acc[1][h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * lds + u + 1]), v1, acc[1][h]);
-      }
+  if (hd == 64) {  // the common head size: u outermost, every accumulator in a register
+    for (int64_t h0 = 0; h0 < heads; h0 += 3) {
+      const int64_t n = std::min<int64_t>(3, heads - h0);
+      if (n == 3) weigh_values64<3, T>(scores + h0 * lds, lds, v, length, inv + h0, out + h0 * hd);
+      else if (n == 2) weigh_values64<2, T>(scores + h0 * lds, lds, v, length, inv + h0, out + h0 * hd);
+      else weigh_values64<1, T>(scores + h0 * lds, lds, v, length, inv + h0, out + h0 * hd);
     }
-    if (u < length) {
-      const __m512 v0 = load16(v + u * hd + i);
-      for (int64_t h = 0; h < heads; h++) acc[0][h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * lds + u]), v0, acc[0][h]);
+    return;
+  }
+  for (int64_t i = 0; i < hd; i += 16) {  // each V block read once for every head; one chain a head
+    __m512 acc[kMaxGroup];
+    for (int64_t h = 0; h < heads; h++) acc[h] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < length; u++) {
+      const __m512 vu = load16(v + u * hd + i);
+      for (int64_t h = 0; h < heads; h++) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * lds + u]), vu, acc[h]);
     }
-    for (int64_t h = 0; h < heads; h++)
-      _mm512_storeu_ps(out + h * hd + i, _mm512_mul_ps(_mm512_add_ps(acc[0][h], acc[1][h]), _mm512_set1_ps(inv[h])));
+    for (int64_t h = 0; h < heads; h++) _mm512_storeu_ps(out + h * hd + i, _mm512_mul_ps(acc[h], _mm512_set1_ps(inv[h])));
   }
 }
 
