@@ -16,6 +16,8 @@ from __future__ import annotations
 import mmap
 from functools import lru_cache
 
+from chatcli.engine.runner import KVCache
+
 CACHE_BLOCK = 512  # past the up-front size, a KV cache grows in steps of this many positions
 RESERVE_BYTES = 1 << 30  # address space a cache takes up front (only written pages use memory)
 MADV_NOHUGEPAGE = 15  # Linux
@@ -69,3 +71,46 @@ def grown(n: int, upfront: int, limit: int) -> int:
     """The capacity to resize to for `n` positions."""
     size = -(-n // CACHE_BLOCK) * CACHE_BLOCK if n > upfront else upfront
     return min(max(limit, n), size)
+
+
+class ReservedCache(KVCache):
+    """What both lean runners' caches share: `[L, KV, capacity, hd]` keys and values in `self.k`,
+    `self.v`, reserved by the policy above; crops only move the position (`len(self.ids)`).
+    A subclass allocates (`_resize`), copies (`clone`) and (de)serialises (`state`, `restore`)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, itemsize: int, lazy: bool) -> None:
+        super().__init__()
+        self._shape = (layers, kv_heads, head_dim)
+        self.limit = limit
+        self.written = 0  # the most positions ever written: what the pages behind the cache hold
+        self._itemsize = itemsize
+        self._upfront = upfront_positions(limit, 2 * layers * kv_heads * head_dim * itemsize, lazy)
+        self._no_huge_pages = lazy and huge_pages_always()
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` positions in all (copying what is held only past the up-front size)."""
+        if n > self.capacity:
+            self._resize(grown(n, self._upfront, self.limit))
+        self.written = max(self.written, n)
+
+    def _resize(self, cap: int) -> None:
+        raise NotImplementedError
+
+    def _crop(self, keep: int) -> None:
+        pass  # positions past `keep` are simply overwritten by the next forward
+
+    def _fits(self, ids: list[int], k_shape, v_shape) -> bool:
+        """`restore`'s check: keys and values `[L, KV, len(ids), hd]` within the context limit."""
+        layers, kv_heads, head_dim = self._shape
+        want = (layers, kv_heads, len(ids), head_dim)
+        return tuple(k_shape) == want and tuple(v_shape) == want and len(ids) <= self.limit
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the positions written so far (allocated but never written pages take no memory)."""
+        layers, kv_heads, head_dim = self._shape
+        return 2 * layers * kv_heads * min(self.written, self.capacity) * head_dim * self._itemsize

@@ -10,34 +10,17 @@ from __future__ import annotations
 import torch
 
 from chatcli.engine import kv_memory
-from chatcli.engine.runner import KVCache
 from chatcli.engine.torch_state import from_state, to_state
 
 
-class LeanCache(KVCache):
+class LeanCache(kv_memory.ReservedCache):
     """Keys and values of every layer in two preallocated tensors; the position is `len(self.ids)`."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype, device) -> None:
-        super().__init__()
-        self._shape = (layers, kv_heads, head_dim)
-        self.limit = limit
-        self.written = 0  # the most positions ever written: what the pages behind the cache hold
-        per_position = 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
         lazy = torch.device(device).type == "cpu"  # GPU memory is committed at allocation: grow there
-        self._upfront = kv_memory.upfront_positions(limit, per_position, lazy)
-        self._no_huge_pages = lazy and kv_memory.huge_pages_always()
+        super().__init__(layers, kv_heads, head_dim, limit, torch.empty(0, dtype=dtype).element_size(), lazy)
         self.k = torch.empty(layers, kv_heads, 0, head_dim, dtype=dtype, device=device)  # [L, KV, cap, hd]
         self.v = torch.empty_like(self.k)  # [L, KV, cap, hd]
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def reserve(self, n: int) -> None:
-        """Make room for `n` positions in all (copying what is held only past the up-front size)."""
-        if n > self.capacity:
-            self._resize(kv_memory.grown(n, self._upfront, self.limit))
-        self.written = max(self.written, n)
 
     def _resize(self, cap: int) -> None:
         layers, kv_heads, head_dim = self._shape
@@ -49,9 +32,6 @@ class LeanCache(KVCache):
                 kv_memory.advise_no_huge_pages(new.data_ptr(), new.numel() * new.element_size())
             new[:, :, :held] = old[:, :, :held]
             setattr(self, name, new)
-
-    def _crop(self, keep: int) -> None:
-        pass  # positions past `keep` are simply overwritten by the next forward
 
     def clone(self, keep: int) -> LeanCache:
         """A copy of the first `keep` positions (the pool's forks)."""
@@ -69,13 +49,11 @@ class LeanCache(KVCache):
         return {"k": to_state(self.k[:, :, :n]), "v": to_state(self.v[:, :, :n])}  # [L, KV, n, hd]
 
     def restore(self, ids: list[int], state: dict) -> bool:
-        layers, kv_heads, head_dim = self._shape
-        want = (layers, kv_heads, len(ids), head_dim)
         try:
             k, v = (from_state(state[name], self.k.device) for name in ("k", "v"))
         except (KeyError, ValueError):
             return False
-        if tuple(k.shape) != want or tuple(v.shape) != want or len(ids) > self.limit:
+        if not self._fits(ids, k.shape, v.shape):
             return False
         self.ids = []
         self.reserve(len(ids))
@@ -83,9 +61,3 @@ class LeanCache(KVCache):
         self.v[:, :, : len(ids)] = v.to(self.v.dtype)
         self.ids = list(ids)
         return True
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the positions written so far (allocated but never written pages take no memory)."""
-        layers, kv_heads, head_dim = self._shape
-        return 2 * layers * kv_heads * min(self.written, self.capacity) * head_dim * self.k.element_size()

@@ -52,30 +52,15 @@ def kernel_threads() -> int:
         return physical_cores()
 
 
-class NativeCache(KVCache):
+class NativeCache(kv_memory.ReservedCache):
     """Keys and values `[L, KV, capacity, hd]` (fp32, or bf16 held as uint16) in anonymous memory."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype: str) -> None:
-        super().__init__()
         self.kind, self._np, self._code = CACHE_DTYPES[dtype]
+        super().__init__(layers, kv_heads, head_dim, limit, np.dtype(self._np).itemsize, lazy=True)
         self.dtype = dtype
-        self._shape = (layers, kv_heads, head_dim)
-        self.limit = limit
-        self.written = 0
-        per_position = 2 * layers * kv_heads * head_dim * np.dtype(self._np).itemsize
-        self._upfront = kv_memory.upfront_positions(limit, per_position, lazy=True)
-        self._no_huge_pages = kv_memory.huge_pages_always()
         self._map = None
         self.k = self.v = np.empty((layers, kv_heads, 0, head_dim), self._np)
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def reserve(self, n: int) -> None:
-        if n > self.capacity:
-            self._resize(kv_memory.grown(n, self._upfront, self.limit))
-        self.written = max(self.written, n)
 
     def _resize(self, cap: int) -> None:
         layers, kv_heads, head_dim = self._shape
@@ -90,9 +75,6 @@ class NativeCache(KVCache):
         k[:, :, :held], v[:, :, :held] = self.k[:, :, :held], self.v[:, :, :held]
         self.k, self.v, self._map = k, v, memory
 
-    def _crop(self, keep: int) -> None:
-        pass  # positions past `keep` are overwritten by the next forward
-
     def clone(self, keep: int) -> NativeCache:
         keep = max(0, min(keep, len(self.ids)))
         other = NativeCache(*self._shape, self.limit, self.dtype)
@@ -106,24 +88,17 @@ class NativeCache(KVCache):
         return {"k": (self._code, self.k[:, :, :n]), "v": (self._code, self.v[:, :, :n])}  # [L, KV, n, hd]
 
     def restore(self, ids: list[int], state: dict) -> bool:
-        layers, kv_heads, head_dim = self._shape
-        want = (layers, kv_heads, len(ids), head_dim)
         try:
             (kc, k), (vc, v) = state["k"], state["v"]
         except (KeyError, TypeError, ValueError):
             return False
-        if kc != self._code or vc != self._code or k.shape != want or v.shape != want or len(ids) > self.limit:
+        if kc != self._code or vc != self._code or not self._fits(ids, k.shape, v.shape):
             return False
         self.ids = []
         self.reserve(len(ids))
         self.k[:, :, : len(ids)], self.v[:, :, : len(ids)] = k, v
         self.ids = list(ids)
         return True
-
-    @property
-    def nbytes(self) -> int:
-        layers, kv_heads, head_dim = self._shape
-        return 2 * layers * kv_heads * min(self.written, self.capacity) * head_dim * np.dtype(self._np).itemsize
 
 
 class NativeRunner(ModelRunner):
