@@ -1,6 +1,7 @@
 """How the lean runners' KV caches take memory (torch-free; used by `lean_cache` and `native`).
 
-A cache is `[L, KV, capacity, hd]` keys and values. On the CPU it is reserved for the whole
+A cache is `[L, KV, capacity, hd]` keys and values (the native runner holds its keys in
+transposed blocks of 16 positions: `native.NativeCache`). On the CPU it is reserved for the whole
 context at once (up to `RESERVE_BYTES` of address space): the operating system backs a page
 only when a forward first writes it, so a conversation's resident memory follows its length,
 and the cache never moves (first-touch page faults cost about 1 ms per MB on this kind of
@@ -89,7 +90,7 @@ class ReservedCache(KVCache):
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.v.shape[2]
 
     def reserve(self, n: int) -> None:
         """Make room for `n` positions in all (copying what is held only past the up-front size)."""

@@ -52,40 +52,56 @@ def kernel_threads() -> int:
         return physical_cores()
 
 
+KEY_BLOCK = 16  # decode.cpp keeps keys in blocks of 16 positions, transposed
+
+
 class NativeCache(kv_memory.ReservedCache):
-    """Keys and values `[L, KV, capacity, hd]` (fp32, or bf16 held as uint16) in anonymous memory."""
+    """Keys `[L, KV, capacity/16, hd, 16]` (blocks of 16 positions, transposed: one vector holds a
+    dimension of 16 keys) and values `[L, KV, capacity, hd]`, fp32 or bf16 held as uint16, in anonymous
+    memory. `keys(n)` and `state()` give the keys as rows `[L, KV, n, hd]`, like every other cache."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype: str) -> None:
         self.kind, self._np, self._code = CACHE_DTYPES[dtype]
         super().__init__(layers, kv_heads, head_dim, limit, np.dtype(self._np).itemsize, lazy=True)
         self.dtype = dtype
         self._map = None
-        self.k = self.v = np.empty((layers, kv_heads, 0, head_dim), self._np)
+        self.k = np.empty((layers, kv_heads, 0, head_dim, KEY_BLOCK), self._np)
+        self.v = np.empty((layers, kv_heads, 0, head_dim), self._np)
 
     def _resize(self, cap: int) -> None:
+        cap = -(-cap // KEY_BLOCK) * KEY_BLOCK
         layers, kv_heads, head_dim = self._shape
         count = layers * kv_heads * cap * head_dim
         memory = mmap.mmap(-1, max(1, 2 * count * np.dtype(self._np).itemsize))  # pages backed when written
         flat = np.frombuffer(memory, dtype=self._np)
         if self._no_huge_pages:
             kv_memory.advise_no_huge_pages(flat.ctypes.data, flat.nbytes)
-        k = flat[:count].reshape(layers, kv_heads, cap, head_dim)
+        k = flat[:count].reshape(layers, kv_heads, cap // KEY_BLOCK, head_dim, KEY_BLOCK)
         v = flat[count : 2 * count].reshape(layers, kv_heads, cap, head_dim)
-        held = len(self.ids)
-        k[:, :, :held], v[:, :, :held] = self.k[:, :, :held], self.v[:, :, :held]
+        self._copy_into(k, v, len(self.ids))
         self.k, self.v, self._map = k, v, memory
+
+    def _copy_into(self, k: np.ndarray, v: np.ndarray, n: int) -> None:
+        blocks = -(-n // KEY_BLOCK)
+        k[:, :, :blocks], v[:, :, :n] = self.k[:, :, :blocks], self.v[:, :, :n]
+
+    def keys(self, n: int) -> np.ndarray:
+        """The first n keys as rows `[L, KV, n, hd]` (a copy)."""
+        blocks = -(-n // KEY_BLOCK)
+        rows = self.k[:, :, :blocks].transpose(0, 1, 2, 4, 3)  # [L, KV, blocks, 16, hd]
+        return rows.reshape(*rows.shape[:2], blocks * KEY_BLOCK, rows.shape[-1])[:, :, :n]
 
     def clone(self, keep: int) -> NativeCache:
         keep = max(0, min(keep, len(self.ids)))
         other = NativeCache(*self._shape, self.limit, self.dtype)
         other.reserve(keep)
-        other.k[:, :, :keep], other.v[:, :, :keep] = self.k[:, :, :keep], self.v[:, :, :keep]
+        self._copy_into(other.k, other.v, keep)
         other.ids = self.ids[:keep]
         return other
 
     def state(self) -> dict:
         n = len(self.ids)
-        return {"k": (self._code, self.k[:, :, :n]), "v": (self._code, self.v[:, :, :n])}  # [L, KV, n, hd]
+        return {"k": (self._code, self.keys(n)), "v": (self._code, self.v[:, :, :n])}  # [L, KV, n, hd]
 
     def restore(self, ids: list[int], state: dict) -> bool:
         try:
@@ -94,9 +110,16 @@ class NativeCache(kv_memory.ReservedCache):
             return False
         if kc != self._code or vc != self._code or not self._fits(ids, k.shape, v.shape):
             return False
+        n = len(ids)
         self.ids = []
-        self.reserve(len(ids))
-        self.k[:, :, : len(ids)], self.v[:, :, : len(ids)] = k, v
+        self.reserve(n)
+        blocks, full = n // KEY_BLOCK, n // KEY_BLOCK * KEY_BLOCK
+        layers, kv_heads, _, head_dim = k.shape
+        whole = k[:, :, :full].reshape(layers, kv_heads, blocks, KEY_BLOCK, head_dim)
+        self.k[:, :, :blocks] = whole.transpose(0, 1, 2, 4, 3)
+        if full < n:  # the last, partly filled block
+            self.k[:, :, blocks, :, : n - full] = k[:, :, full:].transpose(0, 1, 3, 2)
+        self.v[:, :, :n] = v
         self.ids = list(ids)
         return True
 

@@ -20,7 +20,8 @@
 //     [n] (for the activations' zero point): y = xs * ws * (sum xq * wq - xz * wsum).
 //   fp32: W in panels of 64 outputs, [ceil(n/64)][k][64], zero past n: each thread streams whole
 //     panels, contiguous (a transposed [k, n] layout put the rows of a wide matrix in the same cache sets).
-// The KV cache is [L, KV, capacity, hd] in fp32 or bf16 (round to nearest even).
+// The KV cache holds keys [L, KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and values
+// [L, KV, capacity, hd], in fp32 or bf16 (round to nearest even); capacity is a multiple of 16.
 
 #include <immintrin.h>
 #include <omp.h>
@@ -61,8 +62,8 @@ struct Model {
 
 struct Cache {
   int32_t kind;  // CACHE_F32 or CACHE_BF16
-  void* k;       // [L, KV, capacity, hd]
-  void* v;
+  void* k;       // [L, KV, capacity/16, hd, 16]
+  void* v;       // [L, KV, capacity, hd]
   int64_t capacity;
 };
 
@@ -220,135 +221,163 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
 }
 
 // ---- attention ------------------------------------------------------------------------------
-
-// lane j of the result = the sum of v[j]'s 16 lanes (a transpose-and-add tree: 45 instructions
-// where 16 separate reductions take ~130)
-inline __m512 sum_each(const __m512 v[16]) {
-  __m512 w[8], x[4];
-  for (int j = 0; j < 8; j++)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
-    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
-  for (int j = 0; j < 4; j++)  // per 128-bit lane L: the lane-L sums of v[4j..4j+4)
-    x[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                  _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                  _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
+//
+// Keys are cached in blocks of 16 positions, transposed ([capacity/16, hd, 16] per KV head), so
+// that one vector holds one dimension of 16 keys: a score is then one chain of FMAs over the
+// dimensions in order, for any number of query rows, with no horizontal sum. Values stay
+// [capacity, hd] (a softmax weight broadcast against a value row).
 
 constexpr int kMaxGroup = 8;      // query heads attended together over one read of their K and V
 constexpr int kMaxHeadDim = 256;  // the largest head the kernel takes
+constexpr int kTileRows = 12;     // query rows (positions x heads) scored together against each key block
 
-// out [H, 64] = softmax weights [H, lds] · V [length, 64] for H heads of one group: each V row is read
-// (and converted) once, each weight broadcast once, 4H accumulators stay in registers; per head and
-// block one chain over u, the same order as the generic loop in `attend`.
-template <int H, typename T>
-void weigh_values64(const float* w, int64_t lds, const T* v, int64_t length, const float* inv, float* out) {
-  __m512 acc[H][4];
-  for (int h = 0; h < H; h++)
-    for (int b = 0; b < 4; b++) acc[h][b] = _mm512_setzero_ps();
+// scores [R, lds] of R query rows q [R, hd] against key blocks b0..b0+KB of the transposed keys kt:
+// each score one chain over i, so the same bits whatever R, KB and the blocks around it.
+template <int R, int KB, typename T>
+void score_blocks(const float* q, const T* kt, int64_t b0, int64_t hd, float* scores, int64_t lds) {
+  __m512 acc[R][KB];
+  for (int r = 0; r < R; r++)
+    for (int b = 0; b < KB; b++) acc[r][b] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < hd; i++) {
+    __m512 keys[KB];
+    for (int b = 0; b < KB; b++) keys[b] = load16(kt + ((b0 + b) * hd + i) * 16);
+    for (int r = 0; r < R; r++) {
+      const __m512 qi = _mm512_set1_ps(q[r * hd + i]);
+      for (int b = 0; b < KB; b++) acc[r][b] = _mm512_fmadd_ps(qi, keys[b], acc[r][b]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(1.f / std::sqrt(static_cast<float>(hd)));
+  for (int r = 0; r < R; r++)
+    for (int b = 0; b < KB; b++) _mm512_storeu_ps(scores + r * lds + (b0 + b) * 16, _mm512_mul_ps(acc[r][b], scale));
+}
+
+// all `blocks` key blocks for R rows, KB blocks at a time (R * KB accumulators in registers)
+template <int R, typename T>
+void score_rows(const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds) {
+  constexpr int KB = std::max(1, std::min(8, 24 / R));
+  int64_t b = 0;
+  for (; b + KB <= blocks; b += KB) score_blocks<R, KB>(q, kt, b, hd, scores, lds);
+  for (; b < blocks; b++) score_blocks<R, 1>(q, kt, b, hd, scores, lds);
+}
+
+template <typename T, int R = kTileRows>
+void score_any(int64_t rows, const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds) {
+  if constexpr (R > 0) {
+    if (rows == R)
+      score_rows<R>(q, kt, blocks, hd, scores, lds);
+    else
+      score_any<T, R - 1>(rows, q, kt, blocks, hd, scores, lds);
+  }
+}
+
+// a row of scores [length] -> softmax weights, unnormalised; returns 1 / their sum
+inline float softmax_row(float* sh, int64_t length) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  int64_t u = 0;
+  for (; u + 16 <= length; u += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sh + u));
+  const __mmask16 mask = static_cast<__mmask16>((1u << (length - u)) - 1u);
+  if (u < length) vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, sh + u));
+  const __m512 vtop = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  __m512 vsum = _mm512_setzero_ps();
+  for (u = 0; u + 16 <= length; u += 16) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sh + u), vtop));
+    _mm512_storeu_ps(sh + u, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  if (u < length) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + u), vtop));
+    _mm512_mask_storeu_ps(sh + u, mask, e);
+    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
+  }
+  return 1.f / hsum(vsum);
+}
+
+// out [R, hd] = weights [R, lds] · V [length, hd] for R rows, DV vectors of outputs a pass: each V row
+// is read (and converted) once a pass for every row, R * DV accumulators stay in registers; per
+// output one chain over u in order, whatever R and DV.
+template <int R, int DV, typename T>
+void weigh_pass(const float* w, int64_t lds, const T* v, int64_t length, int64_t hd, int64_t d0, const float* inv,
+                float* out) {
+  __m512 acc[R][DV];
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < DV; j++) acc[r][j] = _mm512_setzero_ps();
   for (int64_t u = 0; u < length; u++) {
-    const __m512 v0 = load16(v + u * 64), v1 = load16(v + u * 64 + 16), v2 = load16(v + u * 64 + 32),
-                 v3 = load16(v + u * 64 + 48);
-    for (int h = 0; h < H; h++) {
-      const __m512 wu = _mm512_set1_ps(w[h * lds + u]);
-      acc[h][0] = _mm512_fmadd_ps(wu, v0, acc[h][0]);
-      acc[h][1] = _mm512_fmadd_ps(wu, v1, acc[h][1]);
-      acc[h][2] = _mm512_fmadd_ps(wu, v2, acc[h][2]);
-      acc[h][3] = _mm512_fmadd_ps(wu, v3, acc[h][3]);
+    __m512 vu[DV];
+    for (int j = 0; j < DV; j++) vu[j] = load16(v + u * hd + d0 + 16 * j);
+    for (int r = 0; r < R; r++) {
+      const __m512 wu = _mm512_set1_ps(w[r * lds + u]);
+      for (int j = 0; j < DV; j++) acc[r][j] = _mm512_fmadd_ps(wu, vu[j], acc[r][j]);
     }
   }
-  for (int h = 0; h < H; h++)
-    for (int b = 0; b < 4; b++) _mm512_storeu_ps(out + h * 64 + 16 * b, _mm512_mul_ps(acc[h][b], _mm512_set1_ps(inv[h])));
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < DV; j++)
+      _mm512_storeu_ps(out + r * hd + d0 + 16 * j, _mm512_mul_ps(acc[r][j], _mm512_set1_ps(inv[r])));
 }
 
-// `heads` (<= kMaxGroup) query rows [heads, hd] of one position over the `length` cached positions
-// of their shared K and V (one query group, or part of one): K and V are read once for all of
-// them. scores [heads, length + 16]. Each head sums in the same order whatever the rows and heads
-// around it, so a prefill and the same tokens one at a time give the same bits.
-template <typename T>
-void attend(const float* q, int64_t heads, const T* k, const T* v, int64_t length, int64_t hd, float* scores,
-            float* out) {
-  const int64_t lds = length + 16;
-  const __m512 vscale = _mm512_set1_ps(1.f / std::sqrt(static_cast<float>(hd)));
-  __m512 vmax[kMaxGroup];
-  for (int64_t h = 0; h < heads; h++) vmax[h] = _mm512_set1_ps(-INFINITY);
-  int64_t t = 0;
-  alignas(64) float kbuf[16 * kMaxHeadDim];  // a bf16 block of keys in fp32, converted once for every head
-  for (; t + 16 <= length; t += 16) {  // 16 keys at a time (in L1 for every head): one reduction tree
-    const float* kb = nullptr;
-    if constexpr (sizeof(T) == 4) {
-      kb = reinterpret_cast<const float*>(k) + t * hd;
-    } else {
-      for (int64_t i = 0; i < 16 * hd; i += 16) _mm512_store_ps(kbuf + i, load16(k + t * hd + i));
-      kb = kbuf;
-    }
-    for (int64_t h = 0; h < heads; h++) {
-      __m512 acc[16];
-      for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
-      for (int64_t i = 0; i < hd; i += 16) {
-        const __m512 qi = load16(q + h * hd + i);
-        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qi, _mm512_loadu_ps(kb + j * hd + i), acc[j]);
-      }
-      const __m512 sc = _mm512_mul_ps(sum_each(acc), vscale);
-      _mm512_storeu_ps(scores + h * lds + t, sc);
-      vmax[h] = _mm512_max_ps(vmax[h], sc);
-    }
-  }
-  float inv[kMaxGroup];
-  for (int64_t h = 0; h < heads; h++) {
-    float* sh = scores + h * lds;
-    float top = _mm512_reduce_max_ps(vmax[h]);
-    for (int64_t u = t; u < length; u++) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t i = 0; i < hd; i += 16) acc = _mm512_fmadd_ps(load16(q + h * hd + i), load16(k + u * hd + i), acc);
-      sh[u] = hsum(acc) * (1.f / std::sqrt(static_cast<float>(hd)));
-      top = std::max(top, sh[u]);
-    }
-    const __m512 vtop = _mm512_set1_ps(top);
-    __m512 vsum = _mm512_setzero_ps();
-    int64_t u = 0;
-    for (; u + 16 <= length; u += 16) {
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sh + u), vtop));
-      _mm512_storeu_ps(sh + u, e);
-      vsum = _mm512_add_ps(vsum, e);
-    }
-    if (u < length) {
-      const __mmask16 mask = static_cast<__mmask16>((1u << (length - u)) - 1u);
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + u), vtop));
-      _mm512_mask_storeu_ps(sh + u, mask, e);
-      vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
-    }
-    inv[h] = 1.f / hsum(vsum);
-  }
-  if (hd == 64) {  // the common head size: u outermost, every accumulator in a register
-    for (int64_t h0 = 0; h0 < heads; h0 += 3) {
-      const int64_t n = std::min<int64_t>(3, heads - h0);
-      if (n == 3) weigh_values64<3, T>(scores + h0 * lds, lds, v, length, inv + h0, out + h0 * hd);
-      else if (n == 2) weigh_values64<2, T>(scores + h0 * lds, lds, v, length, inv + h0, out + h0 * hd);
-      else weigh_values64<1, T>(scores + h0 * lds, lds, v, length, inv + h0, out + h0 * hd);
-    }
-    return;
-  }
-  for (int64_t i = 0; i < hd; i += 16) {  // each V block read once for every head; one chain a head
-    __m512 acc[kMaxGroup];
-    for (int64_t h = 0; h < heads; h++) acc[h] = _mm512_setzero_ps();
-    for (int64_t u = 0; u < length; u++) {
-      const __m512 vu = load16(v + u * hd + i);
-      for (int64_t h = 0; h < heads; h++) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[h * lds + u]), vu, acc[h]);
-    }
-    for (int64_t h = 0; h < heads; h++) _mm512_storeu_ps(out + h * hd + i, _mm512_mul_ps(acc[h], _mm512_set1_ps(inv[h])));
+template <int R, typename T>
+void weigh_rows(const float* w, int64_t lds, const T* v, int64_t length, int64_t hd, const float* inv, float* out) {
+  constexpr int DV = R <= 6 ? 4 : 2;
+  int64_t d0 = 0;
+  for (; d0 + 16 * DV <= hd; d0 += 16 * DV) weigh_pass<R, DV>(w, lds, v, length, hd, d0, inv, out);
+  for (; d0 < hd; d0 += 16) weigh_pass<R, 1>(w, lds, v, length, hd, d0, inv, out);
+}
+
+template <typename T, int R = kTileRows>
+void weigh_any(int64_t rows, const float* w, int64_t lds, const T* v, int64_t length, int64_t hd, const float* inv,
+               float* out) {
+  if constexpr (R > 0) {
+    if (rows == R)
+      weigh_rows<R>(w, lds, v, length, hd, inv, out);
+    else
+      weigh_any<T, R - 1>(rows, w, lds, v, length, hd, inv, out);
   }
 }
 
+// A tile of `positions` consecutive query positions x `heads` heads of one KV group (rows p * heads + h,
+// at most kTileRows), the first position seeing `length` cached keys: q rows at q + p * ldq + h * hd,
+// outputs at out + p * ldo + h * hd. K (transposed blocks) and V are read once for the tile's rows.
+// A row's weights past its own length are 0, and adding 0 * v leaves a sum's bits as they are: each
+// row sums in the same order whatever the rows around it, so a prefill and the same tokens one at a
+// time give the same bits. scratch: kTileRows * (2 hd + length + positions + 48) floats.
 template <typename T>
-void store_row(T* dst, const float* src, int64_t n) {
+void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t length,
+            int64_t hd, float* scratch, float* out, int64_t ldo) {
+  const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
+  const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
+  float* qt = scratch;                       // [rows, hd]
+  float* ot = scratch + kTileRows * hd;      // [rows, hd]
+  float* scores = ot + kTileRows * hd;       // [rows, lds]
+  for (int64_t p = 0; p < positions; p++) std::memcpy(qt + p * heads * hd, q + p * ldq, heads * hd * sizeof(float));
+  score_any<T>(rows, qt, kt, blocks, hd, scores, lds);
+  float inv[kTileRows];
+  for (int64_t r = 0; r < rows; r++) {
+    float* w = scores + r * lds;
+    const int64_t own = length + r / heads;
+    inv[r] = softmax_row(w, own);
+    std::fill(w + own, w + last, 0.f);
+  }
+  weigh_any<T>(rows, scores, lds, v, last, hd, inv, ot);
+  for (int64_t p = 0; p < positions; p++) std::memcpy(out + p * ldo, ot + p * heads * hd, heads * hd * sizeof(float));
+}
+
+// a key row into its transposed block (kt: one KV head's [capacity/16, hd, 16]); a value row as it is
+template <typename T>
+void store_value(T* dst, const float* src, int64_t n) {
   if constexpr (sizeof(T) == 4) {
     std::memcpy(dst, src, n * sizeof(float));
   } else {
     for (int64_t i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
+  }
+}
+
+template <typename T>
+void store_key(T* kt, int64_t position, const float* src, int64_t hd) {
+  T* dst = kt + (position / 16) * hd * 16 + position % 16;
+  for (int64_t i = 0; i < hd; i++) {
+    if constexpr (sizeof(T) == 4)
+      dst[i * 16] = src[i];
+    else
+      dst[i * 16] = float_to_bf16(src[i]);
   }
 }
 
@@ -400,11 +429,12 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
   sc.xz.resize(S);
   const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together
   const int64_t parts = (group + part - 1) / part;
-  // few rows (a decode step): one head a task, so that every thread has some
+  // few rows (a decode step): one head a task, so that every thread has some; else tiles of positions
   const int64_t per_task = S * KV * parts >= 4 * threads ? part : 1;
-  const int64_t tasks_per_group = (group + per_task - 1) / per_task;
-  const size_t scores_per_thread = static_cast<size_t>(per_task) * (pos + S + 16);
-  sc.scores.resize(static_cast<size_t>(threads) * scores_per_thread);
+  const int64_t tile = per_task == 1 ? 1 : std::max<int64_t>(1, kTileRows / per_task);  // positions a task
+  const int64_t tiles = (S + tile - 1) / tile, tasks_per_group = (group + per_task - 1) / per_task;
+  const size_t scratch_per_thread = static_cast<size_t>(kTileRows) * (2 * hd + pos + S + 48);
+  sc.scores.resize(static_cast<size_t>(threads) * scratch_per_thread);
   for (int64_t s = 0; s < S; s++) std::memcpy(&sc.x[s * D], m.embed + tokens[s] * D, D * sizeof(float));
   T* k_cache = static_cast<T*>(c.k);
   T* v_cache = static_cast<T*>(c.v);
@@ -412,10 +442,10 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
   // Every stage splits its rows (or output blocks, or heads) over the team; a barrier ends each.
 #pragma omp parallel num_threads(threads)
   {
-    float* scores = sc.scores.data() + static_cast<size_t>(omp_get_thread_num()) * scores_per_thread;
+    float* scratch = sc.scores.data() + static_cast<size_t>(omp_get_thread_num()) * scratch_per_thread;
     for (int64_t l = 0; l < m.n_layers; l++) {
       const Layer& layer = m.layers[l];
-      T* kl = k_cache + l * KV * c.capacity * hd;
+      T* kl = k_cache + l * KV * c.capacity * hd;  // [KV, capacity/16, hd, 16]
       T* vl = v_cache + l * KV * c.capacity * hd;
       Rows rows = prepare(layer.qkv, sc.x.data(), D, S, true, m.eps, sc);
       project(layer.qkv, rows, sc.qkv.data(), n_qkv, false);
@@ -424,17 +454,17 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
         float* row = &sc.qkv[s * n_qkv];
         rope_row(row, m.rope + (pos + s) * hd, H + KV, half);  // rope [hd/2, 2] of this position
         for (int64_t g = 0; g < KV; g++) {
-          store_row(kl + (g * c.capacity + pos + s) * hd, row + (H + g) * hd, hd);
-          store_row(vl + (g * c.capacity + pos + s) * hd, row + (H + KV + g) * hd, hd);
+          store_key(kl + g * c.capacity * hd, pos + s, row + (H + g) * hd, hd);
+          store_value(vl + (g * c.capacity + pos + s) * hd, row + (H + KV + g) * hd, hd);
         }
       }
 #pragma omp for schedule(static, 1)  // interleaved: a causal row's cost grows with its position
-      for (int64_t task = 0; task < S * KV * tasks_per_group; task++) {
-        const int64_t s = task / (KV * tasks_per_group), g = task / tasks_per_group % KV;
+      for (int64_t task = 0; task < tiles * KV * tasks_per_group; task++) {
+        const int64_t s = task / (KV * tasks_per_group) * tile, g = task / tasks_per_group % KV;
         const int64_t head = g * group + task % tasks_per_group * per_task;
         const int64_t heads = std::min(per_task, (g + 1) * group - head);
-        attend(&sc.qkv[s * n_qkv + head * hd], heads, kl + g * c.capacity * hd, vl + g * c.capacity * hd, pos + s + 1,
-               hd, scores, &sc.att[(s * H + head) * hd]);
+        attend(&sc.qkv[s * n_qkv + head * hd], n_qkv, std::min(tile, S - s), heads, kl + g * c.capacity * hd,
+               vl + g * c.capacity * hd, pos + s + 1, hd, scratch, &sc.att[(s * H + head) * hd], H * hd);
       }
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
       project(layer.out, rows, sc.x.data(), D, true);
@@ -458,7 +488,7 @@ extern "C" {
 // S rows at positions pos.. -> logits [logit_rows, V] of the last logit_rows rows (1 or S)
 int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_t rows, int64_t pos, float* logits,
                    int64_t logit_rows, int32_t threads) {
-  if (rows < 1 || logit_rows < 1 || logit_rows > rows || pos + rows > c->capacity || m->head_dim % 16 != 0 ||
+  if (rows < 1 || logit_rows < 1 || logit_rows > rows || pos + rows > c->capacity || c->capacity % 16 != 0 || m->head_dim % 16 != 0 ||
       m->head_dim > kMaxHeadDim)
     return 1;
   try {  // no exception may cross into C (a failed allocation of the scratch space)
