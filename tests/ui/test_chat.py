@@ -49,7 +49,8 @@ async def test_a_prompt_sent_while_loading_waits_for_the_model():
         assert screen.conversation.messages == []
         gate.set()
         await wait_for(pilot, lambda: screen.turns_done == 1)
-        assert not screen.query(LoadingLine)
+        # remove() is carried out on a later message: wait for it, the timeout fails the test
+        await wait_for(pilot, lambda: not screen.query(LoadingLine))
         assert screen.conversation.messages[-1].content == "You said: **early bird**"
         assert not screen.pane.query(UserMessage).last().has_class("-queued")
 
