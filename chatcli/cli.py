@@ -15,6 +15,7 @@ import click
 from chatcli.config import ConfigError, load_config
 from chatcli.engine.load import LoadError, LoadOptions
 from chatcli.engine.params import InvalidParameter
+from chatcli.errors import UserError
 from chatcli.options import StartOptions
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -36,14 +37,6 @@ class LazyGroup(click.Group):
             module, _, attr = self.lazy[name].partition(":")
             return getattr(importlib.import_module(module), attr)
         return super().get_command(ctx, name)
-
-
-class UserError(Exception):
-    """One line for the user, and an exit code."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def model_options(device: str = "auto", device_map: bool = True, runner: bool = True):
@@ -221,9 +214,7 @@ def history(json_out) -> None:
 @click.option("--format", "fmt", default="md", show_default=True, help="md | json")
 def export(conversation_id, fmt) -> None:
     """Print one saved conversation as Markdown or JSON."""
-    import json
-
-    from chatcli.chat.store import to_markdown
+    from chatcli.chat.store import render_export
 
     if fmt not in ("md", "json"):
         raise UserError(f"--format must be md or json, got {fmt!r}", 2)
@@ -232,7 +223,7 @@ def export(conversation_id, fmt) -> None:
     data = store.export(found) if found else None
     if data is None:
         raise UserError(f"no conversation {conversation_id!r} (see 'chatcli history')")
-    click.echo(json.dumps(data, ensure_ascii=False, indent=1) if fmt == "json" else to_markdown(data))
+    click.echo(render_export(data, fmt))
 
 
 def _store():

@@ -8,7 +8,7 @@ import threading
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from chatcli.cli import UserError
+from chatcli.errors import UserError
 from chatcli.options import StartOptions
 
 
@@ -65,32 +65,14 @@ def load_engine(start: StartOptions):
 def open_conversation(store, start: StartOptions, resume: str | None, continue_last: bool):
     """The conversation to answer in: a saved one (`-c`, `--conversation ID`) or a new one."""
     from chatcli.chat.conversation import Conversation
+    from chatcli.chat.saved import NoSuchConversation, open_saved
 
-    if continue_last or resume:
-        conversation_id = store.latest_id() if continue_last and not resume else store.find(resume)
-        if conversation_id is None:
-            raise UserError("no saved conversation to continue" if not resume else f"no conversation {resume!r} (see 'chatcli history')")
-        conversation = store.load(conversation_id)
-        if start.system_given:
-            conversation.system = start.system
-            store.set_system(conversation.id, start.system)
-        return conversation, False
-    return Conversation(system=start.system), True
-
-
-def kv_file(store, conversation_id: str):
-    return store.path.parent / "kv" / f"{conversation_id}.safetensors"
-
-
-def save_kv(engine, session, path) -> None:
-    """Keep the conversation's KV cache beside it for the next `-c` (best effort)."""
-    from chatcli.engine.persist import fingerprint, save_cache, trim_folder
-
+    if not (continue_last or resume):
+        return Conversation(system=start.system), True
     try:
-        save_cache(session.cache, path, fingerprint(engine.runner, engine.name))
-        trim_folder(path.parent)
-    except OSError:
-        pass  # a full disk costs the next run a prefill, nothing more
+        return open_saved(store, continue_last, resume, start.system if start.system_given else None), False
+    except NoSuchConversation as exc:
+        raise UserError(str(exc)) from None
 
 
 def run_oneshot(
@@ -115,7 +97,8 @@ def stream_reply(engine, conversation, session, params, out):
 
     Returns (Finished, pieces), or (None, pieces) when Ctrl+C stopped it.
     """
-    from chatcli.engine.engine import ContextOverflow, Finished, Token
+    from chatcli.engine.engine import ContextOverflow
+    from chatcli.engine.events import Finished, Token
 
     pieces: list[str] = []
     cancel = threading.Event()
@@ -138,7 +121,9 @@ def stream_reply(engine, conversation, session, params, out):
 def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, resume, continue_last: bool) -> int:
     from dataclasses import asdict
 
+    from chatcli.chat.saved import kv_path, save_kv
     from chatcli.chat.store import Store, StoreError
+    from chatcli.engine.events import FinishReason
 
     try:
         store = Store()
@@ -151,23 +136,22 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
             store.create(conversation, engine.name)
         store.add_message(conversation.id, conversation.add_user(text))
         session = engine.new_session()
-        kv_path = kv_file(store, conversation.id)
+        kv = kv_path(store, conversation.id)
         if not new:  # a cache saved by an earlier run spares the history's prefill
-            from chatcli.engine.persist import fingerprint, load_cache
-
-            fp = fingerprint(engine.runner, engine.name)
-            session.cache = load_cache(engine.runner, kv_path, fp) or session.cache
+            engine.restore_session(session, kv)
         out = sys.stdout
         done, pieces = stream_reply(engine, conversation, session, start.params, out if not json_out else None)
         if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
-            store.add_message(conversation.id, conversation.add_reply("".join(pieces), "cancelled"), asdict(start.params))
+            store.add_message(conversation.id, conversation.add_reply("".join(pieces), FinishReason.CANCELLED), asdict(start.params))
             if pieces and not json_out:
                 out.write("\n")
                 out.flush()
             return 130
         reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
         store.add_message(conversation.id, reply, asdict(start.params))
-        save_kv(engine, session, kv_path)
+        not_saved = save_kv(engine, session, kv)
+        if not_saved:
+            sys.stderr.write(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n")
         if json_out:
             record = {
                 "model": engine.name,

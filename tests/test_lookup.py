@@ -10,6 +10,7 @@ from chatcli.engine.hf_load import build_engine
 from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.params import InvalidParameter
 from chatcli.engine.sampling import SamplingParams, accept_draft, logits_to_probs, new_generator
+from chatcli.engine.stats import TurnStats
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, lookup=0)
 
@@ -133,9 +134,9 @@ def test_int8_weights_draft_only_through_the_kernel(tiny_loaded, no_kernel):
 def test_the_drafts_row_says_off_none_or_how_many_were_kept():
     from chatcli.ui.format import drafts_text
 
-    assert drafts_text({"draft_tokens": 116, "accepted_tokens": 73}, 4) == "73 of 116 kept"
-    assert drafts_text({"draft_tokens": 0, "accepted_tokens": 0}, 4) == "none"
-    assert drafts_text({"draft_tokens": 0, "accepted_tokens": 0}, 0) == "off"
+    assert drafts_text(TurnStats(draft_tokens=116, accepted_tokens=73), 4) == "73 of 116 kept"
+    assert drafts_text(TurnStats(), 4) == "none"
+    assert drafts_text(TurnStats(), 0) == "off"
 
 
 def test_engine_reports_no_drafting_where_verification_is_not_exact(tiny_loaded, no_kernel):

@@ -18,6 +18,8 @@ import sys
 
 import click
 
+from chatcli.errors import one_line
+
 __all__ = ["bench_command", "run_bench"]
 
 
@@ -209,7 +211,7 @@ def run_bench(
             lc["decode_ratio"] = dec["decode_tok_s"] / lc["decode_tok_s"]
             lc["prefill_ratio"] = pre["prefill_tok_s"] / lc["prefill_tok_s"]
         except Exception as exc:  # noqa: BLE001 - optional comparison: report, don't fail
-            lc = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            lc = {"error": f"{type(exc).__name__}: {one_line(exc)}"}
         result["llama_cpp"] = lc
     result["startup"] = None
     if startup:

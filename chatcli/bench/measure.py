@@ -6,7 +6,8 @@ import math
 import time
 
 from chatcli.bench.prompts import DECODE_PROMPT, EDIT_PROMPT, QUALITY_PROMPTS, TEXT, filler
-from chatcli.engine.engine import Engine, Finished, Token
+from chatcli.engine.engine import Engine
+from chatcli.engine.events import Finished, Token
 from chatcli.engine.prefix import reusable_prefix
 from chatcli.engine.sampling import SamplingParams
 

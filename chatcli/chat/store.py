@@ -250,6 +250,11 @@ def from_export(data: dict) -> Conversation:
     return conversation
 
 
+def render_export(data: dict, fmt: str) -> str:
+    """An export (`to_export`'s dict) as the text of a file: "json" or "md" (Markdown)."""
+    return json.dumps(data, ensure_ascii=False, indent=2) if fmt == "json" else to_markdown(data)
+
+
 def to_markdown(data: dict) -> str:
     lines = [f"# {data['title']}", ""]
     if data.get("model"):

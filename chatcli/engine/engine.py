@@ -7,9 +7,9 @@ the longest common prefix of those ids with what the cache already holds, prefil
 only the rest, then runs the decode loop — sample, detokenize, feed back — until an
 end-of-turn id, `max_tokens`, a stop string, the context limit, or a cancel.
 
-It yields `Prefilled` once, a `Token` per sampled token (its `text` may be '' while a
-multi-byte character or a possible stop string is held back), and `Finished` last,
-carrying the reply and its `TurnStats`. The caller owns the message list: it
+It yields the events of `chatcli.engine.events`: `Prefilled` once, a `Token` per sampled
+token (its `text` may be '' while a multi-byte character or a possible stop string is held
+back), and `Finished` last, carrying the reply and its `TurnStats`. The caller owns the message list: it
 appends the reply (also a cancelled, partial one) as the assistant turn. The cache
 stays consistent whatever happens, because it records exactly the ids it holds and
 the next turn starts from the common prefix.
@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Sequence
 
 from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
-from chatcli.engine.prefix import common_prefix, reusable_prefix  # noqa: F401 - common_prefix re-exported
+from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
+from chatcli.engine.prefix import common_prefix, reusable_prefix
 from chatcli.engine.runner import KVCache, ModelRunner
 from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.sampling import SamplingParams, accept_draft, new_generator, sample
@@ -39,33 +40,6 @@ PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets
 
 class ContextOverflow(ValueError):
     """The newest message alone does not fit the model's context."""
-
-
-@dataclass
-class Prefilled:
-    prompt_tokens: int
-    cached_tokens: int
-    prefill_tokens: int
-    prefill_s: float
-    truncated_turns: int
-
-
-@dataclass
-class Token:
-    token_id: int
-    text: str  # newly completed text, possibly ''
-    completion_tokens: int
-    decode_tok_s: float  # running rate over this reply
-
-
-@dataclass
-class Finished:
-    reply: str
-    finish_reason: str  # "stop" | "length" | "cancelled"
-    stats: TurnStats
-
-
-Event = Prefilled | Token | Finished
 
 
 class Session:
@@ -98,6 +72,40 @@ class Engine:
 
     def new_session(self) -> Session:
         return Session(self.runner.new_cache())
+
+    # -- sessions on disk and cropped ------------------------------------------
+
+    def save_session(self, session: Session, path: Path) -> bool:
+        """Write the session's KV cache to `path` (atomically; the folder is kept within its
+        budget), for a later start to restore. False when there is nothing worth saving (an
+        empty or too large cache); OSError when the disk refuses."""
+        from chatcli.engine.persist import fingerprint, save_cache, trim_folder
+
+        saved = save_cache(session.cache, path, fingerprint(self.runner, self.name))
+        trim_folder(path.parent)
+        return saved
+
+    def restore_session(self, session: Session, path: Path) -> bool:
+        """Give `session` the KV cache saved at `path` when it was made by this model, runner and
+        dtypes; False (the session unchanged) for a missing, foreign or damaged file."""
+        from chatcli.engine.persist import fingerprint, load_cache
+
+        cache = load_cache(self.runner, path, fingerprint(self.runner, self.name))
+        if cache is None:
+            return False
+        session.cache = cache
+        return True
+
+    def crop_session(self, session: Session, messages: Sequence[dict]) -> int:
+        """Crop the session's cache to what the (shorter) conversation `messages` still shares
+        with it, after an undo; the tokens kept."""
+        cache = session.cache
+        try:
+            target = self.tokenizer.encode_chat(messages) if messages else []
+        except Exception:  # noqa: BLE001 - a template that rejects this (e.g. an empty) chat: start over
+            target = []
+        cache.crop(common_prefix(cache.ids, target))
+        return len(cache)
 
     def lookup_for(self, params: SamplingParams) -> int:
         """The draft length a turn with `params` uses: `params.lookup`, or 0 where the runner's
@@ -171,18 +179,18 @@ class Engine:
         stops = StopStringFilter(params.stop)
         generator = session.generator_for(params)
         reply: list[str] = []
-        finish_reason = "length"
+        finish_reason = FinishReason.LENGTH
         t_first = t_last = t_prefilled
         n = samples = 0  # reply tokens; sampled ids (an end-of-turn id too)
         rate = 0.0
         ids = self._decode(logits, cache, params, generator, stats)
         while True:
             if cancel is not None and cancel.is_set():
-                finish_reason = "cancelled"
+                finish_reason = FinishReason.CANCELLED
                 break
             token_id = next(ids, None)
             if token_id is None:  # prefill was cancelled
-                finish_reason = "cancelled"
+                finish_reason = FinishReason.CANCELLED
                 break
             t_last = time.perf_counter()
             samples += 1
@@ -192,17 +200,17 @@ class Engine:
             else:
                 rate = (samples - 1) / max(t_last - t_first, 1e-9)
             if token_id in self.tokenizer.stop_ids:
-                finish_reason = "stop"
+                finish_reason = FinishReason.STOP
                 break
             n += 1
             text = stops.push(detok.push(token_id))
             reply.append(text)
-            yield Token(token_id, text, n, rate)
+            yield Token(token_id, text, n, rate, t_last - t_submit)
             if stops.stopped:
-                finish_reason = "stop"
+                finish_reason = FinishReason.STOP
                 break
             if n >= params.max_tokens or len(target) + samples - 1 >= self.context_limit:
-                finish_reason = "length"
+                finish_reason = FinishReason.LENGTH
                 break
         ids.close()
         if samples:
@@ -214,7 +222,7 @@ class Engine:
             tail = stops.push(detok.finish()) + stops.finish()
             if tail:
                 reply.append(tail)
-                yield Token(-1, tail, n, rate)
+                yield Token(-1, tail, n, rate, t_last - t_submit)
         t_end = time.perf_counter()
         stats.completion_tokens = n
         stats.decode_tok_s = rate

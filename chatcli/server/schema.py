@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from chatcli.engine.events import FinishReason
 from chatcli.engine.sampling import InvalidParameter, SamplingParams
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -195,8 +196,9 @@ def usage(first, stats) -> dict:
     }
 
 
-def finish_reason(reason: str) -> str:
-    return "length" if reason == "length" else "stop"  # "cancelled" only reaches a client that left
+def finish_reason(reason: FinishReason) -> str:
+    """OpenAI's finish reason: "length", else "stop" (a cancelled turn only reaches a client that left)."""
+    return "length" if reason == FinishReason.LENGTH else "stop"
 
 
 def completion(cid: str, model: str, text: str, reason: str, use: dict) -> dict:

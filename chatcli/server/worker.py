@@ -20,9 +20,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from chatcli.engine.engine import ContextOverflow, Engine, Finished
-from chatcli.engine.pool import SessionPool
+from chatcli.engine.engine import ContextOverflow, Engine
+from chatcli.engine.events import Finished, FinishReason
+from chatcli.engine.pool import LeaseKind, SessionPool
 from chatcli.engine.sampling import SamplingParams
+from chatcli.errors import one_line
 from chatcli.server.schema import APIError
 
 log = logging.getLogger("chatcli.server")
@@ -128,7 +130,7 @@ class GenerationWorker:
             return
         except Exception as exc:  # noqa: BLE001 - e.g. a chat template that rejects the roles
             self.failed += 1
-            self._emit(job, Failed(APIError(400, f"the chat template rejected the messages: {_one_line(exc)}",
+            self._emit(job, Failed(APIError(400, f"the chat template rejected the messages: {one_line(exc)}",
                                             "messages")))
             return
         lease = self.pool.acquire(target)
@@ -142,20 +144,15 @@ class GenerationWorker:
         except Exception as exc:  # noqa: BLE001 - reported to the client as one line
             log.exception("generation failed")
             self.failed += 1
-            failure = Failed(APIError(500, f"generation failed: {_one_line(exc)}", type="server_error"))
+            failure = Failed(APIError(500, f"generation failed: {one_line(exc)}", type="server_error"))
         finally:
             self.pool.release(lease, ok)  # before the client hears of a failure: the pool is settled
         if failure is not None:
             self._emit(job, failure)
 
-    def _record(self, done: Finished, how: str) -> None:
-        if done.finish_reason == "cancelled":
+    def _record(self, done: Finished, how: LeaseKind) -> None:
+        if done.finish_reason == FinishReason.CANCELLED:
             self.cancelled += 1
         else:
             self.served += 1
         self.history.append({"finish_reason": done.finish_reason, "pool": how, **done.stats.to_dict()})
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -13,6 +13,7 @@ from typing import Callable
 from textual.app import App
 from textual.binding import Binding
 
+from chatcli.errors import one_line
 from chatcli.ui import themes
 from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus
 from chatcli.ui.persist import PromptHistory, remember_theme
@@ -114,8 +115,7 @@ class ChatApp(App):
         try:
             engine = self.engine_factory(status=lambda *step: screen.post_message(LoadStatus(*step)))
         except Exception as exc:  # noqa: BLE001 - LoadError, or anything else: one line, the app keeps running
-            lines = str(exc).strip().splitlines()
-            screen.post_message(LoadFailed(lines[0] if lines else type(exc).__name__))
+            screen.post_message(LoadFailed(one_line(exc)))
             return
         finally:
             release_cpu_threads()  # turns run in other threads: see engine/threads.py

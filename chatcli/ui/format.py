@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from chatcli.engine.events import FinishReason
+from chatcli.engine.stats import TurnStats
+
 
 def human_bytes(n: int) -> str:
     size = float(n)
@@ -38,10 +41,10 @@ def settings_lines(params, system: str | None, theme: str, model: str) -> list[s
     ]
 
 
-def stats_lines(stats: dict) -> list[str]:
-    """Every field of a TurnStats dict, one per line, in readable units."""
+def stats_lines(stats: TurnStats) -> list[str]:
+    """Every field of a turn's stats, one per line, in readable units."""
     lines = []
-    for key, value in stats.items():
+    for key, value in stats.to_dict().items():
         if key.endswith("_s") and not key.endswith("tok_s"):
             text = f"{value * 1000:.0f} ms"
         elif key.endswith("tok_s"):
@@ -54,22 +57,21 @@ def stats_lines(stats: dict) -> list[str]:
     return lines
 
 
-def drafts_text(stats: dict, lookup: int) -> str:
+def drafts_text(stats: TurnStats, lookup: int) -> str:
     """The drafts row: how many prompt-lookup drafts the model kept this turn."""
     if not lookup:
         return "off"
-    drafted = stats.get("draft_tokens", 0)
-    return f"{stats.get('accepted_tokens', 0)} of {drafted} kept" if drafted else "none"
+    return f"{stats.accepted_tokens} of {stats.draft_tokens} kept" if stats.draft_tokens else "none"
 
 
-def reply_note(finish_reason: str | None, stats: dict | None) -> str:
+def reply_note(finish_reason: str | None, stats: TurnStats | None) -> str:
     """The line under a reply: how it ended, its length and speed."""
-    note = {"cancelled": "⏹ stopped", "length": "… cut at the token limit"}.get(finish_reason or "", "")
-    if not stats:
+    note = {FinishReason.CANCELLED: "⏹ stopped", FinishReason.LENGTH: "… cut at the token limit"}.get(finish_reason, "")
+    if stats is None:
         return note
-    summary = f"{stats['completion_tokens']} tokens · {stats['decode_tok_s']:.1f} tok/s"
+    summary = f"{stats.completion_tokens} tokens · {stats.decode_tok_s:.1f} tok/s"
     return f"{note} · {summary}" if note else summary
 
 
-def turn_line(index: int, stats: dict) -> str:
-    return f"#{index:<3} {stats['ttft_s'] * 1000:5.0f} ms {stats['decode_tok_s']:6.1f} tok/s"
+def turn_line(index: int, stats: TurnStats) -> str:
+    return f"#{index:<3} {stats.ttft_s * 1000:5.0f} ms {stats.decode_tok_s:6.1f} tok/s"

@@ -45,3 +45,10 @@ class TurnEvent(Message):
 class TurnFailed(Message):
     turn: int
     error: str
+
+
+@dataclass
+class CacheNotSaved(Message):
+    """A turn's KV cache could not be written beside its conversation (a full disk, say)."""
+
+    reason: str

@@ -12,7 +12,8 @@ import threading
 import time
 from types import SimpleNamespace
 
-from chatcli.engine.engine import Finished, Prefilled, Token, common_prefix
+from chatcli.engine.events import Finished, FinishReason, Prefilled, Token
+from chatcli.engine.prefix import common_prefix
 from chatcli.engine.stats import TurnStats
 
 ROLE = {"system": 1, "user": 2, "assistant": 3}
@@ -82,6 +83,16 @@ class FakeEngine:
     def new_session(self) -> FakeSession:
         return FakeSession()
 
+    def crop_session(self, session, messages) -> int:
+        session.cache.crop(common_prefix(session.cache.ids, self.tokenizer.encode_chat(messages) if messages else []))
+        return len(session.cache)
+
+    def save_session(self, session, path) -> bool:
+        return False  # nothing on disk: the real engine's files are tested with the tiny model
+
+    def restore_session(self, session, path) -> bool:
+        return False
+
     def generate(self, messages, session, params=None, cancel=None):
         self.finished.clear()
         cache = session.cache
@@ -96,21 +107,21 @@ class FakeEngine:
         last_user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         pieces = split_tokens(self.script(last_user))
         reply: list[str] = []
-        reason = "stop"
+        reason = FinishReason.STOP
         t0 = time.perf_counter()
         decode_s = 0.0  # reported time since the first token
         for i, piece in enumerate(pieces):
             if cancel is not None and cancel.is_set():
-                reason = "cancelled"
+                reason = FinishReason.CANCELLED
                 break
             if self.hold_at is not None and i == self.hold_at:
                 while not (self.release.is_set() or (cancel is not None and cancel.is_set())):
                     time.sleep(0.005)
                 if cancel is not None and cancel.is_set():
-                    reason = "cancelled"
+                    reason = FinishReason.CANCELLED
                     break
             if params is not None and i >= params.max_tokens:
-                reason = "length"
+                reason = FinishReason.LENGTH
                 break
             if self.tok_s:
                 delay = t0 + (i + 1) / self.tok_s - time.perf_counter()
@@ -120,7 +131,7 @@ class FakeEngine:
             reply.append(piece)
             n = i + 1
             decode_s += self.token_s(n) if n > 1 else 0.0
-            yield Token(100 + i, piece, n, (n - 1) / decode_s if n > 1 else 0.0)
+            yield Token(100 + i, piece, n, (n - 1) / decode_s if n > 1 else 0.0, 0.05 + decode_s)
         stats = TurnStats(
             prompt_tokens=len(target),
             cached_tokens=cached,

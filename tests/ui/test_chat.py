@@ -76,7 +76,7 @@ async def test_esc_stops_a_reply_keeps_the_partial_reply_and_a_consistent_cache(
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await ready(pilot)
         await send(pilot, "count", wait=False)
-        await wait_for(pilot, lambda: screen._live.get("tokens") == 3)
+        await wait_for(pilot, lambda: screen.live.tokens == 3)
         await pilot.press("escape")
         await wait_for(pilot, lambda: screen.turns_done == 1)
         last = screen.conversation.messages[-1]
@@ -125,7 +125,7 @@ async def test_quitting_during_generation_is_clean():
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await ready(pilot)
         await send(pilot, "go", wait=False)
-        await wait_for(pilot, lambda: screen._live.get("tokens") == 2)
+        await wait_for(pilot, lambda: screen.live.tokens == 2)
         await pilot.press("ctrl+q")
         await pilot.pause()
     assert app.return_code == 0
@@ -231,7 +231,7 @@ async def test_the_pane_follows_the_stream_unless_scrolled_up():
         screen = await ready(pilot)
         pane = screen.pane
         await send(pilot, "go", wait=False)
-        await wait_for(pilot, lambda: screen._live.get("tokens") == 40)
+        await wait_for(pilot, lambda: screen.live.tokens == 40)
         await pilot.pause(0.2)
         assert pane.max_scroll_y > 0 and pane.scroll_y == pane.max_scroll_y  # following
         await pilot.press("pageup")
@@ -253,7 +253,7 @@ async def test_a_prompt_sent_while_a_reply_streams_is_queued_and_answered_next()
     async with app.run_test() as pilot:
         screen = await ready(pilot)
         await send(pilot, "first", wait=False)
-        await wait_for(pilot, lambda: screen._live.get("tokens") == 1)
+        await wait_for(pilot, lambda: screen.live.tokens == 1)
         await send(pilot, "second", wait=False)
         assert screen.pane.query(UserMessage).last().has_class("-queued")
         engine.hold_at = None

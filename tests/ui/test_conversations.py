@@ -23,7 +23,7 @@ def stored(conversation_id):
 
 
 def row_number(screen, conversation_id) -> int:
-    ids = [r.id for r in screen.conversation_rows()]
+    ids = [r.id for r in screen.chats.rows()]
     return ids.index(conversation_id) + 1
 
 
@@ -55,7 +55,7 @@ async def test_a_stopped_reply_is_saved_as_cancelled():
     async with app.run_test() as pilot:
         screen = await ready(pilot)
         await send(pilot, "go", wait=False)
-        await wait_for(pilot, lambda: screen._live.get("tokens") == 2)
+        await wait_for(pilot, lambda: screen.live.tokens == 2)
         assert [m.role for m in stored(screen.conversation.id).messages] == ["user"]  # the prompt, at once
         await pilot.press("escape")
         await wait_for(pilot, lambda: screen.turns_done == 1)
@@ -101,7 +101,7 @@ async def test_new_and_switch_back_reuse_that_conversations_cache():
         assert screen.session is first_session
         await send(pilot, "gamma")
         assert engine.calls[-1]["cached"] == resident  # only the new turn was prefilled
-        assert screen.last_stats["cached_tokens"] == resident
+        assert screen.last_stats.cached_tokens == resident
         assert len(engine.calls[-1]["messages"]) == 3
         assert screen.panels.values["resident"] == "2 conversations"
         assert (await command(pilot, "/switch 9")).text == "no conversation 9: there are 2 (F3 shows them)"
@@ -114,9 +114,9 @@ async def test_no_switching_while_a_reply_streams():
         screen = await ready(pilot)
         other = screen.conversation
         await command(pilot, "/new")  # an empty conversation: it leaves no trace when left
-        assert other.id not in [r.id for r in screen.conversation_rows()] and other.id not in screen.pool
+        assert other.id not in [r.id for r in screen.chats.rows()] and other.id not in screen.chats.pool
         await send(pilot, "go", wait=False)
-        await wait_for(pilot, lambda: screen._live.get("tokens") == 1)
+        await wait_for(pilot, lambda: screen.live.tokens == 1)
         current = screen.conversation
         for line in ("/new", "/switch 1", "/delete", "/load x.json"):
             note = await command(pilot, line)
@@ -183,9 +183,9 @@ async def test_delete_asks_first_and_then_removes_everything():
         await pilot.press("y")
         await pilot.pause()
         assert stored(cid) is None and screen.conversation.id != cid
-        assert cid not in screen.pool and screen.conversation.messages == []
+        assert cid not in screen.chats.pool and screen.conversation.messages == []
         assert screen.pane.notes()[-1].text == "deleted: keep me?"
-        assert cid not in [r.id for r in screen.conversation_rows()]
+        assert cid not in [r.id for r in screen.chats.rows()]
 
 
 async def test_save_and_load_round_trip(tmp_path):
@@ -228,16 +228,16 @@ async def test_an_evicted_conversation_prefills_again():
         screen = await ready(pilot)
         await send(pilot, "aaaa")
         first = screen.conversation
-        assert screen.pool.budget_bytes == budget and first.id in screen.pool
+        assert screen.chats.pool.budget_bytes == budget and first.id in screen.chats.pool
         await command(pilot, "/new")
         await send(pilot, "bbbb")
-        assert first.id not in screen.pool and screen.pool.evictions == 1
+        assert first.id not in screen.chats.pool and screen.chats.pool.evictions == 1
         assert screen.panels.values["resident"] == "1 conversation"
-        assert screen.panels.values["pool"] == f"{human_bytes(screen.pool.nbytes)} / {human_bytes(budget)}"
+        assert screen.panels.values["pool"] == f"{human_bytes(screen.chats.pool.nbytes)} / {human_bytes(budget)}"
         await command(pilot, f"/switch {row_number(screen, first.id)}")
         assert len(screen.session.cache) == 0
         await send(pilot, "cccc")
-        assert engine.calls[-1]["cached"] == 0 and screen.last_stats["cached_tokens"] == 0
+        assert engine.calls[-1]["cached"] == 0 and screen.last_stats.cached_tokens == 0
         assert screen.panels.values["prompt"].startswith("0 cached")
         assert len(engine.calls[-1]["messages"]) == 3  # the history was prefilled again
 
@@ -292,12 +292,12 @@ async def test_a_database_from_a_newer_chatcli_is_an_error_and_the_app_keeps_wor
     app = make_app()
     async with app.run_test() as pilot:
         screen = await ready(pilot)
-        assert screen.store is None
+        assert screen.chats.store is None
         assert any("newer chatcli" in m and "not saved" in m for m in notifications(app))
         await send(pilot, "still works")
         await pilot.press("ctrl+n")
         await send(pilot, "and again")
-        assert [r.title for r in screen.conversation_rows()] == ["and again", "still works"]
+        assert [r.title for r in screen.chats.rows()] == ["and again", "still works"]
         assert (await command(pilot, "/switch 2")).text == "conversation 2: still works"
 
 
@@ -306,9 +306,9 @@ async def test_a_store_that_fails_mid_session_is_reported_once():
     async with app.run_test() as pilot:
         screen = await ready(pilot)
         await send(pilot, "saved")
-        screen.store.db.close()  # the next write fails
+        screen.chats.store.db.close()  # the next write fails
         await send(pilot, "not saved")
-        assert screen.store is None
+        assert screen.chats.store is None
         assert sum("not saved from now on" in m for m in notifications(app)) == 1
         assert screen.conversation.messages[-1].content == "You said: **not saved**"
 
@@ -319,7 +319,7 @@ async def test_quitting_mid_reply_saves_what_was_streamed_as_stopped():
     async with app.run_test() as pilot:
         screen = await ready(pilot)
         await send(pilot, "go", wait=False)
-        await wait_for(pilot, lambda: screen._live.get("tokens") == 2)
+        await wait_for(pilot, lambda: screen.live.tokens == 2)
         cid = screen.conversation.id
         await pilot.press("ctrl+q")
         await pilot.pause()
@@ -344,7 +344,7 @@ async def test_switching_while_the_model_loads_keeps_the_loading_line():
 
     app = ChatApp(StartOptions(), engine_factory=slow_factory)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen._loading is not None)
+        await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.loading_line is not None)
         screen = app.chat_screen
         note = await command(pilot, "/switch 2")  # 1 is the new, empty one on screen
         assert note.text == "conversation 2: earlier question"

@@ -18,8 +18,8 @@ async def test_turns_retry_and_undo_on_the_tiny_engine(tiny_engine):
         screen = await ready(pilot)
         await send(pilot, "Hello")
         first = screen.last_stats
-        assert first["cached_tokens"] == 0 and first["completion_tokens"] >= 1
-        assert len(screen.session.cache) == first["context_tokens"]
+        assert first.cached_tokens == 0 and first.completion_tokens >= 1
+        assert len(screen.session.cache) == first.context_tokens
         reply = screen.conversation.messages[-1].content
 
         await command(pilot, "/retry")
@@ -27,7 +27,7 @@ async def test_turns_retry_and_undo_on_the_tiny_engine(tiny_engine):
         while screen.busy:
             await pilot.pause(0.02)
         again = screen.last_stats
-        assert again["cached_tokens"] == again["prompt_tokens"] - 1  # the whole prompt came from the cache
+        assert again.cached_tokens == again.prompt_tokens - 1  # the whole prompt came from the cache
         assert screen.conversation.messages[-1].content == reply  # greedy: the same reply
         assert len(screen.conversation.messages) == 2
 
@@ -41,7 +41,7 @@ async def test_turns_retry_and_undo_on_the_tiny_engine(tiny_engine):
         assert screen.session.cache.ids == ids_before[:kept]
 
         await send(pilot, "Something else")
-        assert screen.last_stats["cached_tokens"] == kept  # the next turn starts from the cropped cache
+        assert screen.last_stats.cached_tokens == kept  # the next turn starts from the cropped cache
 
 
 @pytest.mark.real_model
@@ -59,7 +59,7 @@ async def test_a_turn_on_the_embedded_model(real_engine):
 
 async def test_a_reopened_conversation_restores_its_kv_cache_from_disk(tiny_engine):
     from chatcli.chat.store import Store
-    from chatcli.oneshot import kv_file
+    from chatcli.chat.saved import kv_path
 
     params = SamplingParams(temperature=0, max_tokens=4)
     app = make_app(tiny_engine, start=StartOptions(params=params))
@@ -68,7 +68,7 @@ async def test_a_reopened_conversation_restores_its_kv_cache_from_disk(tiny_engi
         await send(pilot, "Hello")
         cid, kept = screen.conversation.id, list(screen.session.cache.ids)
         first = screen.last_stats
-    path = kv_file(Store(), cid)
+    path = kv_path(Store(), cid)
     assert path.is_file()
 
     async def reopen():
@@ -82,10 +82,10 @@ async def test_a_reopened_conversation_restores_its_kv_cache_from_disk(tiny_engi
 
     restored, stats = await reopen()
     assert restored == kept  # the session starts from the file, not empty
-    assert stats["cached_tokens"] >= first["prompt_tokens"]  # the history was not prefilled again
+    assert stats.cached_tokens >= first.prompt_tokens  # the history was not prefilled again
     path.write_bytes(b"not a safetensors file")  # a damaged file is ignored, never trusted
     restored, stats = await reopen()
-    assert restored == [] and stats["cached_tokens"] == 0
+    assert restored == [] and stats.cached_tokens == 0
 
 
 async def test_an_evicted_conversation_is_prefilled_again_even_with_a_kv_file(tiny_engine):
@@ -97,8 +97,8 @@ async def test_an_evicted_conversation_is_prefilled_again_even_with_a_kv_file(ti
         first = screen.conversation.id
         await command(pilot, "/new")
         await send(pilot, "Other")
-        ids = [r.id for r in screen.conversation_rows()]
+        ids = [r.id for r in screen.chats.rows()]
         await command(pilot, f"/switch {ids.index(first) + 1}")
         assert len(screen.session.cache) == 0
         await send(pilot, "Again")
-        assert screen.last_stats["cached_tokens"] == 0 and screen.pool.evictions >= 2
+        assert screen.last_stats.cached_tokens == 0 and screen.chats.pool.evictions >= 2

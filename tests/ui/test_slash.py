@@ -95,7 +95,7 @@ async def test_settings_and_stats():
         await send(pilot, "hi")
         stats = (await command(pilot, "/stats")).text
         assert "completion_tokens  3" in stats and "ttft_s             50 ms" in stats
-        assert "kv_cache_bytes" in stats and len(stats.splitlines()) == len(screen.last_stats)
+        assert "kv_cache_bytes" in stats and len(stats.splitlines()) == len(screen.last_stats.to_dict())
 
 
 async def test_clear_starts_an_empty_conversation_with_a_new_session():
@@ -158,7 +158,7 @@ async def test_history_commands_wait_for_a_streaming_reply():
     async with app.run_test() as pilot:
         screen = await ready(pilot)
         await send(pilot, "go", wait=False)
-        await wait_for(pilot, lambda: screen._live.get("tokens") == 1)
+        await wait_for(pilot, lambda: screen.live.tokens == 1)
         for line in ("/clear", "/retry", "/undo"):
             note = await command(pilot, line)
             assert note.has_class("-error") and "press Esc" in note.text

@@ -25,7 +25,7 @@ async def test_a_fast_long_stream_is_batched_and_keys_stay_responsive():
         screen = await ready(pilot)
         screen.prompt.load_text("go")
         press_now(app, "enter")
-        await wait_for(pilot, lambda: 300 <= screen._live.get("tokens", 0))
+        await wait_for(pilot, lambda: 300 <= screen.live.tokens)
         box = screen.pane.query(ReplyBox).last()
         # A key from the terminal (pilot.press would wait for an idle loop, i.e. the stream's end).
         frames_before = box.markdown.appends
@@ -33,7 +33,7 @@ async def test_a_fast_long_stream_is_batched_and_keys_stay_responsive():
         while screen.prompt.text != "x":
             await asyncio.sleep(0.002)
         frames = box.markdown.appends - frames_before
-        assert screen.busy and screen._live["tokens"] < TOKENS  # handled mid-stream
+        assert screen.busy and screen.live.tokens < TOKENS  # handled mid-stream
         assert frames <= 2  # within a frame or two of the UI tick
         await wait_for(pilot, lambda: screen.turns_done == 1, timeout=60)
         assert box.markdown.source == long_reply("")

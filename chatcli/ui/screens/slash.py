@@ -1,11 +1,26 @@
-"""What each slash command does on the chat screen (the parsing lives in `chatcli.chat.commands`)."""
+"""What each slash command does on the chat screen (the parsing lives in `chatcli.chat.commands`).
+
+`HANDLERS` maps every command that is not a setting to a function of the screen and the
+command's argument; a test checks that each command `chat.commands` knows has one. The
+handlers use the screen's public methods and its `Chats`; they never reach into widgets.
+"""
 
 from __future__ import annotations
 
-from chatcli.chat.commands import CommandError, apply_setting, help_lines, parse
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse
+from chatcli.chat.manager import ChatsError
 from chatcli.ui.format import settings_lines, stats_lines
 
+if TYPE_CHECKING:
+    from chatcli.ui.screens.chat import ChatScreen
+
 BUSY = "a reply is streaming: press Esc to stop it first"
+KEYS = (
+    "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop"
+    " · F2 panels · F3 conversations · Ctrl+N new conversation · Ctrl+Q quit"
+)
 SETTING_NAMES = {
     "temperature": "temperature",
     "top_k": "top-k",
@@ -17,137 +32,196 @@ SETTING_NAMES = {
     "seed": "seed",
 }
 
+Handler = Callable[["ChatScreen", str], Awaitable[None]]
 
-class SlashCommands:
-    """Mixed into ChatScreen: `run_command(text)` and one `cmd_<name>` per command."""
 
-    async def run_command(self, text: str) -> None:
-        try:
-            command = parse(text)
-        except CommandError as exc:
-            self.pane.add_note(str(exc), error=True)
-            return
-        handler = getattr(self, "cmd_" + command.name.replace("-", "_"), None)
-        if command.setting is not None:
-            self._set(command)
-        elif handler is not None:
-            await handler(command.arg)
-        self.pane.follow()
+async def run_command(screen: ChatScreen, text: str) -> None:
+    """Parse and carry out one command line; every problem is an inline note."""
+    try:
+        command = parse(text)
+    except CommandError as exc:
+        screen.note(str(exc), error=True)
+        return
+    if command.setting is not None:
+        set_value(screen, command)
+    else:
+        await HANDLERS[command.name](screen, command.arg)
+    screen.pane.follow()
 
-    def _note(self, text: str, error: bool = False) -> None:
-        self.pane.add_note(text, error=error)
 
-    def _set(self, command) -> None:
-        try:
-            self.params = apply_setting(self.params, command)
-        except ValueError as exc:
-            self._note(f"/{command.name}: {exc} (unchanged)", error=True)
-            return
-        field, value = command.setting
-        shown = "off" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-        self._note(f"{SETTING_NAMES[field]} = {shown}")
-        self.refresh_info()
+def set_value(screen: ChatScreen, command: Command) -> None:
+    try:
+        screen.params = apply_setting(screen.params, command)
+    except ValueError as exc:
+        screen.note(f"/{command.name}: {exc} (unchanged)", error=True)
+        return
+    field, value = command.setting
+    shown = "off" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    screen.note(f"{SETTING_NAMES[field]} = {shown}")
+    screen.refresh_info()
 
-    async def cmd_help(self, _arg: str) -> None:
-        rows = help_lines()
-        width = max(len(usage) for usage, _ in rows)
-        lines = [f"{usage:<{width}}  {desc}" for usage, desc in rows]
-        keys = (
-            "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop"
-            " · F2 panels · F3 conversations · Ctrl+N new conversation · Ctrl+Q quit"
-        )
-        self._note("\n".join(lines + ["", keys]))
 
-    async def cmd_system(self, arg: str) -> None:
-        if not arg:
-            current = self.conversation.system
-            self._note(f"system prompt: {current}" if current else "no system prompt (set one with /system TEXT)")
-            return
-        self.conversation.system = arg
-        self.save_system()
-        self._note(f"system prompt set: {arg}")
+# -- showing -------------------------------------------------------------------
 
-    async def cmd_settings(self, _arg: str) -> None:
-        model = getattr(self.engine, "name", None) or "(loading)"
-        self._note("\n".join(settings_lines(self.params, self.conversation.system, self.app.chat_theme, model)))
 
-    async def cmd_stats(self, _arg: str) -> None:
-        if self.last_stats is None:
-            self._note("no turn yet", error=True)
-            return
-        self._note("\n".join(stats_lines(self.last_stats)))
+async def show_help(screen: ChatScreen, _arg: str) -> None:
+    rows = help_lines()
+    width = max(len(usage) for usage, _ in rows)
+    screen.note("\n".join([f"{usage:<{width}}  {desc}" for usage, desc in rows] + ["", KEYS]))
 
-    async def cmd_clear(self, _arg: str) -> None:
-        """A new, empty conversation with the current system prompt; the old one stays in the sidebar."""
-        if self.busy:
-            self._note(BUSY, error=True)
-            return
-        for widget in list(self.queue):
-            widget.remove()
-        self.queue.clear()
-        await self.new_conversation(self.conversation.system)
-        self._note("new conversation")
 
-    async def cmd_retry(self, _arg: str) -> None:
-        if self.busy:
-            self._note(BUSY, error=True)
-            return
-        if self.engine is None:
-            self._note("the model is not loaded yet", error=True)
-            return
-        popped = self.conversation.pop_reply()
-        if popped is None:
-            self._note("nothing to retry", error=True)
-            return
-        await self._remove_widgets_of([popped])
-        self.forget_last(1)
-        self.begin_turn()
+async def system(screen: ChatScreen, arg: str) -> None:
+    conv = screen.conversation
+    if not arg:
+        screen.note(f"system prompt: {conv.system}" if conv.system else "no system prompt (set one with /system TEXT)")
+        return
+    conv.system = arg
+    screen.chats.save_system(conv)
+    screen.note(f"system prompt set: {arg}")
 
-    async def cmd_undo(self, _arg: str) -> None:
-        if self.busy:
-            self._note(BUSY, error=True)
-            return
-        removed = self.conversation.undo()
-        if not removed:
-            self._note("nothing to undo", error=True)
-            return
-        await self._remove_widgets_of(removed)
-        self.forget_last(len(removed))
-        kept = self.crop_cache()
-        self._note(f"removed the last exchange ({len(removed)} messages); cache keeps {kept} tokens")
 
-    def crop_cache(self) -> int:
-        """Crop the session's cache to what the (shorter) conversation still shares with it."""
-        if self.session is None or self.engine is None:
-            return 0
-        from chatcli.engine.engine import common_prefix
+async def settings(screen: ChatScreen, _arg: str) -> None:
+    model = getattr(screen.engine, "name", None) or "(loading)"
+    lines = settings_lines(screen.params, screen.conversation.system, screen.app.chat_theme, model)
+    screen.note("\n".join(lines))
 
-        cache = self.session.cache
-        messages = self.conversation.for_template()
-        try:
-            target = self.engine.tokenizer.encode_chat(messages) if messages else []
-        except Exception:  # noqa: BLE001 - a template that rejects an empty chat: start over
-            target = []
-        cache.crop(common_prefix(cache.ids, target))
-        self.panels.set_context(len(cache), self.engine.context_limit)
-        return len(cache)
 
-    async def _remove_widgets_of(self, messages: list) -> None:
-        doomed = [w for w in self.pane.children if any(getattr(w, "message", None) is m for m in messages)]
-        for widget in doomed:
-            await widget.remove()
+async def stats(screen: ChatScreen, _arg: str) -> None:
+    if screen.last_stats is None:
+        screen.note("no turn yet", error=True)
+        return
+    screen.note("\n".join(stats_lines(screen.last_stats)))
 
-    async def cmd_theme(self, arg: str) -> None:
-        app = self.app
-        if not arg:
-            names = app.theme_names()
-            self._note("themes: " + ", ".join(f"[{n}]" if n == app.chat_theme else n for n in names))
-            return
-        error = app.set_chat_theme(arg, remember=True)
-        if error:
-            self._note(error, error=True)
+
+async def theme(screen: ChatScreen, arg: str) -> None:
+    app = screen.app
+    if not arg:
+        screen.note("themes: " + ", ".join(f"[{n}]" if n == app.chat_theme else n for n in app.theme_names()))
+        return
+    error = app.set_chat_theme(arg, remember=True)
+    screen.note(error or f"theme = {arg}", error=bool(error))
+
+
+# -- the conversation ------------------------------------------------------------
+
+
+async def clear(screen: ChatScreen, _arg: str) -> None:
+    """A new, empty conversation with the current system prompt; the old one stays in the sidebar."""
+    if screen.busy:
+        screen.note(BUSY, error=True)
+        return
+    screen.drop_queue()
+    if await screen.new_conversation(screen.conversation.system):
+        screen.note("new conversation")
+
+
+async def retry(screen: ChatScreen, _arg: str) -> None:
+    if screen.busy:
+        screen.note(BUSY, error=True)
+        return
+    if screen.engine is None:
+        screen.note("the model is not loaded yet", error=True)
+        return
+    popped = screen.conversation.pop_reply()
+    if popped is None:
+        screen.note("nothing to retry", error=True)
+        return
+    await screen.remove_widgets_of([popped])
+    screen.chats.forget_last(screen.conversation, 1)
+    screen.begin_turn()
+
+
+async def undo(screen: ChatScreen, _arg: str) -> None:
+    if screen.busy:
+        screen.note(BUSY, error=True)
+        return
+    removed = screen.conversation.undo()
+    if not removed:
+        screen.note("nothing to undo", error=True)
+        return
+    await screen.remove_widgets_of(removed)
+    screen.chats.forget_last(screen.conversation, len(removed))
+    kept = screen.crop_cache()
+    screen.note(f"removed the last exchange ({len(removed)} messages); cache keeps {kept} tokens")
+
+
+# -- the conversations -------------------------------------------------------------
+
+
+async def new(screen: ChatScreen, _arg: str) -> None:
+    await screen.action_new_conversation()
+
+
+async def switch(screen: ChatScreen, arg: str) -> None:
+    await screen.switch_to(int(arg))
+
+
+async def rename(screen: ChatScreen, arg: str) -> None:
+    screen.chats.rename(screen.conversation, arg)
+    screen.refresh_sidebar()
+    screen.note(f"renamed: {arg}")
+
+
+async def delete(screen: ChatScreen, _arg: str) -> None:
+    refused = screen.switch_refused()
+    if refused:
+        screen.note(refused, error=True)
+        return
+    from chatcli.ui.screens.confirm import Confirm
+
+    conv = screen.conversation
+    question = f"Delete the conversation “{conv.title}” and its {len(conv.messages)} messages? This cannot be undone."
+
+    async def answered(yes: bool | None) -> None:
+        if yes:
+            await screen.delete_current()
         else:
-            self._note(f"theme = {arg}")
+            screen.note("kept the conversation")
 
-    async def cmd_quit(self, _arg: str) -> None:
-        self.app.action_quit_clean()
+    screen.app.push_screen(Confirm(question), answered)
+
+
+async def save(screen: ChatScreen, arg: str) -> None:
+    try:
+        path = screen.chats.export(screen.conversation, arg)
+    except ChatsError as exc:
+        screen.note(f"/save: {exc}", error=True)
+        return
+    screen.note(f"saved {len(screen.conversation.messages)} messages to {path}")
+
+
+async def load(screen: ChatScreen, arg: str) -> None:
+    refused = screen.switch_refused()
+    if refused:
+        screen.note(refused, error=True)
+        return
+    try:
+        conv = screen.chats.import_file(arg)
+    except ChatsError as exc:
+        screen.note(f"/load: {exc}", error=True)
+        return
+    await screen.show_conversation(conv)
+    screen.note(f"loaded {len(conv.messages)} messages from {arg} as a new conversation")
+
+
+async def quit_(screen: ChatScreen, _arg: str) -> None:
+    screen.app.action_quit_clean()
+
+
+HANDLERS: dict[str, Handler] = {
+    "help": show_help,
+    "system": system,
+    "settings": settings,
+    "stats": stats,
+    "clear": clear,
+    "new": new,
+    "switch": switch,
+    "rename": rename,
+    "delete": delete,
+    "save": save,
+    "load": load,
+    "retry": retry,
+    "undo": undo,
+    "theme": theme,
+    "quit": quit_,
+}

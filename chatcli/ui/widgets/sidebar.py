@@ -18,16 +18,9 @@ from textual.message import Message
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from chatcli.chat.manager import Row
+
 TITLE_WIDTH = 26
-
-
-@dataclass
-class Row:
-    id: str
-    title: str
-    updated: float | None  # None: not saved yet
-    model: str
-    messages: int
 
 
 def when(ts: float | None, now: float | None = None) -> str:

@@ -1,0 +1,73 @@
+"""The numbers of the reply that is streaming, as the live panels show them. Pure (no Textual).
+
+The chat screen feeds it the turn's events and the cache's size after each; `values()` gives
+the panels' text. TTFT is the first token's `elapsed_s`, the same reading as the finished
+turn's `TurnStats.ttft_s`, so the figure does not jump when the reply ends.
+"""
+
+from __future__ import annotations
+
+from chatcli.engine.events import Prefilled, Token
+from chatcli.ui.format import human_bytes
+
+SPARK_SAMPLES = 128  # decode-rate points kept per reply
+
+
+class LiveTurn:
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.rate = 0.0  # the engine's running decode rate
+        self.prefilled: Prefilled | None = None
+        self.ttft_s: float | None = None
+        self.context: int | None = None  # tokens in the cache after the latest event
+        self.kv_bytes: int | None = None
+        self.rates: list[float] = []  # decode rate every `_rate_every` tokens: the sparkline
+        self._rate_every = 1
+        self._last_sample: tuple[int, float] | None = None  # (tokens, seconds since the first) of the last point
+
+    def cache(self, context_tokens: int, kv_bytes: int) -> None:
+        self.context, self.kv_bytes = context_tokens, kv_bytes
+
+    def prefill(self, event: Prefilled) -> None:
+        self.prefilled = event
+
+    def token(self, event: Token) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = event.elapsed_s
+        self.tokens = event.completion_tokens
+        self.rate = event.decode_tok_s
+        if event.decode_tok_s > 0 and event.completion_tokens % self._rate_every == 0:
+            self._sample_rate(event.completion_tokens, event.decode_tok_s)
+
+    def _sample_rate(self, n: int, running: float) -> None:
+        """Add the decode speed since the previous sample to the sparkline's points.
+
+        The engine reports a running rate, (n - 1) / (t_n - t_1); inverting it gives each
+        token's time since the first, so the speed over an interval needs no UI clock and
+        stays exact however the UI batches events. At most SPARK_SAMPLES points are kept:
+        when full, neighbours are averaged and sampling halves its pace."""
+        elapsed = (n - 1) / running
+        if self._last_sample is not None:
+            m, before = self._last_sample
+            if elapsed > before:
+                self.rates.append((n - m) / (elapsed - before))
+        self._last_sample = (n, elapsed)
+        if len(self.rates) >= SPARK_SAMPLES:
+            pairs = zip(self.rates[::2], self.rates[1::2])
+            self.rates = [(a + b) / 2 for a, b in pairs]
+            self._rate_every *= 2
+
+    def values(self) -> dict[str, str]:
+        """The panels' rows that have a value so far."""
+        values = {"tokens": str(self.tokens)}
+        pre = self.prefilled
+        if pre is not None:
+            values["prefill"] = f"{pre.prefill_tokens / pre.prefill_s:.0f} tok/s" if pre.prefill_s > 0 else "–"
+            values["prompt"] = f"{pre.cached_tokens} cached · {pre.prefill_tokens} new"
+        if self.ttft_s is not None:
+            values["ttft"] = f"{self.ttft_s * 1000:.0f} ms"
+        if self.tokens > 1:
+            values["decode"] = f"{self.rate:.1f} tok/s"
+        if self.kv_bytes is not None:
+            values["kv"] = human_bytes(self.kv_bytes)
+        return values
