@@ -261,3 +261,47 @@ def test_same_seed_repeats_on_one_session(tiny_engine):
     a = run(tiny_engine, messages, session, params)
     b = run(tiny_engine, messages, session, params)
     assert a.reply == b.reply
+
+
+def test_the_engine_and_the_tests_fake_are_chat_engines(tiny_engine):
+    from chatcli.engine.events import ChatEngine
+    from tests.ui.fake import FakeEngine
+
+    assert isinstance(tiny_engine, ChatEngine) and isinstance(FakeEngine(), ChatEngine)
+    assert not isinstance(object(), ChatEngine)
+
+
+def test_the_first_tokens_elapsed_time_is_the_turns_ttft(tiny_engine):
+    """The live panel's TTFT (the first Token's elapsed_s) and the final one (stats.ttft_s) are one reading."""
+    from chatcli.engine.events import FinishReason
+
+    events = list(tiny_engine.generate([{"role": "user", "content": "Hi"}], tiny_engine.new_session(), GREEDY))
+    tokens = [e for e in events if isinstance(e, Token)]
+    done = events[-1]
+    assert tokens and tokens[0].elapsed_s == done.stats.ttft_s > 0
+    assert [t.elapsed_s for t in tokens] == sorted(t.elapsed_s for t in tokens)
+    assert done.finish_reason in tuple(FinishReason) and isinstance(done.finish_reason, FinishReason)
+
+
+def test_a_session_saved_and_restored_holds_the_same_ids(tiny_engine, tmp_path):
+    session = tiny_engine.new_session()
+    run(tiny_engine, [{"role": "user", "content": "Hello there"}], session)
+    path = tmp_path / "kv" / "c.safetensors"
+    path.parent.mkdir()
+    assert tiny_engine.save_session(session, path) and path.is_file()
+    other = tiny_engine.new_session()
+    assert tiny_engine.restore_session(other, path) and other.cache.ids == session.cache.ids
+    path.write_bytes(b"damaged")
+    third = tiny_engine.new_session()
+    assert not tiny_engine.restore_session(third, path) and third.cache.ids == []
+
+
+def test_crop_session_keeps_what_the_shorter_conversation_shares(tiny_engine):
+    session = tiny_engine.new_session()
+    first = [{"role": "user", "content": "Hello there"}]
+    done = run(tiny_engine, first, session)
+    run(tiny_engine, first + [{"role": "assistant", "content": done.reply}, {"role": "user", "content": "More"}], session)
+    kept = tiny_engine.crop_session(session, first)
+    assert kept == common_prefix(session.cache.ids, tiny_engine.tokenizer.encode_chat(first)) == len(session.cache)
+    assert 0 < kept <= len(tiny_engine.tokenizer.encode_chat(first))
+    assert tiny_engine.crop_session(session, []) == 0

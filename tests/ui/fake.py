@@ -103,7 +103,7 @@ class FakeEngine:
         cache.crop(cached)
         cache.ids.extend(target[cached:])
         self.calls.append({"messages": list(messages), "params": params, "cached": cached})
-        yield Prefilled(len(target), cached, len(target) - cached, 0.05, 0)
+        yield Prefilled(len(target), cached, len(target) - cached, 0.03, 0)  # the first token comes 20 ms later
         last_user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         pieces = split_tokens(self.script(last_user))
         reply: list[str] = []

@@ -101,12 +101,12 @@ async def test_the_panels_update_live_and_after_each_turn():
         await send(pilot, "go", wait=False)
         await wait_for(pilot, lambda: panels.values["tokens"] == "3")  # while the reply streams
         assert panels.values["decode"].endswith("tok/s")
-        assert panels.values["ttft"] == "50 ms"
+        assert panels.values["ttft"] == "50 ms"  # the first token's time, not the end of prefill (30 ms)
         assert screen.busy
         engine.release.set()
         await wait_for(pilot, lambda: screen.turns_done == 1)
         first = dict(panels.values)
-        assert first["tokens"] == "6"
+        assert first["tokens"] == "6" and first["ttft"] == "50 ms"  # one TTFT reading, live and final
         assert first["decode"] == "42.0 tok/s"
         assert first["prefill"] == "1200 tok/s"
         assert first["prompt"].startswith("0 cached")
@@ -285,3 +285,19 @@ async def test_panels_start_hidden_on_a_narrow_terminal_and_f2_shows_them():
         assert not screen.panels.display
         await pilot.press("f2")
         assert screen.panels.display
+
+
+async def test_a_kv_cache_that_cannot_be_saved_is_said_once():
+    class FullDisk(FakeEngine):
+        def save_session(self, session, path):
+            raise OSError(28, "No space left on device")
+
+    app = make_app(FullDisk())
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "one")
+        await send(pilot, "two")
+        await pilot.pause()
+        said = [n.message for n in app._notifications if "KV cache was not saved" in n.message]
+        assert said == ["The KV cache was not saved ([Errno 28] No space left on device); a later start prefills again."]
+        assert screen.conversation.messages[-1].content == "You said: **two**"

@@ -223,3 +223,10 @@ async def test_a_builtin_theme_still_styles_errors():
 
         want, got = Color.parse(app.current_theme.error), note.styles.color
         assert max(abs(a - b) for a, b in zip(want.rgb, got.rgb)) <= 2  # the theme's error colour
+
+
+def test_every_command_has_a_handler_and_every_handler_a_command():
+    from chatcli.ui.screens.slash import HANDLERS
+
+    actions = {spec.name for spec in COMMANDS if spec.field is None}
+    assert set(HANDLERS) == actions
