@@ -29,6 +29,7 @@ from chatcli.ui.messages import CacheNotSaved, EngineReady, TurnEvent, TurnFaile
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.slash import run_command
+from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 
 TICK_S = 1 / 10  # UI refresh while a reply streams: smooth enough, and leaves the GIL to the decode loop
