@@ -49,10 +49,10 @@ class Setting:
     expected: str = ""  # the range, as the message says it
 
     def show(self, value) -> str:
-        """A value as the TUI writes it: 'off' for no seed, floats without trailing zeros."""
+        """A value as the TUI writes it: 'off' for no seed, numbers without trailing zeros."""
         if value is None:
             return "off"
-        return f"{value:g}" if isinstance(value, float) else str(value)
+        return f"{value:g}" if self.kind == FLOAT else str(value)
 
 
 def _declare(default, setting: Setting):

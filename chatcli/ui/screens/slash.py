@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 from chatcli.chat.commands import CommandError, apply_setting, help_lines, parse
+from chatcli.engine.params import setting_of
 from chatcli.ui.format import settings_lines, stats_lines
 
 BUSY = "a reply is streaming: press Esc to stop it first"
-SETTING_NAMES = {
-    "temperature": "temperature",
-    "top_k": "top-k",
-    "top_p": "top-p",
-    "min_p": "min-p",
-    "max_tokens": "max-tokens",
-    "repeat_penalty": "repeat-penalty",
-    "lookup": "lookup",
-    "seed": "seed",
-}
 
 
 class SlashCommands:
@@ -44,8 +35,8 @@ class SlashCommands:
             self._note(f"/{command.name}: {exc} (unchanged)", error=True)
             return
         field, value = command.setting
-        shown = "off" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-        self._note(f"{SETTING_NAMES[field]} = {shown}")
+        setting = setting_of(field)
+        self._note(f"{setting.name} = {setting.show(value)}")
         self.refresh_info()
 
     async def cmd_help(self, _arg: str) -> None:
