@@ -119,16 +119,17 @@ class SamplingParams:
         return [f.name for f in fields(cls)]
 
 
-def _collect() -> dict[str, Setting]:
+def collect(cls) -> dict[str, Setting]:
+    """Field name → Setting for a dataclass whose every field declares one; TypeError naming a field that does not."""
     found = {}
-    for f in fields(SamplingParams):
+    for f in fields(cls):
         if not isinstance(f.metadata.get("setting"), Setting):
-            raise TypeError(f"SamplingParams.{f.name} declares no Setting")
+            raise TypeError(f"{cls.__name__}.{f.name} declares no Setting")
         found[f.name] = f.metadata["setting"]
     return found
 
 
-_SETTINGS = _collect()
+_SETTINGS = collect(SamplingParams)  # at import: a field without a Setting stops every front end at once
 
 
 def settings() -> list[tuple[str, Setting]]:
