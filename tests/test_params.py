@@ -151,7 +151,7 @@ def test_the_header_and_settings_show_the_field_when_declared(name):
         assert sampling_line(changed) == sampling_line(default)
     before, after = settings_lines(default, None, "dark", "m"), settings_lines(changed, None, "dark", "m")
     if "slash" in SURFACES[name]:  # /settings lists what a slash command changes
-        (line,) = [a for a, b in zip(after, before) if a != b]
+        (line,) = [a for a, b in zip(after, before, strict=True) if a != b]
         assert line.split() == [setting_of(name).name, str(SAMPLE[name])]
     else:
         assert after == before
