@@ -13,9 +13,10 @@ import sys
 import click
 
 from chatcli.config import ConfigError, load_config
-from chatcli.engine.load import LoadError, LoadOptions
+from chatcli.engine.load import LoadError
 from chatcli.engine.params import InvalidParameter
 from chatcli.errors import UserError
+from chatcli.flags import LOAD_FIELDS, given_sampling, load_options, model_options, sampling_options
 from chatcli.options import StartOptions
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -39,69 +40,20 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def model_options(device: str = "auto", device_map: bool = True, runner: bool = True):
-    """The options of every command that loads a model (click decorators, outermost first)."""
-    options = [
-        click.option("--model", "-m", default=None, help="Hub id, model folder or .gguf file."),
-        click.option("--device", default=device, show_default=True, help="auto | cpu | cuda | mps"),
-        click.option("--dtype", default="auto", show_default=True, help="auto | float32 | bfloat16 | float16"),
-    ]
-    if device_map:
-        options.append(click.option("--device-map", default=None, help="'auto': let accelerate place the model."))
-    options.append(click.option("--trust-remote-code", is_flag=True, help="Allow the model's own Python code."))
-    if runner:
-        options += [
-            click.option("--runner", default="auto", show_default=True,
-                         help="auto | hf | lean: the forward pass (auto: lean for Llama models)."),
-            click.option("--kv-dtype", default="auto", show_default=True,
-                         help="KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16"),
-        ]
-    options.append(click.option("--quantize", default=None, help="int8: int8 weights and activations (CPU)."))
-
-    def apply(f):
-        for option in reversed(options):
-            f = option(f)
-        return f
-
-    return apply
-
-
-def start_options(
-    *,
-    model=None,
-    device="auto",
-    dtype="auto",
-    device_map=None,
-    trust_remote_code=False,
-    runner="auto",
-    quantize=None,
-    kv_dtype="auto",
-    system=None,
-    theme=None,
-    **sampling,
-) -> StartOptions:
-    """Config file first, then the flags that were given."""
+def start_options(*, model=None, system=None, theme=None, **flags) -> StartOptions:
+    """Config file first, then the flags that were given. `flags`: the values of the model flags and
+    the sampling flags (`chatcli.flags`), by field name."""
+    load = load_options({k: flags.pop(k) for k in LOAD_FIELDS if k in flags})
     try:
         config = load_config()
-        given = {k: v for k, v in sampling.items() if v is not None and v != []}
-        if "stop" in given:
-            given["stop"] = tuple(given["stop"])
-        params = config.params().with_(**given)
+        params = config.params().with_(**given_sampling(flags))
     except ConfigError as exc:
         raise UserError(f"config: {exc}", 2) from None
     except InvalidParameter as exc:
         raise UserError(str(exc), 2) from None
     return StartOptions(
         model=model,
-        load=LoadOptions(
-            device=device,
-            dtype=dtype,
-            device_map=device_map,
-            trust_remote_code=trust_remote_code,
-            runner=runner,
-            quantize=quantize,
-            kv_dtype=kv_dtype,
-        ),
+        load=load,
         params=params,
         system=system if system is not None else config.system,
         system_given=system is not None,
@@ -114,16 +66,7 @@ def start_options(
              help="A terminal chat for local LLMs. Run it bare for the TUI, or pipe a prompt in for one answer.")
 @click.option("--prompt", "-p", default=None, help="Answer this once and exit.")
 @model_options()
-@click.option("--temperature", type=float, default=None, help="0 is greedy.")
-@click.option("--top-k", type=int, default=None, help="0 disables.")
-@click.option("--top-p", type=float, default=None, help="In (0, 1]; 1 disables.")
-@click.option("--min-p", type=float, default=None, help="In [0, 1]; 0 disables.")
-@click.option("--repeat-penalty", type=float, default=None, help="1 disables.")
-@click.option("--seed", type=int, default=None, help="Seed the sampler for a reproducible run.")
-@click.option("--max-tokens", type=int, default=None, help="Most tokens in a reply.")
-@click.option("--lookup", type=int, default=None,
-              help="Draft up to N tokens from the conversation, verified in one pass (0 disables).")
-@click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
+@sampling_options()
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--theme", default=None, help="TUI theme.")
 @click.option("--json", "json_out", is_flag=True, help="One-shot: print one JSON object.")
@@ -133,32 +76,10 @@ def start_options(
 @click.option("--cache-budget", type=click.IntRange(min=0), default=None,
               help="MiB of KV caches kept in memory across conversations (default: RAM/8).")
 @click.pass_context
-def app(ctx, prompt, model, device, dtype, device_map, trust_remote_code, runner, kv_dtype, quantize, temperature,
-        top_k, top_p, min_p, repeat_penalty, seed, max_tokens, lookup, stop, system, theme, json_out, stats,
-        continue_last, conversation, cache_budget) -> None:
+def app(ctx, prompt, model, system, theme, json_out, stats, continue_last, conversation, cache_budget, **flags) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    start = start_options(
-        model=model,
-        device=device,
-        dtype=dtype,
-        device_map=device_map,
-        trust_remote_code=trust_remote_code,
-        runner=runner,
-        quantize=quantize,
-        kv_dtype=kv_dtype,
-        system=system,
-        theme=theme,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        seed=seed,
-        max_tokens=max_tokens,
-        lookup=lookup,
-        stop=list(stop),
-    )
+    start = start_options(model=model, system=system, theme=theme, **flags)  # the model and sampling flags
     start.continue_last, start.conversation = continue_last, conversation
     start.cache_budget_bytes = cache_budget * (1 << 20) if cache_budget is not None else None
     piped = not sys.stdin.isatty()
@@ -179,14 +100,13 @@ def app(ctx, prompt, model, device, dtype, device_map, trust_remote_code, runner
 
 
 @app.command(context_settings=CONTEXT)
-@model_options(device="cpu", device_map=False, runner=False)
-def pull(model, device, dtype, trust_remote_code, quantize) -> None:
+@model_options(device="cpu", without=("device_map", "runner", "kv_dtype"))
+def pull(model, **load) -> None:
     """Make a model ready: convert a GGUF into the cache and write the lean file(s) a start
     memory-maps (fp32, and int8 with --quantize int8), then say where they are."""
     from chatcli.oneshot import load_engine
 
-    start = start_options(model=model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                          quantize=quantize)
+    start = start_options(model=model, **load)
     engine = load_engine(start)
     click.echo(f"ready: {engine.name} ({engine.context_limit} tokens of context, {type(engine.runner).__name__})")
     for path in engine.runner.files():

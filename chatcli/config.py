@@ -8,6 +8,9 @@ Lives at `<user config dir>/config.toml` (or `$CHATCLI_CONFIG`):
     [sampling]
     temperature = 0.7
     top_k = 40
+
+`[sampling]` takes the SamplingParams fields whose `Setting` says `config=True`, each checked
+against its declared kind and range.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatcli.engine.params import InvalidParameter, SamplingParams
+from chatcli.engine.params import FLOAT, INT, SEED, STRINGS, InvalidParameter, SamplingParams, setting_of, settings
 from chatcli.paths import config_file
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed", "lookup")
+SAMPLING_KEYS = tuple(name for name, setting in settings() if setting.config)  # the SamplingParams fields
 TOP_KEYS = ("model", "theme", "system", "sampling")
 
 
@@ -36,10 +39,30 @@ class Config:
     sampling: dict = field(default_factory=dict)
 
     def params(self, base: SamplingParams | None = None) -> SamplingParams:
+        """`base` (the defaults) with the [sampling] values; ConfigError for a wrong type or range."""
+        values = {key: _typed(self.path, key, value) for key, value in self.sampling.items()}
         try:
-            return (base or SamplingParams()).with_(**self.sampling)
+            return (base or SamplingParams()).with_(**values)
         except InvalidParameter as exc:
             raise ConfigError(f"{self.path}: [sampling] {exc}") from None
+
+
+# A value kind → the TOML types it takes, and how the message says them (TOML has no null: no seed "off").
+_TYPES = {FLOAT: ((int, float), "a number"), INT: (int, "a whole number"), SEED: (int, "a whole number"),
+          STRINGS: (list, "a list of strings")}
+
+
+def _typed(path: Path | None, key: str, value):
+    """A [sampling] value of the declared kind (a float for a number), else ConfigError naming the key."""
+    kind = setting_of(key).kind
+    types, expected = _TYPES[kind]
+    ok = isinstance(value, types) and not isinstance(value, bool)
+    if ok and kind == STRINGS:
+        ok = all(isinstance(s, str) for s in value)
+    if not ok:
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # TOML's spelling of a boolean
+        raise ConfigError(f"{path}: [sampling] {key} must be {expected}, got {shown}")
+    return float(value) if kind == FLOAT else tuple(value) if kind == STRINGS else value
 
 
 def config_path() -> Path:

@@ -19,17 +19,13 @@ import sys
 import click
 
 from chatcli.errors import one_line
+from chatcli.flags import model_options
 
 __all__ = ["bench_command", "run_bench"]
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--model", "-m", default=None, help="A .gguf file, model folder or hub id.")
-@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | mps")
-@click.option("--dtype", default="auto", show_default=True, help="auto | float32 | bfloat16 | float16")
-@click.option("--runner", default="auto", show_default=True, help="auto | hf | lean: which forward the engine uses")
-@click.option("--quantize", default=None, help="int8 (CPU): int8 weights and activations")
-@click.option("--kv-dtype", default="auto", show_default=True, help="KV cache dtype: auto | float32 | bfloat16 | float16")
+@model_options(without=("device_map", "trust_remote_code"))  # the engine's own paths: transformers' is the baseline
 @click.option("--turns", type=int, default=10, show_default=True, help="user turns in the multi-turn run (0 skips it)")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens to decode in the decode run")
 @click.option("--prefill-tokens", type=int, default=1000, show_default=True, help="prompt length of the prefill run")

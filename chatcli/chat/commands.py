@@ -2,7 +2,8 @@
 
 Pure: no Textual, no torch. The front end decides what a command does; this module
 knows the names, their aliases, their one-line help, how to read their argument,
-how to complete a half-typed name, and which name a typo was nearest to.
+how to complete a half-typed name, and which name a typo was nearest to. The setting
+commands come from the slash commands `SamplingParams` declares (`chatcli.engine.params`).
 
     parse("/temp 0.3")      → Command("temp", "0.3", setting=("temperature", 0.3))
     parse("/seed off")      → Command("seed", "off", setting=("seed", None))
@@ -16,6 +17,8 @@ import math
 import os.path
 from dataclasses import dataclass
 from typing import Callable
+
+from chatcli.engine.params import FLOAT, INT, SEED, settings
 
 
 class CommandError(ValueError):
@@ -57,17 +60,21 @@ def _seed(text: str) -> int | None:
 
 
 _KIND = {_float: "a number", _int: "a whole number", _seed: "a whole number or 'off'"}
+_READER = {FLOAT: _float, INT: _int, SEED: _seed}
+
+
+def _setting_commands() -> tuple[CommandSpec, ...]:
+    """A command for each SamplingParams field that declares one (`Setting.slash`), in declaration order."""
+    return tuple(
+        CommandSpec(s.slash.name, s.slash.help, s.slash.usage, s.slash.aliases, name, _READER[s.kind])
+        for name, s in settings()
+        if s.slash is not None
+    )
+
 
 COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("help", "list every command"),
-    CommandSpec("temp", "sampling temperature (0 = greedy)", "X", ("temperature",), "temperature", _float),
-    CommandSpec("top-k", "keep the K most likely tokens (0 = off)", "N", (), "top_k", _int),
-    CommandSpec("top-p", "nucleus sampling threshold (1 = off)", "P", (), "top_p", _float),
-    CommandSpec("min-p", "drop tokens below P × the top probability (0 = off)", "P", (), "min_p", _float),
-    CommandSpec("max-tokens", "longest reply, in tokens", "N", (), "max_tokens", _int),
-    CommandSpec("repeat-penalty", "penalty on recently seen tokens (1 = off)", "X", (), "repeat_penalty", _float),
-    CommandSpec("lookup", "draft up to N tokens from the conversation (0 = off)", "N", (), "lookup", _int),
-    CommandSpec("seed", "fix the random seed, or 'off' for a fresh one each turn", "N|off", (), "seed", _seed),
+    *_setting_commands(),
     CommandSpec("system", "set the system prompt (bare: show it)", "[TEXT]"),
     CommandSpec("settings", "show the current settings"),
     CommandSpec("stats", "show the last turn's full statistics"),

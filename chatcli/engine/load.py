@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -41,15 +41,26 @@ class LoadError(RuntimeError):
     """Nothing could be loaded; the message says what was tried and how to fix it."""
 
 
+MODEL_HELP = "Hub id, model folder or .gguf file."  # --model/-m, beside the LoadOptions flags
+
+
+def _flag(default, text: str):
+    return field(default=default, metadata={"help": text})
+
+
 @dataclass
 class LoadOptions:
-    device: str = "auto"  # auto | cpu | cuda | mps
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device_map: str | None = None  # "auto": let accelerate place a large model
-    trust_remote_code: bool = False
-    runner: str = "auto"  # auto | hf | lean: which ModelRunner drives the forward (auto: lean for Llama)
-    quantize: str | None = None  # None | "int8" (CPU): see chatcli.engine.quantize
-    kv_dtype: str = "auto"  # auto | float32 | bfloat16 | float16: the lean runner's KV cache (see pick_kv_dtype)
+    """How to load a model. Each field is a flag of the commands that load one (`chatcli.flags`:
+    `--kv-dtype` for kv_dtype), with this default and help."""
+
+    device: str = _flag("auto", "auto | cpu | cuda | mps")
+    dtype: str = _flag("auto", "auto | float32 | bfloat16 | float16")
+    device_map: str | None = _flag(None, "'auto': let accelerate place the model.")  # then transformers' model
+    trust_remote_code: bool = _flag(False, "Allow the model's own Python code.")
+    runner: str = _flag("auto", "auto | hf | lean: the forward pass (auto: lean for Llama models).")  # a ModelRunner
+    kv_dtype: str = _flag(  # the lean runner's KV cache: see pick_kv_dtype
+        "auto", "KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16")
+    quantize: str | None = _flag(None, "int8: int8 weights and activations (CPU).")  # see chatcli.engine.quantize
 
 
 @dataclass

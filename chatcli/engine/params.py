@@ -1,15 +1,23 @@
 """Sampling settings: the values every front end passes to the engine, validated on creation.
 
-Pure data (no torch), so the command line can check values before anything heavy is imported.
+Each field declares, once, a `Setting` in its metadata: the name users see, its range, and how it
+appears on each surface — a command-line flag, a `[sampling]` key of the config file, a slash
+command (and so a /settings line), a label in the TUI header, fields of an OpenAI request. The
+front ends derive theirs from `settings()`, so a new field is one declaration here.
+
+Pure data (no torch, no click), so the command line can check values before anything heavy is imported.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
-
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
 
 MAX_LOOKUP = 16  # drafted tokens per verifying pass; past a few, a draft is rarely accepted to its end
+
+# Value kinds. SEED: a whole number, or None for a fresh seed each turn ("off"); STRINGS: a tuple of strings.
+FLOAT, INT, SEED, STRINGS = "float", "int", "seed", "strings"
 
 
 class InvalidParameter(ValueError):
@@ -17,35 +25,90 @@ class InvalidParameter(ValueError):
 
 
 @dataclass(frozen=True)
+class Slash:
+    """The slash command that sets a field: `/name usage` (or an alias), with its /help line."""
+
+    name: str
+    help: str
+    usage: str
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One SamplingParams field as users see it; None, False or () where a surface lacks it."""
+
+    name: str  # `--name`, range messages, /settings and the note after a slash command
+    kind: str  # FLOAT | INT | SEED | STRINGS
+    flag: str | None = None  # the help of its `chatcli` flag
+    config: bool = False  # a [sampling] key of the config file, spelled like the field
+    slash: Slash | None = None  # its TUI command; a setting with one has a /settings line too
+    header: str | None = None  # its label in the TUI header line (what shapes a reply)
+    api: tuple[str, ...] = ()  # the request fields that set it, newest name first (the first one sent wins)
+    valid: Callable[[Any], bool] | None = None  # the range check
+    expected: str = ""  # the range, as the message says it
+
+    def show(self, value) -> str:
+        """A value as the TUI writes it: 'off' for no seed, numbers without trailing zeros."""
+        if value is None:
+            return "off"
+        return f"{value:g}" if self.kind == FLOAT else str(value)
+
+
+def _declare(default, setting: Setting):
+    return field(default=default, metadata={"setting": setting})
+
+
+def _finite(value) -> bool:
+    return math.isfinite(value)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.8
-    top_k: int = 40  # 0 disables
-    top_p: float = 0.95  # 1.0 disables
-    min_p: float = 0.05  # 0.0 disables
-    repeat_penalty: float = 1.0  # 1.0 disables
-    repeat_last_n: int = 64  # how many recent context tokens the penalty looks at
-    max_tokens: int = 1024
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    lookup: int = 4  # draft up to this many tokens by prompt lookup, verified in one pass (0 disables)
+    temperature: float = _declare(0.8, Setting(
+        "temperature", FLOAT, flag="0 is greedy.", config=True, header="temp", api=("temperature",),
+        slash=Slash("temp", "sampling temperature (0 = greedy)", "X", ("temperature",)),
+        valid=lambda v: _finite(v) and v >= 0, expected=">= 0"))
+    top_k: int = _declare(40, Setting(
+        "top-k", INT, flag="0 disables.", config=True, header="top-k", api=("top_k",),
+        slash=Slash("top-k", "keep the K most likely tokens (0 = off)", "N"),
+        valid=lambda v: v >= 0, expected=">= 0 (0 disables it)"))
+    top_p: float = _declare(0.95, Setting(
+        "top-p", FLOAT, flag="In (0, 1]; 1 disables.", config=True, header="top-p", api=("top_p",),
+        slash=Slash("top-p", "nucleus sampling threshold (1 = off)", "P"),
+        valid=lambda v: _finite(v) and 0 < v <= 1, expected="in (0, 1]"))
+    min_p: float = _declare(0.05, Setting(
+        "min-p", FLOAT, flag="In [0, 1]; 0 disables.", config=True, header="min-p", api=("min_p",),
+        slash=Slash("min-p", "drop tokens below P × the top probability (0 = off)", "P"),
+        valid=lambda v: _finite(v) and 0 <= v <= 1, expected="in [0, 1]"))
+    repeat_penalty: float = _declare(1.0, Setting(
+        "repeat-penalty", FLOAT, flag="1 disables.", config=True, header="rep", api=("repetition_penalty",),
+        slash=Slash("repeat-penalty", "penalty on recently seen tokens (1 = off)", "X"),
+        valid=lambda v: _finite(v) and v > 0, expected="> 0 (1 disables it)"))
+    # How many recent context tokens the penalty looks at: the engine's own, on no surface.
+    repeat_last_n: int = _declare(64, Setting("repeat-last-n", INT, valid=lambda v: v >= 0, expected=">= 0"))
+    max_tokens: int = _declare(1024, Setting(
+        "max-tokens", INT, flag="Most tokens in a reply.", config=True, header="max",
+        api=("max_completion_tokens", "max_tokens"), slash=Slash("max-tokens", "longest reply, in tokens", "N"),
+        valid=lambda v: v >= 1, expected=">= 1"))
+    # Prompt lookup: draft up to this many tokens, verified in one pass (a reply's speed: not in the header).
+    lookup: int = _declare(4, Setting(
+        "lookup", INT, flag="Draft up to N tokens from the conversation, verified in one pass (0 disables).",
+        config=True, slash=Slash("lookup", "draft up to N tokens from the conversation (0 = off)", "N"),
+        valid=lambda v: 0 <= v <= MAX_LOOKUP, expected=f"in [0, {MAX_LOOKUP}] (0 disables it)"))
+    seed: int | None = _declare(None, Setting(
+        "seed", SEED, flag="Seed the sampler for a reproducible run.", config=True, header="seed", api=("seed",),
+        slash=Slash("seed", "fix the random seed, or 'off' for a fresh one each turn", "N|off")))
+    stop: tuple[str, ...] = _declare((), Setting(
+        "stop", STRINGS, flag="Stop at this string (repeatable).", api=("stop",)))
 
     def __post_init__(self) -> None:
-        check = _check
-        check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, ">= 0")
-        check(self.top_k >= 0, "top-k", self.top_k, ">= 0 (0 disables it)")
-        check(math.isfinite(self.top_p) and 0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1]")
-        check(math.isfinite(self.min_p) and 0 <= self.min_p <= 1, "min-p", self.min_p, "in [0, 1]")
-        check(
-            math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0,
-            "repeat-penalty",
-            self.repeat_penalty,
-            "> 0 (1 disables it)",
-        )
-        check(self.repeat_last_n >= 0, "repeat-last-n", self.repeat_last_n, ">= 0")
-        check(self.max_tokens >= 1, "max-tokens", self.max_tokens, ">= 1")
-        check(0 <= self.lookup <= MAX_LOOKUP, "lookup", self.lookup, f"in [0, {MAX_LOOKUP}] (0 disables it)")
+        for name, setting in _SETTINGS.items():
+            value = getattr(self, name)
+            if setting.valid is not None and not setting.valid(value):
+                raise InvalidParameter(f"{setting.name} must be {setting.expected}, got {value}")
         if any(not s for s in self.stop):
-            raise InvalidParameter("stop strings must not be empty")
+            raise InvalidParameter(f"{_SETTINGS['stop'].name} strings must not be empty")
 
     def with_(self, **changes) -> SamplingParams:
         """A copy with some values changed, validated like the original."""
@@ -56,6 +119,24 @@ class SamplingParams:
         return [f.name for f in fields(cls)]
 
 
-def _check(ok: bool, name: str, value, expected: str) -> None:
-    if not ok:
-        raise InvalidParameter(f"{name} must be {expected}, got {value}")
+def collect(cls) -> dict[str, Setting]:
+    """Field name → Setting for a dataclass whose every field declares one; TypeError naming a field that does not."""
+    found = {}
+    for f in fields(cls):
+        if not isinstance(f.metadata.get("setting"), Setting):
+            raise TypeError(f"{cls.__name__}.{f.name} declares no Setting")
+        found[f.name] = f.metadata["setting"]
+    return found
+
+
+_SETTINGS = collect(SamplingParams)  # at import: a field without a Setting stops every front end at once
+
+
+def settings() -> list[tuple[str, Setting]]:
+    """(field name, Setting) for every SamplingParams field, in declaration order (the order every surface lists)."""
+    return list(_SETTINGS.items())
+
+
+def setting_of(name: str) -> Setting:
+    """The Setting of a SamplingParams field; KeyError for a name that is not one."""
+    return _SETTINGS[name]

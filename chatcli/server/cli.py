@@ -5,7 +5,7 @@
 `python -m chatcli.server --port 8000`.
 
 Imported at CLI start-up, so nothing heavy (torch, transformers, starlette,
-uvicorn) is imported at module level.
+uvicorn) is imported at module level. The model flags are those of `chatcli` (`chatcli.flags`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import ipaddress
 import sys
 
 import click
+
+from chatcli.flags import load_options, model_options
 
 MIB = 1 << 20
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -48,12 +50,7 @@ def _fail(message: str, code: int = 1):
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port.")
 @click.option("--api-key", envvar="CHATCLI_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every request.")
-@click.option("--model", default=None, help="A .gguf file, a model folder or a hub id.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps.")
-@click.option("--dtype", default="auto", show_default=True, help="auto, float32, bfloat16 or float16.")
-@click.option("--runner", default="auto", show_default=True, help="auto, hf or lean: the forward pass.")
-@click.option("--quantize", default=None, help="int8: int8 weights and activations (CPU).")
-@click.option("--kv-dtype", default="auto", show_default=True, help="KV cache dtype: auto, float32, bfloat16 or float16.")
+@model_options()
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=MIB, show_default=True,
               help="Largest request body accepted (413 past it).")
 @click.option("--cache-budget", type=click.IntRange(min=0), default=1024, show_default=True,
@@ -61,11 +58,10 @@ def _fail(message: str, code: int = 1):
 @click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests running or waiting before more get a 503.")
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level: debug, info, warning, error.")
-def serve_command(host, port, api_key, model, device, dtype, runner, quantize, kv_dtype, max_body_bytes, cache_budget,
-                  max_queue, log_level) -> None:
+def serve_command(host, port, api_key, model, max_body_bytes, cache_budget, max_queue, log_level, **load) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
     from chatcli.config import ConfigError, load_config
-    from chatcli.engine.load import LoadError, LoadOptions
+    from chatcli.engine.load import LoadError
     from chatcli.options import StartOptions
 
     if log_level.lower() not in LOG_LEVELS:
@@ -75,9 +71,7 @@ def serve_command(host, port, api_key, model, device, dtype, runner, quantize, k
         click.echo(warning, err=True)
     try:
         config = load_config()
-        start = StartOptions(model=model, load=LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize,
-                                                                 kv_dtype=kv_dtype), params=config.params(),
-                             config=config)
+        start = StartOptions(model=model, load=load_options(load), params=config.params(), config=config)
         engine = start.load_engine(status=_status_lines())
     except (ConfigError, LoadError) as exc:
         _fail(str(exc))

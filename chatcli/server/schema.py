@@ -1,7 +1,8 @@
 """The OpenAI chat-completions wire format: request JSON in, response and chunk JSON out.
 
 `parse_request` validates a decoded body and maps its fields onto `SamplingParams`
-(over the server's defaults); anything wrong raises `APIError`, which the app turns
+(over the server's defaults): the request fields each SamplingParams field declares
+(`Setting.api`), read by its declared kind. Anything wrong raises `APIError`, which the app turns
 into an OpenAI-style `{"error": {"message", "type", "param", "code"}}` body.
 """
 
@@ -13,21 +14,15 @@ import uuid
 from dataclasses import dataclass
 
 from chatcli.engine.events import FinishReason
+from chatcli.engine.params import FLOAT, SEED, STRINGS, settings
 from chatcli.engine.sampling import InvalidParameter, SamplingParams
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 4
 
-# SamplingParams' names in its messages → the request field a client sent.
-PARAM_OF = {
-    "temperature": "temperature",
-    "top-k": "top_k",
-    "top-p": "top_p",
-    "min-p": "min_p",
-    "repeat-penalty": "repetition_penalty",
-    "max-tokens": "max_tokens",
-    "stop": "stop",
-}
+# SamplingParams' names in its messages ("top-k must be ...") → its field; the message is rewritten
+# with the request field that set it (top_k), which `Setting.api` declares.
+FIELD_OF = {setting.name: name for name, setting in settings()}
 
 
 class APIError(Exception):
@@ -114,6 +109,30 @@ def _stops(value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _value(body: dict, key: str, kind: str):
+    """The request field `key` as a value of the declared kind; None when absent (or an empty stop list)."""
+    if kind == STRINGS:
+        return _stops(body.get(key)) or None
+    value = _number(body, key, integer=kind != FLOAT)
+    if value is None:
+        return None
+    if kind == SEED and not -(2**63) <= value < 2**64:
+        raise _bad(f"{key} must fit in 64 bits, got {value}", key)
+    return float(value) if kind == FLOAT else int(value)
+
+
+def _sampling(body: dict) -> tuple[dict, dict]:
+    """The SamplingParams changes a request asks for, and the request field that set each one."""
+    changes, sent = {}, {}
+    for name, setting in settings():
+        for key in setting.api:  # newest name first: the first one sent wins
+            value = _value(body, key, setting.kind)
+            if value is not None:
+                changes[name], sent[name] = value, key
+                break
+    return changes, sent
+
+
 def parse_request(body, defaults: SamplingParams) -> ChatRequest:
     """A decoded JSON body → a validated `ChatRequest`; raises `APIError` (400)."""
     if not isinstance(body, dict):
@@ -137,39 +156,16 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
     if not isinstance(include_usage, bool):
         raise _bad("stream_options.include_usage must be a boolean", "stream_options.include_usage", "invalid_type")
 
-    changes: dict = {}
-    for field, name, integer in (
-        ("temperature", "temperature", False),
-        ("top_p", "top_p", False),
-        ("top_k", "top_k", True),
-        ("min_p", "min_p", False),
-        ("repeat_penalty", "repetition_penalty", False),
-        ("seed", "seed", True),
-    ):
-        value = _number(body, name, integer)
-        if value is not None:
-            changes[field] = float(value) if not integer else int(value)
-    if "seed" in changes and not -(2**63) <= changes["seed"] < 2**64:
-        raise _bad(f"seed must fit in 64 bits, got {changes['seed']}", "seed")
-    limit = None
-    for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins
-        limit = _number(body, name, integer=True)
-        if limit is not None:
-            if limit < 1:
-                raise _bad(f"{name} must be >= 1, got {limit}", name)
-            changes["max_tokens"] = limit
-            break
-    stops = _stops(body.get("stop"))
-    if stops:
-        changes["stop"] = stops
+    changes, sent = _sampling(body)
     try:
         params = defaults.with_(**changes)
     except InvalidParameter as exc:
         message = str(exc)
-        key = next((k for k in PARAM_OF if message.startswith(k)), None)
-        if key is not None:
-            message = PARAM_OF[key] + message[len(key) :]
-        raise _bad(message, PARAM_OF.get(key)) from None
+        name = next((n for n in FIELD_OF if message.startswith(n + " ")), None)
+        param = sent.get(FIELD_OF.get(name))
+        if param is not None:
+            message = param + message[len(name) :]
+        raise _bad(message, param) from None
     return ChatRequest(messages, params, stream, include_usage)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from chatcli.engine.events import FinishReason
+from chatcli.engine.params import settings
 from chatcli.engine.stats import TurnStats
 
 
@@ -16,29 +17,18 @@ def human_bytes(n: int) -> str:
 
 
 def sampling_line(params) -> str:
-    """The header's settings: what shapes a reply (lookup only changes its speed; /settings shows it)."""
-    seed = "off" if params.seed is None else str(params.seed)
-    return (
-        f"temp {params.temperature:g} · top-k {params.top_k} · top-p {params.top_p:g} · min-p {params.min_p:g}"
-        f" · rep {params.repeat_penalty:g} · max {params.max_tokens} · seed {seed}"
+    """The header's settings: those that declare a header label, what shapes a reply (lookup only
+    changes its speed; /settings shows it)."""
+    return " · ".join(
+        f"{s.header} {s.show(getattr(params, name))}" for name, s in settings() if s.header is not None
     )
 
 
 def settings_lines(params, system: str | None, theme: str, model: str) -> list[str]:
-    seed = "off" if params.seed is None else str(params.seed)
-    return [
-        f"model          {model}",
-        f"temperature    {params.temperature:g}",
-        f"top-k          {params.top_k}",
-        f"top-p          {params.top_p:g}",
-        f"min-p          {params.min_p:g}",
-        f"repeat-penalty {params.repeat_penalty:g}",
-        f"max-tokens     {params.max_tokens}",
-        f"lookup         {params.lookup}",
-        f"seed           {seed}",
-        f"theme          {theme}",
-        f"system         {system if system else '(none)'}",
-    ]
+    """/settings: the model, every setting a slash command changes (by its user name), the theme and system prompt."""
+    values = [(s.name, s.show(getattr(params, name))) for name, s in settings() if s.slash is not None]
+    rows = [("model", model), *values, ("theme", theme), ("system", system if system else "(none)")]
+    return [f"{label:<14} {value}" for label, value in rows]
 
 
 def stats_lines(stats: TurnStats) -> list[str]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse
 from chatcli.chat.manager import ChatsError
+from chatcli.engine.params import setting_of
 from chatcli.ui.format import settings_lines, stats_lines
 
 if TYPE_CHECKING:
@@ -21,16 +22,6 @@ KEYS = (
     "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop"
     " · F2 panels · F3 conversations · Ctrl+N new conversation · Ctrl+Q quit"
 )
-SETTING_NAMES = {
-    "temperature": "temperature",
-    "top_k": "top-k",
-    "top_p": "top-p",
-    "min_p": "min-p",
-    "max_tokens": "max-tokens",
-    "repeat_penalty": "repeat-penalty",
-    "lookup": "lookup",
-    "seed": "seed",
-}
 
 Handler = Callable[["ChatScreen", str], Awaitable[None]]
 
@@ -56,8 +47,8 @@ def set_value(screen: ChatScreen, command: Command) -> None:
         screen.note(f"/{command.name}: {exc} (unchanged)", error=True)
         return
     field, value = command.setting
-    shown = "off" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-    screen.note(f"{SETTING_NAMES[field]} = {shown}")
+    setting = setting_of(field)
+    screen.note(f"{setting.name} = {setting.show(value)}")
     screen.refresh_info()
 
 

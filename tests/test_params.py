@@ -1,0 +1,256 @@
+"""Each SamplingParams field reaches exactly the surfaces its `Setting` declares: a `chatcli` flag, a
+config key, a slash command (with a /settings line), the TUI header, the OpenAI request; and the
+model flags reach LoadOptions from every command that loads a model. Fast: no model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, fields
+
+import click
+import pytest
+
+from chatcli.chat import commands
+from chatcli.cli import app, pull, start_options
+from chatcli.config import ConfigError, load_config
+from chatcli.engine.load import LoadOptions
+from chatcli.engine.params import STRINGS, SamplingParams, Setting, collect, setting_of, settings
+from chatcli.server.schema import parse_request
+from chatcli.ui.format import sampling_line, settings_lines
+
+# A value other than the default for every field; a new field needs one here (see the first test).
+SAMPLE = {
+    "temperature": 0.3,
+    "top_k": 7,
+    "top_p": 0.5,
+    "min_p": 0.2,
+    "repeat_penalty": 1.25,
+    "repeat_last_n": 32,
+    "max_tokens": 99,
+    "lookup": 2,
+    "seed": 5,
+    "stop": ("END",),
+}
+# Where each field shows today: a change here is a change users see.
+SURFACES = {
+    **dict.fromkeys(
+        ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed"),
+        {"flag", "config", "slash", "header", "api"},
+    ),
+    "repeat_last_n": set(),
+    "lookup": {"flag", "config", "slash"},
+    "stop": {"flag", "api"},
+}
+FIELDS = SamplingParams.field_names()
+NOT_START = ("prompt", "json_out", "stats", "continue_last", "conversation", "cache_budget")  # app's own flags
+USER = [{"role": "user", "content": "hi"}]
+
+
+def declared(setting: Setting) -> set[str]:
+    flags = {"flag": setting.flag is not None, "config": setting.config, "slash": setting.slash is not None,
+             "header": setting.header is not None, "api": bool(setting.api)}
+    return {surface for surface, on in flags.items() if on}
+
+
+@pytest.fixture(autouse=True)
+def no_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "none.toml"))
+
+
+def test_every_field_declares_a_setting_a_sample_and_its_surfaces():
+    assert [name for name, _ in settings()] == FIELDS
+    assert set(SAMPLE) == set(FIELDS) == set(SURFACES)
+    assert all(SAMPLE[f] != getattr(SamplingParams(), f) for f in FIELDS)
+    assert {f: declared(setting_of(f)) for f in FIELDS} == SURFACES
+
+
+def test_a_field_without_a_setting_is_refused_at_once():
+    @dataclass(frozen=True)
+    class Extra:
+        temperature: float = 0.8
+
+    with pytest.raises(TypeError, match="Extra.temperature declares no Setting"):
+        collect(Extra)
+
+
+def test_a_range_message_uses_the_declared_name():
+    for name, setting in settings():
+        if setting.valid is not None:
+            bad = -1 if name != "lookup" else 99
+            with pytest.raises(ValueError, match=f"^{setting.name} must be"):
+                SamplingParams(**{name: bad})
+
+
+def flag_args(name: str, value) -> list[str]:
+    flag = f"--{setting_of(name).name}"
+    return [a for v in value for a in (flag, v)] if isinstance(value, tuple) else [flag, str(value)]
+
+
+def from_flags(command: click.Command, args: list[str]):
+    ctx = command.make_context("chatcli", args)
+    values = {k: v for k, v in ctx.params.items() if k not in NOT_START}
+    return start_options(**values)
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_a_flag_sets_the_field_when_declared(name):
+    options = {p.name: p for p in app.params}
+    if "flag" not in SURFACES[name]:
+        assert name not in options
+        with pytest.raises(click.UsageError):
+            app.make_context("chatcli", flag_args(name, SAMPLE[name]))
+        return
+    assert options[name].opts == [f"--{setting_of(name).name}"] and options[name].help == setting_of(name).flag
+    assert getattr(from_flags(app, flag_args(name, SAMPLE[name])).params, name) == SAMPLE[name]
+    assert getattr(from_flags(app, []).params, name) == getattr(SamplingParams(), name)  # not given: the default
+
+
+def toml(value) -> str:
+    return "[" + ", ".join(f'"{v}"' for v in value) + "]" if isinstance(value, tuple) else repr(value)
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_a_config_key_sets_the_field_when_declared(name, tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(f"[sampling]\n{name} = {toml(SAMPLE[name])}\n", encoding="utf-8")
+    if "config" not in SURFACES[name]:
+        with pytest.raises(ConfigError, match=f"unknown \\[sampling\\] key '{name}'"):
+            load_config(path)
+        return
+    assert getattr(load_config(path).params(), name) == SAMPLE[name]
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_a_slash_command_sets_the_field_when_declared(name):
+    specs = [s for s in commands.COMMANDS if s.field == name]
+    if "slash" not in SURFACES[name]:
+        assert specs == []
+        return
+    slash = setting_of(name).slash
+    assert [s.name for s in specs] == [slash.name]
+    for word in (slash.name, *slash.aliases):
+        command = commands.parse(f"/{word} {SAMPLE[name]}")
+        assert getattr(commands.apply_setting(SamplingParams(), command), name) == SAMPLE[name]
+
+
+def test_the_setting_commands_follow_help_in_declaration_order():
+    names = [s.name for s in commands.COMMANDS]
+    slashes = [s.slash.name for _, s in settings() if s.slash is not None]
+    assert names[: len(slashes) + 1] == ["help", *slashes]
+    assert names[len(slashes) + 1] == "system"
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_the_header_and_settings_show_the_field_when_declared(name):
+    default, changed = SamplingParams(), SamplingParams(**{name: SAMPLE[name]})
+    if "header" in SURFACES[name]:
+        assert sampling_line(changed) != sampling_line(default)
+        assert f"{setting_of(name).header} {SAMPLE[name]}" in sampling_line(changed)
+    else:
+        assert sampling_line(changed) == sampling_line(default)
+    before, after = settings_lines(default, None, "dark", "m"), settings_lines(changed, None, "dark", "m")
+    if "slash" in SURFACES[name]:  # /settings lists what a slash command changes
+        (line,) = [a for a, b in zip(after, before, strict=True) if a != b]
+        assert line.split() == [setting_of(name).name, str(SAMPLE[name])]
+    else:
+        assert after == before
+
+
+def json_value(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_a_request_field_sets_the_field_when_declared(name):
+    keys = setting_of(name).api
+    if "api" not in SURFACES[name]:
+        assert keys == ()
+        for key in (name, setting_of(name).name):
+            body = {"messages": USER, key: json_value(SAMPLE[name])}
+            assert parse_request(body, SamplingParams()).params == SamplingParams()  # an unknown field is ignored
+        return
+    for key in keys:
+        params = parse_request({"messages": USER, key: json_value(SAMPLE[name])}, SamplingParams()).params
+        assert getattr(params, name) == SAMPLE[name], key
+
+
+def test_the_newest_name_of_a_request_field_wins():
+    body = {"messages": USER, "max_completion_tokens": 3, "max_tokens": 20}
+    assert parse_request(body, SamplingParams()).params.max_tokens == 3
+
+
+# -- the model flags ------------------------------------------------------------------
+
+
+def model_commands():
+    from chatcli.bench import bench_command
+    from chatcli.server.cli import serve_command
+
+    # command → the LoadOptions fields it has no flag for (on purpose), and --device's default
+    return {
+        "app": (app, set(), "auto"),
+        "pull": (pull, {"device_map", "runner", "kv_dtype"}, "cpu"),
+        "serve": (serve_command, set(), "auto"),
+        "bench": (bench_command, {"device_map", "trust_remote_code"}, "auto"),
+    }
+
+
+@pytest.mark.parametrize("which", ["app", "pull", "serve", "bench"])
+def test_every_command_that_loads_a_model_has_the_declared_flags(which):
+    command, left_out, device = model_commands()[which]
+    options = {p.name: p for p in command.params}
+    assert options["model"].opts == ["--model", "-m"]
+    for f in fields(LoadOptions):
+        if f.name in left_out:
+            assert f.name not in options
+            continue
+        option = options[f.name]
+        assert option.opts == ["--" + f.name.replace("_", "-")] and option.help == f.metadata["help"]
+        assert option.default == (device if f.name == "device" else f.default)
+
+
+def test_the_model_flags_reach_load_options():
+    args = ["-m", "x.gguf", "--device", "cpu", "--dtype", "float16", "--device-map", "auto", "--trust-remote-code",
+            "--runner", "hf", "--kv-dtype", "float32", "--quantize", "int8"]
+    start = from_flags(app, args)
+    assert start.model == "x.gguf"
+    assert start.load == LoadOptions(device="cpu", dtype="float16", device_map="auto", trust_remote_code=True,
+                                     runner="hf", kv_dtype="float32", quantize="int8")
+    assert from_flags(pull, []).load == LoadOptions(device="cpu")
+
+
+def test_serve_passes_every_model_flag_to_load_options(monkeypatch):
+    from click.testing import CliRunner
+
+    from chatcli.engine.load import LoadError
+    from chatcli.options import StartOptions
+    from chatcli.server.cli import serve_command
+
+    seen = []
+
+    def load_engine(self, status=None):
+        seen.append((self.model, self.load))
+        raise LoadError("stop here")
+
+    monkeypatch.setattr(StartOptions, "load_engine", load_engine)
+    result = CliRunner().invoke(serve_command, ["-m", "x.gguf", "--device-map", "auto", "--trust-remote-code",
+                                                "--kv-dtype", "float32"])
+    assert result.exit_code == 1 and "stop here" in result.output
+    assert seen == [("x.gguf", LoadOptions(device_map="auto", trust_remote_code=True, kv_dtype="float32"))]
+    shown = CliRunner().invoke(serve_command, ["--help"]).output
+    assert "--device-map" in shown and "--trust-remote-code" in shown
+
+
+def test_the_flags_module_imports_nothing_heavy():
+    code = (
+        "import sys, chatcli.cli, chatcli.flags\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_repeatable_flags_gather_a_tuple():
+    assert STRINGS == setting_of("stop").kind
+    assert from_flags(app, ["--stop", "a", "--stop", "b"]).params.stop == ("a", "b")
