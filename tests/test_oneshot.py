@@ -97,6 +97,7 @@ def test_lookup_drafts_in_one_shot_and_can_be_turned_off(cli):
         (("-p", "hi", "--top-k", "-3"), b"", "top-k must be >= 0", 2),
         (("-p", "hi", "--max-tokens", "0"), b"", "max-tokens must be >= 1", 2),
         (("-p", "hi", "--lookup", "-1"), b"", "lookup must be in [0, 16]", 2),
+        (("-p", "hi", "--seed", "-1"), b"", "seed must be in [0, 2**64)", 2),
         (("-p", "hi", "--temperature", "warm"), b"", "Invalid value for '--temperature'", 2),
         (("-p", "lazy dog " * 400,), b"", "prompt too long", 1),
         (("-p", "hi", "--kv-dtype", "int4"), b"", "--kv-dtype must be", 1),

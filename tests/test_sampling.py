@@ -115,6 +115,8 @@ def test_probs_are_a_distribution_with_the_top_token(values, temperature, top_k,
         ("min_p", -0.1, "min-p must be in [0, 1]"),
         ("max_tokens", 0, "max-tokens must be >= 1"),
         ("temperature", float("nan"), "temperature"),
+        ("seed", -1, "seed must be in [0, 2**64)"),
+        ("seed", 2**64, "seed must be in [0, 2**64)"),
     ],
 )
 def test_out_of_range_values_are_refused(field, value, words):

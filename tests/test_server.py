@@ -186,6 +186,9 @@ def test_a_seed_makes_sampling_reproducible_across_requests(tiny_engine, serve):
     c = server.post({**body, "seed": 8}).json()["choices"][0]["message"]["content"]
     assert a == b == alone(tiny_engine, USER, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=16, seed=7)
     assert c != a
+    negative = server.post({**body, "seed": -5}).json()["choices"][0]["message"]["content"]
+    assert negative == alone(tiny_engine, USER, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=16,
+                             seed=2**64 - 5)  # a signed seed names its two's complement
 
 
 def test_stop_strings_and_max_tokens(tiny_engine, serve):

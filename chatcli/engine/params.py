@@ -98,7 +98,8 @@ class SamplingParams:
         valid=lambda v: 0 <= v <= MAX_LOOKUP, expected=f"in [0, {MAX_LOOKUP}] (0 disables it)"))
     seed: int | None = _declare(None, Setting(
         "seed", SEED, flag="Seed the sampler for a reproducible run.", config=True, header="seed", api=("seed",),
-        slash=Slash("seed", "fix the random seed, or 'off' for a fresh one each turn", "N|off")))
+        slash=Slash("seed", "fix the random seed, or 'off' for a fresh one each turn", "N|off"),
+        valid=lambda v: v is None or 0 <= v < 2**64, expected="in [0, 2**64) (or off)"))
     stop: tuple[str, ...] = _declare((), Setting(
         "stop", STRINGS, flag="Stop at this string (repeatable).", api=("stop",)))
 

@@ -116,8 +116,10 @@ def _value(body: dict, key: str, kind: str):
     value = _number(body, key, integer=kind != FLOAT)
     if value is None:
         return None
-    if kind == SEED and not -(2**63) <= value < 2**64:
-        raise _bad(f"{key} must fit in 64 bits, got {value}", key)
+    if kind == SEED:
+        if not -(2**63) <= value < 2**64:
+            raise _bad(f"{key} must fit in 64 bits, got {value}", key)
+        return value % 2**64  # OpenAI's seeds are signed: a negative one names its two's complement
     return float(value) if kind == FLOAT else int(value)
 
 
