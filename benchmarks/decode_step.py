@@ -44,8 +44,10 @@ def main() -> None:
             times[name] += step_times(runners[name], args.context, args.steps // args.rounds)
     for name in names:
         med = statistics.median(times[name])
-        print(f"{name:12s} median {med * 1e3:6.1f} ms/step "
-              f"= {1 / med:5.1f} tok/s (best {min(times[name]) * 1e3:.1f} ms = {1 / min(times[name]):.1f} tok/s)")
+        print(
+            f"{name:12s} median {med * 1e3:6.1f} ms/step "
+            f"= {1 / med:5.1f} tok/s (best {min(times[name]) * 1e3:.1f} ms = {1 / min(times[name]):.1f} tok/s)"
+        )
 
 
 if __name__ == "__main__":

@@ -33,14 +33,18 @@ def main() -> None:
         for lookup in (0, args.lookup):
             rates, drafted, kept = [], 0, 0
             for seed in range(args.seeds):
-                params = SamplingParams(temperature=args.temperature, seed=seed, max_tokens=args.max_tokens, lookup=lookup)
+                params = SamplingParams(
+                    temperature=args.temperature, seed=seed, max_tokens=args.max_tokens, lookup=lookup
+                )
                 events = engine.generate([{"role": "user", "content": prompt}], engine.new_session(), params)
                 stats = next(e for e in events if isinstance(e, Finished)).stats
                 rates.append(stats.decode_tok_s)
                 drafted += stats.draft_tokens
                 kept += stats.accepted_tokens
-            print(f"{name:9s} temperature {args.temperature:g} lookup {lookup:2d}: "
-                  f"median {statistics.median(rates):5.1f} tok/s, drafts kept {kept} of {drafted}")
+            print(
+                f"{name:9s} temperature {args.temperature:g} lookup {lookup:2d}: "
+                f"median {statistics.median(rates):5.1f} tok/s, drafts kept {kept} of {drafted}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Prefill tok/s of each runner on a prompt of `--tokens` ids (in the engine's chunks) vs the sgemm ceiling.
 
-    python benchmarks/prefill.py [--model PATH] [--tokens 1000] [--runners native,lean,...]
+python benchmarks/prefill.py [--model PATH] [--tokens 1000] [--runners native,lean,...]
 """
 
 from __future__ import annotations

@@ -62,8 +62,12 @@ def start_options(*, model=None, system=None, theme=None, **flags) -> StartOptio
     )
 
 
-@click.group(cls=LazyGroup, invoke_without_command=True, context_settings=CONTEXT,
-             help="A terminal chat for local LLMs. Run it bare for the TUI, or pipe a prompt in for one answer.")
+@click.group(
+    cls=LazyGroup,
+    invoke_without_command=True,
+    context_settings=CONTEXT,
+    help="A terminal chat for local LLMs. Run it bare for the TUI, or pipe a prompt in for one answer.",
+)
 @click.option("--prompt", "-p", default=None, help="Answer this once and exit.")
 @model_options()
 @sampling_options()
@@ -73,8 +77,12 @@ def start_options(*, model=None, system=None, theme=None, **flags) -> StartOptio
 @click.option("--stats", is_flag=True, help="One-shot: a stats line on stderr.")
 @click.option("--continue", "-c", "continue_last", is_flag=True, help="Continue the most recent conversation.")
 @click.option("--conversation", default=None, help="Continue this conversation (an id from 'chatcli history').")
-@click.option("--cache-budget", type=click.IntRange(min=0), default=None,
-              help="MiB of KV caches kept in memory across conversations (default: RAM/8).")
+@click.option(
+    "--cache-budget",
+    type=click.IntRange(min=0),
+    default=None,
+    help="MiB of KV caches kept in memory across conversations (default: RAM/8).",
+)
 @click.pass_context
 def app(ctx, prompt, model, system, theme, json_out, stats, continue_last, conversation, cache_budget, **flags) -> None:
     if ctx.invoked_subcommand is not None:
@@ -92,7 +100,9 @@ def app(ctx, prompt, model, system, theme, json_out, stats, continue_last, conve
     from chatcli.oneshot import read_prompt, run_oneshot
 
     text = read_prompt(sys.stdin.buffer if piped else None, prompt)
-    code = run_oneshot(start, text, json_out=json_out, show_stats=stats, resume=conversation, continue_last=continue_last)
+    code = run_oneshot(
+        start, text, json_out=json_out, show_stats=stats, resume=conversation, continue_last=continue_last
+    )
     # Everything is written and committed: skip the interpreter's teardown of torch (about half a second).
     sys.stdout.flush()
     sys.stderr.flush()
@@ -153,7 +163,6 @@ def _store():
         return Store()
     except StoreError as exc:
         raise UserError(str(exc)) from None
-
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,8 +48,12 @@ class Config:
 
 
 # A value kind → the TOML types it takes, and how the message says them (TOML has no null: no seed "off").
-_TYPES = {FLOAT: ((int, float), "a number"), INT: (int, "a whole number"), SEED: (int, "a whole number"),
-          STRINGS: (list, "a list of strings")}
+_TYPES = {
+    FLOAT: ((int, float), "a number"),
+    INT: (int, "a whole number"),
+    SEED: (int, "a whole number"),
+    STRINGS: (list, "a list of strings"),
+}
 
 
 def _typed(path: Path | None, key: str, value):

@@ -39,8 +39,9 @@ def sampling_options():
         if setting.kind == STRINGS:
             options.append(click.option(f"--{setting.name}", name, multiple=True, help=setting.flag))
         else:
-            options.append(click.option(f"--{setting.name}", name, type=_TYPES[setting.kind], default=None,
-                                        help=setting.flag))
+            options.append(
+                click.option(f"--{setting.name}", name, type=_TYPES[setting.kind], default=None, help=setting.flag)
+            )
     return _stack(options)
 
 

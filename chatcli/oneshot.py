@@ -91,7 +91,6 @@ def run_oneshot(
         raise UserError(str(exc)) from None
 
 
-
 def stream_reply(engine, conversation, session, params, out):
     """Run one turn, writing text pieces to `out` (None: don't) as they come.
 
@@ -142,7 +141,9 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
         out = sys.stdout
         done, pieces = stream_reply(engine, conversation, session, start.params, out if not json_out else None)
         if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
-            store.add_message(conversation.id, conversation.add_reply("".join(pieces), FinishReason.CANCELLED), asdict(start.params))
+            store.add_message(
+                conversation.id, conversation.add_reply("".join(pieces), FinishReason.CANCELLED), asdict(start.params)
+            )
             if pieces and not json_out:
                 out.write("\n")
                 out.flush()
@@ -151,7 +152,9 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
         store.add_message(conversation.id, reply, asdict(start.params))
         not_saved = save_kv(engine, session, kv)
         if not_saved:
-            sys.stderr.write(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n")
+            sys.stderr.write(
+                f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n"
+            )
         if json_out:
             record = {
                 "model": engine.name,

@@ -22,8 +22,19 @@ def invoke(*args: str):
 
 @pytest.fixture(scope="module")
 def bench_json(tiny_model_dir):
-    result = invoke("--model", str(tiny_model_dir), "--device", "cpu", *SMALL, "--repeat", "2", "--startup-runs", "1",
-                    "--no-llama-cpp", "--json")
+    result = invoke(
+        "--model",
+        str(tiny_model_dir),
+        "--device",
+        "cpu",
+        *SMALL,
+        "--repeat",
+        "2",
+        "--startup-runs",
+        "1",
+        "--no-llama-cpp",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -58,7 +69,7 @@ def test_turns_reuse_the_cache(bench_json):
         assert r["cached_tokens"] + r["prefill_tokens"] == r["context_tokens"]
         assert r["ttft_s"] > 0 and r["ttft_recompute_s"] > 0
     assert rows[0]["cached_tokens"] == 0
-    for before, after in zip(rows, rows[1:]):
+    for before, after in zip(rows, rows[1:], strict=False):
         # the previous prompt is a prefix of this one, so at least that much is reused
         assert after["cached_tokens"] >= before["context_tokens"]
         assert after["prefill_tokens"] < after["context_tokens"]
@@ -79,8 +90,19 @@ def test_extras_are_reported(bench_json):
 
 def test_quantized_bench_reports_quality(tiny_model_dir):
     result = invoke(
-        "--model", str(tiny_model_dir), "--device", "cpu", "--quantize", "int8", *SMALL, "--turns", "1",
-        "--no-baseline", "--no-ceiling", "--no-startup", "--json",
+        "--model",
+        str(tiny_model_dir),
+        "--device",
+        "cpu",
+        "--quantize",
+        "int8",
+        *SMALL,
+        "--turns",
+        "1",
+        "--no-baseline",
+        "--no-ceiling",
+        "--no-startup",
+        "--json",
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

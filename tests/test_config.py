@@ -46,4 +46,3 @@ def test_a_wrong_value_is_one_line_naming_the_file_and_key(tmp_path, line, words
         load_config(path)
     message = str(info.value)
     assert message.startswith(f"{path}: ") and words in message and "\n" not in message
-

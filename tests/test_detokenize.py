@@ -80,7 +80,7 @@ def test_earliest_of_several_stops_wins():
 @given(st.text(alphabet="abc", max_size=30), st.text(alphabet="abc", min_size=1, max_size=4), st.data())
 def test_stop_filter_equals_cutting_at_first_match(text, stop, data):
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
-    chunks = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+    chunks = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)], strict=True)]
     out, stopped, _ = filtered(chunks, [stop])
     expected = text[: text.index(stop)] if stop in text else text
     assert out == expected and stopped == (stop in text)

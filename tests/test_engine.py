@@ -137,7 +137,11 @@ def test_stop_string_truncates_reply(tiny_engine):
 
 
 def test_streamed_pieces_equal_reply(tiny_engine):
-    events = list(tiny_engine.generate([{"role": "user", "content": "🙂 café 中文"}], tiny_engine.new_session(), GREEDY.with_(max_tokens=40)))
+    events = list(
+        tiny_engine.generate(
+            [{"role": "user", "content": "🙂 café 中文"}], tiny_engine.new_session(), GREEDY.with_(max_tokens=40)
+        )
+    )
     pieces = "".join(e.text for e in events if isinstance(e, Token))
     done = events[-1]
     assert pieces == done.reply
@@ -300,7 +304,11 @@ def test_crop_session_keeps_what_the_shorter_conversation_shares(tiny_engine):
     session = tiny_engine.new_session()
     first = [{"role": "user", "content": "Hello there"}]
     done = run(tiny_engine, first, session)
-    run(tiny_engine, first + [{"role": "assistant", "content": done.reply}, {"role": "user", "content": "More"}], session)
+    run(
+        tiny_engine,
+        first + [{"role": "assistant", "content": done.reply}, {"role": "user", "content": "More"}],
+        session,
+    )
     kept = tiny_engine.crop_session(session, first)
     assert kept == common_prefix(session.cache.ids, tiny_engine.tokenizer.encode_chat(first)) == len(session.cache)
     assert 0 < kept <= len(tiny_engine.tokenizer.encode_chat(first))

@@ -35,8 +35,10 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, lookup=0)
 def files(tiny_loaded, tmp_path_factory):
     """The tiny model's lean files: the torch runner's dense fp32, the kernel's panels and int8."""
     folder = tmp_path_factory.mktemp("lean")
-    return {kind: lean_weights(tiny_loaded.model, kind, folder, tiny_loaded.tokenizer)
-            for kind in ("float32-dense", "float32-panels", "int8")}
+    return {
+        kind: lean_weights(tiny_loaded.model, kind, folder, tiny_loaded.tokenizer)
+        for kind in ("float32-dense", "float32-panels", "int8")
+    }
 
 
 def reference_int8(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -110,8 +112,18 @@ def test_native_steps_track_the_torch_path_over_crops(tiny_loaded, files, kernel
     assert native.context_limit == torch_path.context_limit
     rel = 1e-4 if kv_dtype == "float32" else 2e-2
     for seed in range(2):
-        assert drive(torch_path, native, tiny_loaded.model.config.vocab_size, seed, steps=60,
-                     limit=native.context_limit, rel=rel) > 20
+        assert (
+            drive(
+                torch_path,
+                native,
+                tiny_loaded.model.config.vocab_size,
+                seed,
+                steps=60,
+                limit=native.context_limit,
+                rel=rel,
+            )
+            > 20
+        )
 
 
 def test_native_int8_tracks_fp32(tiny_loaded, files, kernel):

@@ -240,8 +240,15 @@ def _tiny_mistral():
     from transformers import MistralConfig, MistralForCausalLM
 
     tokenizer = build_tokenizer()
-    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     return MistralForCausalLM(config).eval(), tokenizer
 
 
@@ -256,8 +263,12 @@ def test_other_architectures_fall_back_to_hf():
 
 @pytest.mark.parametrize(
     "change, reason",
-    [({"attention_bias": True}, "attention biases"), ({"hidden_act": "gelu"}, "activation"),
-     ({"rope_parameters": {"rope_type": "dynamic"}}, "rope type"), ({"sliding_window": 64}, "sliding window")],
+    [
+        ({"attention_bias": True}, "attention biases"),
+        ({"hidden_act": "gelu"}, "activation"),
+        ({"rope_parameters": {"rope_type": "dynamic"}}, "rope type"),
+        ({"sliding_window": 64}, "sliding window"),
+    ],
 )
 def test_unsupported_llama_variants_are_named(tiny_loaded, change, reason):
     config = {**tiny_loaded.model.config.to_dict(), **change}
@@ -305,7 +316,9 @@ def test_int8_lean_runner_tracks_fp32(tiny_loaded, dense, int8_file):
     assert int8.quantized and not fp32.quantized and not int8.exact_verify  # fbgemm: one activation scale a call
     assert int8.weight_bytes < fp32.weight_bytes / 2  # what a decode step reads
     layer = int8.layers[0]
-    assert all(isinstance(p.decode, Int8Dense) and p.w_t is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
+    assert all(
+        isinstance(p.decode, Int8Dense) and p.w_t is not None for p in (layer.qkv, layer.out, layer.gate_up, layer.down)
+    )
     assert isinstance(int8.head.decode, Int8Dense) and int8.head.w_t is None  # the head only ever sees one row
     ids = list(range(3, 40))
     caches = fp32.new_cache(), int8.new_cache()
@@ -376,8 +389,10 @@ def test_fused_transposed_matches_cat_transpose_scale_and_interleave():
 
 def exact_engines(loaded):
     """The real model's HF reference and each lean runner with an fp32 cache (exact: no bf16 rounding)."""
-    engines = {"hf": build_engine(loaded, runner="hf"),
-               "lean": build_engine(loaded, runner="lean", kv_dtype="float32", kernel=False)}
+    engines = {
+        "hf": build_engine(loaded, runner="hf"),
+        "lean": build_engine(loaded, runner="lean", kv_dtype="float32", kernel=False),
+    }
     from chatcli.engine import kernels
 
     if kernels.library() is not None:
@@ -390,8 +405,9 @@ def test_real_model_matches_hf(real_loaded):
     engines = exact_engines(real_loaded)
     ref = engines.pop("hf").runner
     for name, engine in engines.items():
-        assert drive(ref, engine.runner, real_loaded.model.config.vocab_size, seed=7, steps=14, limit=512,
-                     rel=1e-3) >= 8, name
+        assert (
+            drive(ref, engine.runner, real_loaded.model.config.vocab_size, seed=7, steps=14, limit=512, rel=1e-3) >= 8
+        ), name
 
 
 @pytest.mark.real_model
@@ -435,8 +451,12 @@ def test_real_model_tokenizers_agree(real_loaded, real_engine):
     assert type(ours).__name__ == "FolderTokenizer"
     conversations = [
         [{"role": "user", "content": "Hi"}],
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ünïcödé 🙂 <|im_end|> x\n\n  y"},
-         {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Ünïcödé 🙂 <|im_end|> x\n\n  y"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "more"},
+        ],
     ]
     for messages in conversations:
         assert ours.encode_chat(messages) == theirs.encode_chat(messages)

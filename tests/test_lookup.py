@@ -118,7 +118,10 @@ def test_lookup_respects_max_tokens_and_stop_strings(tiny_engine):
         plain = turn(tiny_engine, tiny_engine.new_session(), messages, params)
         drafting = turn(tiny_engine, tiny_engine.new_session(), messages, params.with_(lookup=6))
         assert (drafting.reply, drafting.finish_reason, drafting.stats.completion_tokens) == (
-            plain.reply, plain.finish_reason, plain.stats.completion_tokens)
+            plain.reply,
+            plain.finish_reason,
+            plain.stats.completion_tokens,
+        )
         assert drafting.stats.completion_tokens <= params.max_tokens
 
 

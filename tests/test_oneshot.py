@@ -46,8 +46,20 @@ def test_json_output(cli):
     assert set(record) == {"model", "conversation", "reply", "finish_reason", "stats"}
     assert record["finish_reason"] in ("stop", "length")
     stats = record["stats"]
-    for field in ("prompt_tokens", "cached_tokens", "prefill_tokens", "completion_tokens", "ttft_s", "prefill_tok_s",
-                  "decode_tok_s", "total_s", "kv_cache_bytes", "context_tokens", "context_limit", "truncated_turns"):
+    for field in (
+        "prompt_tokens",
+        "cached_tokens",
+        "prefill_tokens",
+        "completion_tokens",
+        "ttft_s",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "total_s",
+        "kv_cache_bytes",
+        "context_tokens",
+        "context_limit",
+        "truncated_turns",
+    ):
         assert field in stats
     assert stats["completion_tokens"] <= 5 and stats["context_limit"] == 256
 
@@ -72,7 +84,7 @@ def test_stats_line_on_stderr(cli):
 
 
 def test_config_file_sets_defaults_and_flags_override(cli):
-    cli.config.write_text('[sampling]\nmax_tokens = 2\ntemperature = 0\n')
+    cli.config.write_text("[sampling]\nmax_tokens = 2\ntemperature = 0\n")
     assert json.loads(cli("-p", "Hello", "--json").stdout)["stats"]["completion_tokens"] <= 2
     assert json.loads(cli("-p", "Hello", "--json", "--max-tokens", "6").stdout)["stats"]["completion_tokens"] > 2
 
@@ -99,7 +111,15 @@ def test_lookup_drafts_in_one_shot_and_can_be_turned_off(cli):
         (("-p", "hi", "--lookup", "-1"), b"", "lookup must be in [0, 16]", 2),
         (("-p", "hi", "--seed", "-1"), b"", "seed must be in [0, 2**64)", 2),
         (("-p", "hi", "--temperature", "warm"), b"", "Invalid value for '--temperature'", 2),
-        (("-p", "lazy dog " * 400,), b"", "prompt too long", 1),
+        (
+            (
+                "-p",
+                "lazy dog " * 400,
+            ),
+            b"",
+            "prompt too long",
+            1,
+        ),
         (("-p", "hi", "--kv-dtype", "int4"), b"", "--kv-dtype must be", 1),
         (("-p", "hi", "--runner", "hf", "--kv-dtype", "bfloat16"), b"", "the HF runner keeps its cache", 1),
     ],

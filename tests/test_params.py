@@ -48,8 +48,13 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def declared(setting: Setting) -> set[str]:
-    flags = {"flag": setting.flag is not None, "config": setting.config, "slash": setting.slash is not None,
-             "header": setting.header is not None, "api": bool(setting.api)}
+    flags = {
+        "flag": setting.flag is not None,
+        "config": setting.config,
+        "slash": setting.slash is not None,
+        "header": setting.header is not None,
+        "api": bool(setting.api),
+    }
     return {surface for surface, on in flags.items() if on}
 
 
@@ -211,12 +216,34 @@ def test_every_command_that_loads_a_model_has_the_declared_flags(which):
 
 
 def test_the_model_flags_reach_load_options():
-    args = ["-m", "x.gguf", "--device", "cpu", "--dtype", "float16", "--device-map", "auto", "--trust-remote-code",
-            "--runner", "hf", "--kv-dtype", "float32", "--quantize", "int8"]
+    args = [
+        "-m",
+        "x.gguf",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float16",
+        "--device-map",
+        "auto",
+        "--trust-remote-code",
+        "--runner",
+        "hf",
+        "--kv-dtype",
+        "float32",
+        "--quantize",
+        "int8",
+    ]
     start = from_flags(app, args)
     assert start.model == "x.gguf"
-    assert start.load == LoadOptions(device="cpu", dtype="float16", device_map="auto", trust_remote_code=True,
-                                     runner="hf", kv_dtype="float32", quantize="int8")
+    assert start.load == LoadOptions(
+        device="cpu",
+        dtype="float16",
+        device_map="auto",
+        trust_remote_code=True,
+        runner="hf",
+        kv_dtype="float32",
+        quantize="int8",
+    )
     assert from_flags(pull, []).load == LoadOptions(device="cpu")
 
 
@@ -234,8 +261,9 @@ def test_serve_passes_every_model_flag_to_load_options(monkeypatch):
         raise LoadError("stop here")
 
     monkeypatch.setattr(StartOptions, "load_engine", load_engine)
-    result = CliRunner().invoke(serve_command, ["-m", "x.gguf", "--device-map", "auto", "--trust-remote-code",
-                                                "--kv-dtype", "float32"])
+    result = CliRunner().invoke(
+        serve_command, ["-m", "x.gguf", "--device-map", "auto", "--trust-remote-code", "--kv-dtype", "float32"]
+    )
     assert result.exit_code == 1 and "stop here" in result.output
     assert seen == [("x.gguf", LoadOptions(device_map="auto", trust_remote_code=True, kv_dtype="float32"))]
     shown = CliRunner().invoke(serve_command, ["--help"]).output

@@ -35,7 +35,7 @@ def test_saved_cache_continues_exactly(tiny_engine, tmp_path):
     assert a.reply == b.reply
     probe = tiny_engine.tokenizer.encode_chat(messages)
     restored.cache.crop(len(probe) - 1)
-    cached = tiny_engine.runner.forward(probe[len(restored.cache):], restored.cache)
+    cached = tiny_engine.runner.forward(probe[len(restored.cache) :], restored.cache)
     full = tiny_engine.runner.forward(probe, tiny_engine.runner.new_cache())
     np.testing.assert_allclose(cached, full, atol=1e-4, rtol=1e-4)
 
@@ -85,8 +85,10 @@ def test_file_from_another_cache_dtype_or_quantization_is_ignored(tiny_loaded, t
     turn(fp32, session, [{"role": "user", "content": "Hi"}])
     path = tmp_path / "c.safetensors"
     assert save_cache(session.cache, path, fingerprint(fp32.runner, "tiny"))
-    for other in (build_engine(tiny_loaded, runner="lean", kv_dtype="bfloat16", kernel=kernel),
-                  build_engine(tiny_loaded, runner="lean", quantize="int8", kv_dtype="float32", kernel=kernel)):
+    for other in (
+        build_engine(tiny_loaded, runner="lean", kv_dtype="bfloat16", kernel=kernel),
+        build_engine(tiny_loaded, runner="lean", quantize="int8", kv_dtype="float32", kernel=kernel),
+    ):
         assert fingerprint(other.runner, "tiny") != fingerprint(fp32.runner, "tiny")
         assert load_cache(other.runner, path, fingerprint(other.runner, "tiny")) is None
     assert load_cache(fp32.runner, path, fingerprint(fp32.runner, "tiny")) is not None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 

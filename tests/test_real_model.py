@@ -6,8 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+
 import pytest
-import torch
 
 from chatcli.engine.engine import Finished
 from chatcli.engine.sampling import SamplingParams
@@ -47,12 +47,16 @@ def test_conversion_cache_round_trip_and_rebuild(real_engine, tmp_path, monkeypa
     from chatcli.engine.load import embedded_gguf
 
     gguf = embedded_gguf()
-    original = load_file(convert.converted_folder(gguf) / "model.safetensors")  # the user cache's, as the engine read it
+    original = load_file(
+        convert.converted_folder(gguf) / "model.safetensors"
+    )  # the user cache's, as the engine read it
     monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path))
     folder = convert.converted_folder(gguf)
     assert convert.is_valid(folder)
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
-    assert (folder / "chat_template.jinja").is_file() or "chat_template" in (folder / "tokenizer_config.json").read_text()
+    assert (folder / "chat_template.jinja").is_file() or "chat_template" in (
+        folder / "tokenizer_config.json"
+    ).read_text()
 
     # Corrupt the weights in place (same size): the next load rebuilds instead of crashing.
     with open(folder / "model.safetensors", "r+b") as f:
@@ -90,9 +94,21 @@ def test_ctrl_c_stops_oneshot_with_130_keeping_output(tmp_path):
 
     env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "none.toml"), "CHATCLI_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chatcli", "-p", "Write a very long story about a dragon.", "--max-tokens", "2000",
-         "--temperature", "0"],  # greedy runs the whole 2,000 tokens; a sampled story can end before the signal
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        [
+            sys.executable,
+            "-m",
+            "chatcli",
+            "-p",
+            "Write a very long story about a dragon.",
+            "--max-tokens",
+            "2000",
+            "--temperature",
+            "0",
+        ],  # greedy runs the whole 2,000 tokens; a sampled story can end before the signal
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # an ignored SIGINT would be inherited
     )
     first = proc.stdout.read(20)  # the reply has started streaming

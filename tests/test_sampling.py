@@ -43,14 +43,19 @@ def test_top_k_one_equals_greedy():
 
 
 def test_top_k_keeps_k_highest():
-    probs = logits_to_probs(logits_from([1.0, 5.0, 3.0, 4.0, 2.0]), SamplingParams(temperature=1.0, **{**OPEN, "top_k": 2}))
+    probs = logits_to_probs(
+        logits_from([1.0, 5.0, 3.0, 4.0, 2.0]), SamplingParams(temperature=1.0, **{**OPEN, "top_k": 2})
+    )
     assert nonzero(probs) == [1, 3]
     assert math.isclose(float(probs.sum()), 1.0, rel_tol=1e-6)
 
 
 def test_top_p_keeps_smallest_set_reaching_p_and_always_the_top_token():
     logits = np.log(logits_from([0.5, 0.3, 0.15, 0.05]))
-    kept = lambda p: nonzero(logits_to_probs(logits, SamplingParams(temperature=1.0, **{**OPEN, "top_p": p})))
+
+    def kept(p):
+        return nonzero(logits_to_probs(logits, SamplingParams(temperature=1.0, **{**OPEN, "top_p": p})))
+
     assert kept(0.5) == [0]
     assert kept(0.7) == [0, 1]
     assert kept(0.81) == [0, 1, 2]
@@ -83,7 +88,10 @@ def test_repetition_penalty_applies_before_greedy():
 def test_seeded_generator_repeats():
     logits = new_generator(1).standard_normal(1000).astype(np.float32)
     params = SamplingParams(temperature=1.0, **OPEN)
-    draw = lambda seed: [sample(logits, params, g) for g in [new_generator(seed)] for _ in range(30)]
+
+    def draw(seed):
+        return [sample(logits, params, g) for g in [new_generator(seed)] for _ in range(30)]
+
     assert draw(5) == draw(5)
     assert draw(5) != draw(6)
 
@@ -126,7 +134,9 @@ def test_out_of_range_values_are_refused(field, value, words):
 
 
 def test_top_k_keeps_ties_with_the_kth_in_id_order():
-    probs, ids = candidates(logits_from([1.0, 3.0, 2.0, 2.0, 2.0, 0.5]), SamplingParams(temperature=1.0, **{**OPEN, "top_k": 2}))
+    probs, ids = candidates(
+        logits_from([1.0, 3.0, 2.0, 2.0, 2.0, 0.5]), SamplingParams(temperature=1.0, **{**OPEN, "top_k": 2})
+    )
     assert ids.tolist() == [1, 2, 3, 4]  # the k-th value, 2.0, is shared by three ids: all stay, lowest id first
     assert probs[1] == probs[2] == probs[3]
 

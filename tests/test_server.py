@@ -81,8 +81,9 @@ def alone(engine, messages, **params) -> str:
 def client(server, **kwargs):
     from openai import OpenAI
 
-    return OpenAI(base_url=server.url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0,
-                  timeout=TIMEOUT, **kwargs)
+    return OpenAI(
+        base_url=server.url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0, timeout=TIMEOUT, **kwargs
+    )
 
 
 def sse_events(response: httpx.Response) -> list:
@@ -149,10 +150,13 @@ def test_a_follow_up_that_extends_the_conversation_reuses_the_cache(tiny_engine,
 def test_usage_reports_prompt_lookup_drafts_as_prediction_tokens(tiny_engine, serve):
     code = "def main():\n    print('hello world')\n    return 0\n" * 3
     messages = [{"role": "user", "content": code}]
-    reply = client(serve(tiny_engine)).chat.completions.create(model="tiny", messages=messages, temperature=0,
-                                                              max_tokens=24)
+    reply = client(serve(tiny_engine)).chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=24
+    )
     details = reply.usage.completion_tokens_details
-    events = list(tiny_engine.generate(messages, tiny_engine.new_session(), SamplingParams(temperature=0, max_tokens=24)))
+    events = list(
+        tiny_engine.generate(messages, tiny_engine.new_session(), SamplingParams(temperature=0, max_tokens=24))
+    )
     stats = events[-1].stats
     assert stats.accepted_tokens > 0  # the tiny model repeats itself: drafts are kept
     assert details.accepted_prediction_tokens == stats.accepted_tokens
@@ -187,8 +191,9 @@ def test_a_seed_makes_sampling_reproducible_across_requests(tiny_engine, serve):
     assert a == b == alone(tiny_engine, USER, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=16, seed=7)
     assert c != a
     negative = server.post({**body, "seed": -5}).json()["choices"][0]["message"]["content"]
-    assert negative == alone(tiny_engine, USER, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=16,
-                             seed=2**64 - 5)  # a signed seed names its two's complement
+    assert negative == alone(
+        tiny_engine, USER, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=16, seed=2**64 - 5
+    )  # a signed seed names its two's complement
 
 
 def test_stop_strings_and_max_tokens(tiny_engine, serve):
@@ -255,10 +260,27 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=12,
 )
-FIELDS = st.sampled_from(["messages", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
-                          "max_completion_tokens", "stop", "seed", "stream", "stream_options", "n", "model"])
-MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]) | JSON,
-                                 "content": st.text(max_size=5) | JSON})
+FIELDS = st.sampled_from(
+    [
+        "messages",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "seed",
+        "stream",
+        "stream_options",
+        "n",
+        "model",
+    ]
+)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | JSON, "content": st.text(max_size=5) | JSON}
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -272,8 +294,9 @@ def test_any_json_body_is_a_request_or_a_400(body):
         assert exc.status == 400 and exc.message and "\n" not in exc.message
     else:
         assert isinstance(request, ChatRequest) and request.messages
-        assert all(m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str)
-                   for m in request.messages)
+        assert all(
+            m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str) for m in request.messages
+        )
 
 
 def test_invalid_requests_get_an_openai_style_400(tiny_engine, serve):
@@ -306,7 +329,12 @@ def test_a_prompt_over_the_context_is_a_400_streaming_or_not(tiny_engine, serve)
 def test_the_api_key_is_required_on_every_route(tiny_engine, serve):
     server = serve(tiny_engine, api_key="s3cret")
     body = {"messages": USER, "temperature": 0, "max_tokens": 4}
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": "Basic s3cret"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "s3cret"},
+        {"Authorization": "Basic s3cret"},
+    ):
         r = server.post(body, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 401
@@ -360,10 +388,13 @@ def test_a_client_that_disconnects_stops_its_generation(tiny_engine, serve):
     engine = slow_endless(tiny_engine)
     server = serve(engine)
     body = {"messages": USER, "temperature": 0, "max_tokens": 200, "stream": True}
-    with httpx.Client(timeout=TIMEOUT) as http, http.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+    with (
+        httpx.Client(timeout=TIMEOUT) as http,
+        http.stream("POST", server.url + "/v1/chat/completions", json=body) as r,
+    ):
         assert r.status_code == 200
         lines = r.iter_lines()
-        got = [line for line, _ in zip(lines, range(6)) if line.startswith("data: ")]
+        got = [line for line, _ in zip(lines, range(6), strict=False) if line.startswith("data: ")]
         assert got
     assert server.worker.wait_idle(30)
     last = server.worker.history[-1]
@@ -378,7 +409,10 @@ def test_a_client_that_disconnects_stops_its_generation(tiny_engine, serve):
 def test_a_full_queue_answers_503_and_recovers(tiny_engine, serve):
     server = serve(slow_endless(tiny_engine), max_pending=1)
     body = {"messages": USER, "temperature": 0, "max_tokens": 200, "stream": True}
-    with httpx.Client(timeout=TIMEOUT) as http, http.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+    with (
+        httpx.Client(timeout=TIMEOUT) as http,
+        http.stream("POST", server.url + "/v1/chat/completions", json=body) as r,
+    ):
         lines = r.iter_lines()  # held: dropping it would close the connection
         assert next(lines).startswith("data: ")  # the first request is running
         busy = server.post({"messages": USER, "max_tokens": 4})
@@ -432,8 +466,9 @@ def test_eight_concurrent_clients_each_get_their_own_reply(tiny_engine, serve):
     def run(i: int) -> str:
         barrier.wait(TIMEOUT)
         if i % 2:  # half stream, half not
-            with httpx.stream("POST", server.url + "/v1/chat/completions", json={**requests[i], "stream": True},
-                              timeout=TIMEOUT) as r:
+            with httpx.stream(
+                "POST", server.url + "/v1/chat/completions", json={**requests[i], "stream": True}, timeout=TIMEOUT
+            ) as r:
                 events = sse_events(r)
             assert events[-1] == "[DONE]"
             return "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
@@ -462,14 +497,22 @@ def test_an_engine_failure_is_a_500_and_the_server_goes_on(tiny_engine, serve):
     assert r.json()["error"]["message"] == "generation failed: simulated failure"
     assert len(server.app.state.pool) == 0  # the session it ran on was dropped
     calls["n"] = 0  # fail again, mid-stream this time: an error event, then [DONE]
-    with httpx.stream("POST", server.url + "/v1/chat/completions",
-                      json={"messages": USER, "temperature": 0, "max_tokens": 8, "stream": True}, timeout=TIMEOUT) as s:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json={"messages": USER, "temperature": 0, "max_tokens": 8, "stream": True},
+        timeout=TIMEOUT,
+    ) as s:
         events = sse_events(s)
     assert s.status_code == 200 and events[-1] == "[DONE]"
     assert events[-2]["error"]["message"] == "generation failed: simulated failure"
     assert len(server.app.state.pool) == 0
-    with httpx.stream("POST", server.url + "/v1/chat/completions",
-                      json={"messages": USER, "temperature": 0, "max_tokens": 8, "stream": True}, timeout=TIMEOUT) as s:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json={"messages": USER, "temperature": 0, "max_tokens": 8, "stream": True},
+        timeout=TIMEOUT,
+    ) as s:
         events = sse_events(s)
     assert events[-1] == "[DONE]"
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e.get("choices"))
@@ -497,8 +540,9 @@ def test_serve_command_reports_a_bad_model_in_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "none.toml"))
     app = click.Group(commands={"serve": serve_command})  # "serve" is a subcommand, as in chatcli
-    result = CliRunner().invoke(app, ["serve", "--model", str(tmp_path / "missing.gguf"), "--device", "cpu",
-                                      "--host", "0.0.0.0"])
+    result = CliRunner().invoke(
+        app, ["serve", "--model", str(tmp_path / "missing.gguf"), "--device", "cpu", "--host", "0.0.0.0"]
+    )
     assert result.exit_code == 1
     output = result.output.strip().splitlines()
     assert output[-1] == f"chatcli: error: model file not found: {tmp_path / 'missing.gguf'}"
@@ -525,7 +569,11 @@ def test_real_model_streams_and_reuses_its_cache(real_engine, serve):
     openai = client(server)
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     stream = openai.chat.completions.create(
-        model="smollm2", messages=messages, temperature=0, max_tokens=12, stream=True,
+        model="smollm2",
+        messages=messages,
+        temperature=0,
+        max_tokens=12,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)

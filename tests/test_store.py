@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+
 import pytest
 
 from chatcli.chat.conversation import Conversation
@@ -33,7 +34,9 @@ def test_round_trip(store):
     assert store.latest_id() == c.id
     [summary] = store.summaries()
     assert (summary.id, summary.title, summary.model, summary.messages) == (c.id, "Hello 🙂", "tiny", 4)
-    sampling = store.db.execute("SELECT sampling FROM messages WHERE role='assistant' ORDER BY id LIMIT 1").fetchone()[0]
+    sampling = store.db.execute("SELECT sampling FROM messages WHERE role='assistant' ORDER BY id LIMIT 1").fetchone()[
+        0
+    ]
     assert json.loads(sampling) == {"temperature": 0.0}
 
 
@@ -119,7 +122,9 @@ def test_continue_carries_earlier_turns_in_oneshot(cli):
     # The first run left its KV cache beside the conversation: the second prefills only the new turn.
     assert again["stats"]["cached_tokens"] >= first["stats"]["prompt_tokens"]
     assert fresh["stats"]["cached_tokens"] == 0
-    picked = json.loads(cli("--conversation", first["conversation"][:8], "-p", "Third", "--json", "--max-tokens", "2").stdout)
+    picked = json.loads(
+        cli("--conversation", first["conversation"][:8], "-p", "Third", "--json", "--max-tokens", "2").stdout
+    )
     assert picked["conversation"] == first["conversation"]
     history = json.loads(cli("history", "--json").stdout)
     assert [h["messages"] for h in history] == [6, 2]  # most recently updated first
@@ -130,7 +135,9 @@ def test_continue_carries_earlier_turns_in_oneshot(cli):
 
 def test_continue_with_no_history_is_one_line(cli):
     result = cli("-c", "-p", "hi")
-    assert result.returncode == 1 and result.stderr.decode().strip() == "chatcli: error: no saved conversation to continue"
+    assert (
+        result.returncode == 1 and result.stderr.decode().strip() == "chatcli: error: no saved conversation to continue"
+    )
 
 
 def test_sigkill_mid_reply_keeps_database_readable(cli, tmp_path):
@@ -147,8 +154,27 @@ def test_sigkill_mid_reply_keeps_database_readable(cli, tmp_path):
         "from chatcli.cli import main\n"
         "main(sys.argv[1:])\n"
     )
-    argv = [sys.executable, str(script), "--model", str(cli.tiny), "--device", "cpu", "-c", "-p", "Second",
-            "--max-tokens", "200", "--temperature", "1", "--top-k", "0", "--min-p", "0", "--seed", "1"]
+    argv = [
+        sys.executable,
+        str(script),
+        "--model",
+        str(cli.tiny),
+        "--device",
+        "cpu",
+        "-c",
+        "-p",
+        "Second",
+        "--max-tokens",
+        "200",
+        "--temperature",
+        "1",
+        "--top-k",
+        "0",
+        "--min-p",
+        "0",
+        "--seed",
+        "1",
+    ]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli.env)
     assert proc.stdout.read(1)  # the reply is streaming
     proc.send_signal(signal.SIGKILL)

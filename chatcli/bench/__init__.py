@@ -29,31 +29,74 @@ __all__ = ["bench_command", "run_bench"]
 @click.option("--turns", type=int, default=10, show_default=True, help="user turns in the multi-turn run (0 skips it)")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens to decode in the decode run")
 @click.option("--prefill-tokens", type=int, default=1000, show_default=True, help="prompt length of the prefill run")
-@click.option("--turn-tokens", type=int, default=160, show_default=True, help="tokens per user message in the multi-turn run")
-@click.option("--reply-tokens", type=int, default=32, show_default=True, help="reply tokens per turn in the multi-turn run")
-@click.option("--lookup", type=int, default=4, show_default=True, help="drafted tokens in the prompt-lookup run (0 skips it)")
+@click.option(
+    "--turn-tokens", type=int, default=160, show_default=True, help="tokens per user message in the multi-turn run"
+)
+@click.option(
+    "--reply-tokens", type=int, default=32, show_default=True, help="reply tokens per turn in the multi-turn run"
+)
+@click.option(
+    "--lookup", type=int, default=4, show_default=True, help="drafted tokens in the prompt-lookup run (0 skips it)"
+)
 @click.option("--baseline/--no-baseline", default=True, help="run transformers' generate() as the baseline")
 @click.option("--ceiling/--no-ceiling", default=True, help="measure the sgemm ceiling for prefill")
-@click.option("--quality/--no-quality", default=None, help="greedy answers and perplexity vs fp32 (default: with --quantize)")
-@click.option("--startup/--no-startup", default=True,
-              help="time one-shot processes start to exit (fp32, int8, import torch, llama.cpp)")
+@click.option(
+    "--quality/--no-quality", default=None, help="greedy answers and perplexity vs fp32 (default: with --quantize)"
+)
+@click.option(
+    "--startup/--no-startup",
+    default=True,
+    help="time one-shot processes start to exit (fp32, int8, import torch, llama.cpp)",
+)
 @click.option("--startup-runs", type=int, default=5, show_default=True, help="counted runs of each start-up command")
-@click.option("--llama-cpp/--no-llama-cpp", default=True,
-              help="compare with llama.cpp where llama-cpp-python is installed ($CHATCLI_LLAMA_PYTHON names a venv's python)")
+@click.option(
+    "--llama-cpp/--no-llama-cpp",
+    default=True,
+    help="compare with llama.cpp where llama-cpp-python is installed ($CHATCLI_LLAMA_PYTHON names a venv's python)",
+)
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-@click.option("--repeat", type=int, default=1, show_default=True, help="run each measurement this many times; keep the best")
+@click.option(
+    "--repeat", type=int, default=1, show_default=True, help="run each measurement this many times; keep the best"
+)
 @click.option("--json", "json_output", is_flag=True, help="print the result as JSON")
-def bench_command(model, device, dtype, runner, quantize, kv_dtype, turns, max_tokens, prefill_tokens, turn_tokens,
-                  reply_tokens, lookup, baseline, ceiling, quality, startup, startup_runs, llama_cpp, threads, repeat,
-                  json_output) -> None:
+def bench_command(
+    model,
+    device,
+    dtype,
+    runner,
+    quantize,
+    kv_dtype,
+    turns,
+    max_tokens,
+    prefill_tokens,
+    turn_tokens,
+    reply_tokens,
+    lookup,
+    baseline,
+    ceiling,
+    quality,
+    startup,
+    startup_runs,
+    llama_cpp,
+    threads,
+    repeat,
+    json_output,
+) -> None:
     """Measure decode, prefill, TTFT and multi-turn caching against transformers' generate()."""
     from rich.console import Console
 
     err = Console(stderr=True)
-    for name, value, low in (("turns", turns, 0), ("max-tokens", max_tokens, 2), ("prefill-tokens", prefill_tokens, 8),
-                             ("turn-tokens", turn_tokens, 1), ("reply-tokens", reply_tokens, 1), ("lookup", lookup, 0),
-                             ("threads", threads or 1, 1), ("startup-runs", startup_runs, 1),
-                             ("repeat", repeat, 1)):
+    for name, value, low in (
+        ("turns", turns, 0),
+        ("max-tokens", max_tokens, 2),
+        ("prefill-tokens", prefill_tokens, 8),
+        ("turn-tokens", turn_tokens, 1),
+        ("reply-tokens", reply_tokens, 1),
+        ("lookup", lookup, 0),
+        ("threads", threads or 1, 1),
+        ("startup-runs", startup_runs, 1),
+        ("repeat", repeat, 1),
+    ):
         if value < low:
             err.print(f"chatcli: error: --{name} must be >= {low}, got {value}", markup=False, highlight=False)
             raise click.exceptions.Exit(2)
@@ -65,10 +108,27 @@ def bench_command(model, device, dtype, runner, quantize, kv_dtype, turns, max_t
     progress = (lambda _msg: None) if json_output else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
     try:
         result = run_bench(
-            model=model, device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype, turns=turns,
-            max_tokens=max_tokens, prefill_tokens=prefill_tokens, turn_tokens=turn_tokens, reply_tokens=reply_tokens,
-            lookup=lookup, baseline=baseline, ceiling=ceiling, quality=quality, startup=startup, llama_cpp=llama_cpp,
-            threads=threads, repeat=repeat, progress=progress, startup_runs=startup_runs,
+            model=model,
+            device=device,
+            dtype=dtype,
+            runner=runner,
+            quantize=quantize,
+            kv_dtype=kv_dtype,
+            turns=turns,
+            max_tokens=max_tokens,
+            prefill_tokens=prefill_tokens,
+            turn_tokens=turn_tokens,
+            reply_tokens=reply_tokens,
+            lookup=lookup,
+            baseline=baseline,
+            ceiling=ceiling,
+            quality=quality,
+            startup=startup,
+            llama_cpp=llama_cpp,
+            threads=threads,
+            repeat=repeat,
+            progress=progress,
+            startup_runs=startup_runs,
         )
     except BenchError as exc:
         err.print(f"chatcli: error: {exc}", markup=False, highlight=False)
@@ -89,9 +149,27 @@ RUNNER_NAMES = {"NativeRunner": "native", "LeanRunner": "lean", "HFRunner": "hf"
 
 
 def run_bench(
-    model=None, device="auto", dtype="auto", runner="auto", quantize=None, kv_dtype="auto", turns=10, max_tokens=128,
-    prefill_tokens=1000, turn_tokens=160, reply_tokens=32, lookup=4, baseline=True, ceiling=True, quality=None,
-    startup=True, llama_cpp=True, threads=None, repeat=1, progress=lambda _msg: None, startup_runs=5,
+    model=None,
+    device="auto",
+    dtype="auto",
+    runner="auto",
+    quantize=None,
+    kv_dtype="auto",
+    turns=10,
+    max_tokens=128,
+    prefill_tokens=1000,
+    turn_tokens=160,
+    reply_tokens=32,
+    lookup=4,
+    baseline=True,
+    ceiling=True,
+    quality=None,
+    startup=True,
+    llama_cpp=True,
+    threads=None,
+    repeat=1,
+    progress=lambda _msg: None,
+    startup_runs=5,
 ) -> dict:
     """Everything `chatcli bench` measures, as the dict `--json` prints."""
     from chatcli.bench import baseline as ref
@@ -148,8 +226,9 @@ def run_bench(
             prefills.append(measure.prefill(engine, prefill_tokens))
             if baseline:
                 progress("baseline: transformers generate()")
-                bases.append(ref.hf_generate(hf.model, decodes[-1]["prompt_ids"], prefills[-1]["prompt_ids"],
-                                             max_tokens))
+                bases.append(
+                    ref.hf_generate(hf.model, decodes[-1]["prompt_ids"], prefills[-1]["prompt_ids"], max_tokens)
+                )
         dec = max(decodes, key=lambda d: d["decode_tok_s"])
         pre = max(prefills, key=lambda d: d["prefill_tok_s"])
         progress(f"multi-turn: {turns} turns")
@@ -161,9 +240,14 @@ def run_bench(
     except ContextOverflow as exc:
         raise BenchError(f"{exc}; use smaller --prefill-tokens / --turn-tokens") from None
     result.update(
-        decode_tok_s=dec["decode_tok_s"], decode_tokens=dec["completion_tokens"], prefill_tok_s=pre["prefill_tok_s"],
-        prefill_tokens=pre["prefill_tokens"], prefill_ttft_s=pre["ttft_s"], ttft_s=min(d["ttft_s"] for d in decodes),
-        turns=rows, lookup=drafting,
+        decode_tok_s=dec["decode_tok_s"],
+        decode_tokens=dec["completion_tokens"],
+        prefill_tok_s=pre["prefill_tok_s"],
+        prefill_tokens=pre["prefill_tokens"],
+        prefill_ttft_s=pre["ttft_s"],
+        ttft_s=min(d["ttft_s"] for d in decodes),
+        turns=rows,
+        lookup=drafting,
     )
     if rows:
         last, first = rows[-1], rows[0]
@@ -193,8 +277,9 @@ def run_bench(
         from chatcli.engine.hf_load import build_engine
 
         progress("quality against the unquantized reference with a cache in the model's dtype")
-        reference = build_engine(hf, runner="hf" if runner_name == "hf" else "lean", kv_dtype=result["dtype"],
-                                 kernel=native)
+        reference = build_engine(
+            hf, runner="hf" if runner_name == "hf" else "lean", kv_dtype=result["dtype"], kernel=native
+        )
         result["quality"] = measure.quality(engine, reference, 32)
         del reference
     gguf = _gguf_of(model)

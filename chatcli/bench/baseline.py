@@ -25,8 +25,15 @@ def _timed_generate(model, ids, new_tokens: int) -> float:
     t0 = time.perf_counter()
     with torch.inference_mode():
         model.generate(
-            input_ids=input_ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens, pad_token_id=pad, temperature=None, top_p=None, top_k=None,
+            input_ids=input_ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad,
+            temperature=None,
+            top_p=None,
+            top_k=None,
         )
     return time.perf_counter() - t0
 
@@ -146,11 +153,19 @@ print(out["choices"][0]["message"]["content"])
 """
 
 
-def llama_cpp(python: str, gguf_path: str, decode_ids: list[int], prefill_ids: list[int], new_tokens: int,
-              threads: int, timeout: float = 600) -> dict:
+def llama_cpp(
+    python: str,
+    gguf_path: str,
+    decode_ids: list[int],
+    prefill_ids: list[int],
+    new_tokens: int,
+    threads: int,
+    timeout: float = 600,
+) -> dict:
     """The same prompts through llama.cpp on the same GGUF file, in a child process of `python`."""
-    args = json.dumps({"gguf": gguf_path, "decode": decode_ids, "prefill": prefill_ids, "new_tokens": new_tokens,
-                       "threads": threads})
+    args = json.dumps(
+        {"gguf": gguf_path, "decode": decode_ids, "prefill": prefill_ids, "new_tokens": new_tokens, "threads": threads}
+    )
     proc = subprocess.run([python, "-c", _LLAMA, args], capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         lines = (proc.stderr or "").strip().splitlines()
@@ -180,14 +195,21 @@ print(json.dumps([time.perf_counter() - t0, usage.ru_maxrss, os.waitstatus_to_ex
 
 def process_run(argv: list[str], env: dict | None = None, timeout: float = 300) -> tuple[float, float, int]:
     """One whole process: (wall seconds from start to exit, its peak resident MiB, exit status)."""
-    done = subprocess.run([sys.executable, "-S", "-c", _LAUNCH, *argv], stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", _LAUNCH, *argv],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     wall, peak_kib, code = json.loads(done.stdout.strip().splitlines()[-1])
     return wall, peak_kib / 1024, code
 
 
-def startup(model: str | None, runs: int = 5, llama: str | None = None, gguf: str | None = None,
-            threads: int = 2) -> dict:
+def startup(
+    model: str | None, runs: int = 5, llama: str | None = None, gguf: str | None = None, threads: int = 2
+) -> dict:
     """Whole processes, in turn, after one warm-up each: a one-shot `chatcli -p Hi --max-tokens 1`
     in fp32 and int8 (a private data dir: no history written), `python -c "import torch"`, and
     llama.cpp's one-shot `Hi` on the same GGUF where `llama` (an interpreter with llama-cpp-python) is given.
@@ -197,14 +219,17 @@ def startup(model: str | None, runs: int = 5, llama: str | None = None, gguf: st
 
     base = [sys.executable, "-m", "chatcli", "-p", "Hi", "--max-tokens", "1", "--temperature", "0"]
     base += ["--model", model] if model else []
-    commands = {"chatcli fp32": base, "chatcli int8": base + ["--quantize", "int8"],
-                "python -c 'import torch'": [sys.executable, "-c", "import torch"]}
+    commands = {
+        "chatcli fp32": base,
+        "chatcli int8": base + ["--quantize", "int8"],
+        "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+    }
     if llama and gguf:
         commands["llama.cpp (llama-cpp-python)"] = [llama, "-c", LLAMA_ONESHOT, gguf, str(threads)]
     with tempfile.TemporaryDirectory() as data:
         env = {**os.environ, "CHATCLI_DATA_DIR": data, "CHATCLI_CONFIG": os.path.join(data, "none.toml")}
         samples: dict[str, list] = {name: [] for name in commands}
-        for name, argv in commands.items():
+        for argv in commands.values():
             process_run(argv, env)  # warm-up: page cache, a first conversion
         for _ in range(runs):
             for name, argv in commands.items():
@@ -212,6 +237,12 @@ def startup(model: str | None, runs: int = 5, llama: str | None = None, gguf: st
     rows = []
     for name, got in samples.items():
         codes = {code for _, _, code in got}
-        rows.append({"command": name, "wall_s": statistics.median(w for w, _, _ in got),
-                     "peak_mib": statistics.median(m for _, m, _ in got), "exit": max(codes, key=abs)})
+        rows.append(
+            {
+                "command": name,
+                "wall_s": statistics.median(w for w, _, _ in got),
+                "peak_mib": statistics.median(m for _, m, _ in got),
+                "exit": max(codes, key=abs),
+            }
+        )
     return {"runs": runs, "rows": rows}

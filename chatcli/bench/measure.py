@@ -53,19 +53,23 @@ def lookup(engine: Engine, max_tokens: int, drafts: int, repeat: int = 1) -> lis
         messages = [{"role": "user", "content": prompt}]
         runs = {}
         for n in (0, drafts):
-            runs[n] = max((run_turn(engine, messages, engine.new_session(), max_tokens, n)[0] for _ in range(repeat)),
-                          key=lambda done: done.stats.decode_tok_s)
+            runs[n] = max(
+                (run_turn(engine, messages, engine.new_session(), max_tokens, n)[0] for _ in range(repeat)),
+                key=lambda done: done.stats.decode_tok_s,
+            )
         off, on = runs[0], runs[drafts]
-        rows.append({
-            "prompt": name,
-            "lookup": drafts,
-            "off_tok_s": off.stats.decode_tok_s,
-            "on_tok_s": on.stats.decode_tok_s,
-            "completion_tokens": on.stats.completion_tokens,
-            "draft_tokens": on.stats.draft_tokens,
-            "accepted_tokens": on.stats.accepted_tokens,
-            "same_reply": on.reply == off.reply,
-        })
+        rows.append(
+            {
+                "prompt": name,
+                "lookup": drafts,
+                "off_tok_s": off.stats.decode_tok_s,
+                "on_tok_s": on.stats.decode_tok_s,
+                "completion_tokens": on.stats.completion_tokens,
+                "draft_tokens": on.stats.draft_tokens,
+                "accepted_tokens": on.stats.accepted_tokens,
+                "same_reply": on.reply == off.reply,
+            }
+        )
     return rows
 
 
@@ -151,7 +155,7 @@ def quality(engine: Engine, reference: Engine, max_tokens: int) -> dict:
     return {
         "prompts": [
             {"prompt": p, "reference": b, "answer": a, "identical": a == b}
-            for p, a, b in zip(QUALITY_PROMPTS, ours, theirs)
+            for p, a, b in zip(QUALITY_PROMPTS, ours, theirs, strict=True)
         ],
         "perplexity": ppl,
         "perplexity_reference": ppl_ref,

@@ -29,18 +29,24 @@ def render(result: dict, console) -> None:
     dec, pre = result["decode_tok_s"], result["prefill_tok_s"]
     bd, bp = base.get("hf_generate_decode_tok_s"), base.get("hf_generate_prefill_tok_s")
     main.add_row("decode tok/s", f"{dec:.1f}", f"{bd:.1f}" if bd else "–", _ratio(dec, bd))
-    main.add_row(f"prefill tok/s ({result['prefill_tokens']} tokens)", f"{pre:.0f}", f"{bp:.0f}" if bp else "–",
-                 _ratio(pre, bp))
+    main.add_row(
+        f"prefill tok/s ({result['prefill_tokens']} tokens)", f"{pre:.0f}", f"{bp:.0f}" if bp else "–", _ratio(pre, bp)
+    )
     main.add_row("TTFT (short prompt)", f"{result['ttft_s'] * 1000:.0f} ms", "", "")
     ceiling = result.get("sgemm")
     if ceiling:
         c = ceiling["ceiling_prefill_tok_s"]
-        main.add_row("prefill sgemm ceiling tok/s", f"{c:.0f}", f"{ceiling['sgemm_gflop_s']:.0f} GFLOP/s",
-                     f"{pre / c:.0%} of it")
+        main.add_row(
+            "prefill sgemm ceiling tok/s", f"{c:.0f}", f"{ceiling['sgemm_gflop_s']:.0f} GFLOP/s", f"{pre / c:.0%} of it"
+        )
     lcpp = result.get("llama_cpp")
     if lcpp and "error" not in lcpp:
-        main.add_row("llama.cpp decode tok/s", f"{dec:.1f}", f"{lcpp['decode_tok_s']:.1f}", _ratio(dec, lcpp["decode_tok_s"]))
-        main.add_row("llama.cpp prefill tok/s", f"{pre:.0f}", f"{lcpp['prefill_tok_s']:.0f}", _ratio(pre, lcpp["prefill_tok_s"]))
+        main.add_row(
+            "llama.cpp decode tok/s", f"{dec:.1f}", f"{lcpp['decode_tok_s']:.1f}", _ratio(dec, lcpp["decode_tok_s"])
+        )
+        main.add_row(
+            "llama.cpp prefill tok/s", f"{pre:.0f}", f"{lcpp['prefill_tok_s']:.0f}", _ratio(pre, lcpp["prefill_tok_s"])
+        )
     console.print(main)
 
     if result["turns"]:
@@ -49,8 +55,12 @@ def render(result: dict, console) -> None:
             turns.add_column(col, justify="right")
         for row in result["turns"]:
             turns.add_row(
-                str(row["turn"]), str(row["context_tokens"]), str(row["cached_tokens"]), str(row["prefill_tokens"]),
-                f"{row['ttft_s'] * 1000:.0f} ms", f"{row['ttft_recompute_s'] * 1000:.0f} ms",
+                str(row["turn"]),
+                str(row["context_tokens"]),
+                str(row["cached_tokens"]),
+                str(row["prefill_tokens"]),
+                f"{row['ttft_s'] * 1000:.0f} ms",
+                f"{row['ttft_recompute_s'] * 1000:.0f} ms",
                 _ratio(row["ttft_recompute_s"], row["ttft_s"]),
             )
         console.print(turns)
@@ -60,9 +70,14 @@ def render(result: dict, console) -> None:
         for col in ("prompt", "off tok/s", "on tok/s", "ratio", "drafts kept", "same reply"):
             look.add_column(col, justify="right" if col != "prompt" else "left")
         for row in result["lookup"]:
-            look.add_row(row["prompt"], f"{row['off_tok_s']:.1f}", f"{row['on_tok_s']:.1f}",
-                         _ratio(row["on_tok_s"], row["off_tok_s"]), f"{row['accepted_tokens']}/{row['draft_tokens']}",
-                         "yes" if row["same_reply"] else "no")
+            look.add_row(
+                row["prompt"],
+                f"{row['off_tok_s']:.1f}",
+                f"{row['on_tok_s']:.1f}",
+                _ratio(row["on_tok_s"], row["off_tok_s"]),
+                f"{row['accepted_tokens']}/{row['draft_tokens']}",
+                "yes" if row["same_reply"] else "no",
+            )
         console.print(look)
 
     quality = result.get("quality")

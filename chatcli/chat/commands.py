@@ -15,8 +15,8 @@ from __future__ import annotations
 import difflib
 import math
 import os.path
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from chatcli.engine.params import FLOAT, INT, SEED, settings
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from chatcli.chat.commands import export_format
 from chatcli.chat.conversation import Conversation, Message
@@ -158,7 +158,9 @@ class Chats:
                 self.stored.add(s.id)
                 rows.append(Row(s.id, conv.title if conv else s.title, s.updated, s.model, s.messages))
         known = {r.id for r in rows}
-        unsaved = [Row(c.id, c.title, None, self.model, len(c.messages)) for c in self.opened.values() if c.id not in known]
+        unsaved = [
+            Row(c.id, c.title, None, self.model, len(c.messages)) for c in self.opened.values() if c.id not in known
+        ]
         return unsaved[::-1] + rows
 
     def numbered(self, number: int) -> Conversation:

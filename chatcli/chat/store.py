@@ -131,7 +131,8 @@ class Store:
         """Drop the newest `count` messages (for /undo and /retry)."""
         with self._tx():
             self.db.execute(
-                "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE conversation_id=? ORDER BY id DESC LIMIT ?)",
+                "DELETE FROM messages WHERE id IN"
+                " (SELECT id FROM messages WHERE conversation_id=? ORDER BY id DESC LIMIT ?)",
                 (conversation_id, count),
             )
 
@@ -180,7 +181,9 @@ class Store:
             " GROUP BY c.id ORDER BY c.updated DESC, c.rowid DESC"
         ).fetchall()
         return [
-            Summary(id_, title or Conversation(messages=[Message("user", first or "")]).title, model, created, updated, n)
+            Summary(
+                id_, title or Conversation(messages=[Message("user", first or "")]).title, model, created, updated, n
+            )
             for id_, title, model, created, updated, n, first in rows
         ]
 
@@ -244,7 +247,11 @@ def from_export(data: dict) -> Conversation:
         raise ValueError("not a chatcli conversation export (no 'messages' list)")
     conversation = Conversation(system=data.get("system") or None, name=data.get("title") or None)
     for i, m in enumerate(data["messages"]):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ("user", "assistant")
+            or not isinstance(m.get("content"), str)
+        ):
             raise ValueError(f"message {i + 1} needs a role (user or assistant) and a text content")
         conversation.messages.append(Message(m["role"], m["content"], m.get("finish_reason"), m.get("stats")))
     return conversation

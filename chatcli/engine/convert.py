@@ -20,8 +20,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 MANIFEST = "chatcli-manifest.json"
 FORMAT = 1

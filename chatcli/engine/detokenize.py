@@ -13,7 +13,8 @@ stop string, and reports the text before a stop string once one appears.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 REPLACEMENT = "\ufffd"
 

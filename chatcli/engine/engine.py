@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
+from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.prefix import common_prefix, reusable_prefix
 from chatcli.engine.runner import KVCache, ModelRunner
-from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.sampling import SamplingParams, accept_draft, new_generator, sample
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.tokenize import ChatTokenizer
@@ -243,7 +243,8 @@ class Engine:
         drafts = self.lookup_for(params)
         lookup = PromptLookup(cache.ids) if drafts else None
         budget = params.max_tokens  # ids the caller can still take (its reply limit; an end-of-turn id ends it sooner)
-        wait = backoff = 0  # after a wholly rejected draft, skip drafting for the next 1, 2, 4 … ids (a 5-position check costs ~1.9 steps here)
+        # After a wholly rejected draft, skip drafting for the next 1, 2, 4 … ids (a 5-position check costs ~1.9 steps).
+        wait = backoff = 0
         token = self._pick(logits, cache.ids, len(cache), params, generator)
         while True:
             yield token

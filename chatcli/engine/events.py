@@ -9,10 +9,11 @@ all speak only this; `chatcli.engine.engine.Engine` is the in-process implementa
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from chatcli.engine.params import SamplingParams
 from chatcli.engine.stats import TurnStats

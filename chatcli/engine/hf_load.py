@@ -40,27 +40,36 @@ class LoadedModel:
     extra: dict = field(default_factory=dict)
 
 
-def load(model: str | None = None, options: LoadOptions | None = None, config_default: str | None = None,
-         status: Status | None = None) -> LoadedModel:
+def load(
+    model: str | None = None,
+    options: LoadOptions | None = None,
+    config_default: str | None = None,
+    status: Status | None = None,
+) -> LoadedModel:
     """The transformers model and tokenizer for `model` (see `load.candidates`)."""
     options = options or LoadOptions()
     status = status or (lambda *_a, **_k: None)
     device = pick_device(options.device)
     dtype = pick_dtype(options.dtype, device)
-    return each_candidate(model, config_default,
-                          lambda name, explicit: load_source(resolve(name, explicit, status), options, device, dtype,
-                                                             status, explicit))
+    return each_candidate(
+        model,
+        config_default,
+        lambda name, explicit: load_source(resolve(name, explicit, status), options, device, dtype, status, explicit),
+    )
 
 
-def load_source(source: Source, options: LoadOptions, device: str, dtype: str, status: Status,
-                explicit: bool = True) -> LoadedModel:
+def load_source(
+    source: Source, options: LoadOptions, device: str, dtype: str, status: Status, explicit: bool = True
+) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     where = str(source.folder) if source.folder is not None else source.hub_id
-    kwargs = dict(trust_remote_code=options.trust_remote_code, local_files_only=source.folder is not None or not explicit)
+    kwargs = dict(
+        trust_remote_code=options.trust_remote_code, local_files_only=source.folder is not None or not explicit
+    )
     status(f"Loading {source.name}")
     tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     place = {"device_map": options.device_map} if options.device_map else {}
@@ -77,8 +86,13 @@ def load_source(source: Source, options: LoadOptions, device: str, dtype: str, s
     return LoadedModel(model, tokenizer, source.name, source.where, str(model.device.type), dtype, folder, extra)
 
 
-def build_engine(loaded: LoadedModel, runner: str | None = None, quantize: str | None = None,
-                 kv_dtype: str | None = None, kernel: bool = True):
+def build_engine(
+    loaded: LoadedModel,
+    runner: str | None = None,
+    quantize: str | None = None,
+    kv_dtype: str | None = None,
+    kernel: bool = True,
+):
     """Wrap a loaded model in the engine.
 
     `runner`: "auto" (a lean runner for Llama-family models, else HF), "hf" or "lean";
@@ -99,22 +113,35 @@ def build_engine(loaded: LoadedModel, runner: str | None = None, quantize: str |
     device, dtype = str(model.device.type), str(model.dtype).removeprefix("torch.")
     check_quantize(quantize, device, dtype)
     tokenizer = TransformersTokenizer(loaded.tokenizer, model.config, getattr(model, "generation_config", None))
-    reason = lean_support(model.config) or ("the model is split across devices (--device-map)"
-                                            if getattr(model, "hf_device_map", None) else None)
+    reason = lean_support(model.config) or (
+        "the model is split across devices (--device-map)" if getattr(model, "hf_device_map", None) else None
+    )
     if runner == "lean" and reason:
         raise LoadError(f"--runner lean: {reason} (use --runner hf)")
     kv = pick_kv_dtype(kv_dtype, device, dtype, quantize)
     if runner == "hf" or reason:
-        return Engine(make_hf_runner(model, context_limit(model.config, loaded.tokenizer), quantize, kv_dtype), tokenizer,
-                      loaded.name)
+        return Engine(
+            make_hf_runner(model, context_limit(model.config, loaded.tokenizer), quantize, kv_dtype),
+            tokenizer,
+            loaded.name,
+        )
     from chatcli.engine.load import lean_engine
 
     folder = loaded.folder
     if folder is None:
         raise LoadError(f"{loaded.name}: the lean runner needs the model's files on disk (use --runner hf)")
     source = Source(folder, loaded.name, loaded.source)
-    return lean_engine(source, device, dtype, kv, quantize, lambda *_a, **_k: None,
-                       model_loader=lambda: (model, loaded.tokenizer), kernel=kernel, tokenizer=tokenizer)
+    return lean_engine(
+        source,
+        device,
+        dtype,
+        kv,
+        quantize,
+        lambda *_a, **_k: None,
+        model_loader=lambda: (model, loaded.tokenizer),
+        kernel=kernel,
+        tokenizer=tokenizer,
+    )
 
 
 def make_hf_runner(model, limit: int, quantize: str | None = None, kv_dtype: str = "auto"):
@@ -122,8 +149,10 @@ def make_hf_runner(model, limit: int, quantize: str | None = None, kv_dtype: str
     from chatcli.engine.hf_runner import HFRunner
 
     if kv_dtype not in ("auto", str(model.dtype).removeprefix("torch.")):
-        raise LoadError(f"--kv-dtype {kv_dtype}: the HF runner keeps its cache in the model's dtype "
-                        f"({str(model.dtype).removeprefix('torch.')}); use --dtype, or --runner lean for a Llama-family model")
+        raise LoadError(
+            f"--kv-dtype {kv_dtype}: the HF runner keeps its cache in the model's dtype "
+            f"({str(model.dtype).removeprefix('torch.')}); use --dtype, or --runner lean for a Llama-family model"
+        )
     if quantize == "int8":
         from chatcli.engine.quantize import QuantizeError, pick_engine, quantize_hf_model
 

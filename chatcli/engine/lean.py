@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from chatcli.engine.lean_cache import LeanCache
-from chatcli.engine.lean_weights import INT8, PROJECTIONS, LeanWeights
+from chatcli.engine.lean_weights import PROJECTIONS, LeanWeights
 from chatcli.engine.runner import KVCache, ModelRunner
 from chatcli.engine.torch_state import logits_out
 
@@ -85,8 +85,9 @@ class LeanLayer:
 class LeanRunner(ModelRunner):
     """A `ModelRunner` over a dense lean file (and, for int8 decode steps, an int8 one), on torch."""
 
-    def __init__(self, weights: LeanWeights, device="cpu", kv_dtype: torch.dtype | None = None,
-                 int8: LeanWeights | None = None) -> None:
+    def __init__(
+        self, weights: LeanWeights, device="cpu", kv_dtype: torch.dtype | None = None, int8: LeanWeights | None = None
+    ) -> None:
         """`weights`: a `<dtype>-dense` lean file; `kv_dtype`: the cache's dtype (default the weights');
         `int8`: an int8 lean file of the same model, whose weights then run the decode steps."""
         c = weights.config
@@ -104,8 +105,10 @@ class LeanRunner(ModelRunner):
         tensor = lambda name: mapped(weights, name, device)  # noqa: E731
         self.embed = tensor("embed")  # [V, D] fp32
         decode = _int8_projections(int8) if int8 is not None else {}
-        self.layers = [LeanLayer(*[Projection(tensor(f"layers.{i}.{p}"), decode.get(f"layers.{i}.{p}"))
-                                   for p in PROJECTIONS]) for i in range(c.layers)]
+        self.layers = [
+            LeanLayer(*[Projection(tensor(f"layers.{i}.{p}"), decode.get(f"layers.{i}.{p}")) for p in PROJECTIONS])
+            for i in range(c.layers)
+        ]
         # [1, D] -> [1, V]: only ever the last position, so a quantized model keeps no dense head
         self.head = Projection(None, decode["head"]) if decode else Projection(tensor("head"))
         self.rope = torch.view_as_complex(tensor("rope"))[:, None, :]  # [T, 1, hd/2] complex
@@ -156,8 +159,9 @@ class LeanRunner(ModelRunner):
         cache.ids.extend(ids)
         return logits_out(logits)
 
-    def prefill(self, tokens: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-                every: bool = False) -> torch.Tensor:
+    def prefill(
+        self, tokens: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, every: bool = False
+    ) -> torch.Tensor:
         """tokens [S] at positions start.. (written into k_cache/v_cache [L, KV, cap, hd]) -> logits [V] of the
         last; `every`: logits [S, V] of each position."""
         length = tokens.shape[0]
@@ -170,16 +174,22 @@ class LeanRunner(ModelRunner):
             rows = torch.arange(start, end, device=self.device)  # [S]
             allowed = cols[None, :] <= rows[:, None]  # [S, T]
             # additive, in the cache's dtype: SDPA would otherwise convert a bool mask in every layer
-            mask = torch.zeros(allowed.shape, dtype=k_cache.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
+            mask = torch.zeros(allowed.shape, dtype=k_cache.dtype, device=self.device).masked_fill_(
+                ~allowed, float("-inf")
+            )
         causal = start == 0
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, self._norm(x), k_cache[i], v_cache[i], start, rope, mask, causal)  # [S, D]
+            x = x + self._attention(
+                i, layer, self._norm(x), k_cache[i], v_cache[i], start, rope, mask, causal
+            )  # [S, D]
             x = x + self._mlp(layer, x)  # [S, D]
         if every:
             return self.head(self._norm(x)).float()  # [S, V]
         return self.head(self._norm(x[-1:]))[0].float()  # [V]
 
-    def decode_one_token(self, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:
+    def decode_one_token(
+        self, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int
+    ) -> torch.Tensor:
         """token [1] at position pos -> logits [V]: `prefill` for one row, with no mask, transposes or copies."""
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
         n_qk = (heads + kv_heads) * hd
@@ -197,7 +207,10 @@ class LeanRunner(ModelRunner):
             if q.dtype != k_cache.dtype:
                 q = q.to(k_cache.dtype)
             out = F.scaled_dot_product_attention(
-                q, k_cache[i, None, :, : pos + 1], v_cache[i, None, :, : pos + 1], enable_gqa=heads != kv_heads,
+                q,
+                k_cache[i, None, :, : pos + 1],
+                v_cache[i, None, :, : pos + 1],
+                enable_gqa=heads != kv_heads,
             ).view(1, heads * hd)  # [1, H hd]
             if out.dtype != x.dtype:
                 out = out.to(x.dtype)
@@ -227,7 +240,11 @@ class LeanRunner(ModelRunner):
         v_cache[:, start:end] = v.transpose(0, 1)
         q = qk[:, :heads].transpose(0, 1).to(k_cache.dtype)  # [H, S, hd]
         out = F.scaled_dot_product_attention(
-            q[None], k_cache[None, :, :end], v_cache[None, :, :end], attn_mask=mask, is_causal=causal,
+            q[None],
+            k_cache[None, :, :end],
+            v_cache[None, :, :end],
+            attn_mask=mask,
+            is_causal=causal,
             enable_gqa=heads != kv_heads,
         )  # [1, H, S, hd]
         return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd).to(self.dtype))  # [S, D]

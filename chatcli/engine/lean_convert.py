@@ -17,7 +17,6 @@ import torch
 from chatcli.engine.lean_weights import INT8, PANEL, LeanConfig, Status, lean_support, record
 
 
-
 def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = ()) -> torch.Tensor:
     """nn.Linear weights `[out_i, in]` → one contiguous `[in, sum out_i]`, written once, in place.
 
@@ -89,8 +88,11 @@ def projections(model, smooth: list[torch.Tensor] | None = None) -> dict[str, to
         up, down = mlp.up_proj.weight, mlp.down_proj.weight  # [F, D], [D, F]
         if smooth is not None:  # silu(gate) * up is linear in up: down's input j / s_j, its column j * s_j
             up, down = up / smooth[i][:, None], down * smooth[i][None, :]
-        out[f"layers.{i}.qkv"] = fused_transposed([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
-                                                  block.input_layernorm.weight, interleave=(heads, kv_heads))
+        out[f"layers.{i}.qkv"] = fused_transposed(
+            [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
+            block.input_layernorm.weight,
+            interleave=(heads, kv_heads),
+        )
         out[f"layers.{i}.out"] = fused_transposed([attn.o_proj.weight])
         out[f"layers.{i}.gate_up"] = fused_transposed([mlp.gate_proj.weight, up], block.post_attention_layernorm.weight)
         out[f"layers.{i}.down"] = fused_transposed([down])
@@ -111,16 +113,24 @@ def lean_config(model, limit: int, kind: str, source: str) -> LeanConfig:
     c = model.config
     heads = c.num_attention_heads
     return LeanConfig(
-        layers=c.num_hidden_layers, hidden=c.hidden_size, heads=heads,
+        layers=c.num_hidden_layers,
+        hidden=c.hidden_size,
+        heads=heads,
         kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, ffn=c.intermediate_size,
-        vocab=model.get_output_embeddings().weight.shape[0], embed_rows=model.model.embed_tokens.weight.shape[0],
-        eps=float(c.rms_norm_eps), positions=limit, kind=kind, source=source,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        ffn=c.intermediate_size,
+        vocab=model.get_output_embeddings().weight.shape[0],
+        embed_rows=model.model.embed_tokens.weight.shape[0],
+        eps=float(c.rms_norm_eps),
+        positions=limit,
+        kind=kind,
+        source=source,
     )
 
 
-def lean_arrays(model, limit: int, kind: str, source: str, calibration_ids: list[int] | None = None,
-                status: Status | None = None) -> tuple[LeanConfig, dict]:
+def lean_arrays(
+    model, limit: int, kind: str, source: str, calibration_ids: list[int] | None = None, status: Status | None = None
+) -> tuple[LeanConfig, dict]:
     """The lean file's tensors for `model` (numpy arrays, BF16 as (code, uint16 array)) and its config."""
     status = status or (lambda *_a, **_k: None)
     reason = lean_support(model.config)
@@ -145,7 +155,11 @@ def lean_arrays(model, limit: int, kind: str, source: str, calibration_ids: list
         status("Writing the lean weights", i, len(weights))
         if dtype == INT8:
             packed, scale, wsum = pack_int8(w_t.t())
-            arrays[f"{name}.w"], arrays[f"{name}.scale"], arrays[f"{name}.wsum"] = packed.numpy(), scale.numpy(), wsum.numpy()
+            arrays[f"{name}.w"], arrays[f"{name}.scale"], arrays[f"{name}.wsum"] = (
+                packed.numpy(),
+                scale.numpy(),
+                wsum.numpy(),
+            )
         elif kind.endswith("-panels"):
             arrays[name] = panels(w_t).numpy()
         else:
@@ -161,8 +175,9 @@ def _dense(w_t: torch.Tensor, dtype: str):
     return tensor.numpy()
 
 
-def convert_lean(folder: Path, path: Path, kind: str, source: str, status: Status | None = None,
-                 model_loader=None) -> None:
+def convert_lean(
+    folder: Path, path: Path, kind: str, source: str, status: Status | None = None, model_loader=None
+) -> None:
     """Write the lean file of `kind` for the model in `folder` at `path` (see `lean_weights.lean_file`)."""
     from chatcli.engine.tensorfile import write_tensors
 
@@ -204,5 +219,3 @@ def _load(folder: Path):
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
     return model.eval(), tokenizer
-
-

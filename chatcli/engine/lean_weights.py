@@ -25,9 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from chatcli.engine.convert import file_sha256
 
@@ -173,7 +173,11 @@ class LeanWeights:
             raise LeanFileError(str(exc)) from None
         self.config = LeanConfig.from_json(self.file.metadata.get("chatcli", "null"))
         c = self.config
-        if c.format != FORMAT or (expect_kind and c.kind != expect_kind) or (expect_source and c.source != expect_source):
+        if (
+            c.format != FORMAT
+            or (expect_kind and c.kind != expect_kind)
+            or (expect_source and c.source != expect_source)
+        ):
             raise LeanFileError(f"{path.name} was made for {c.kind} of {c.source} (format {c.format})")
         self._check()
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from chatcli.errors import one_line
 
@@ -59,7 +59,8 @@ class LoadOptions:
     trust_remote_code: bool = _flag(False, "Allow the model's own Python code.")
     runner: str = _flag("auto", "auto | hf | lean: the forward pass (auto: lean for Llama models).")  # a ModelRunner
     kv_dtype: str = _flag(  # the lean runner's KV cache: see pick_kv_dtype
-        "auto", "KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16")
+        "auto", "KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16"
+    )
     quantize: str | None = _flag(None, "int8: int8 weights and activations (CPU).")  # see chatcli.engine.quantize
 
 
@@ -222,8 +223,13 @@ def read_config(folder: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def load_engine(model: str | None = None, options: LoadOptions | None = None, config_default: str | None = None,
-                status: Status | None = None, kernel: bool = True):
+def load_engine(
+    model: str | None = None,
+    options: LoadOptions | None = None,
+    config_default: str | None = None,
+    status: Status | None = None,
+    kernel: bool = True,
+):
     """The engine for `model` (see the module docstring for which runner it gets); `kernel=False`
     keeps the torch lean runner where the native one would run (benchmarks, tests)."""
     options = options or LoadOptions()
@@ -261,15 +267,30 @@ def _lean_reason(config: dict) -> str | None:
     return lean_support(config)
 
 
-def lean_engine(source: Source, device: str, dtype: str, kv: str, quantize: str | None, status: Status,
-                model_loader=None, kernel: bool = True, tokenizer=None):
+def lean_engine(
+    source: Source,
+    device: str,
+    dtype: str,
+    kv: str,
+    quantize: str | None,
+    status: Status,
+    model_loader=None,
+    kernel: bool = True,
+    tokenizer=None,
+):
     """A lean runner (native where the kernel runs, else torch) over `source`'s lean files;
     `model_loader()` gives the transformers model and tokenizer to convert where a file is missing."""
     from chatcli.engine.engine import Engine
     from chatcli.engine.lean_weights import INT8, lean_file
 
-    native = (kernel and device == "cpu" and dtype == "float32" and kv in ("float32", "bfloat16")
-              and _native_shapes(read_config(source.folder)) and _kernel())
+    native = (
+        kernel
+        and device == "cpu"
+        and dtype == "float32"
+        and kv in ("float32", "bfloat16")
+        and _native_shapes(read_config(source.folder))
+        and _kernel()
+    )
     status(f"Loading {source.name}")
     if native:
         from chatcli.engine.native import NativeRunner
@@ -311,8 +332,10 @@ def folder_tokenizer(folder: Path):
     except UnsupportedTokenizer:
         from transformers import AutoConfig, AutoTokenizer
 
-        return TransformersTokenizer(AutoTokenizer.from_pretrained(str(folder), local_files_only=True),
-                                     AutoConfig.from_pretrained(str(folder), local_files_only=True))
+        return TransformersTokenizer(
+            AutoTokenizer.from_pretrained(str(folder), local_files_only=True),
+            AutoConfig.from_pretrained(str(folder), local_files_only=True),
+        )
 
 
 def context_limit(config, tokenizer) -> int:

@@ -14,7 +14,7 @@ position after its newest occurrence, updated in O(1) per id.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 MAX_NGRAM = 3  # the longest suffix looked up; longer matches are rarer and no more precise here
 MIN_NGRAM = 2  # one-id matches propose mostly wrong drafts, and a wrong draft costs a wider forward

@@ -21,9 +21,8 @@ import os
 
 import numpy as np
 
-from chatcli.engine import kernels
+from chatcli.engine import kernels, kv_memory
 from chatcli.engine.kernels.structs import CACHE_BF16, CACHE_F32, WEIGHT_F32, WEIGHT_I8, Cache, Layer, Matrix, Model
-from chatcli.engine import kv_memory
 from chatcli.engine.lean_weights import INT8, PROJECTIONS, LeanWeights
 from chatcli.engine.runner import KVCache, ModelRunner
 
@@ -151,17 +150,37 @@ class NativeRunner(ModelRunner):
         shapes = c.shapes()
         layers = [Layer(*[self._matrix(f"layers.{i}.{p}", shapes) for p in PROJECTIONS]) for i in range(c.layers)]
         self._layers = (Layer * c.layers)(*layers)
-        self._model = Model(c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab, c.eps,
-                            weights.address("embed"), weights.address("rope"), self._layers,
-                            self._matrix("head", shapes))
-        self.weight_bytes = sum(weights.file.tensors[n].nbytes for n in weights.file.tensors if n not in ("embed", "rope"))
+        self._model = Model(
+            c.layers,
+            c.hidden,
+            c.heads,
+            c.kv_heads,
+            c.head_dim,
+            c.ffn,
+            c.vocab,
+            c.eps,
+            weights.address("embed"),
+            weights.address("rope"),
+            self._layers,
+            self._matrix("head", shapes),
+        )
+        self.weight_bytes = sum(
+            weights.file.tensors[n].nbytes for n in weights.file.tensors if n not in ("embed", "rope")
+        )
 
     def _matrix(self, name: str, shapes: dict) -> Matrix:
         k, n = shapes[name]
         if self.quantized:
             w = self.weights
-            return Matrix(WEIGHT_I8, n, k, -(-k // 4) * 4, w.address(f"{name}.w"), w.address(f"{name}.scale"),
-                          w.address(f"{name}.wsum"))
+            return Matrix(
+                WEIGHT_I8,
+                n,
+                k,
+                -(-k // 4) * 4,
+                w.address(f"{name}.w"),
+                w.address(f"{name}.scale"),
+                w.address(f"{name}.wsum"),
+            )
         return Matrix(WEIGHT_F32, n, k, k, self.weights.address(name), None, None)
 
     def files(self) -> list:
@@ -196,8 +215,9 @@ class NativeRunner(ModelRunner):
         rows = count if every else 1
         logits = np.empty((rows, self.config.vocab), dtype=np.float32)
         c = Cache(cache.kind, cache.k.ctypes.data, cache.v.ctypes.data, cache.capacity)
-        status = self._lib.chatcli_decode(ctypes.byref(self._model), ctypes.byref(c), tokens, count, start,
-                                          logits.ctypes.data, rows, self.threads)
+        status = self._lib.chatcli_decode(
+            ctypes.byref(self._model), ctypes.byref(c), tokens, count, start, logits.ctypes.data, rows, self.threads
+        )
         if status:
             raise ValueError(f"the kernel refused {count} ids at position {start} (status {status})")
         cache.ids.extend(ids)

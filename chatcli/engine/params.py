@@ -11,8 +11,9 @@ Pure data (no torch, no click), so the command line can check values before anyt
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable
+from typing import Any
 
 MAX_LOOKUP = 16  # drafted tokens per verifying pass; past a few, a draft is rarely accepted to its end
 
@@ -65,43 +66,122 @@ def _finite(value) -> bool:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = _declare(0.8, Setting(
-        "temperature", FLOAT, flag="0 is greedy.", config=True, header="temp", api=("temperature",),
-        slash=Slash("temp", "sampling temperature (0 = greedy)", "X", ("temperature",)),
-        valid=lambda v: _finite(v) and v >= 0, expected=">= 0"))
-    top_k: int = _declare(40, Setting(
-        "top-k", INT, flag="0 disables.", config=True, header="top-k", api=("top_k",),
-        slash=Slash("top-k", "keep the K most likely tokens (0 = off)", "N"),
-        valid=lambda v: v >= 0, expected=">= 0 (0 disables it)"))
-    top_p: float = _declare(0.95, Setting(
-        "top-p", FLOAT, flag="In (0, 1]; 1 disables.", config=True, header="top-p", api=("top_p",),
-        slash=Slash("top-p", "nucleus sampling threshold (1 = off)", "P"),
-        valid=lambda v: _finite(v) and 0 < v <= 1, expected="in (0, 1]"))
-    min_p: float = _declare(0.05, Setting(
-        "min-p", FLOAT, flag="In [0, 1]; 0 disables.", config=True, header="min-p", api=("min_p",),
-        slash=Slash("min-p", "drop tokens below P × the top probability (0 = off)", "P"),
-        valid=lambda v: _finite(v) and 0 <= v <= 1, expected="in [0, 1]"))
-    repeat_penalty: float = _declare(1.0, Setting(
-        "repeat-penalty", FLOAT, flag="1 disables.", config=True, header="rep", api=("repetition_penalty",),
-        slash=Slash("repeat-penalty", "penalty on recently seen tokens (1 = off)", "X"),
-        valid=lambda v: _finite(v) and v > 0, expected="> 0 (1 disables it)"))
+    temperature: float = _declare(
+        0.8,
+        Setting(
+            "temperature",
+            FLOAT,
+            flag="0 is greedy.",
+            config=True,
+            header="temp",
+            api=("temperature",),
+            slash=Slash("temp", "sampling temperature (0 = greedy)", "X", ("temperature",)),
+            valid=lambda v: _finite(v) and v >= 0,
+            expected=">= 0",
+        ),
+    )
+    top_k: int = _declare(
+        40,
+        Setting(
+            "top-k",
+            INT,
+            flag="0 disables.",
+            config=True,
+            header="top-k",
+            api=("top_k",),
+            slash=Slash("top-k", "keep the K most likely tokens (0 = off)", "N"),
+            valid=lambda v: v >= 0,
+            expected=">= 0 (0 disables it)",
+        ),
+    )
+    top_p: float = _declare(
+        0.95,
+        Setting(
+            "top-p",
+            FLOAT,
+            flag="In (0, 1]; 1 disables.",
+            config=True,
+            header="top-p",
+            api=("top_p",),
+            slash=Slash("top-p", "nucleus sampling threshold (1 = off)", "P"),
+            valid=lambda v: _finite(v) and 0 < v <= 1,
+            expected="in (0, 1]",
+        ),
+    )
+    min_p: float = _declare(
+        0.05,
+        Setting(
+            "min-p",
+            FLOAT,
+            flag="In [0, 1]; 0 disables.",
+            config=True,
+            header="min-p",
+            api=("min_p",),
+            slash=Slash("min-p", "drop tokens below P × the top probability (0 = off)", "P"),
+            valid=lambda v: _finite(v) and 0 <= v <= 1,
+            expected="in [0, 1]",
+        ),
+    )
+    repeat_penalty: float = _declare(
+        1.0,
+        Setting(
+            "repeat-penalty",
+            FLOAT,
+            flag="1 disables.",
+            config=True,
+            header="rep",
+            api=("repetition_penalty",),
+            slash=Slash("repeat-penalty", "penalty on recently seen tokens (1 = off)", "X"),
+            valid=lambda v: _finite(v) and v > 0,
+            expected="> 0 (1 disables it)",
+        ),
+    )
     # How many recent context tokens the penalty looks at: the engine's own, on no surface.
     repeat_last_n: int = _declare(64, Setting("repeat-last-n", INT, valid=lambda v: v >= 0, expected=">= 0"))
-    max_tokens: int = _declare(1024, Setting(
-        "max-tokens", INT, flag="Most tokens in a reply.", config=True, header="max",
-        api=("max_completion_tokens", "max_tokens"), slash=Slash("max-tokens", "longest reply, in tokens", "N"),
-        valid=lambda v: v >= 1, expected=">= 1"))
+    max_tokens: int = _declare(
+        1024,
+        Setting(
+            "max-tokens",
+            INT,
+            flag="Most tokens in a reply.",
+            config=True,
+            header="max",
+            api=("max_completion_tokens", "max_tokens"),
+            slash=Slash("max-tokens", "longest reply, in tokens", "N"),
+            valid=lambda v: v >= 1,
+            expected=">= 1",
+        ),
+    )
     # Prompt lookup: draft up to this many tokens, verified in one pass (a reply's speed: not in the header).
-    lookup: int = _declare(4, Setting(
-        "lookup", INT, flag="Draft up to N tokens from the conversation, verified in one pass (0 disables).",
-        config=True, slash=Slash("lookup", "draft up to N tokens from the conversation (0 = off)", "N"),
-        valid=lambda v: 0 <= v <= MAX_LOOKUP, expected=f"in [0, {MAX_LOOKUP}] (0 disables it)"))
-    seed: int | None = _declare(None, Setting(
-        "seed", SEED, flag="Seed the sampler for a reproducible run.", config=True, header="seed", api=("seed",),
-        slash=Slash("seed", "fix the random seed, or 'off' for a fresh one each turn", "N|off"),
-        valid=lambda v: v is None or 0 <= v < 2**64, expected="in [0, 2**64) (or off)"))
-    stop: tuple[str, ...] = _declare((), Setting(
-        "stop", STRINGS, flag="Stop at this string (repeatable).", api=("stop",)))
+    lookup: int = _declare(
+        4,
+        Setting(
+            "lookup",
+            INT,
+            flag="Draft up to N tokens from the conversation, verified in one pass (0 disables).",
+            config=True,
+            slash=Slash("lookup", "draft up to N tokens from the conversation (0 = off)", "N"),
+            valid=lambda v: 0 <= v <= MAX_LOOKUP,
+            expected=f"in [0, {MAX_LOOKUP}] (0 disables it)",
+        ),
+    )
+    seed: int | None = _declare(
+        None,
+        Setting(
+            "seed",
+            SEED,
+            flag="Seed the sampler for a reproducible run.",
+            config=True,
+            header="seed",
+            api=("seed",),
+            slash=Slash("seed", "fix the random seed, or 'off' for a fresh one each turn", "N|off"),
+            valid=lambda v: v is None or 0 <= v < 2**64,
+            expected="in [0, 2**64) (or off)",
+        ),
+    )
+    stop: tuple[str, ...] = _declare(
+        (), Setting("stop", STRINGS, flag="Stop at this string (repeatable).", api=("stop",))
+    )
 
     def __post_init__(self) -> None:
         for name, setting in _SETTINGS.items():

@@ -30,9 +30,10 @@ import copy
 import itertools
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from chatcli.engine.prefix import reusable_prefix
 

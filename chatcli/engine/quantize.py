@@ -112,6 +112,8 @@ print(sort_scores({"ada": 91.5, "bob": 78.0, "cy": 88.25}))
 
 In 1817, Karl Drais rode his two-wheeled running machine 14 km in about an hour.<|im_end|>
 """
+
+
 def calibration_ids(tokenizer) -> list[int]:
     return tokenizer.encode(CALIBRATION_TEXT)
 
@@ -131,9 +133,11 @@ def down_smoothing(model, ids: list[int], alpha: float = SMOOTH_ALPHA) -> list[t
     hooks = []
     layers = model.model.layers
     for i, block in enumerate(layers):
+
         def record(_module, args, i=i):
             seen = args[0].detach().abs().flatten(0, -2).amax(0).float()  # [F]
             maxima[i] = torch.maximum(maxima[i], seen) if i in maxima else seen
+
         hooks.append(block.mlp.down_proj.register_forward_pre_hook(record))
     try:
         with torch.inference_mode():

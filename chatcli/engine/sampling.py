@@ -78,8 +78,9 @@ def sample(logits, params: SamplingParams, generator: np.random.Generator | None
     return int(ids[_draw(probs, generator or new_generator())])
 
 
-def accept_draft(logits, draft_id: int, params: SamplingParams, generator: np.random.Generator | None = None,
-                 recent_ids=None) -> int:
+def accept_draft(
+    logits, draft_id: int, params: SamplingParams, generator: np.random.Generator | None = None, recent_ids=None
+) -> int:
     """The id at a drafted position: `draft_id` where the model agrees, else the model's own pick.
 
     Greedy: the argmax, whatever was drafted. Sampling: keep the draft with probability

@@ -26,12 +26,35 @@ from pathlib import Path
 ALIGN = 64
 
 # safetensors dtype codes -> (numpy dtype name, bytes); BF16 is read as raw uint16
-DTYPES = {"F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("uint16", 2), "I8": ("int8", 1),
-          "U8": ("uint8", 1), "I32": ("int32", 4), "I64": ("int64", 8), "U16": ("uint16", 2)}
-CODES = {"float32": "F32", "float16": "F16", "int8": "I8", "uint8": "U8", "int32": "I32", "int64": "I64",
-         "uint16": "U16"}
-SPEC_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8", "U8": "uint8", "I32": "int32",
-              "I64": "int64", "U16": "uint16"}  # what safetensors.TensorSpec takes
+DTYPES = {
+    "F32": ("float32", 4),
+    "F16": ("float16", 2),
+    "BF16": ("uint16", 2),
+    "I8": ("int8", 1),
+    "U8": ("uint8", 1),
+    "I32": ("int32", 4),
+    "I64": ("int64", 8),
+    "U16": ("uint16", 2),
+}
+CODES = {
+    "float32": "F32",
+    "float16": "F16",
+    "int8": "I8",
+    "uint8": "U8",
+    "int32": "I32",
+    "int64": "I64",
+    "uint16": "U16",
+}
+SPEC_NAMES = {
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I8": "int8",
+    "U8": "uint8",
+    "I32": "int32",
+    "I64": "int64",
+    "U16": "uint16",
+}  # what safetensors.TensorSpec takes
 _MAX_HEADER = 100 << 20
 
 
@@ -91,7 +114,6 @@ class MappedTensors:
         return np.frombuffer(self._map, dtype=dtype, count=count, offset=info.offset).reshape(info.shape)
 
 
-
 def _info(file: str, name: str, entry, start: int, size: int) -> TensorInfo:
     try:
         dtype, shape, (begin, end) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
@@ -117,8 +139,9 @@ def _address(buffer) -> int:
     return int(np.frombuffer(buffer, dtype=np.uint8, count=1).ctypes.data)
 
 
-def write_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str] | None = None,
-                  align: bool = True) -> None:
+def write_tensors(
+    path: str | os.PathLike, tensors: dict, metadata: dict[str, str] | None = None, align: bool = True
+) -> None:
     """Write `tensors` ({name: numpy array, or (safetensors code, numpy array) for BF16}) to `path`
     atomically (a temporary file renamed into place); with `align`, every tensor 64-byte aligned."""
     from safetensors import TensorSpec, serialize_file
@@ -131,8 +154,9 @@ def write_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, st
         if align and array.nbytes % ALIGN:
             raise ValueError(f"tensor {name!r} is {array.nbytes} bytes, not a multiple of {ALIGN}: pad it")
         keep.append(array)
-        specs[name] = TensorSpec(dtype=SPEC_NAMES[code], shape=tuple(array.shape), data_ptr=array.ctypes.data,
-                                 data_len=array.nbytes)
+        specs[name] = TensorSpec(
+            dtype=SPEC_NAMES[code], shape=tuple(array.shape), data_ptr=array.ctypes.data, data_len=array.nbytes
+        )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)

@@ -18,8 +18,8 @@ the vocabulary has them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 # End-of-turn markers of widespread chat templates (ChatML, Llama 3, Gemma, Phi).
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
@@ -98,8 +98,9 @@ class FolderTokenizer(ChatTokenizer):
     def render(self, messages: Sequence[dict]) -> str:
         """The chat template's text for `messages`, the assistant's turn opened (as transformers renders it)."""
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
-        return self.template.render(messages=chat, tools=None, documents=None, add_generation_prompt=True,
-                                    **self.special)
+        return self.template.render(
+            messages=chat, tools=None, documents=None, add_generation_prompt=True, **self.special
+        )
 
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
         return self.encode(self.render(messages))
@@ -133,7 +134,9 @@ def _chat_template(folder: Path, settings: dict) -> str:
         return path.read_text(encoding="utf-8")
     template = settings.get("chat_template")
     if isinstance(template, list):
-        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+        template = next(
+            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+        )
     if not isinstance(template, str) or not template:
         raise ValueError("the tokenizer has no chat template")
     return template
@@ -180,7 +183,9 @@ def _compile(source: str):
         def fromkeys(self, *args, **kwargs):
             return dict.fromkeys(*args, **kwargs)
 
-    class Generation(jinja2.ext.Extension):  # `{% generation %}` marks assistant text for training masks: rendered as is
+    class Generation(
+        jinja2.ext.Extension
+    ):  # `{% generation %}` marks assistant text for training masks: rendered as is
         tags = {"generation"}
 
         def parse(self, parser):
@@ -191,11 +196,16 @@ def _compile(source: str):
         def _body(self, caller):
             return caller()
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
-    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt),
-                       dict=Dict(), namespace=Namespace)
+    env.globals.update(
+        raise_exception=raise_exception,
+        strftime_now=lambda fmt: datetime.now().strftime(fmt),
+        dict=Dict(),
+        namespace=Namespace,
+    )
     return env.from_string(source)
 
 

@@ -65,8 +65,9 @@ class BearerAuth:
             scheme, _, token = header.partition(b" ")
             ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
             if not ok:
-                err = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                               code="invalid_api_key")
+                err = APIError(
+                    401, "missing or wrong API key: send 'Authorization: Bearer KEY'", code="invalid_api_key"
+                )
                 await error_response(err)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -108,8 +109,12 @@ class CompletionResponse(Response):
 
         job = Job(self.request.messages, self.request.params, emit)
         if not self.worker.submit(job):
-            busy = APIError(503, f"the server is busy: {self.worker.max_pending} requests are already queued",
-                            code="server_busy", type="server_error")
+            busy = APIError(
+                503,
+                f"the server is busy: {self.worker.max_pending} requests are already queued",
+                code="server_busy",
+                type="server_error",
+            )
             await self._send_json(send, busy.status, busy.body())
             return
         async with anyio.create_task_group() as tg:
@@ -172,8 +177,11 @@ class CompletionResponse(Response):
                 await data(event.error.body())
                 break
             elif isinstance(event, Finished):
-                await data(schema.chunk(cid, self.model, created, {}, schema.finish_reason(event.finish_reason),
-                                        with_usage=with_usage))
+                await data(
+                    schema.chunk(
+                        cid, self.model, created, {}, schema.finish_reason(event.finish_reason), with_usage=with_usage
+                    )
+                )
                 if with_usage:
                     use = schema.usage(first, event.stats)
                     await data(schema.chunk(cid, self.model, created, None, use=use, with_usage=True))
@@ -218,8 +226,15 @@ def create_app(
 
     async def health(_request: Request) -> Response:
         requests = {"served": worker.served, "cancelled": worker.cancelled, "failed": worker.failed}
-        return JSONResponse({"status": "ok", "model": engine.name, "pending": worker.pending, "requests": requests,
-                             "cache": pool.stats()})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": engine.name,
+                "pending": worker.pending,
+                "requests": requests,
+                "cache": pool.stats(),
+            }
+        )
 
     async def on_api_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)

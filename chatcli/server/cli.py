@@ -48,16 +48,34 @@ def _fail(message: str, code: int = 1):
 @click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; loopback by default.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port.")
-@click.option("--api-key", envvar="CHATCLI_API_KEY", default=None,
-              help="Require 'Authorization: Bearer KEY' on every request.")
+@click.option(
+    "--api-key", envvar="CHATCLI_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on every request."
+)
 @model_options()
-@click.option("--max-body-bytes", type=click.IntRange(min=1), default=MIB, show_default=True,
-              help="Largest request body accepted (413 past it).")
-@click.option("--cache-budget", type=click.IntRange(min=0), default=1024, show_default=True,
-              help="MiB of KV cache kept across requests for prefix reuse (0 keeps none).")
-@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Requests running or waiting before more get a 503.")
-@click.option("--log-level", default="info", show_default=True, help="uvicorn's log level: debug, info, warning, error.")
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1),
+    default=MIB,
+    show_default=True,
+    help="Largest request body accepted (413 past it).",
+)
+@click.option(
+    "--cache-budget",
+    type=click.IntRange(min=0),
+    default=1024,
+    show_default=True,
+    help="MiB of KV cache kept across requests for prefix reuse (0 keeps none).",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Requests running or waiting before more get a 503.",
+)
+@click.option(
+    "--log-level", default="info", show_default=True, help="uvicorn's log level: debug, info, warning, error."
+)
 def serve_command(host, port, api_key, model, max_body_bytes, cache_budget, max_queue, log_level, **load) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
     from chatcli.config import ConfigError, load_config
@@ -78,8 +96,17 @@ def serve_command(host, port, api_key, model, max_body_bytes, cache_budget, max_
     from chatcli.engine.threads import release_cpu_threads
 
     release_cpu_threads()  # requests run in the generation thread: see engine/threads.py
-    serve(engine, host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes,
-          cache_budget_bytes=cache_budget * MIB, defaults=start.params, max_queue=max_queue, log_level=log_level)
+    serve(
+        engine,
+        host=host,
+        port=port,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        cache_budget_bytes=cache_budget * MIB,
+        defaults=start.params,
+        max_queue=max_queue,
+        log_level=log_level,
+    )
 
 
 def _status_lines():
@@ -94,15 +121,31 @@ def _status_lines():
     return status
 
 
-def serve(engine, *, host: str, port: int, api_key: str | None = None, max_body_bytes: int = MIB,
-          cache_budget_bytes: int = 1024 * MIB, defaults=None, max_queue: int = 64, log_level: str = "info") -> None:
+def serve(
+    engine,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None = None,
+    max_body_bytes: int = MIB,
+    cache_budget_bytes: int = 1024 * MIB,
+    defaults=None,
+    max_queue: int = 64,
+    log_level: str = "info",
+) -> None:
     """Run the server in this thread until Ctrl-C."""
     import uvicorn
 
     from chatcli.server.app import create_app
 
-    app = create_app(engine, api_key=api_key, max_body_bytes=max_body_bytes,
-                     cache_budget_bytes=cache_budget_bytes, defaults=defaults, max_pending=max_queue)
+    app = create_app(
+        engine,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        cache_budget_bytes=cache_budget_bytes,
+        defaults=defaults,
+        max_pending=max_queue,
+    )
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"Serving {engine.name} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)

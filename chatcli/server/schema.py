@@ -26,8 +26,14 @@ FIELD_OF = {setting.name: name for name, setting in settings()}
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error") -> None:  # noqa: A002 - the OpenAI field name
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:  # noqa: A002 - the OpenAI field name
         super().__init__(message)
         self.status = status
         self.message = message
@@ -39,8 +45,12 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,  # noqa: A002
-               code: str | None = None) -> dict:
+def error_body(
+    message: str,
+    type: str = "invalid_request_error",
+    param: str | None = None,  # noqa: A002
+    code: str | None = None,
+) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -84,7 +94,11 @@ def _content(value, where: str) -> str:
 
 def parse_messages(value) -> list[dict]:
     if not isinstance(value, list) or not value:
-        raise _bad("messages must be a non-empty array", "messages", "invalid_type" if not isinstance(value, list) else "invalid_value")
+        raise _bad(
+            "messages must be a non-empty array",
+            "messages",
+            "invalid_type" if not isinstance(value, list) else "invalid_value",
+        )
     out = []
     for i, msg in enumerate(value):
         where = f"messages[{i}]"
@@ -217,8 +231,15 @@ def completion(cid: str, model: str, text: str, reason: str, use: dict) -> dict:
     }
 
 
-def chunk(cid: str, model: str, created: int, delta: dict | None, reason: str | None = None,
-          use: dict | None = None, with_usage: bool = False) -> dict:
+def chunk(
+    cid: str,
+    model: str,
+    created: int,
+    delta: dict | None,
+    reason: str | None = None,
+    use: dict | None = None,
+    with_usage: bool = False,
+) -> dict:
     """One `chat.completion.chunk`; `delta=None` gives the usage-only chunk (no choices)."""
     out: dict = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
     if delta is None:

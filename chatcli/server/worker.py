@@ -17,8 +17,8 @@ import logging
 import queue
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from chatcli.engine.engine import ContextOverflow, Engine
 from chatcli.engine.events import Finished, FinishReason
@@ -119,8 +119,9 @@ class GenerationWorker:
             self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
             return
         if self._closing:
-            self._emit(job, Failed(APIError(503, "the server is shutting down", code="shutting_down",
-                                            type="server_error")))
+            self._emit(
+                job, Failed(APIError(503, "the server is shutting down", code="shutting_down", type="server_error"))
+            )
             return
         try:
             target, _dropped = self.engine.fit_prompt(job.messages, job.params)
@@ -130,8 +131,9 @@ class GenerationWorker:
             return
         except Exception as exc:  # noqa: BLE001 - e.g. a chat template that rejects the roles
             self.failed += 1
-            self._emit(job, Failed(APIError(400, f"the chat template rejected the messages: {one_line(exc)}",
-                                            "messages")))
+            self._emit(
+                job, Failed(APIError(400, f"the chat template rejected the messages: {one_line(exc)}", "messages"))
+            )
             return
         lease = self.pool.acquire(target)
         ok, failure = False, None

@@ -8,7 +8,7 @@ once; the model loads in a background thread that posts `LoadStatus`, then
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from textual.app import App
 from textual.binding import Binding

@@ -19,9 +19,7 @@ def human_bytes(n: int) -> str:
 def sampling_line(params) -> str:
     """The header's settings: those that declare a header label, what shapes a reply (lookup only
     changes its speed; /settings shows it)."""
-    return " · ".join(
-        f"{s.header} {s.show(getattr(params, name))}" for name, s in settings() if s.header is not None
-    )
+    return " · ".join(f"{s.header} {s.show(getattr(params, name))}" for name, s in settings() if s.header is not None)
 
 
 def settings_lines(params, system: str | None, theme: str, model: str) -> list[str]:

@@ -53,7 +53,7 @@ class LiveTurn:
                 self.rates.append((n - m) / (elapsed - before))
         self._last_sample = (n, elapsed)
         if len(self.rates) >= SPARK_SAMPLES:
-            pairs = zip(self.rates[::2], self.rates[1::2])
+            pairs = zip(self.rates[::2], self.rates[1::2], strict=False)  # an odd last point is dropped
             self.rates = [(a + b) / 2 for a, b in pairs]
             self._rate_every *= 2
 

@@ -98,7 +98,9 @@ class FakeEngine:
         cache = session.cache
         target = self.tokenizer.encode_chat(messages)
         if len(target) > self.context_limit:
-            raise ValueError(f"the message is {len(target)} tokens with the template; the model's context is {self.context_limit}")
+            raise ValueError(
+                f"the message is {len(target)} tokens with the template; the model's context is {self.context_limit}"
+            )
         cached = min(common_prefix(cache.ids, target), len(target) - 1)
         cache.crop(cached)
         cache.ids.extend(target[cached:])

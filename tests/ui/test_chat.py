@@ -260,7 +260,10 @@ async def test_a_prompt_sent_while_a_reply_streams_is_queued_and_answered_next()
         engine.release.set()
         await wait_for(pilot, lambda: screen.turns_done == 2 and not screen.busy)
         assert [m.content for m in screen.conversation.messages] == [
-            "first", "You said: **first**", "second", "You said: **second**",
+            "first",
+            "You said: **first**",
+            "second",
+            "You said: **second**",
         ]
 
 
@@ -299,5 +302,7 @@ async def test_a_kv_cache_that_cannot_be_saved_is_said_once():
         await send(pilot, "two")
         await pilot.pause()
         said = [n.message for n in app._notifications if "KV cache was not saved" in n.message]
-        assert said == ["The KV cache was not saved ([Errno 28] No space left on device); a later start prefills again."]
+        assert said == [
+            "The KV cache was not saved ([Errno 28] No space left on device); a later start prefills again."
+        ]
         assert screen.conversation.messages[-1].content == "You said: **two**"

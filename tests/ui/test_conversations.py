@@ -39,13 +39,17 @@ async def test_every_message_is_saved_with_its_stats_and_sampling():
         await send(pilot, "second")
         cid = screen.conversation.id
         saved = stored(cid)
-        assert [(m.role, m.content) for m in saved.messages] == [(m.role, m.content) for m in screen.conversation.messages]
+        assert [(m.role, m.content) for m in saved.messages] == [
+            (m.role, m.content) for m in screen.conversation.messages
+        ]
         assert saved.messages[-1].stats == screen.conversation.messages[-1].stats
         assert saved.messages[-1].finish_reason == "stop"
         db = sqlite3.connect(Store().path)
         rows = db.execute("SELECT role, sampling FROM messages WHERE conversation_id=? ORDER BY id", (cid,)).fetchall()
         assert [r[0] for r in rows] == ["user", "assistant"] * 2
-        assert rows[0][1] is None and json.loads(rows[1][1])["temperature"] == 0.25 and json.loads(rows[3][1])["seed"] == 7
+        assert (
+            rows[0][1] is None and json.loads(rows[1][1])["temperature"] == 0.25 and json.loads(rows[3][1])["seed"] == 7
+        )
         assert Store().summaries()[0].model == "fake-model"
 
 
@@ -207,11 +211,17 @@ async def test_save_and_load_round_trip(tmp_path):
         loaded = screen.conversation
         assert loaded.id != original.id and loaded.system == "Speak plainly."
         assert [(m.role, m.content) for m in loaded.messages] == [(m.role, m.content) for m in original.messages]
-        assert [(m.role, m.content) for m in stored(loaded.id).messages] == [(m.role, m.content) for m in loaded.messages]
+        assert [(m.role, m.content) for m in stored(loaded.id).messages] == [
+            (m.role, m.content) for m in loaded.messages
+        ]
         assert [u.text for u in screen.pane.query(UserMessage)] == ["what is 2+2?"]
         bad = tmp_path / "bad.json"
         bad.write_text('{"messages": [{"role": "robot", "content": "x"}]}')
-        for arg, fragment in [(bad, "message 1 needs a role"), (md, "Expecting value"), (tmp_path / "none.json", "cannot read")]:
+        for arg, fragment in [
+            (bad, "message 1 needs a role"),
+            (md, "Expecting value"),
+            (tmp_path / "none.json", "cannot read"),
+        ]:
             note = await command(pilot, f"/load {arg}")
             assert note.has_class("-error") and fragment in note.text and "\n" not in note.text
         note = await command(pilot, f"/save {tmp_path / 'no' / 'dir' / 'x.md'}")
@@ -263,7 +273,12 @@ async def test_continue_reopens_the_latest_conversation():
         assert [u.text for u in screen.pane.query(UserMessage)] == ["earlier question"]
         assert "2 tokens · 10.0 tok/s" in str(screen.pane.query(ReplyBox).first().note.render())
         await send(pilot, "and now?")
-        assert [m["content"] for m in engine.calls[-1]["messages"]] == ["Old system.", "earlier question", "earlier answer", "and now?"]
+        assert [m["content"] for m in engine.calls[-1]["messages"]] == [
+            "Old system.",
+            "earlier question",
+            "earlier answer",
+            "and now?",
+        ]
         assert len(stored(latest.id).messages) == 4 and len(stored(older.id).messages) == 2
 
 
@@ -325,7 +340,10 @@ async def test_quitting_mid_reply_saves_what_was_streamed_as_stopped():
         await pilot.pause()
     assert not app.is_running
     messages = stored(cid).messages
-    assert [(m.role, m.content, m.finish_reason) for m in messages] == [("user", "go", None), ("assistant", "one two", "cancelled")]
+    assert [(m.role, m.content, m.finish_reason) for m in messages] == [
+        ("user", "go", None),
+        ("assistant", "one two", "cancelled"),
+    ]
 
 
 async def test_switching_while_the_model_loads_keeps_the_loading_line():

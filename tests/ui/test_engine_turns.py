@@ -58,8 +58,8 @@ async def test_a_turn_on_the_embedded_model(real_engine):
 
 
 async def test_a_reopened_conversation_restores_its_kv_cache_from_disk(tiny_engine):
-    from chatcli.chat.store import Store
     from chatcli.chat.saved import kv_path
+    from chatcli.chat.store import Store
 
     params = SamplingParams(temperature=0, max_tokens=4)
     app = make_app(tiny_engine, start=StartOptions(params=params))

@@ -2,11 +2,11 @@ import json
 import tomllib
 
 from chatcli.config import load_config
+from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.stats import TurnStats
 from chatcli.ui.format import human_bytes, sampling_line, stats_lines
 from chatcli.ui.persist import PromptHistory, data_dir, remember_theme
 from chatcli.ui.themes import base_theme, shipped_themes, theme_dir
-from chatcli.engine.sampling import SamplingParams
-from chatcli.engine.stats import TurnStats
 
 
 def test_data_dir_follows_the_environment(isolated_dirs):

@@ -77,7 +77,7 @@ async def test_system_prompt_set_shown_and_sent():
     engine = FakeEngine()
     app = make_app(engine, start=StartOptions(system="Be brief."))
     async with app.run_test() as pilot:
-        screen = await ready(pilot)
+        await ready(pilot)
         assert (await command(pilot, "/system")).text == "system prompt: Be brief."
         assert (await command(pilot, "/system You are a pirate.")).text == "system prompt set: You are a pirate."
         await send(pilot, "ahoy")
@@ -222,7 +222,7 @@ async def test_a_builtin_theme_still_styles_errors():
         from textual.color import Color
 
         want, got = Color.parse(app.current_theme.error), note.styles.color
-        assert max(abs(a - b) for a, b in zip(want.rgb, got.rgb)) <= 2  # the theme's error colour
+        assert max(abs(a - b) for a, b in zip(want.rgb, got.rgb, strict=True)) <= 2  # the theme's error colour
 
 
 def test_every_command_has_a_handler_and_every_handler_a_command():

@@ -28,8 +28,19 @@ from functools import lru_cache
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("decode.cpp")
-FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
-         "-mavx512dq", "-mavx512vnni", "-mfma"]
+FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-fPIC",
+    "-shared",
+    "-fopenmp",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+    "-mavx512vnni",
+    "-mfma",
+]
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma")  # /proc/cpuinfo names
 ENV = "CHATCLI_KERNEL"  # "off": never build or load; the torch path runs
 
@@ -152,7 +163,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     from chatcli.engine.kernels.structs import Cache, Matrix, Model
 
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.chatcli_decode.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Cache), ptr, i64, i64, ptr, i64, ctypes.c_int32]
+    lib.chatcli_decode.argtypes = [
+        ctypes.POINTER(Model),
+        ctypes.POINTER(Cache),
+        ptr,
+        i64,
+        i64,
+        ptr,
+        i64,
+        ctypes.c_int32,
+    ]
     lib.chatcli_decode.restype = ctypes.c_int
     lib.chatcli_project.argtypes = [ctypes.POINTER(Matrix), ptr, i64, ptr, ctypes.c_int32]
     lib.chatcli_project.restype = ctypes.c_int

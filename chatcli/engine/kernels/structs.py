@@ -22,9 +22,18 @@ class Layer(ctypes.Structure):
 
 class Model(ctypes.Structure):
     _fields_ = [
-        ("n_layers", _i64), ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
-        ("ffn", _i64), ("vocab", _i64), ("eps", ctypes.c_float),
-        ("embed", _ptr), ("rope", _ptr), ("layers", ctypes.POINTER(Layer)), ("head", Matrix),
+        ("n_layers", _i64),
+        ("hidden", _i64),
+        ("heads", _i64),
+        ("kv_heads", _i64),
+        ("head_dim", _i64),
+        ("ffn", _i64),
+        ("vocab", _i64),
+        ("eps", ctypes.c_float),
+        ("embed", _ptr),
+        ("rope", _ptr),
+        ("layers", ctypes.POINTER(Layer)),
+        ("head", Matrix),
     ]
 
 

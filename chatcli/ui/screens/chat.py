@@ -29,8 +29,8 @@ from chatcli.ui.messages import CacheNotSaved, EngineReady, TurnEvent, TurnFaile
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.slash import run_command
-from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
+from chatcli.ui.widgets.prompt import PromptInput
 
 TICK_S = 1 / 10  # UI refresh while a reply streams: smooth enough, and leaves the GIL to the decode loop
 # The live panels refresh every PANEL_EVERY ticks: a number that changes 10 times a second is
@@ -135,7 +135,9 @@ class ChatScreen(ConversationScreen):
         self.session = self.chats.session_for(self.conversation)  # a new one if the pool evicted it
         self._turn_params = self.params
         kv = self.chats.kv_path(self.conversation)
-        self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, self.params, self.cancel, kv)
+        self._generate(
+            self.engine, self.turn, self.conversation.for_template(), self.session, self.params, self.cancel, kv
+        )
 
     @work(thread=True, exit_on_error=False, group="turn")
     def _generate(self, engine, turn: int, messages: list, session, params, cancel: threading.Event, kv=None) -> None:
@@ -160,8 +162,12 @@ class ChatScreen(ConversationScreen):
     def on_cache_not_saved(self, message: CacheNotSaved) -> None:
         if not self._cache_warned:  # once a run: a full disk would say it every turn
             self._cache_warned = True
-            self.app.notify(f"The KV cache was not saved ({message.reason}); a later start prefills again.",
-                            title="Cache not saved", severity="warning", timeout=8)
+            self.app.notify(
+                f"The KV cache was not saved ({message.reason}); a later start prefills again.",
+                title="Cache not saved",
+                severity="warning",
+                timeout=8,
+            )
 
     # -- streaming -------------------------------------------------------------
 

@@ -105,8 +105,12 @@ class ConversationScreen(Screen):
         self.pane.add_note(text, error=error)
 
     def _store_failed(self, exc: BaseException) -> None:
-        self.app.notify(f"{one_line(exc)}. Conversations are not saved from now on.", title="Not saved",
-                        severity="error", timeout=10)
+        self.app.notify(
+            f"{one_line(exc)}. Conversations are not saved from now on.",
+            title="Not saved",
+            severity="error",
+            timeout=10,
+        )
 
     # -- loading ---------------------------------------------------------------
 

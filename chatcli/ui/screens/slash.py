@@ -7,7 +7,8 @@ handlers use the screen's public methods and its `Chats`; they never reach into 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse
 from chatcli.chat.manager import ChatsError
