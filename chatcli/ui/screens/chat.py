@@ -26,7 +26,6 @@ from chatcli.errors import one_line
 from chatcli.ui.format import drafts_text, human_bytes, reply_note, turn_line
 from chatcli.ui.live import LiveTurn
 from chatcli.ui.messages import CacheNotSaved, EngineReady, TurnEvent, TurnFailed
-from chatcli.ui.persist import PromptHistory
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.slash import run_command
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
@@ -49,17 +48,9 @@ class ChatScreen(ConversationScreen):
         Binding("ctrl+q", "app.quit", "Quit"),
     ]
 
-    def __init__(
-        self,
-        params,
-        system: str | None = None,
-        history: PromptHistory | None = None,
-        store=None,
-        resume: tuple[bool, str | None] = (False, None),
-        budget: int | None = None,
-        system_given: bool = False,
-    ) -> None:
-        super().__init__(params, system, history, store, resume, budget, system_given)
+    def __init__(self, params, *args, **kwargs) -> None:
+        """`ConversationScreen`'s arguments."""
+        super().__init__(params, *args, **kwargs)
         self.turn = 0  # id of the newest turn; events of older ones are ignored
         self.cancel: threading.Event | None = None
         self.turns_done = 0

@@ -179,17 +179,16 @@ class ConversationScreen(Screen):
         self.pane.follow()
         self.prompt.focus()  # the next thing typed is the prompt, wherever the focus was
 
-    def switch_refused(self) -> str | None:
-        if self.busy:
-            return BUSY_SWITCH
-        if self.queue:
-            return QUEUED_SWITCH
-        return None
+    def refuse_switch(self) -> bool:
+        """True (and an inline note saying why) while leaving this conversation would lose a
+        streaming reply or the prompts waiting for it."""
+        reason = BUSY_SWITCH if self.busy else QUEUED_SWITCH if self.queue else None
+        if reason:
+            self.note(reason, error=True)
+        return reason is not None
 
     async def switch_to(self, number: int) -> None:
-        refused = self.switch_refused()
-        if refused:
-            self.note(refused, error=True)
+        if self.refuse_switch():
             return
         try:
             conv = self.chats.numbered(number)
@@ -203,9 +202,7 @@ class ConversationScreen(Screen):
         self.note(f"conversation {number}: {conv.title}")
 
     async def new_conversation(self, system: str | None) -> bool:
-        refused = self.switch_refused()
-        if refused:
-            self.note(refused, error=True)
+        if self.refuse_switch():
             return False
         await self.show_conversation(Conversation(system=system))
         return True

@@ -155,9 +155,7 @@ async def rename(screen: ChatScreen, arg: str) -> None:
 
 
 async def delete(screen: ChatScreen, _arg: str) -> None:
-    refused = screen.switch_refused()
-    if refused:
-        screen.note(refused, error=True)
+    if screen.refuse_switch():
         return
     from chatcli.ui.screens.confirm import Confirm
 
@@ -183,9 +181,7 @@ async def save(screen: ChatScreen, arg: str) -> None:
 
 
 async def load(screen: ChatScreen, arg: str) -> None:
-    refused = screen.switch_refused()
-    if refused:
-        screen.note(refused, error=True)
+    if screen.refuse_switch():
         return
     try:
         conv = screen.chats.import_file(arg)
