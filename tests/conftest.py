@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from tests.servers import serve  # noqa: F401 - a fixture, shared by the server and remote tests
 from tests.tiny import build_tiny_model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,6 +33,15 @@ def tiny_engine(request, tiny_loaded):
         require_kernel()
     runner = "hf" if request.param == "hf" else "lean"
     return build_engine(tiny_loaded, runner=runner, kv_dtype="float32", kernel=request.param == "native")
+
+
+@pytest.fixture
+def tiny_lean(tiny_loaded):
+    """The tiny model on one runner (the lean path on torch, fp32 cache): for tests about what is
+    around the engine (a server, a remote client), where one runner is enough."""
+    from chatcli.engine.hf_load import build_engine
+
+    return build_engine(tiny_loaded, runner="lean", kv_dtype="float32", kernel=False)
 
 
 def embedded_path():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -17,65 +16,7 @@ from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
 from chatcli.engine.sampling import SamplingParams
-from chatcli.server.app import create_app
-
-USER = [{"role": "user", "content": "What is the capital of France?"}]
-TIMEOUT = 60.0
-
-
-class Server:
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.app = app
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def start(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
-
-    @property
-    def worker(self):
-        return self.app.state.worker
-
-    def post(self, body, **kwargs) -> httpx.Response:
-        kwargs.setdefault("timeout", TIMEOUT)
-        return httpx.post(self.url + "/v1/chat/completions", json=body, **kwargs)
-
-
-@pytest.fixture
-def serve():
-    """serve(engine, **create_app options) → a started Server; all are stopped at teardown."""
-    started: list[Server] = []
-
-    def start(engine, **options) -> Server:
-        server = Server(create_app(engine, **options)).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-def alone(engine, messages, **params) -> str:
-    """The reply the engine gives this request on a fresh session: what the server must return."""
-    events = list(engine.generate(messages, engine.new_session(), SamplingParams().with_(**params)))
-    assert isinstance(events[-1], Finished)
-    return events[-1].reply
+from tests.servers import TIMEOUT, USER, alone, slow, slow_endless
 
 
 def client(server, **kwargs):
@@ -214,8 +155,23 @@ def test_models_and_health(tiny_engine, serve):
     server = serve(tiny_engine)
     models = client(server).models.list()
     assert [m.id for m in models.data] == [tiny_engine.name]
+    assert models.data[0].max_model_len == tiny_engine.context_limit  # vLLM's field: clients learn the context
     health = httpx.get(server.url + "/health", timeout=TIMEOUT).json()
     assert health["status"] == "ok" and health["model"] == tiny_engine.name and health["pending"] == 0
+
+
+def test_cors_is_off_no_browser_page_may_call_the_server(tiny_engine, serve):
+    server = serve(tiny_engine)
+    origin = {"Origin": "https://evil.example"}
+    preflight = httpx.options(
+        server.url + "/v1/chat/completions",
+        headers={**origin, "Access-Control-Request-Method": "POST"},
+        timeout=TIMEOUT,
+    )
+    assert preflight.status_code == 405
+    assert not any(k.lower().startswith("access-control-") for k in preflight.headers)
+    plain = httpx.get(server.url + "/v1/models", headers=origin, timeout=TIMEOUT)
+    assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
 
 
 # -- bad input ---------------------------------------------------------------------
@@ -364,24 +320,6 @@ def test_bodies_over_the_cap_get_a_413(tiny_engine, serve):
 
 
 # -- load and faults ----------------------------------------------------------------
-
-
-def slow(engine, delay: float):
-    """Make each forward take `delay` s longer, so requests overlap and disconnects land mid-reply."""
-    forward = engine.runner.forward
-
-    def slow_forward(ids, cache):
-        time.sleep(delay)
-        return forward(ids, cache)
-
-    engine.runner.forward = slow_forward
-    return engine
-
-
-def slow_endless(engine, delay: float = 0.02):
-    """Slow, and never stopping at an end-of-turn id: a reply that runs for a while."""
-    engine.tokenizer.stop_ids = frozenset()
-    return slow(engine, delay)
 
 
 def test_a_client_that_disconnects_stops_its_generation(tiny_engine, serve):

@@ -222,7 +222,7 @@ def create_app(
         return CompletionResponse(schema.parse_request(data, defaults), worker, engine.name)
 
     async def models(_request: Request) -> Response:
-        return JSONResponse(schema.models_list(engine.name, started))
+        return JSONResponse(schema.models_list(engine.name, started, engine.context_limit))
 
     async def health(_request: Request) -> Response:
         requests = {"served": worker.served, "cancelled": worker.cancelled, "failed": worker.failed}

@@ -251,5 +251,9 @@ def chunk(
     return out
 
 
-def models_list(model: str, created: int) -> dict:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "chatcli"}]}
+def models_list(model: str, created: int, context_limit: int | None = None) -> dict:
+    """OpenAI's model list, plus vLLM's `max_model_len` (the context in tokens) that clients read."""
+    entry = {"id": model, "object": "model", "created": created, "owned_by": "chatcli"}
+    if context_limit:
+        entry["max_model_len"] = context_limit
+    return {"object": "list", "data": [entry]}

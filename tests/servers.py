@@ -1,0 +1,91 @@
+"""Servers the tests start on a free loopback port: `chatcli serve`'s app (or any ASGI app) under a
+real uvicorn in a thread of the test process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from chatcli.engine.engine import Finished
+from chatcli.engine.sampling import SamplingParams
+from chatcli.server.app import create_app
+
+TIMEOUT = 60.0
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def alone(engine, messages, **params) -> str:
+    """The reply the engine gives this request on a fresh session: what the server must return."""
+    events = list(engine.generate(messages, engine.new_session(), SamplingParams().with_(**params)))
+    assert isinstance(events[-1], Finished)
+    return events[-1].reply
+
+
+def slow(engine, delay: float):
+    """Make each forward take `delay` s longer, so requests overlap and disconnects land mid-reply."""
+    forward = engine.runner.forward
+
+    def slow_forward(ids, cache):
+        time.sleep(delay)
+        return forward(ids, cache)
+
+    engine.runner.forward = slow_forward
+    return engine
+
+
+def slow_endless(engine, delay: float = 0.02):
+    """Slow, and never stopping at an end-of-turn id: a reply that runs for a while."""
+    engine.tokenizer.stop_ids = frozenset()
+    return slow(engine, delay)
+
+
+class Server:
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def start(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+    @property
+    def worker(self):
+        return self.app.state.worker
+
+    def post(self, body, **kwargs) -> httpx.Response:
+        kwargs.setdefault("timeout", TIMEOUT)
+        return httpx.post(self.url + "/v1/chat/completions", json=body, **kwargs)
+
+
+@pytest.fixture
+def serve():
+    """serve(engine, **create_app options) → a started Server; all are stopped at teardown."""
+    started: list[Server] = []
+
+    def start(engine, **options) -> Server:
+        server = Server(create_app(engine, **options)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
