@@ -40,7 +40,7 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def start_options(*, model=None, system=None, theme=None, **flags) -> StartOptions:
+def start_options(*, model=None, system=None, theme=None, api=None, api_key=None, **flags) -> StartOptions:
     """Config file first, then the flags that were given. `flags`: the values of the model flags and
     the sampling flags (`chatcli.flags`), by field name."""
     load = load_options({k: flags.pop(k) for k in LOAD_FIELDS if k in flags})
@@ -59,6 +59,9 @@ def start_options(*, model=None, system=None, theme=None, **flags) -> StartOptio
         system_given=system is not None,
         theme=theme or config.theme,
         config=config,
+        api=api or config.api,
+        # the config's key goes only to the config's server, never to another --api URL
+        api_key=api_key or (config.api_key if api in (None, config.api) else None),
     )
 
 
@@ -71,6 +74,8 @@ def start_options(*, model=None, system=None, theme=None, **flags) -> StartOptio
 @click.option("--prompt", "-p", default=None, help="Answer this once and exit.")
 @model_options()
 @sampling_options()
+@click.option("--api", default=None, metavar="URL", help="Answer from this OpenAI-compatible server (…/v1).")
+@click.option("--api-key", envvar="CHATCLI_API_KEY", default=None, help="The --api server's key ($CHATCLI_API_KEY).")
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--theme", default=None, help="TUI theme.")
 @click.option("--json", "json_out", is_flag=True, help="One-shot: print one JSON object.")
@@ -84,10 +89,12 @@ def start_options(*, model=None, system=None, theme=None, **flags) -> StartOptio
     help="MiB of KV caches kept in memory across conversations (default: RAM/8).",
 )
 @click.pass_context
-def app(ctx, prompt, model, system, theme, json_out, stats, continue_last, conversation, cache_budget, **flags) -> None:
+def app(
+    ctx, prompt, model, api, api_key, system, theme, json_out, stats, continue_last, conversation, cache_budget, **flags
+) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    start = start_options(model=model, system=system, theme=theme, **flags)  # the model and sampling flags
+    start = start_options(model=model, system=system, theme=theme, api=api, api_key=api_key, **flags)
     start.continue_last, start.conversation = continue_last, conversation
     start.cache_budget_bytes = cache_budget * (1 << 20) if cache_budget is not None else None
     piped = not sys.stdin.isatty()

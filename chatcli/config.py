@@ -2,7 +2,9 @@
 
 Lives at `<user config dir>/config.toml` (or `$CHATCLI_CONFIG`):
 
-    model = "/path/to/model.gguf"
+    model = "/path/to/model.gguf"    # with `api`: the server's model name
+    api = "http://gpu-box:8000/v1"    # optional: answer from an OpenAI-compatible server
+    api_key = "..."                   # optional ($CHATCLI_API_KEY and --api-key win)
     theme = "dark"
     system = "You are terse."
     [sampling]
@@ -23,7 +25,8 @@ from chatcli.engine.params import FLOAT, INT, SEED, STRINGS, InvalidParameter, S
 from chatcli.paths import config_file
 
 SAMPLING_KEYS = tuple(name for name, setting in settings() if setting.config)  # the SamplingParams fields
-TOP_KEYS = ("model", "theme", "system", "sampling")
+TOP_KEYS = ("model", "api", "api_key", "theme", "system", "sampling")
+TEXT_KEYS = ("model", "api", "api_key", "theme", "system")
 
 
 class ConfigError(ValueError):
@@ -37,6 +40,8 @@ class Config:
     theme: str | None = None
     system: str | None = None
     sampling: dict = field(default_factory=dict)
+    api: str | None = None  # an OpenAI-compatible server's URL: the replies come from there
+    api_key: str | None = None
 
     def params(self, base: SamplingParams | None = None) -> SamplingParams:
         """`base` (the defaults) with the [sampling] values; ConfigError for a wrong type or range."""
@@ -86,7 +91,7 @@ def load_config(path: Path | None = None) -> Config:
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(TOP_KEYS)})")
-    for key in ("model", "theme", "system"):
+    for key in TEXT_KEYS:
         if key in data and not isinstance(data[key], str):
             raise ConfigError(f"{path}: {key} must be a string")
     sampling = data.get("sampling", {})
@@ -96,5 +101,6 @@ def load_config(path: Path | None = None) -> Config:
     if bad:
         raise ConfigError(f"{path}: unknown [sampling] key {bad[0]!r} (known: {', '.join(SAMPLING_KEYS)})")
     config = Config(path, data.get("model"), data.get("theme"), data.get("system"), dict(sampling))
+    config.api, config.api_key = data.get("api"), data.get("api_key")
     config.params()  # validate the values now, with the file's name in the message
     return config

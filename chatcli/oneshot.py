@@ -54,11 +54,12 @@ def loading_status():
 
 def load_engine(start: StartOptions):
     from chatcli.engine.load import LoadError
+    from chatcli.engine.remote import RemoteError
 
     try:
         with loading_status() as status:
             return start.load_engine(status=status)
-    except LoadError as exc:
+    except (LoadError, RemoteError) as exc:
         raise UserError(str(exc)) from None
 
 
@@ -98,6 +99,7 @@ def stream_reply(engine, conversation, session, params, out):
     """
     from chatcli.engine.engine import ContextOverflow
     from chatcli.engine.events import Finished, Token
+    from chatcli.engine.remote import RemoteError
 
     pieces: list[str] = []
     cancel = threading.Event()
@@ -112,6 +114,8 @@ def stream_reply(engine, conversation, session, params, out):
                 return event, pieces
     except ContextOverflow as exc:
         raise UserError(f"prompt too long: {exc}") from None
+    except RemoteError as exc:
+        raise UserError(str(exc)) from None
     except KeyboardInterrupt:
         cancel.set()
     return None, pieces
@@ -163,12 +167,17 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
                 "finish_reason": done.finish_reason,
                 "stats": done.stats.to_dict(),
             }
+            if done.error:
+                record["error"] = done.error
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
         elif pieces and not pieces[-1].endswith("\n"):
             out.write("\n")
         out.flush()
         if show_stats:
             sys.stderr.write(done.stats.summary() + "\n")
+        if done.error:  # a stream cut mid-reply: what came is printed and saved, the exit says it is partial
+            sys.stderr.write(f"chatcli: error: {done.error} (the reply above is partial)\n")
+            return 1
         return 0
     finally:
         store.close()  # WAL checkpoint: the process may leave without interpreter teardown

@@ -46,3 +46,11 @@ def test_a_wrong_value_is_one_line_naming_the_file_and_key(tmp_path, line, words
         load_config(path)
     message = str(info.value)
     assert message.startswith(f"{path}: ") and words in message and "\n" not in message
+
+
+def test_a_remote_backend_in_the_config(tmp_path):
+    config = load_config(write(tmp_path, 'api = "http://gpu-box:8000/v1"\napi_key = "k"\nmodel = "big"\n'))
+    assert (config.api, config.api_key, config.model) == ("http://gpu-box:8000/v1", "k", "big")
+    for line in ("api = 8000", "api_key = true"):
+        with pytest.raises(ConfigError, match=f"{line.split()[0]} must be a string"):
+            load_config(write(tmp_path, line + "\n"))

@@ -68,11 +68,14 @@ def test_export_import_and_markdown(store):
     store.create(c, "tiny")
     store.add_message(c.id, c.add_user("Question"))
     store.add_message(c.id, c.add_reply("Answer", "cancelled"))
+    store.add_message(c.id, c.add_user("More"))
+    store.add_message(c.id, c.add_reply("Half", "error"))  # a remote stream cut mid-reply
     data = store.export(c.id)
     copy = store.import_export(json.loads(json.dumps(data)))
     assert copy.id != c.id and store.load(copy.id).messages == c.messages
     md = to_markdown(data)
     assert md.startswith("# Question") and "## Assistant *(stopped)*" in md and "Answer" in md
+    assert "## Assistant *(cut off)*\n\nHalf" in md
     with pytest.raises(ValueError, match="message 1"):
         from_export({"messages": [{"role": "robot", "content": "x"}]})
 

@@ -78,6 +78,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("system", "set the system prompt (bare: show it)", "[TEXT]"),
     CommandSpec("settings", "show the current settings"),
     CommandSpec("stats", "show the last turn's full statistics"),
+    CommandSpec("backend", "show what answers: the model in this process, or a server (--api)"),
+    CommandSpec("models", "list the models the backend has"),
     CommandSpec("clear", "start an empty conversation (the current one stays in the sidebar)"),
     CommandSpec("new", "start a new conversation"),
     CommandSpec("switch", "switch to conversation N of the sidebar", "N"),
@@ -96,7 +98,9 @@ for _spec in COMMANDS:
     for _n in (_spec.name, *_spec.aliases):
         _BY_NAME[_n] = _spec
 
-NO_ARGUMENT = frozenset({"help", "settings", "stats", "clear", "new", "delete", "retry", "undo", "quit"})
+NO_ARGUMENT = frozenset(
+    {"help", "settings", "stats", "backend", "models", "clear", "new", "delete", "retry", "undo", "quit"}
+)
 NEEDS_ARGUMENT = frozenset({"switch", "rename", "save", "load"})
 EXPORT_FORMATS = {".md": "md", ".json": "json"}
 

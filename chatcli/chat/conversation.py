@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 class Message:
     role: str  # "user" | "assistant"
     content: str
-    finish_reason: str | None = None  # assistant replies: "stop" | "length" | "cancelled"
+    finish_reason: str | None = None  # assistant replies: "stop" | "length" | "cancelled" | "error"
     stats: dict | None = None  # assistant replies: TurnStats.to_dict()
 
 

@@ -270,6 +270,6 @@ def to_markdown(data: dict) -> str:
         lines += ["**System:** " + data["system"], ""]
     for m in data["messages"]:
         who = "User" if m["role"] == "user" else "Assistant"
-        note = " *(stopped)*" if m.get("finish_reason") == "cancelled" else ""
+        note = {"cancelled": " *(stopped)*", "error": " *(cut off)*"}.get(m.get("finish_reason"), "")
         lines += [f"## {who}{note}", "", m["content"], ""]
     return "\n".join(lines)

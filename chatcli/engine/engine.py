@@ -61,6 +61,8 @@ class Session:
 
 
 class Engine:
+    keeps_cache = True  # sessions hold their KV cache in this process
+
     def __init__(self, runner: ModelRunner, tokenizer: ChatTokenizer, name: str = "model") -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -69,6 +71,13 @@ class Engine:
     @property
     def context_limit(self) -> int:
         return self.runner.context_limit
+
+    @property
+    def backend(self) -> str:
+        return f"in-process ({type(self.runner).__name__})"
+
+    def models(self) -> list[str]:
+        return [self.name]
 
     def new_session(self) -> Session:
         return Session(self.runner.new_cache())

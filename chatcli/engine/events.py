@@ -3,7 +3,8 @@
 Torch-free and UI-free. A turn is `generate(messages, session, params, cancel)`, a generator
 that yields `Prefilled` once, a `Token` per sampled token, and `Finished` last (with the reply,
 why it ended and its `TurnStats`). The TUI, the one-shot, the server and the tests' fake engine
-all speak only this; `chatcli.engine.engine.Engine` is the in-process implementation.
+all speak only this; `chatcli.engine.engine.Engine` is the in-process implementation and
+`chatcli.engine.remote.RemoteEngine` the one over HTTP.
 """
 
 from __future__ import annotations
@@ -23,20 +24,23 @@ class FinishReason(StrEnum):
     STOP = "stop"  # an end-of-turn id or a stop string
     LENGTH = "length"  # max_tokens or the context limit
     CANCELLED = "cancelled"  # the caller's cancel event (or Ctrl+C / Esc)
+    ERROR = "error"  # a remote stream cut mid-reply (`Finished.error` says how); the text so far is kept
 
 
 @dataclass
 class Prefilled:
-    prompt_tokens: int
-    cached_tokens: int  # of the prompt's tokens, the ones reused from the KV cache
-    prefill_tokens: int  # the rest, computed in this turn's prefill
+    """None where the engine cannot know (a remote server reports its counts at the end, if at all)."""
+
+    prompt_tokens: int | None
+    cached_tokens: int | None  # of the prompt's tokens, the ones reused from the KV cache
+    prefill_tokens: int | None  # the rest, computed in this turn's prefill
     prefill_s: float  # submit to the end of prefill
     truncated_turns: int  # earlier exchanges dropped to fit the context
 
 
 @dataclass
 class Token:
-    token_id: int  # -1 for the held-back text released at the end of a reply
+    token_id: int  # -1 for the held-back text released at the end of a reply, and from a remote engine
     text: str  # newly completed text, possibly '' (half a character, or a possible stop string)
     completion_tokens: int
     decode_tok_s: float  # running rate over this reply, tokens after the first
@@ -48,6 +52,7 @@ class Finished:
     reply: str
     finish_reason: FinishReason
     stats: TurnStats
+    error: str | None = None  # with FinishReason.ERROR: what cut the reply, in one line
 
 
 Event = Prefilled | Token | Finished
@@ -55,14 +60,18 @@ Event = Prefilled | Token | Finished
 
 @runtime_checkable
 class ChatEngine(Protocol):
-    """What the front ends need from an engine (the in-process `Engine`, the tests' fake)."""
+    """What the front ends need from an engine (the in-process `Engine`, `RemoteEngine`, the tests' fake)."""
 
     name: str
+    keeps_cache: bool  # True: sessions hold the KV cache here (its bytes are shown, and saved)
+    backend: str  # what answers, for /backend: "in-process (NativeRunner)", or a server's URL
 
     @property
-    def context_limit(self) -> int: ...
+    def context_limit(self) -> int: ...  # 0: unknown
 
     def new_session(self): ...
+
+    def models(self) -> list[str]: ...
 
     def lookup_for(self, params: SamplingParams) -> int: ...
 

@@ -8,14 +8,14 @@ from dataclasses import asdict, dataclass, fields
 @dataclass
 class TurnStats:
     prompt_tokens: int = 0  # tokens of the templated prompt for this turn
-    cached_tokens: int = 0  # of those, reused from the KV cache
-    prefill_tokens: int = 0  # of those, computed in this turn's prefill
+    cached_tokens: int | None = 0  # of those, reused from the KV cache (None: a server that does not say)
+    prefill_tokens: int | None = 0  # of those, computed in this turn's prefill (None: not known)
     completion_tokens: int = 0  # tokens sampled for the reply
     ttft_s: float = 0.0  # submit to first token
-    prefill_tok_s: float = 0.0
+    prefill_tok_s: float | None = 0.0  # None: not measurable (a remote server's prefill)
     decode_tok_s: float = 0.0  # tokens after the first, per second of decode
     total_s: float = 0.0
-    kv_cache_bytes: int = 0
+    kv_cache_bytes: int | None = 0  # None: the cache is a server's
     context_tokens: int = 0  # tokens held in the cache at the end of the turn
     context_limit: int = 0
     truncated_turns: int = 0  # earlier turns dropped to fit the context
@@ -33,10 +33,16 @@ class TurnStats:
 
     def summary(self) -> str:
         """The one-line summary printed by `--stats`."""
+        prefill = "n/a" if self.prefill_tok_s is None else f"{self.prefill_tok_s:.0f} tok/s"
         return (
-            f"ttft {self.ttft_s * 1000:.0f} ms · prefill {self.prefill_tok_s:.0f} tok/s "
+            f"ttft {self.ttft_s * 1000:.0f} ms · prefill {prefill} "
             f"· decode {self.decode_tok_s:.1f} tok/s · {self.completion_tokens} tokens "
-            f"· cached {self.cached_tokens}/{self.prompt_tokens} prefilled {self.prefill_tokens}"
+            f"· cached {known(self.cached_tokens)}/{self.prompt_tokens} prefilled {known(self.prefill_tokens)}"
             + (f" · drafts kept {self.accepted_tokens}/{self.draft_tokens}" if self.draft_tokens else "")
             + (f" · dropped {self.truncated_turns} turns" if self.truncated_turns else "")
         )
+
+
+def known(value) -> str:
+    """A figure, or "n/a" where the engine could not know it."""
+    return "n/a" if value is None else str(value)

@@ -7,7 +7,9 @@ from chatcli.engine.params import settings
 from chatcli.engine.stats import TurnStats
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"  # a cache kept by a server
     size = float(n)
     for unit in ("B", "KiB", "MiB"):
         if size < 1024:
@@ -33,7 +35,9 @@ def stats_lines(stats: TurnStats) -> list[str]:
     """Every field of a turn's stats, one per line, in readable units."""
     lines = []
     for key, value in stats.to_dict().items():
-        if key.endswith("_s") and not key.endswith("tok_s"):
+        if value is None:
+            text = "n/a"
+        elif key.endswith("_s") and not key.endswith("tok_s"):
             text = f"{value * 1000:.0f} ms"
         elif key.endswith("tok_s"):
             text = f"{value:.1f} tok/s"
@@ -52,9 +56,18 @@ def drafts_text(stats: TurnStats, lookup: int) -> str:
     return f"{stats.accepted_tokens} of {stats.draft_tokens} kept" if stats.draft_tokens else "none"
 
 
-def reply_note(finish_reason: str | None, stats: TurnStats | None) -> str:
-    """The line under a reply: how it ended, its length and speed."""
-    note = {FinishReason.CANCELLED: "⏹ stopped", FinishReason.LENGTH: "… cut at the token limit"}.get(finish_reason, "")
+ENDINGS = {
+    FinishReason.CANCELLED: "⏹ stopped",
+    FinishReason.LENGTH: "… cut at the token limit",
+    FinishReason.ERROR: "⚠ cut off",
+}
+
+
+def reply_note(finish_reason: str | None, stats: TurnStats | None, error: str | None = None) -> str:
+    """The line under a reply: how it ended (and why, for a stream cut off), its length and speed."""
+    note = ENDINGS.get(finish_reason, "")
+    if error:
+        note = f"{note}: {error}"
     if stats is None:
         return note
     summary = f"{stats.completion_tokens} tokens · {stats.decode_tok_s:.1f} tok/s"

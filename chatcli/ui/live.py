@@ -8,6 +8,7 @@ turn's `TurnStats.ttft_s`, so the figure does not jump when the reply ends.
 from __future__ import annotations
 
 from chatcli.engine.events import Prefilled, Token
+from chatcli.engine.stats import known
 from chatcli.ui.format import human_bytes
 
 SPARK_SAMPLES = 128  # decode-rate points kept per reply
@@ -25,7 +26,7 @@ class LiveTurn:
         self._rate_every = 1
         self._last_sample: tuple[int, float] | None = None  # (tokens, seconds since the first) of the last point
 
-    def cache(self, context_tokens: int, kv_bytes: int) -> None:
+    def cache(self, context_tokens: int | None, kv_bytes: int | None) -> None:
         self.context, self.kv_bytes = context_tokens, kv_bytes
 
     def prefill(self, event: Prefilled) -> None:
@@ -62,12 +63,23 @@ class LiveTurn:
         values = {"tokens": str(self.tokens)}
         pre = self.prefilled
         if pre is not None:
-            values["prefill"] = f"{pre.prefill_tokens / pre.prefill_s:.0f} tok/s" if pre.prefill_s > 0 else "–"
-            values["prompt"] = f"{pre.cached_tokens} cached · {pre.prefill_tokens} new"
+            values["prefill"] = prefill_rate(pre.prefill_tokens, pre.prefill_s)
+            values["prompt"] = prompt_text(pre.cached_tokens, pre.prefill_tokens)
         if self.ttft_s is not None:
             values["ttft"] = f"{self.ttft_s * 1000:.0f} ms"
         if self.tokens > 1:
             values["decode"] = f"{self.rate:.1f} tok/s"
-        if self.kv_bytes is not None:
+        if self.context is not None:
             values["kv"] = human_bytes(self.kv_bytes)
         return values
+
+
+def prefill_rate(tokens: int | None, seconds: float | None) -> str:
+    if tokens is None or seconds is None:
+        return "n/a"
+    return f"{tokens / seconds:.0f} tok/s" if seconds > 0 else "–"
+
+
+def prompt_text(cached: int | None, prefilled: int | None) -> str:
+    """The prompt row: tokens read from the cache and computed anew ("n/a" where a server does not say)."""
+    return f"{known(cached)} cached · {known(prefilled)} new"

@@ -37,8 +37,8 @@ class TurnEvent(Message):
 
     turn: int
     event: object
-    context_tokens: int
-    kv_cache_bytes: int
+    context_tokens: int | None  # None: the engine's cache is a server's (known when the turn ends)
+    kv_cache_bytes: int | None
 
 
 @dataclass

@@ -56,6 +56,8 @@ class FakeEngine:
     """`script(last_user_text) -> reply`; `tok_s` paces the stream (None: as fast as possible);
     `hold_at=N` waits after N tokens until cancelled or `release` is set."""
 
+    keeps_cache = True
+
     def __init__(
         self,
         script=None,
@@ -80,8 +82,13 @@ class FakeEngine:
     def lookup_for(self, params) -> int:
         return params.lookup
 
+    backend = "fake"
+
     def new_session(self) -> FakeSession:
         return FakeSession()
+
+    def models(self) -> list[str]:
+        return [self.name]
 
     def crop_session(self, session, messages) -> int:
         session.cache.crop(common_prefix(session.cache.ids, self.tokenizer.encode_chat(messages) if messages else []))

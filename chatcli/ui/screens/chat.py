@@ -24,7 +24,7 @@ from chatcli.engine.events import Finished, FinishReason, Prefilled, Token
 from chatcli.engine.stats import TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import drafts_text, human_bytes, reply_note, turn_line
-from chatcli.ui.live import LiveTurn
+from chatcli.ui.live import LiveTurn, prompt_text
 from chatcli.ui.messages import CacheNotSaved, EngineReady, TurnEvent, TurnFailed
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.slash import run_command
@@ -143,8 +143,9 @@ class ChatScreen(ConversationScreen):
                     reason = save_kv(engine, session, kv)
                     if reason:
                         self.post_message(CacheNotSaved(reason))
+                here = engine.keeps_cache  # else the server holds the cache: its size is known at the end
                 cache = session.cache
-                self.post_message(TurnEvent(turn, event, len(cache), cache.nbytes))
+                self.post_message(TurnEvent(turn, event, len(cache) if here else None, cache.nbytes if here else None))
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
             self.post_message(TurnFailed(turn, one_line(exc)))
         finally:
@@ -211,7 +212,7 @@ class ChatScreen(ConversationScreen):
         self.turns_done += 1
         if reply is not None:
             reply.message = reply_msg
-            reply.set_note(reply_note(done.finish_reason, stats))
+            reply.set_note(reply_note(done.finish_reason, stats, done.error))
         self.panels.set_speeds(self.live.rates)
         self._show_final(stats)
         self.panels.add_turn(turn_line(self.turns_done, stats))
@@ -222,12 +223,12 @@ class ChatScreen(ConversationScreen):
     def _show_final(self, stats: TurnStats) -> None:
         self.panels.show(
             ttft=f"{stats.ttft_s * 1000:.0f} ms",
-            prefill=f"{stats.prefill_tok_s:.0f} tok/s",
+            prefill="n/a" if stats.prefill_tok_s is None else f"{stats.prefill_tok_s:.0f} tok/s",
             decode=f"{stats.decode_tok_s:.1f} tok/s",
             tokens=str(stats.completion_tokens),
-            prompt=f"{stats.cached_tokens} cached · {stats.prefill_tokens} new",
+            prompt=prompt_text(stats.cached_tokens, stats.prefill_tokens),
             kv=human_bytes(stats.kv_cache_bytes),
-            drafts=drafts_text(stats, self.engine.lookup_for(self._turn_params)),
+            drafts=drafts_text(stats, self.engine.lookup_for(self._turn_params)) if self.engine.keeps_cache else "n/a",
         )
         self.panels.set_context(stats.context_tokens, stats.context_limit or self.engine.context_limit)
 
@@ -238,12 +239,18 @@ class ChatScreen(ConversationScreen):
         if self._reply is not None:
             await self._reply.end_stream()
             self._reply.remove()
-        # The user message that failed leaves the conversation, so the next turn starts clean.
+        # The user message that failed leaves the conversation, so the next turn starts clean; its
+        # text goes back into an empty prompt (Enter sends it again), else it stays on screen, greyed.
         if self.conversation.messages and self.conversation.messages[-1].role == "user":
             failed = self.conversation.messages.pop()
             self.chats.forget_last(self.conversation, 1)
+            restore = not self.prompt.text and not self.queue
+            if restore:
+                self.prompt.load_text(failed.content)
             for widget in self.pane.query(UserMessage):
-                if widget.message is failed:
+                if widget.message is failed and restore:
+                    widget.remove()
+                elif widget.message is failed:
                     widget.add_class("-queued")
         self.note(f"Error: {message.error}", error=True)
         self._end_turn()

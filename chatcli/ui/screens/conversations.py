@@ -37,6 +37,8 @@ class InfoBar(Static):
 
 def engine_label(engine) -> str:
     runner = getattr(engine, "runner", None)
+    if runner is None:  # a server: its model and where it is
+        return f"{engine.name} · {engine.backend}"
     device = getattr(getattr(runner, "device", None), "type", getattr(runner, "device", "?"))
     dtype = str(getattr(runner, "dtype", "?")).removeprefix("torch.")
     return f"{getattr(engine, 'name', 'model')} · {device} · {dtype}"

@@ -7,12 +7,14 @@ handlers use the screen's public methods and its `Chats`; they never reach into 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse
 from chatcli.chat.manager import ChatsError
 from chatcli.engine.params import setting_of
+from chatcli.errors import one_line
 from chatcli.ui.format import settings_lines, stats_lines
 
 if TYPE_CHECKING:
@@ -83,6 +85,29 @@ async def stats(screen: ChatScreen, _arg: str) -> None:
         screen.note("no turn yet", error=True)
         return
     screen.note("\n".join(stats_lines(screen.last_stats)))
+
+
+async def backend(screen: ChatScreen, _arg: str) -> None:
+    engine = screen.engine
+    if engine is None:
+        screen.note("the backend is not ready yet", error=True)
+        return
+    limit = engine.context_limit or "n/a"
+    screen.note(f"backend: {engine.backend} · model {engine.name} · context {limit}")
+
+
+async def models(screen: ChatScreen, _arg: str) -> None:
+    engine = screen.engine
+    if engine is None:
+        screen.note("the backend is not ready yet", error=True)
+        return
+    try:
+        names = await asyncio.to_thread(engine.models)  # a server's list: off the UI thread
+    except Exception as exc:  # noqa: BLE001 - RemoteError, or what a server sent: one line
+        screen.note(f"/models: {one_line(exc)}", error=True)
+        return
+    shown = [f"[{n}]" if n == engine.name else n for n in names]
+    screen.note("models: " + (", ".join(shown) if shown else "(none listed)"))
 
 
 async def theme(screen: ChatScreen, arg: str) -> None:
@@ -201,6 +226,8 @@ HANDLERS: dict[str, Handler] = {
     "system": system,
     "settings": settings,
     "stats": stats,
+    "backend": backend,
+    "models": models,
     "clear": clear,
     "new": new,
     "switch": switch,

@@ -81,7 +81,8 @@ class StatsPanel(VerticalScroll):
                 self._value_widgets[key].update(text, layout=False)  # one line, fixed size: no reflow
 
     def set_context(self, used: int, limit: int) -> None:
-        self.show(context=f"{used} / {limit}")
+        """Tokens in the cache against the model's context (a limit of 0: a server that does not say)."""
+        self.show(context=f"{used} / {limit}" if limit > 0 else f"{used} / n/a")
         self.gauge.update(total=max(limit, 1), progress=min(used, max(limit, 1)))
 
     def set_pool(self, resident: str, used: str) -> None:

@@ -1,0 +1,333 @@
+"""A chat engine over HTTP: any OpenAI-compatible `/v1/chat/completions` that streams Server-Sent
+Events (vLLM, SGLang, llama.cpp's llama-server, ollama, `chatcli serve`, OpenAI itself).
+
+Contract: the `ChatEngine` protocol of `engine/events.py`, so the TUI and the one-shot drive it as
+they drive the in-process engine. The server keeps the KV cache, so a session holds nothing and
+`crop_session` / `save_session` / `restore_session` do nothing. The figures are the client's own:
+TTFT from sending the request to the first text, decode tok/s over the text chunks after it (the
+server's `completion_tokens` when it reports usage), and prompt and cached tokens from the final
+usage (`prompt_tokens_details.cached_tokens`), None (shown as n/a) where the server says nothing.
+
+Faults are `RemoteError`, one line each: refused connections, unknown hosts, 401, 404, 429 and
+503 (with their Retry-After), timeouts. A stream cut mid-reply, or an event that is not JSON, ends
+the turn with `FinishReason.ERROR` and the text so far, so nothing received is lost. A cancel
+closes the stream: the server sees the client leave and stops generating.
+
+httpx and httpx-sse, imported when a remote engine is made: a local start does not pay for them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
+from chatcli.engine.params import SamplingParams
+from chatcli.engine.stats import TurnStats
+from chatcli.errors import one_line
+
+TIMEOUT_S = 60.0  # to connect, and between two events of a stream
+EXTRAS = ("top_k", "min_p", "repetition_penalty")  # sampling fields OpenAI's own API does not take
+
+
+class RemoteError(Exception):
+    """A server that cannot answer; the message is one line for the user."""
+
+
+class RemoteCache:
+    """What a remote session knows of the server's cache: the tokens of the last turn (from usage)."""
+
+    ids: list[int] = []
+    nbytes = 0
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def __len__(self) -> int:
+        return self.tokens
+
+
+class RemoteSession:
+    def __init__(self) -> None:
+        self.cache = RemoteCache()
+
+
+class RemoteEngine:
+    keeps_cache = False  # the server holds it: no bytes to show, nothing to save
+
+    def __init__(self, url: str, api_key: str | None = None, model: str | None = None, timeout: float = TIMEOUT_S):
+        import httpx
+
+        self.url = url.rstrip("/")
+        if not self.url.endswith("/v1"):
+            self.url += "/v1"  # `http://host:8000` and `http://host:8000/v1` both work
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout))
+        self.timeout = timeout
+        self.send_extras = True  # dropped once a server refuses them (OpenAI's own API does)
+        self.listed: list[dict] = []
+        self.name = model or ""
+        self.context_limit = 0  # unknown (n/a) unless the server lists it
+
+    @property
+    def backend(self) -> str:
+        return self.url
+
+    # -- connecting --------------------------------------------------------------
+
+    def connect(self) -> RemoteEngine:
+        """Ask the server for its models (checks the URL and the key); pick the first when none was named."""
+        self.listed = self._get("/models").get("data") or []
+        ids = [m.get("id") for m in self.listed if isinstance(m, dict)]
+        if not self.name:
+            if not ids:
+                raise RemoteError(f"{self.url}/models lists no model: name one with --model")
+            self.name = ids[0]
+        info = next((m for m in self.listed if m.get("id") == self.name), {})
+        # vLLM's field (chatcli serve sends it too); llama-server's `meta.n_ctx_train` is the model's
+        # training context, not the server's, so it is not taken: an unknown limit shows as n/a
+        limit = info.get("max_model_len")
+        self.context_limit = limit if isinstance(limit, int) and limit > 0 else 0
+        return self
+
+    def models(self) -> list[str]:
+        """The ids the server lists now."""
+        return [m.get("id") for m in self._get("/models").get("data") or [] if isinstance(m, dict)]
+
+    def _get(self, path: str) -> dict:
+        import httpx
+
+        try:
+            response = self.client.get(self.url + path)
+        except httpx.HTTPError as exc:
+            raise RemoteError(self._transport(exc)) from None
+        if response.status_code >= 400:
+            raise RemoteError(self._status(response))
+        try:
+            return response.json()
+        except ValueError:
+            raise RemoteError(f"{self.url}{path} did not answer JSON: is it an OpenAI-compatible server?") from None
+
+    # -- the ChatEngine protocol -------------------------------------------------------
+
+    def new_session(self) -> RemoteSession:
+        return RemoteSession()
+
+    def lookup_for(self, params: SamplingParams) -> int:
+        return 0  # drafting is the server's business
+
+    def crop_session(self, session, messages: Sequence[dict]) -> int:
+        session.cache.tokens = 0  # the server keeps (and crops) its own cache
+        return 0
+
+    def save_session(self, session, path: Path) -> bool:
+        return False
+
+    def restore_session(self, session, path: Path) -> bool:
+        return False
+
+    def generate(
+        self,
+        messages: Sequence[dict],
+        session: RemoteSession,
+        params: SamplingParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        params = params or SamplingParams()
+        cancel = cancel or threading.Event()
+        t_submit = time.perf_counter()
+        for attempt in (1, 2):
+            try:
+                yield from self._stream(messages, session, params, cancel, t_submit)
+                return
+            except _ExtrasRefused:
+                if attempt == 2:
+                    raise RemoteError("the server refused the request's sampling fields") from None
+                self.send_extras = False
+
+    def body(self, messages: Sequence[dict], params: SamplingParams) -> dict:
+        body = {
+            "model": self.name,
+            "messages": list(messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+        }
+        if params.seed is not None:
+            seed = params.seed  # signed on the wire (OpenAI's): the upper half as its two's complement
+            body["seed"] = seed - 2**64 if seed >= 2**63 else seed
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if self.send_extras:
+            body.update(top_k=params.top_k, min_p=params.min_p, repetition_penalty=params.repeat_penalty)
+        return body
+
+    # -- one streamed turn ---------------------------------------------------------------
+
+    def _stream(self, messages, session, params, cancel, t_submit) -> Iterator[Event]:
+        import httpx
+        from httpx_sse import SSEError, connect_sse
+
+        turn = _Turn(t_submit)
+        url = self.url + "/chat/completions"
+        try:
+            with connect_sse(self.client, "POST", url, json=self.body(messages, params)) as source:
+                response = source.response
+                if response.status_code >= 400:
+                    response.read()
+                    if response.status_code == 400 and self.send_extras and _names_extra(response):
+                        raise _ExtrasRefused
+                    raise RemoteError(self._status(response))
+                closer = _close_on(cancel, response)
+                try:
+                    for sse in source.iter_sse():
+                        if sse.data.strip() == "[DONE]":
+                            break
+                        yield from turn.take(sse.data)
+                        if turn.error:
+                            break
+                finally:
+                    closer.set()
+        except (RemoteError, _ExtrasRefused):
+            raise
+        except (httpx.HTTPError, httpx.StreamError, SSEError) as exc:
+            if not cancel.is_set():
+                if not turn.started:
+                    raise RemoteError(self._transport(exc)) from None
+                turn.fail(f"the stream was cut: {one_line(exc)}")
+        if cancel.is_set() and not turn.error:
+            turn.reason = FinishReason.CANCELLED
+        t_end = time.perf_counter()
+        if not turn.started:
+            yield Prefilled(None, None, None, t_end - t_submit, 0)
+        stats = self._stats(turn.usage, turn.chunks, t_submit, turn.t_first, t_end, session)
+        yield Finished("".join(turn.reply), turn.reason, stats, turn.error)
+
+    def _stats(self, usage: dict, chunks: int, t_submit: float, t_first: float | None, t_end: float, session):
+        prompt = usage.get("prompt_tokens")
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        completion = usage.get("completion_tokens") or chunks
+        decode_s = t_end - t_first if t_first is not None else 0.0
+        if prompt is not None:
+            session.cache.tokens = prompt + completion
+        return TurnStats(
+            prompt_tokens=prompt or 0,
+            cached_tokens=cached,
+            prefill_tokens=prompt - cached if prompt is not None and cached is not None else None,
+            completion_tokens=completion,
+            ttft_s=(t_first - t_submit) if t_first is not None else 0.0,
+            prefill_tok_s=None,
+            decode_tok_s=(completion - 1) / decode_s if completion > 1 and decode_s > 0 else 0.0,
+            total_s=t_end - t_submit,
+            kv_cache_bytes=None,
+            context_tokens=session.cache.tokens,
+            context_limit=self.context_limit,
+        )
+
+    # -- errors in one line ----------------------------------------------------------
+
+    def _transport(self, exc: BaseException) -> str:
+        import httpx
+
+        if isinstance(exc, httpx.TimeoutException):
+            return f"{self.url}: no answer within {self.timeout:g} s"
+        if isinstance(exc, httpx.ConnectError):
+            return f"cannot connect to {self.url}: {one_line(exc)}"
+        return f"{self.url}: {one_line(exc)}"
+
+    def _status(self, response) -> str:
+        code = response.status_code
+        try:
+            detail = response.json().get("error")
+            detail = detail.get("message") if isinstance(detail, dict) else detail
+        except ValueError:
+            detail = None
+        detail = one_line(Exception(detail or response.reason_phrase or "no reason given"))
+        line = f"{self.url} answered {code}: {detail}"
+        if code == 401:
+            return line + " (check --api-key or $CHATCLI_API_KEY)"
+        if code == 404:
+            return line + f" (model {self.name!r}: /models lists the server's)"
+        retry = response.headers.get("retry-after")
+        if code in (429, 503):
+            return line + (f"; retry after {retry} s" if retry else "; retry later")
+        return line
+
+
+class _Turn:
+    """One streamed reply as its chunks arrive: the text, the usage, how it ended."""
+
+    def __init__(self, t_submit: float) -> None:
+        self.t_submit = t_submit
+        self.t_first: float | None = None
+        self.reply: list[str] = []
+        self.chunks = 0
+        self.usage: dict = {}
+        self.reason = FinishReason.LENGTH  # a stream that ends without saying why ran out
+        self.error: str | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.t_first is not None
+
+    def fail(self, error: str) -> None:
+        self.reason, self.error = FinishReason.ERROR, error
+
+    def take(self, data: str) -> Iterator[Event]:
+        """The events of one `data:` line: Prefilled before the first text, a Token per text chunk."""
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            self.fail(f"a malformed event from the server: {data[:60]!r}")
+            return
+        if not isinstance(chunk, dict):
+            self.fail(f"a malformed event from the server: {data[:60]!r}")
+            return
+        if chunk.get("error") and not chunk.get("choices"):  # OpenAI-style error event mid-stream
+            detail = chunk["error"].get("message") if isinstance(chunk["error"], dict) else chunk["error"]
+            self.fail(f"the server stopped: {detail}")
+            return
+        self.usage = chunk.get("usage") or self.usage
+        for choice in chunk.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content") or ""
+            if text:
+                now = time.perf_counter()
+                if self.t_first is None:
+                    self.t_first = now
+                    yield Prefilled(None, None, None, now - self.t_submit, 0)
+                self.chunks += 1
+                self.reply.append(text)
+                rate = (self.chunks - 1) / (now - self.t_first) if now > self.t_first else 0.0
+                yield Token(-1, text, self.chunks, rate, now - self.t_submit)
+            ended = choice.get("finish_reason")
+            if ended:
+                self.reason = FinishReason.LENGTH if ended == "length" else FinishReason.STOP
+
+
+class _ExtrasRefused(Exception):
+    """A 400 that names one of EXTRAS: the request goes again without them."""
+
+
+def _names_extra(response) -> bool:
+    text = response.text.lower()
+    return any(name in text for name in EXTRAS)
+
+
+def _close_on(cancel: threading.Event, response) -> threading.Event:
+    """Close `response` from a watcher thread when `cancel` is set (a read blocked on a slow server
+    wakes up); set the returned event when the stream is over, to let the watcher go."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(0.05):
+                response.close()
+                return
+
+    threading.Thread(target=watch, name="chatcli-remote-cancel", daemon=True).start()
+    return done

@@ -1,0 +1,302 @@
+"""The remote engine: against a real `chatcli serve` on a loopback port (the tiny model), it gives
+the in-process engine's greedy replies; against a server that fails on purpose, each fault is one
+line and nothing received is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from chatcli.engine.events import ChatEngine, Finished, FinishReason, Prefilled, Token
+from chatcli.engine.params import SamplingParams
+from chatcli.engine.remote import RemoteEngine, RemoteError
+from tests.faults import MODEL, fault_app
+from tests.servers import USER, Server, alone, slow_endless
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture
+def faults():
+    server = Server(fault_app()).start()
+    yield server
+    server.stop()
+
+
+def turn(engine, messages, session=None, params=GREEDY, cancel=None) -> list:
+    return list(engine.generate(messages, session or engine.new_session(), params, cancel))
+
+
+# -- against chatcli serve ---------------------------------------------------------
+
+
+def test_a_remote_engine_is_a_chat_engine_and_names_the_servers_model(tiny_lean, serve):
+    server = serve(tiny_lean)
+    remote = RemoteEngine(server.url).connect()
+    assert isinstance(remote, ChatEngine)
+    assert remote.name == tiny_lean.name
+    assert remote.models() == [tiny_lean.name]
+    assert remote.backend == server.url + "/v1"
+    assert remote.context_limit == tiny_lean.context_limit  # /v1/models says max_model_len
+
+
+def test_the_greedy_reply_over_http_is_the_in_process_one(tiny_lean, serve):
+    server = serve(tiny_lean)
+    remote = RemoteEngine(server.url + "/v1").connect()
+    events = turn(remote, USER)
+    assert isinstance(events[0], Prefilled)
+    tokens = [e for e in events if isinstance(e, Token)]
+    done = events[-1]
+    assert isinstance(done, Finished) and done.error is None
+    assert done.reply == "".join(t.text for t in tokens) == alone(tiny_lean, USER, temperature=0, max_tokens=12)
+    assert done.finish_reason == FinishReason.LENGTH
+    stats = done.stats
+    assert stats.completion_tokens == 12  # the server's count, from usage
+    assert stats.prompt_tokens == len(tiny_lean.tokenizer.encode_chat(USER))
+    assert stats.cached_tokens == 0 and stats.prefill_tokens == stats.prompt_tokens
+    assert 0 < stats.ttft_s <= stats.total_s
+    assert stats.kv_cache_bytes is None and stats.prefill_tok_s is None  # the client cannot know them
+
+
+def test_the_second_turn_reports_the_servers_cached_tokens(tiny_lean, serve):
+    server = serve(tiny_lean)
+    remote = RemoteEngine(server.url).connect()
+    session = remote.new_session()
+    first = turn(remote, USER, session)[-1]
+    follow = [*USER, {"role": "assistant", "content": first.reply}, {"role": "user", "content": "And Spain?"}]
+    second = turn(remote, follow, session)[-1]
+    assert second.stats.cached_tokens >= first.stats.prompt_tokens  # the first turn was not prefilled again
+    assert second.stats.prefill_tokens == second.stats.prompt_tokens - second.stats.cached_tokens > 0
+    assert second.reply == alone(tiny_lean, follow, temperature=0, max_tokens=12)
+    assert len(session.cache) == second.stats.prompt_tokens + second.stats.completion_tokens
+
+
+def test_a_seed_and_stop_strings_travel(tiny_lean, serve):
+    server = serve(tiny_lean)
+    remote = RemoteEngine(server.url).connect()
+    hot = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=16, seed=2**64 - 3)
+    assert turn(remote, USER, params=hot)[-1].reply == alone(tiny_lean, USER, **_fields(hot))
+    full = alone(tiny_lean, USER, temperature=0, max_tokens=24)
+    stop = full[6:9]
+    done = turn(remote, USER, params=SamplingParams(temperature=0, max_tokens=24, stop=(stop,)))[-1]
+    assert done.reply == full[: full.index(stop)] and done.finish_reason == FinishReason.STOP
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in SamplingParams.field_names()}
+
+
+def test_a_cancel_closes_the_stream_and_the_server_stops(tiny_lean, serve):
+    server = serve(slow_endless(tiny_lean))
+    remote = RemoteEngine(server.url).connect()
+    cancel = threading.Event()
+    events = []
+    for event in remote.generate(USER, remote.new_session(), SamplingParams(temperature=0, max_tokens=500), cancel):
+        events.append(event)
+        if isinstance(event, Token) and event.completion_tokens == 3:
+            cancel.set()
+    done = events[-1]
+    assert isinstance(done, Finished) and done.finish_reason == FinishReason.CANCELLED
+    assert done.reply.startswith("".join(e.text for e in events if isinstance(e, Token)))
+    assert server.worker.wait_idle(30)
+    last = server.worker.history[-1]
+    assert last["finish_reason"] == "cancelled" and last["completion_tokens"] < 500
+    assert server.worker.cancelled == 1
+
+
+def test_an_api_key_is_sent_and_a_wrong_one_is_one_line(tiny_lean, serve):
+    server = serve(tiny_lean, api_key="s3cret")
+    assert RemoteEngine(server.url, api_key="s3cret").connect().name == tiny_lean.name
+    with pytest.raises(RemoteError, match=r"answered 401: .*API key.*\(check --api-key or \$CHATCLI_API_KEY\)$"):
+        RemoteEngine(server.url, api_key="wrong").connect()
+
+
+# -- faults, each one line ------------------------------------------------------------
+
+
+def fault(faults, scenario: str, **kwargs) -> RemoteEngine:
+    return RemoteEngine(f"{faults.url}/{scenario}/v1", **kwargs)
+
+
+def one_line(exc) -> str:
+    text = str(exc.value)
+    assert "\n" not in text and "Traceback" not in text
+    return text
+
+
+def test_the_ok_scenario_streams_with_no_cache_figures(faults):
+    remote = fault(faults, "ok").connect()
+    assert remote.name == MODEL and remote.context_limit == 4096
+    done = turn(remote, USER)[-1]
+    assert done.reply == "Hello world" and done.finish_reason == FinishReason.STOP
+    assert done.stats.prompt_tokens == 12 and done.stats.completion_tokens == 2
+    assert done.stats.cached_tokens is None and done.stats.prefill_tokens is None  # shown as n/a
+    body = faults.app.state.faults.bodies[-1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["model"] == MODEL and body["temperature"] == 0
+
+
+def test_connection_refused(faults):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed when the block ends: nothing listens there
+    with pytest.raises(RemoteError) as exc:
+        RemoteEngine(f"http://127.0.0.1:{port}").connect()
+    assert one_line(exc).startswith(f"cannot connect to http://127.0.0.1:{port}/v1: ")
+
+
+def test_an_unknown_host():
+    with pytest.raises(RemoteError) as exc:
+        RemoteEngine("http://no-such-host.invalid:8000").connect()
+    assert one_line(exc).startswith("cannot connect to http://no-such-host.invalid:8000/v1: ")
+
+
+@pytest.mark.parametrize(
+    ("scenario", "words"),
+    [
+        ("unauthorized", "answered 401: Incorrect API key provided (check --api-key"),
+        ("missing", "answered 404: The model `fault-model` does not exist (model 'fault-model': /models lists"),
+        ("ratelimited", "answered 429: Rate limit reached; retry after 7 s"),
+        ("unavailable", "answered 503: The server is loading the model; retry after 30 s"),
+    ],
+)
+def test_an_http_error_is_one_line_with_what_to_do(faults, scenario, words):
+    remote = fault(faults, scenario, model=MODEL)
+    with pytest.raises(RemoteError) as exc:
+        turn(remote, USER)
+    assert words in one_line(exc)
+
+
+def test_a_timeout(faults):
+    remote = fault(faults, "slow", timeout=0.5).connect()
+    start = time.monotonic()
+    with pytest.raises(RemoteError) as exc:
+        turn(remote, USER)
+    assert one_line(exc).endswith("/slow/v1: no answer within 0.5 s")
+    assert time.monotonic() - start < 4
+
+
+@pytest.mark.parametrize(
+    ("scenario", "kept", "words"),
+    [("cut", "Hello world", "the stream was cut: "), ("malformed", "Hello", "a malformed event from the server")],
+)
+def test_a_stream_that_breaks_mid_reply_keeps_the_text_and_says_so(faults, scenario, kept, words):
+    done = turn(fault(faults, scenario).connect(), USER)[-1]
+    assert done.finish_reason == FinishReason.ERROR
+    assert done.reply == kept
+    assert done.error.startswith(words) and "\n" not in done.error
+
+
+def test_a_server_that_refuses_the_extra_sampling_fields_gets_the_request_again_without_them(faults):
+    remote = fault(faults, "fussy").connect()
+    assert turn(remote, USER)[-1].reply == "Hello world"
+    first, second = faults.app.state.faults.bodies[-2:]
+    assert "top_k" in first and "min_p" in first
+    assert "top_k" not in second and "min_p" not in second
+    turn(remote, USER)  # and later turns do not ask again
+    assert "top_k" not in faults.app.state.faults.bodies[-1]
+
+
+def test_a_cancel_mid_stream_makes_the_server_see_the_client_leave(faults):
+    remote = fault(faults, "endless").connect()
+    cancel = threading.Event()
+    events = []
+    for event in remote.generate(USER, remote.new_session(), GREEDY, cancel):
+        events.append(event)
+        if isinstance(event, Token) and event.completion_tokens == 5:
+            cancel.set()
+    assert events[-1].finish_reason == FinishReason.CANCELLED
+    assert events[-1].reply.startswith("la la la la la")
+    assert faults.app.state.faults.left.wait(5)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "words"), [("empty", "lists no model: name one with --model"), ("html", "did not answer JSON")]
+)
+def test_a_server_that_is_not_an_openai_one(faults, scenario, words):
+    with pytest.raises(RemoteError) as exc:
+        fault(faults, scenario).connect()
+    assert words in one_line(exc)
+
+
+# -- the one-shot over HTTP -------------------------------------------------------------
+
+
+@pytest.fixture
+def cli(tmp_path):
+    env = {
+        **os.environ,
+        "CHATCLI_CONFIG": str(tmp_path / "config.toml"),
+        "CHATCLI_DATA_DIR": str(tmp_path / "data"),
+        "CHATCLI_API_KEY": "",
+    }
+
+    def run(*args, stdin: bytes = b""):
+        return subprocess.run(
+            [sys.executable, "-m", "chatcli", *args], input=stdin, capture_output=True, env=env, timeout=120
+        )
+
+    run.config = tmp_path / "config.toml"
+    return run
+
+
+def test_the_one_shot_over_http_gives_the_in_process_reply(tiny_lean, serve, cli):
+    server = serve(tiny_lean)
+    result = cli("--api", server.url, "-p", USER[0]["content"], "--temperature", "0", "--max-tokens", "12", "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["reply"] == alone(tiny_lean, USER, temperature=0, max_tokens=12)
+    assert record["model"] == tiny_lean.name and record["finish_reason"] == "length"
+    assert record["stats"]["cached_tokens"] == 0 and record["stats"]["kv_cache_bytes"] is None
+    again = cli("--api", server.url, "-c", "-p", "And Spain?", "--temperature", "0", "--max-tokens", "4", "--json")
+    assert again.returncode == 0, again.stderr
+    again = json.loads(again.stdout)
+    assert again["conversation"] == record["conversation"]  # -c continued it, over HTTP too
+    assert again["stats"]["cached_tokens"] >= record["stats"]["prompt_tokens"]
+
+
+def test_the_one_shot_reads_the_api_and_its_key_from_the_config(tiny_lean, serve, cli):
+    server = serve(tiny_lean, api_key="k3y")
+    cli.config.write_text(f'api = "{server.url}/v1"\napi_key = "k3y"\n')
+    result = cli("-p", "Hi", "--temperature", "0", "--max-tokens", "3")
+    assert result.returncode == 0, result.stderr
+    hi = [{"role": "user", "content": "Hi"}]
+    assert result.stdout.decode().strip() == alone(tiny_lean, hi, temperature=0, max_tokens=3).strip()
+
+
+def test_a_one_shot_fault_is_one_line_and_a_cut_reply_is_printed_and_marked(faults, cli):
+    refused = cli("--api", faults.url + "/unavailable", "--model", MODEL, "-p", "Hi")
+    assert refused.returncode == 1
+    assert refused.stderr.decode().strip().splitlines() == [
+        f"chatcli: error: {faults.url}/unavailable/v1 answered 503: The server is loading the model; retry after 30 s"
+    ]
+    cut = cli("--api", faults.url + "/cut", "-p", "Hi")
+    assert cut.returncode == 1
+    assert cut.stdout.decode().strip() == "Hello world"
+    err = cut.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("chatcli: error: the stream was cut: ")
+    assert err[0].endswith("(the reply above is partial)")
+
+
+def test_the_configs_key_and_model_go_only_to_the_configs_server(faults, tmp_path, monkeypatch):
+    from chatcli.cli import start_options
+
+    api = f"{faults.url}/ok/v1"
+    config = tmp_path / "config.toml"
+    config.write_text(f'api = "{api}"\napi_key = "k"\nmodel = "chosen"\n')
+    monkeypatch.setenv("CHATCLI_CONFIG", str(config))
+    start = start_options()
+    assert (start.api, start.api_key) == (api, "k")
+    assert start.load_engine().name == "chosen"
+    other = start_options(api=faults.url + "/ok")  # another URL on the command line
+    assert other.api_key is None  # the config's key is not sent to it
+    assert other.load_engine().name == MODEL  # nor its model named: the server's first
+    assert start_options(api=faults.url + "/ok", api_key="x", model="m").api_key == "x"

@@ -1,0 +1,107 @@
+"""The TUI over HTTP: the same screen on a remote engine (a real `chatcli serve` on a loopback port,
+or a server that fails on purpose) as on the in-process one."""
+
+from __future__ import annotations
+
+import pytest
+
+from chatcli.engine.params import SamplingParams
+from chatcli.engine.remote import RemoteEngine
+from chatcli.options import StartOptions
+from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
+from tests.faults import fault_app
+from tests.servers import Server, slow_endless
+from tests.ui.conftest import command, make_app, ready, send, wait_for
+
+GREEDY = StartOptions(params=SamplingParams(temperature=0, max_tokens=12))
+
+
+@pytest.fixture
+def faults():
+    server = Server(fault_app()).start()
+    yield server
+    server.stop()
+
+
+async def replies(engine, prompts) -> list[tuple[str, str, str]]:
+    """Each reply's text, how it ended and the prompt panel's line, as the TUI shows them."""
+    app = make_app(engine, GREEDY)
+    out = []
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready(pilot)
+        for prompt in prompts:
+            await send(pilot, prompt)
+            last = screen.conversation.messages[-1]
+            out.append((last.content, last.finish_reason, screen.panels.values["prompt"]))
+    return out
+
+
+async def test_the_tui_over_http_gives_the_in_process_replies_and_the_servers_cache_hits(tiny_lean, serve):
+    prompts = ["What is the capital of France?", "And of Spain?"]
+    here = await replies(tiny_lean, prompts)
+    server = serve(tiny_lean)
+    there = await replies(RemoteEngine(server.url).connect(), prompts)
+    assert [r[:2] for r in there] == [r[:2] for r in here]
+    assert there[1][2] == here[1][2]  # "N cached + M new": the server's usage says what the engine did here
+
+
+async def test_backend_and_models_say_what_answers(tiny_lean, serve):
+    server = serve(tiny_lean)
+    app = make_app(RemoteEngine(server.url).connect(), GREEDY)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await ready(pilot)
+        backend = await command(pilot, "/backend")
+        limit = tiny_lean.context_limit
+        assert backend.text == f"backend: {server.url}/v1 · model {tiny_lean.name} · context {limit}"
+        await command(pilot, "/models")
+        notes = pilot.app.chat_screen.pane.notes
+        await wait_for(pilot, lambda: notes()[-1].text == f"models: [{tiny_lean.name}]")
+
+
+async def test_the_in_process_backend_says_so(tiny_lean):
+    app = make_app(tiny_lean)
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        assert (await command(pilot, "/backend")).text.startswith("backend: in-process (LeanRunner) · model ")
+        await command(pilot, "/models")
+        await wait_for(pilot, lambda: screen.pane.notes()[-1].text == f"models: [{tiny_lean.name}]")
+
+
+async def test_esc_stops_a_remote_reply_and_the_server_stops_generating(tiny_lean, serve):
+    server = serve(slow_endless(tiny_lean))
+    app = make_app(RemoteEngine(server.url).connect(), StartOptions(params=SamplingParams(max_tokens=500)))
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "go on", wait=False)
+        await wait_for(pilot, lambda: screen.live.tokens >= 3)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        assert screen.conversation.messages[-1].finish_reason == "cancelled"
+        assert server.worker.wait_idle(30)
+        assert server.worker.history[-1]["finish_reason"] == "cancelled"
+        assert server.worker.history[-1]["completion_tokens"] < 500
+
+
+async def test_a_refused_request_is_an_inline_error_and_the_prompt_gets_its_text_back(faults):
+    app = make_app(RemoteEngine(faults.url + "/unavailable", model="m"), GREEDY)
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready(pilot)
+        screen.prompt.load_text("my long question")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not screen.busy and screen.pane.notes())
+        assert "answered 503: The server is loading the model; retry after 30 s" in screen.pane.notes()[-1].text
+        assert screen.prompt.text == "my long question"  # Enter sends it again
+        assert screen.conversation.messages == [] and not screen.pane.query(UserMessage)
+        assert app.is_running
+
+
+async def test_a_stream_cut_mid_reply_keeps_the_text_and_marks_it(faults):
+    app = make_app(RemoteEngine(faults.url + "/cut").connect(), GREEDY)
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "hi")
+        last = screen.conversation.messages[-1]
+        assert (last.content, last.finish_reason) == ("Hello world", "error")
+        note = str(screen.pane.query(ReplyBox).last().note.render())
+        assert "cut off: the stream was cut" in note
+        assert screen.panels.values["kv"] == "n/a" and screen.panels.values["prefill"] == "n/a"
