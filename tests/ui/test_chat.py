@@ -67,6 +67,7 @@ async def test_a_failed_load_is_an_inline_error_and_the_app_keeps_running():
         await pilot.press("enter")
         await pilot.pause()
         assert "No model is loaded" in screen.pane.notes()[-1].text
+        assert screen.prompt.text == "anyone there?"  # not sent, not lost
         assert app.is_running
 
 

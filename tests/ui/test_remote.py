@@ -105,3 +105,25 @@ async def test_a_stream_cut_mid_reply_keeps_the_text_and_marks_it(faults):
         note = str(screen.pane.query(ReplyBox).last().note.render())
         assert "cut off: the stream was cut" in note
         assert screen.panels.values["kv"] == "n/a" and screen.panels.values["prefill"] == "n/a"
+
+
+async def test_a_server_that_cannot_be_reached_at_start_is_an_inline_line_and_nothing_typed_is_lost():
+    from chatcli.engine.remote import RemoteError
+
+    app = make_app(RemoteError("cannot connect to http://gpu-box:8000/v1: refused"), StartOptions(api="http://gpu-box"))
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready_or_failed(pilot)
+        note = screen.pane.notes()[-1].text
+        assert note == "Could not use the --api server: cannot connect to http://gpu-box:8000/v1: refused"
+        assert "no server" in str(screen.info.render())
+        screen.prompt.load_text("still here")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.pane.notes()[-1].text.startswith("No server answers, so nothing can answer")
+        assert screen.prompt.text == "still here" and screen.conversation.messages == []
+
+
+async def ready_or_failed(pilot):
+    app = pilot.app
+    await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.load_error is not None)
+    return app.chat_screen

@@ -82,7 +82,9 @@ class ChatScreen(ConversationScreen):
             await run_command(self, text)
             return
         if self.load_error is not None:
-            self.note("No model is loaded, so nothing can answer (see the error above).", error=True)
+            nothing = "No server answers" if self.remote else "No model is loaded"
+            self.note(f"{nothing}, so nothing can answer (see the error above).", error=True)
+            self.prompt.load_text(text)  # kept, not sent
             return
         waiting = self.busy or self.engine is None
         widget = self.pane.add_user(text, queued=waiting)

@@ -124,12 +124,19 @@ class ConversationScreen(Screen):
     def on_load_failed(self, message: LoadFailed) -> None:
         self.load_error = message.error
         self.drop_loading()
-        self.note(f"Could not load the model: {message.error}", error=True)
+        what = "use the --api server" if self.remote else "load the model"
+        self.note(f"Could not {what}: {message.error}", error=True)
         if self.queue:
             self.note(f"{len(self.queue)} queued prompt(s) were not sent.", error=True)
             self.queue.clear()
-        self.app.notify(message.error, title="Load failed", severity="error", timeout=10)
+        title = "Connection failed" if self.remote else "Load failed"
+        self.app.notify(message.error, title=title, severity="error", timeout=10)
         self.refresh_info()
+
+    @property
+    def remote(self) -> bool:
+        """The engine is (to be) a server's: `--api` or the config's `api`."""
+        return bool(getattr(self.app.start, "api", None))
 
     def drop_loading(self) -> None:
         if self.loading_line is not None:
@@ -140,7 +147,8 @@ class ConversationScreen(Screen):
         if self.engine is not None:
             head = engine_label(self.engine)
         else:
-            head = "model failed to load" if self.load_error else "loading…"
+            failed = "no server" if self.remote else "model failed to load"
+            head = failed if self.load_error else ("connecting…" if self.remote else "loading…")
         self.info.update(f"{head} │ {sampling_line(self.params)}")
 
     # -- the conversation on screen ---------------------------------------------
