@@ -236,26 +236,18 @@ def test_auto_picks_a_lean_runner_for_llama(tiny_loaded):
     assert type(build_engine(tiny_loaded).runner).__name__ in ("LeanRunner", "NativeRunner")
 
 
-def _tiny_mistral():
-    from transformers import MistralConfig, MistralForCausalLM
+def _tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = build_tokenizer()
-    config = MistralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    return MistralForCausalLM(config).eval(), tokenizer
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    return GPT2LMHeadModel(config).eval(), tokenizer
 
 
 def test_other_architectures_fall_back_to_hf():
-    model, tokenizer = _tiny_mistral()
-    assert "mistral" in lean_support(model.config)
-    loaded = LoadedModel(model, tokenizer, "mistral", "mistral", "cpu", "float32")
+    model, tokenizer = _tiny_gpt2()
+    assert "'gpt2' is not in the lean path (llama, mistral, qwen2" in lean_support(model.config)
+    loaded = LoadedModel(model, tokenizer, "gpt2", "gpt2", "cpu", "float32")
     assert isinstance(build_engine(loaded).runner, HFRunner)
     with pytest.raises(LoadError, match="--runner lean"):
         build_engine(loaded, runner="lean")
@@ -267,7 +259,16 @@ def test_other_architectures_fall_back_to_hf():
         ({"attention_bias": True}, "attention biases"),
         ({"hidden_act": "gelu"}, "activation"),
         ({"rope_parameters": {"rope_type": "dynamic"}}, "rope type"),
-        ({"sliding_window": 64}, "sliding window"),
+        ({"mlp_bias": True}, "MLP biases"),
+        ({"model_type": "gemma2", "hidden_activation": "gelu"}, "activation 'gelu'"),
+        (
+            {
+                "model_type": "gemma3_text",
+                "hidden_activation": "gelu_pytorch_tanh",
+                "use_bidirectional_attention": True,
+            },
+            "bidirectional",
+        ),
     ],
 )
 def test_unsupported_llama_variants_are_named(tiny_loaded, change, reason):

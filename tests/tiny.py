@@ -96,3 +96,84 @@ def lean_weights(model, kind: str, folder: Path, tokenizer=None):
     path = folder / f"{kind}.safetensors"
     convert_lean(folder, path, kind, "test", model_loader=lambda: (model, tokenizer))
     return LeanWeights(path, kind, "test")
+
+
+WINDOW = 8  # the tiny families' sliding window: short enough that the tests' sequences pass it
+
+
+def family_config(family: str, vocab_size: int, max_positions: int = 128):
+    """A tiny config of a lean family with each of its extras switched on (see chatcli.engine.families)."""
+    import transformers as t
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
+    if family == "llama":
+        return t.LlamaConfig(**common)
+    if family == "mistral":
+        return t.MistralConfig(**common, sliding_window=WINDOW)
+    if family == "qwen2":  # q/k/v biases; the second layer slides
+        return t.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+    if family == "qwen3":  # q/k norms, heads wider than hidden / heads
+        return t.Qwen3Config(**common, head_dim=32)
+    if family == "phi3":  # fused projections, partial rotary, a window on every layer
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        return t.Phi3Config(**common, rope_parameters=rope, sliding_window=WINDOW)
+    if family == "phi3-longrope":  # the long-context rope: the lean context stops at the original one
+        half = 8  # head_dim 16 -> 8 rotary pairs
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [2.0 + 0.5 * i for i in range(half)],
+            "original_max_position_embeddings": max_positions // 2,
+        }
+        return t.Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=max_positions // 2)
+    if family == "gemma2":  # alternating windows, soft-capped scores and logits, its own query scale
+        return t.Gemma2Config(
+            **common,
+            head_dim=16,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+            query_pre_attn_scalar=24,
+        )
+    if family == "gemma3_text":  # q/k norms and a second rope base for the sliding layers
+        return t.Gemma3TextConfig(
+            **common,
+            head_dim=16,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=16,
+        )
+    raise ValueError(family)
+
+
+def build_family(family: str, vocab_size: int, max_positions: int = 128, seed: int = 0):
+    """A tiny random model of a lean family; norms and biases random too, so that each one counts, and
+    q/k small enough that attention spreads over many positions (so that a window changes it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(family_config(family, vocab_size, max_positions))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.mul_(0.5 if any(f"{x}_proj" in name for x in ("q", "k", "qkv")) else 4.0)
+            elif "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p) if "gemma" not in family else 0.3 * torch.randn_like(p))
+            else:  # biases
+                p.copy_(0.5 * torch.randn_like(p))
+    return model.eval()

@@ -146,8 +146,8 @@ class Engine:
 
     def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None):
         """Crop the cache to the common prefix and feed the rest of `target`; None if cancelled."""
-        keep = reusable_prefix(cache.ids, target)
-        cache.crop(keep)
+        cache.crop(reusable_prefix(cache.ids, target))
+        keep = len(cache.ids)  # less where the cache cannot crop back and started over (sliding layers on HF)
         logits = None
         for start in range(keep, len(target), PREFILL_CHUNK):
             if cancel is not None and cancel.is_set():
@@ -170,7 +170,8 @@ class Engine:
         t_submit = time.perf_counter()
         cache = session.cache
         target, truncated = self.fit_prompt(messages, params)
-        cached = reusable_prefix(cache.ids, target)
+        cache.crop(reusable_prefix(cache.ids, target))
+        cached = len(cache.ids)  # what is reused: a cache that cannot crop back has started over
         stats = TurnStats(
             prompt_tokens=len(target),
             cached_tokens=cached,

@@ -95,7 +95,7 @@ def build_engine(
 ):
     """Wrap a loaded model in the engine.
 
-    `runner`: "auto" (a lean runner for Llama-family models, else HF), "hf" or "lean";
+    `runner`: "auto" (a lean runner for models of the lean families, else HF), "hf" or "lean";
     `quantize`: None or "int8"; `kv_dtype`: see `load.pick_kv_dtype`; `kernel`: the lean
     runner may be the native one (the compiled kernel) where it runs. Each defaults to what
     `LoadOptions` asked for at load.
@@ -151,7 +151,7 @@ def make_hf_runner(model, limit: int, quantize: str | None = None, kv_dtype: str
     if kv_dtype not in ("auto", str(model.dtype).removeprefix("torch.")):
         raise LoadError(
             f"--kv-dtype {kv_dtype}: the HF runner keeps its cache in the model's dtype "
-            f"({str(model.dtype).removeprefix('torch.')}); use --dtype, or --runner lean for a Llama-family model"
+            f"({str(model.dtype).removeprefix('torch.')}); use --dtype, or --runner lean for a model of a lean family"
         )
     if quantize == "int8":
         from chatcli.engine.quantize import QuantizeError, pick_engine, quantize_hf_model

@@ -19,7 +19,8 @@ class HFCache(KVCache):
 
     def _crop(self, keep: int) -> None:
         layers = getattr(self.hf, "layers", [])
-        if keep == 0 or not all(getattr(layer, "is_croppable", True) for layer in layers):
+        croppable = all(getattr(x, "is_croppable", True) and not getattr(x, "is_sliding", False) for x in layers)
+        if keep == 0 or not croppable:
             from transformers import DynamicCache
 
             self.hf = DynamicCache(config=self._config)  # sliding/linear layers: start over

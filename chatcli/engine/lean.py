@@ -1,4 +1,5 @@
-"""The lean forward for the Llama family on torch: the same weights, less machinery.
+"""The lean forward for the lean families (`families`: Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3)
+on torch: the same weights, less machinery.
 
 transformers' forward is general. On two CPU cores its per-step overhead (module
 calls, cache bookkeeping, mask building, unfused projections) was about a quarter of
@@ -16,6 +17,10 @@ norm-folded, rope-ordered, memory-mapped; torch views of the mapping, no copies 
 - for `--quantize int8`, int8 projections in decode steps only (`Projection.decode`, torch's
   fbgemm kernels over the int8 lean file's weights); prefill keeps the dense weights.
 
+A family's extras (`LeanConfig`: q/k/v biases, q/k norms, sliding windows, a second rope table,
+sandwich norms, GeGLU, soft-capped scores and logits) are a few more ops where the model has
+them and none where it has not.
+
 This is the path where the compiled kernel cannot run (no AVX-512 VNNI, no compiler, a GPU,
 bf16 weights); where it can, `native.NativeRunner` runs the same lean tensors without torch.
 Models it cannot run exactly fall back to `HFRunner` (see `lean_weights.lean_support`).
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +86,13 @@ class LeanLayer:
     out: Projection  # [S, H hd] -> [S, D]
     gate_up: Projection  # [S, D] -> [S, 2 F]; post-attention norm folded in
     down: Projection  # [S, F] -> [S, D]
+    rope: torch.Tensor | None = None  # [T, 1, hd/2] complex: this layer's table
+    window: int = 0  # positions attended at most (0: all)
+    qkv_bias: torch.Tensor | None = None  # [(H + 2 KV) hd]
+    q_norm: torch.Tensor | None = None  # [hd]
+    k_norm: torch.Tensor | None = None  # [hd]
+    post_attn_norm: torch.Tensor | None = None  # [D]
+    post_ffn_norm: torch.Tensor | None = None  # [D]
 
 
 class LeanRunner(ModelRunner):
@@ -105,13 +118,27 @@ class LeanRunner(ModelRunner):
         tensor = lambda name: mapped(weights, name, device)  # noqa: E731
         self.embed = tensor("embed")  # [V, D] fp32
         decode = _int8_projections(int8) if int8 is not None else {}
-        self.layers = [
-            LeanLayer(*[Projection(tensor(f"layers.{i}.{p}"), decode.get(f"layers.{i}.{p}")) for p in PROJECTIONS])
-            for i in range(c.layers)
-        ]
+        ropes = {
+            name: torch.view_as_complex(tensor(name))[:, None, :] for name in {c.rope_name(i) for i in range(c.layers)}
+        }
+        vectors = c.vectors()
+        self.layers = []
+        for i in range(c.layers):
+            projections = [Projection(tensor(f"layers.{i}.{p}"), decode.get(f"layers.{i}.{p}")) for p in PROJECTIONS]
+            extras = {
+                name: tensor(f"layers.{i}.{name}")[: vectors[f"layers.{i}.{name}"]].to(self.dtype)
+                for name in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+                if f"layers.{i}.{name}" in vectors
+            }
+            for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):  # norms multiply in fp32
+                if name in extras:
+                    extras[name] = extras[name].float()
+            self.layers.append(LeanLayer(*projections, rope=ropes[c.rope_name(i)], window=c.layer_window(i), **extras))
         # [1, D] -> [1, V]: only ever the last position, so a quantized model keeps no dense head
         self.head = Projection(None, decode["head"]) if decode else Projection(tensor("head"))
-        self.rope = torch.view_as_complex(tensor("rope"))[:, None, :]  # [T, 1, hd/2] complex
+        self.rope = ropes["rope"]  # [T, 1, hd/2] complex
+        self.scale, self.softcap, self.final_softcap = c.scale, c.attn_softcap, c.final_softcap
+        self.act = F.silu if c.act == "silu" else partial(F.gelu, approximate="tanh")
 
     def files(self) -> list:
         return [w.file.path for w in self._weights]
@@ -167,56 +194,49 @@ class LeanRunner(ModelRunner):
         length = tokens.shape[0]
         end = start + length
         x = self.embed[tokens].to(self.dtype)  # [S, D]
-        rope = self.rope[start:end]  # [S, 1, hd/2]
-        mask = None
-        if start > 0:  # a chunk after cached positions: causal with an offset
-            cols = torch.arange(end, device=self.device)  # [T]
-            rows = torch.arange(start, end, device=self.device)  # [S]
-            allowed = cols[None, :] <= rows[:, None]  # [S, T]
-            # additive, in the cache's dtype: SDPA would otherwise convert a bool mask in every layer
-            mask = torch.zeros(allowed.shape, dtype=k_cache.dtype, device=self.device).masked_fill_(
-                ~allowed, float("-inf")
-            )
-        causal = start == 0
+        masks: dict[int, torch.Tensor | None] = {}  # by window: one mask for the layers that share it
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(
-                i, layer, self._norm(x), k_cache[i], v_cache[i], start, rope, mask, causal
-            )  # [S, D]
-            x = x + self._mlp(layer, x)  # [S, D]
+            if layer.window not in masks:
+                masks[layer.window] = self._mask(start, end, layer.window, k_cache.dtype)
+            h = self._attention(i, layer, self._norm(x), k_cache[i], v_cache[i], start, masks[layer.window])
+            x = x + self._post(h, layer.post_attn_norm)  # [S, D]
+            x = x + self._post(self._mlp(layer, x), layer.post_ffn_norm)  # [S, D]
         if every:
-            return self.head(self._norm(x)).float()  # [S, V]
-        return self.head(self._norm(x[-1:]))[0].float()  # [V]
+            return self._cap(self.head(self._norm(x)).float())  # [S, V]
+        return self._cap(self.head(self._norm(x[-1:]))[0].float())  # [V]
+
+    def _mask(self, start: int, end: int, window: int, dtype) -> torch.Tensor | None:
+        """Rows start..end over columns 0..end: causal (None where SDPA's own causal mask is it), and
+        within the window; additive, in the cache's dtype (SDPA would convert a bool mask in every layer)."""
+        if start == 0 and not window and not self.softcap:
+            return None
+        cols = torch.arange(end, device=self.device)  # [T]
+        rows = torch.arange(start, end, device=self.device)[:, None]  # [S, 1]
+        allowed = cols[None, :] <= rows  # [S, T]
+        if window:
+            allowed &= cols[None, :] > rows - window
+        return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
 
     def decode_one_token(
         self, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int
     ) -> torch.Tensor:
         """token [1] at position pos -> logits [V]: `prefill` for one row, with no mask, transposes or copies."""
-        heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
-        n_qk = (heads + kv_heads) * hd
+        heads, hd = self.heads, self.head_dim
         x = self.embed[token].to(self.dtype)  # [1, D]
-        rope = self.rope[pos]  # [1, hd/2]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x))  # [1, (H+2KV) hd]
-            pairs = qkv[0, :n_qk].view(heads + kv_heads, hd // 2, 2)  # [H+KV, hd/2, 2]
-            if pairs.dtype != torch.float32:
-                pairs = pairs.float()
-            qk = torch.view_as_real(torch.view_as_complex(pairs) * rope).view(heads + kv_heads, hd)  # [H+KV, hd]
-            k_cache[i, :, pos] = qk[heads:]  # [KV, hd]
-            v_cache[i, :, pos] = qkv[0, n_qk:].view(kv_heads, hd)  # [KV, hd]
-            q = qk[:heads].view(1, heads, 1, hd)  # [1, H, 1, hd]
-            if q.dtype != k_cache.dtype:
-                q = q.to(k_cache.dtype)
-            out = F.scaled_dot_product_attention(
-                q,
-                k_cache[i, None, :, : pos + 1],
-                v_cache[i, None, :, : pos + 1],
-                enable_gqa=heads != kv_heads,
+            q, k, v = self._qkv(layer, qkv, layer.rope[pos : pos + 1])  # [1, H, hd], [1, KV, hd] x2
+            k_cache[i, :, pos] = k[0]  # [KV, hd]
+            v_cache[i, :, pos] = v[0]  # [KV, hd]
+            first = max(0, pos + 1 - layer.window) if layer.window else 0
+            out = self._attend(
+                q.view(1, heads, 1, hd), k_cache[i, None, :, first : pos + 1], v_cache[i, None, :, first : pos + 1]
             ).view(1, heads * hd)  # [1, H hd]
             if out.dtype != x.dtype:
                 out = out.to(x.dtype)
-            x = x + layer.out(out)  # [1, D]
-            x = x + self._mlp(layer, x)  # [1, D]
-        return self.head(self._norm(x))[0].float()  # [V]
+            x = x + self._post(layer.out(out), layer.post_attn_norm)  # [1, D]
+            x = x + self._post(self._mlp(layer, x), layer.post_ffn_norm)  # [1, D]
+        return self._cap(self.head(self._norm(x))[0].float())  # [V]
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm without its weight (folded into the next projection), in fp32 like transformers."""
@@ -224,38 +244,77 @@ class LeanRunner(ModelRunner):
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed if normed.dtype == x.dtype else normed.to(x.dtype)
 
+    def _post(self, h: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """A block's output, through its sandwich norm where the family has one (Gemma)."""
+        if weight is None:
+            return h
+        hf = h.float()
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps) * weight).to(h.dtype)
+
+    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+        """Final logit soft-capping (Gemma 2): cap * tanh(logits / cap)."""
+        if not self.final_softcap:
+            return logits
+        return torch.tanh(logits / self.final_softcap) * self.final_softcap
+
     def _mlp(self, layer: LeanLayer, x: torch.Tensor) -> torch.Tensor:
         gate, up = layer.gate_up(self._norm(x)).chunk(2, -1)  # [S, F] each
-        return layer.down(F.silu(gate).mul_(up))  # [S, D]
+        return layer.down(self.act(gate).mul_(up))  # [S, D]
 
-    def _attention(self, i, layer: LeanLayer, h, k_cache, v_cache, start, rope, mask, causal):
+    def _qkv(self, layer: LeanLayer, qkv: torch.Tensor, rope: torch.Tensor):
+        """qkv [S, (H+2KV) hd] -> q [S, H, hd], k [S, KV, hd] (bias, q/k norms, rope; in the cache's dtype
+        for k), v [S, KV, hd]."""
+        length = qkv.shape[0]
+        heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
+        if layer.qkv_bias is not None:
+            qkv = qkv + layer.qkv_bias
+        n_qk = (heads + kv_heads) * hd
+        qk = qkv[:, :n_qk].float().view(length, heads + kv_heads, hd)  # [S, H+KV, hd]
+        if layer.q_norm is not None:
+            qk = torch.cat(
+                [_head_norm(qk[:, :heads], layer.q_norm, self.eps), _head_norm(qk[:, heads:], layer.k_norm, self.eps)],
+                1,
+            )
+        pairs = qk.view(length, heads + kv_heads, hd // 2, 2)
+        qk = torch.view_as_real(torch.view_as_complex(pairs) * rope).view(length, heads + kv_heads, hd)
+        qk = qk.to(qkv.dtype)
+        v = qkv[:, n_qk:].view(length, kv_heads, hd)  # [S, KV, hd]
+        return qk[:, :heads], qk[:, heads:], v
+
+    def _attend(self, q, k, v, mask=None, causal=False) -> torch.Tensor:
+        """q [1, H, S, hd] over k, v [1, KV, T, hd] -> [1, H, S, hd], in the cache's dtype."""
+        if q.dtype != k.dtype:
+            q = q.to(k.dtype)
+        gqa = self.heads != self.kv_heads
+        if not self.softcap:
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=gqa
+            )
+        if gqa:  # soft-capped scores: SDPA has no hook for them, so the product is spelled out
+            k = k.repeat_interleave(self.heads // self.kv_heads, 1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, 1)
+        scores = torch.tanh((q @ k.transpose(-1, -2)).float() * (self.scale / self.softcap)) * self.softcap
+        if mask is not None:
+            scores = scores + mask.float()
+        return torch.softmax(scores, -1).to(v.dtype) @ v
+
+    def _attention(self, i, layer: LeanLayer, h, k_cache, v_cache, start, mask):
         """h [S, D] -> [S, D]; writes positions start.. of this layer's k_cache/v_cache [KV, cap, hd]."""
         length = h.shape[0]
         end = start + length
-        heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
-        qkv = layer.qkv(h)  # [S, (H+2KV) hd]
-        qk = _apply_rope(qkv[:, : (heads + kv_heads) * hd], rope, heads + kv_heads, hd)  # [S, H+KV, hd]
-        v = qkv[:, (heads + kv_heads) * hd :].view(length, kv_heads, hd)  # [S, KV, hd]
-        k_cache[:, start:end] = qk[:, heads:].transpose(0, 1)
+        heads, hd = self.heads, self.head_dim
+        q, k, v = self._qkv(layer, layer.qkv(h), layer.rope[start:end])  # [S, H, hd], [S, KV, hd] x2
+        k_cache[:, start:end] = k.transpose(0, 1)
         v_cache[:, start:end] = v.transpose(0, 1)
-        q = qk[:, :heads].transpose(0, 1).to(k_cache.dtype)  # [H, S, hd]
-        out = F.scaled_dot_product_attention(
-            q[None],
-            k_cache[None, :, :end],
-            v_cache[None, :, :end],
-            attn_mask=mask,
-            is_causal=causal,
-            enable_gqa=heads != kv_heads,
+        out = self._attend(
+            q.transpose(0, 1)[None], k_cache[None, :, :end], v_cache[None, :, :end], mask, causal=mask is None
         )  # [1, H, S, hd]
         return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd).to(self.dtype))  # [S, D]
 
 
-def _apply_rope(x: torch.Tensor, rope: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """x [S, N hd] (adjacent pairs) times rope [S, 1, hd/2] complex -> [S, N, hd] in x's dtype."""
-    length = x.shape[0]
-    pairs = x.float().view(length, heads, head_dim // 2, 2)  # [S, N, hd/2, 2]
-    rotated = torch.view_as_real(torch.view_as_complex(pairs) * rope)  # [S, N, hd/2, 2]
-    return rotated.view(length, heads, head_dim).to(x.dtype)
+def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each head: x [S, N, hd] fp32 times weight [hd] (Qwen3's and Gemma 3's q/k norms)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 def _int8_projections(int8: LeanWeights) -> dict:

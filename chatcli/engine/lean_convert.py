@@ -1,4 +1,4 @@
-"""Converting a transformers Llama into a lean file (see `lean_weights` for the format).
+"""Converting a transformers decoder of a lean family into a lean file (see `lean_weights` for the format).
 
 Runs once per model and kind, with torch and transformers: the weights are fused, transposed,
 norm-folded and rope-ordered (`fused_transposed`), then written in the kind's layout. For
@@ -10,20 +10,29 @@ sidecar (size, mtime, hash) is written last, so a killed conversion leaves nothi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from chatcli.engine.families import GEMMA, sliding_layers, softcap
 from chatcli.engine.lean_weights import INT8, PANEL, LeanConfig, Status, lean_support, record
 
 
-def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = ()) -> torch.Tensor:
-    """nn.Linear weights `[out_i, in]` → one contiguous `[in, sum out_i]`, written once, in place.
+def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:
+    """Within a head, the dims in the lean order: the rotated dims' rotate-half pairs (i, i + r/2) as
+    adjacent pairs (2i, 2i + 1), then the dims rope leaves alone (partial rotary) as they are."""
+    r = rotary or head_dim
+    return [d for i in range(r // 2) for d in (i, i + r // 2)] + list(range(r, head_dim))
+
+
+def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = (), rotary=None) -> torch.Tensor:
+    """nn.Linear weights `[out_i, in]` → one contiguous `[in, sum out_i]`.
 
     `scale [in]` multiplies the input rows (a folded RMSNorm weight). The first
     `len(interleave)` parts (q, k with that many heads) get their rows reordered per head
-    from rotate-half pairs (i, i + hd/2) to adjacent pairs (2i, 2i + 1); q and k get the
-    same order, so attention scores are unchanged.
+    by `rope_order` (rotate-half pairs to adjacent pairs; `rotary`: the rotated dims, default
+    all); q and k get the same order, so attention scores are unchanged.
     """
     parts = [p.detach() for p in parts]
     dim_in = parts[0].shape[1]
@@ -31,19 +40,23 @@ def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = 
     col = 0
     for i, weight in enumerate(parts):
         n = weight.shape[0]
+        if i < len(interleave):
+            weight = weight[head_rows(n, interleave[i], rotary)]
         dest = out[:, col : col + n]  # [in, n], a view
         src = weight.t()  # [in, n], a view
-        if i < len(interleave):
-            heads = interleave[i]
-            half = n // heads // 2
-            dest = dest.view(dim_in, heads, half, 2)  # adjacent pairs
-            src = src.view(dim_in, heads, 2, half).transpose(2, 3)  # rotate-half pairs, as a view
         if scale is not None:
-            torch.mul(src, scale.detach().view(-1, *([1] * (src.dim() - 1))), out=dest)
+            torch.mul(src, scale.detach().view(-1, 1), out=dest)
         else:
             dest.copy_(src)
         col += n
     return out
+
+
+def head_rows(n: int, heads: int, rotary=None) -> torch.Tensor:
+    """The row index that puts each of `heads` heads of n rows in `rope_order`."""
+    hd = n // heads
+    order = torch.tensor(rope_order(hd, rotary))
+    return (torch.arange(heads)[:, None] * hd + order[None, :]).flatten()
 
 
 def panels(w_t: torch.Tensor) -> torch.Tensor:
@@ -76,42 +89,132 @@ def unpack_int8(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return packed.transpose(1, 2).reshape(blocks * 16, quads * 4)[:n, :k]
 
 
-def projections(model, smooth: list[torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """Every projection of a transformers Llama as `w_t [k, n]` (norms folded, q/k rope-ordered),
+@dataclass
+class Block:
+    """One decoder layer's weights in the lean vocabulary, whatever the family calls them."""
+
+    q: torch.Tensor  # [H hd, D]
+    k: torch.Tensor  # [KV hd, D]
+    v: torch.Tensor  # [KV hd, D]
+    o: torch.Tensor  # [D, H hd]
+    gate: torch.Tensor  # [F, D]
+    up: torch.Tensor  # [F, D]
+    down: torch.Tensor  # [D, F]
+    attn_norm: torch.Tensor  # [D]: before attention (folded into qkv)
+    mlp_norm: torch.Tensor  # [D]: before the MLP (folded into gate_up)
+    qkv_bias: tuple | None = None  # (q [H hd], k [KV hd], v [KV hd])
+    q_norm: torch.Tensor | None = None  # [hd]
+    k_norm: torch.Tensor | None = None  # [hd]
+    post_attn_norm: torch.Tensor | None = None  # [D]: on the attention's output (Gemma)
+    post_ffn_norm: torch.Tensor | None = None  # [D]: on the MLP's output (Gemma)
+
+
+def norm_weight(module, gemma: bool) -> torch.Tensor:
+    """An RMSNorm's multiplier: its weight, or 1 + weight for Gemma's norms."""
+    w = module.weight.detach().float()
+    return 1.0 + w if gemma else w
+
+
+def block_parts(block, config) -> Block:
+    """The lean view of one decoder layer of a model of a lean family (see `families`)."""
+    attn, mlp = block.self_attn, block.mlp
+    gemma = config.model_type in GEMMA
+    if hasattr(attn, "qkv_proj"):  # Phi-3: fused
+        hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        q_rows, kv_rows = config.num_attention_heads * hd, config.num_key_value_heads * hd
+        q, k, v = attn.qkv_proj.weight.split([q_rows, kv_rows, kv_rows])
+    else:
+        q, k, v = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
+    if hasattr(mlp, "gate_up_proj"):
+        gate, up = mlp.gate_up_proj.weight.chunk(2, 0)
+    else:
+        gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+    parts = Block(
+        q, k, v, attn.o_proj.weight, gate, up, mlp.down_proj.weight,
+        attn_norm=norm_weight(block.input_layernorm, gemma),
+        mlp_norm=norm_weight(block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm, gemma),
+    )  # fmt: skip
+    if getattr(attn, "q_proj", None) is not None and attn.q_proj.bias is not None:
+        parts.qkv_bias = (attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)
+    if getattr(attn, "q_norm", None) is not None:
+        parts.q_norm, parts.k_norm = norm_weight(attn.q_norm, gemma), norm_weight(attn.k_norm, gemma)
+    if gemma:
+        parts.post_attn_norm = norm_weight(block.post_attention_layernorm, gemma)
+        parts.post_ffn_norm = norm_weight(block.post_feedforward_layernorm, gemma)
+    return parts
+
+
+def projections(model, smooth: list[torch.Tensor] | None = None, rotary: int | None = None) -> dict[str, torch.Tensor]:
+    """Every projection of a transformers decoder as `w_t [k, n]` (norms folded, q/k rope-ordered),
     by tensor name; `smooth`: per-layer SmoothQuant scales for down (up / s, down * s)."""
     config, inner = model.config, model.model
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     out = {}
     for i, block in enumerate(inner.layers):
-        attn, mlp = block.self_attn, block.mlp
-        up, down = mlp.up_proj.weight, mlp.down_proj.weight  # [F, D], [D, F]
-        if smooth is not None:  # silu(gate) * up is linear in up: down's input j / s_j, its column j * s_j
+        b = block_parts(block, config)
+        up, down = b.up, b.down  # [F, D], [D, F]
+        if smooth is not None:  # act(gate) * up is linear in up: down's input j / s_j, its column j * s_j
             up, down = up / smooth[i][:, None], down * smooth[i][None, :]
-        out[f"layers.{i}.qkv"] = fused_transposed(
-            [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
-            block.input_layernorm.weight,
-            interleave=(heads, kv_heads),
-        )
-        out[f"layers.{i}.out"] = fused_transposed([attn.o_proj.weight])
-        out[f"layers.{i}.gate_up"] = fused_transposed([mlp.gate_proj.weight, up], block.post_attention_layernorm.weight)
+        out[f"layers.{i}.qkv"] = fused_transposed([b.q, b.k, b.v], b.attn_norm, (heads, kv_heads), rotary)
+        out[f"layers.{i}.out"] = fused_transposed([b.o])
+        out[f"layers.{i}.gate_up"] = fused_transposed([b.gate, up], b.mlp_norm)
         out[f"layers.{i}.down"] = fused_transposed([down])
-    out["head"] = fused_transposed([model.get_output_embeddings().weight], inner.norm.weight)  # [D, V]
+    final_norm = norm_weight(inner.norm, config.model_type in GEMMA)
+    out["head"] = fused_transposed([model.get_output_embeddings().weight], final_norm)  # [D, V]
     return out
 
 
-def rope_table(model, limit: int) -> torch.Tensor:
-    """`[T, hd/2, 2]` cos, sin per position (rope scaling and attention scaling folded in)."""
+def vectors(model, config: LeanConfig, rotary: int | None = None) -> dict[str, torch.Tensor]:
+    """The per-layer fp32 vectors of `config.vectors()`, rope-ordered where they meet q and k."""
+    hd, out = config.head_dim, {}
+    for i, block in enumerate(model.model.layers):
+        b = block_parts(block, model.config)
+        if config.qkv_bias:
+            q, k, v = (t.detach().float() for t in b.qkv_bias)
+            q, k = q[head_rows(len(q), config.heads, rotary)], k[head_rows(len(k), config.kv_heads, rotary)]
+            out[f"layers.{i}.qkv_bias"] = torch.cat([q, k, v])
+        if config.qk_norm:
+            order = torch.tensor(rope_order(hd, rotary))
+            out[f"layers.{i}.q_norm"], out[f"layers.{i}.k_norm"] = b.q_norm[order], b.k_norm[order]
+        if config.post_norms:
+            out[f"layers.{i}.post_attn_norm"], out[f"layers.{i}.post_ffn_norm"] = b.post_attn_norm, b.post_ffn_norm
+    padded = {}
+    for name, vector in out.items():
+        n = -(-len(vector) // 16) * 16
+        padded[name] = torch.zeros(n).index_copy_(0, torch.arange(len(vector)), vector.float())
+    return padded
+
+
+def rope_table(model, limit: int, layer_type: str | None = None) -> tuple[torch.Tensor, int]:
+    """(`[T, hd/2, 2]` cos, sin per position, the rotated dims): the model's own rotary embedding
+    over positions 0..limit-1 (rope scaling and attention scaling as transformers computes them),
+    pairs past the rotated dims (partial rotary) as (1, 0)."""
     rotary = model.model.rotary_emb
-    inv_freq = rotary.inv_freq.detach().float().cpu()  # [hd/2], rope scaling already folded in by transformers
-    scale = float(getattr(rotary, "attention_scaling", 1.0))
-    freqs = torch.outer(torch.arange(limit, dtype=torch.float32), inv_freq)  # [T, hd/2]
-    return torch.stack([freqs.cos() * scale, freqs.sin() * scale], dim=-1).contiguous()
+    positions = torch.arange(limit)[None]  # [1, T]
+    x = torch.zeros(1, dtype=torch.float32)
+    args = (layer_type,) if getattr(rotary, "layer_types", None) else ()
+    cos, sin = rotary(x, positions, *args)  # [1, T, r] each, rotate-half: both halves the same
+    r = cos.shape[-1]
+    c = model.config
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    table = torch.zeros(limit, hd // 2, 2)
+    table[:, :, 0] = 1.0
+    table[:, : r // 2, 0], table[:, : r // 2, 1] = cos[0, :, : r // 2].float(), sin[0, :, : r // 2].float()
+    return table.contiguous(), r
+
+
+def attention_scale(model) -> float:
+    return float(model.model.layers[0].self_attn.scaling)
 
 
 def lean_config(model, limit: int, kind: str, source: str) -> LeanConfig:
     c = model.config
     heads = c.num_attention_heads
+    family = c.model_type
+    first = block_parts(model.model.layers[0], c)
+    sliding = sliding_layers(c)
+    kinds = set(getattr(model.model.rotary_emb, "layer_types", None) or ())
     return LeanConfig(
         layers=c.num_hidden_layers,
         hidden=c.hidden_size,
@@ -125,7 +228,28 @@ def lean_config(model, limit: int, kind: str, source: str) -> LeanConfig:
         positions=limit,
         kind=kind,
         source=source,
+        family=family,
+        qkv_bias=first.qkv_bias is not None,
+        qk_norm=first.q_norm is not None,
+        post_norms=first.post_attn_norm is not None,
+        act="gelu_tanh" if family in GEMMA else "silu",
+        attn_scale=attention_scale(model),
+        attn_softcap=softcap(c, "attn_logit_softcapping"),
+        final_softcap=softcap(c, "final_logit_softcapping"),
+        window=int(getattr(c, "sliding_window", None) or 0) if sliding else 0,
+        sliding=sliding,
+        sliding_rope=bool(sliding) and {"sliding_attention", "full_attention"} <= kinds,
     )
+
+
+def embedding(model) -> torch.Tensor:
+    """`[V, D]` fp32, Gemma's sqrt(D) scale folded in (it multiplies every row looked up)."""
+    embed = model.model.embed_tokens
+    weight = embed.weight.detach().float()
+    scale = getattr(embed, "embed_scale", None)
+    if scale is None and model.config.model_type in GEMMA:
+        scale = torch.tensor(model.config.hidden_size**0.5)
+    return (weight * scale.float()).contiguous() if scale is not None else weight.contiguous()
 
 
 def lean_arrays(
@@ -146,11 +270,13 @@ def lean_arrays(
             raise ValueError("an int8 lean file needs calibration ids (quantize.CALIBRATION_TEXT, tokenized)")
         status("Measuring activation ranges for int8")
         smooth = down_smoothing(model, calibration_ids)
-    arrays: dict = {
-        "embed": model.model.embed_tokens.weight.detach().float().contiguous().numpy(),  # [V, D]
-        "rope": rope_table(model, limit).numpy(),  # [T, hd/2, 2]
-    }
-    weights = projections(model, smooth)
+    types = sorted(getattr(model.model.rotary_emb, "layer_types", None) or [None])
+    rope, rotary = rope_table(model, limit, "full_attention" if "full_attention" in types else types[0])
+    arrays: dict = {"embed": embedding(model).numpy(), "rope": rope.numpy()}  # [V, D], [T, hd/2, 2]
+    if config.sliding_rope:
+        arrays["rope_sliding"] = rope_table(model, limit, "sliding_attention")[0].numpy()
+    arrays.update({name: v.numpy() for name, v in vectors(model, config, rotary).items()})
+    weights = projections(model, smooth, rotary)
     for i, (name, w_t) in enumerate(weights.items()):
         status("Writing the lean weights", i, len(weights))
         if dtype == INT8:

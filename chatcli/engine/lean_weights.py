@@ -1,6 +1,7 @@
 """The lean-native model file: the exact tensors the lean runners read, converted once, memory-mapped.
 
-A Llama-family model is converted once (`lean_convert`, with torch and transformers) into one
+A decoder of one of the lean families (`families.LEAN_FAMILIES`: Llama, Mistral, Qwen2/3,
+Phi-3, Gemma 2/3) is converted once (`lean_convert`, with torch and transformers) into one
 safetensors file per *kind* in the user cache: the projections fused (q/k/v, gate/up),
 transposed, with the RMSNorm weights folded in and q/k rows ordered for rope, in the layout
 and dtype their reader wants:
@@ -14,7 +15,10 @@ and dtype their reader wants:
 Every start then maps the file (`tensorfile.MappedTensors`): no transformers model, no
 transposes, no second copy, and processes reading the same model share its pages. The
 embedding `[V, D]` is stored as it is (only the rows of ids seen are ever read), beside a rope
-table `[T, hd/2, 2]`. The file's metadata holds the architecture and a fingerprint (format
+table `[T, hd/2, 2]` (a second one, `rope_sliding`, where sliding layers rotate by another
+base, as Gemma 3's do) and, where the family has them, fp32 vectors per layer: `qkv_bias`,
+`q_norm`/`k_norm` (Qwen3, Gemma 3) and `post_attn_norm`/`post_ffn_norm` (Gemma's sandwich
+norms), each padded to a multiple of 16. The file's metadata holds the architecture and a fingerprint (format
 version, kind, the source's identity); a sidecar JSON records the file's size, mtime and
 SHA-256. A file that does not match, cannot be parsed, is truncated or changed is converted
 again (`lean_file`), never read. This module imports neither torch nor numpy.
@@ -31,11 +35,9 @@ from pathlib import Path
 
 from chatcli.engine.convert import file_sha256
 
-FORMAT = 1
+FORMAT = 2  # 2: the families' fields and vectors
 PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
 PROJECTIONS = ("qkv", "out", "gate_up", "down")
-LEAN_MODEL_TYPES = ("llama",)
-LEAN_ROPE_TYPES = ("default", "linear", "llama3")
 INT8 = "int8"
 SOURCE_FILE = "source.txt"  # in each lean folder of the cache: the model folder it was converted from
 
@@ -63,6 +65,39 @@ class LeanConfig:
     kind: str  # "float32-panels", "int8", "<dtype>-dense"
     source: str  # the source model's identity (see source_key)
     format: int = FORMAT
+    family: str = "llama"  # the source's model_type
+    qkv_bias: bool = False  # layers.i.qkv_bias, added before rope (Qwen2)
+    qk_norm: bool = False  # layers.i.q_norm / k_norm: RMSNorm of each head of q and k before rope (Qwen3, Gemma 3)
+    post_norms: bool = False  # layers.i.post_attn_norm / post_ffn_norm on each block's output (Gemma)
+    act: str = "silu"  # the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    attn_scale: float = 0.0  # the attention scores' scale (0: 1/sqrt(head_dim))
+    attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) (Gemma 2; 0: none)
+    final_softcap: float = 0.0  # the same on the logits
+    window: int = 0  # a sliding layer's window: each position sees itself and the window - 1 before it
+    sliding: tuple = ()  # per layer: True where the window applies (empty: none)
+    sliding_rope: bool = False  # sliding layers read `rope_sliding` (Gemma 3's local base)
+
+    def layer_window(self, i: int) -> int:
+        """The positions layer i attends to at most (0: all of them)."""
+        return self.window if self.sliding and self.sliding[i] else 0
+
+    def rope_name(self, i: int) -> str:
+        return "rope_sliding" if self.sliding_rope and self.sliding[i] else "rope"
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or self.head_dim**-0.5
+
+    def vectors(self) -> dict[str, int]:
+        """The per-layer fp32 vectors this family has, by tensor name, with their length."""
+        per = {}
+        if self.qkv_bias:
+            per["qkv_bias"] = self.qkv
+        if self.qk_norm:
+            per["q_norm"] = per["k_norm"] = self.head_dim
+        if self.post_norms:
+            per["post_attn_norm"] = per["post_ffn_norm"] = self.hidden
+        return {f"layers.{i}.{name}": n for i in range(self.layers) for name, n in per.items()}
 
     @property
     def weights(self) -> str:
@@ -87,34 +122,17 @@ class LeanConfig:
     @classmethod
     def from_json(cls, text: str) -> LeanConfig:
         try:
-            return cls(**json.loads(text))
-        except (TypeError, ValueError) as exc:
+            fields = json.loads(text)
+            return cls(**{**fields, "sliding": tuple(fields.get("sliding", ()))})
+        except (TypeError, ValueError, AttributeError) as exc:
             raise LeanFileError(f"the lean file's config does not parse: {exc}") from None
 
 
 def lean_support(config) -> str | None:
-    """None if the lean runners compute this model exactly, else why not (one line).
+    """None if the lean runners compute this model exactly, else why not (one line); see `families`."""
+    from chatcli.engine.families import lean_support as support
 
-    `config`: a model's config.json as a dict, or a transformers config (read by attribute)."""
-    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
-    kind = get("model_type")
-    if kind not in LEAN_MODEL_TYPES:
-        return f"architecture {kind!r} is not in the lean path ({', '.join(LEAN_MODEL_TYPES)})"
-    checks = {
-        "attention biases": get("attention_bias", False),
-        "MLP biases": get("mlp_bias", False),
-        "a sliding window": get("sliding_window", None),
-        f"activation {get('hidden_act', None)!r}": get("hidden_act", "silu") != "silu",
-        "pretraining_tp > 1": (get("pretraining_tp", 1) or 1) > 1,
-    }
-    for what, present in checks.items():
-        if present:
-            return f"the model uses {what}"
-    rope = get("rope_parameters", None) or get("rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in LEAN_ROPE_TYPES:
-        return f"rope type {rope_type!r} is not in the lean path"
-    return None
+    return support(config)
 
 
 def source_key(folder: Path) -> str:
@@ -184,7 +202,12 @@ class LeanWeights:
     def _check(self) -> None:
         """Every tensor the runners read is there with the shape the config implies."""
         c = self.config
-        want = {"embed": ("F32", (c.embed_rows, c.hidden)), "rope": ("F32", (c.positions, c.head_dim // 2, 2))}
+        table = ("F32", (c.positions, c.head_dim // 2, 2))
+        want = {"embed": ("F32", (c.embed_rows, c.hidden)), "rope": table}
+        if c.sliding_rope:
+            want["rope_sliding"] = table
+        for name, n in c.vectors().items():
+            want[name] = ("F32", (-(-n // 16) * 16,))
         code = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(c.weights)
         for name, (k, n) in c.shapes().items():
             if c.weights == INT8:

@@ -7,10 +7,10 @@ model folder in the user cache (`convert`).
 
 Then, for a model folder (`load_engine`):
 
-- a Llama-family model on the CPU, where the compiled kernel builds: `native.NativeRunner`
+- a model of a lean family (`families`) on the CPU, where the compiled kernel builds: `native.NativeRunner`
   over its lean file (`lean_weights`, converted once), with `tokenize.FolderTokenizer`.
   Neither torch nor transformers is imported: start-up is a file mapping;
-- a Llama-family model elsewhere (no kernel, a GPU, bf16 weights, an fp16 cache):
+- a model of a lean family elsewhere (no kernel, a GPU, bf16 weights, an fp16 cache):
   `lean.LeanRunner` on torch over its dense lean file;
 - anything else, `--runner hf` or `--device-map`: transformers' own model (`hf_load`).
 
@@ -339,8 +339,12 @@ def folder_tokenizer(folder: Path):
 
 
 def context_limit(config, tokenizer) -> int:
-    """The model's context: max_position_embeddings (2048 if unset), or the tokenizer's smaller limit."""
+    """The model's context: max_position_embeddings (2048 if unset), or the tokenizer's smaller limit
+    (or a longrope model's pretraining context: see `families.original_context`)."""
+    from chatcli.engine.families import original_context
+
     limit = getattr(config, "max_position_embeddings", None) or 2048
+    limit = min(limit, original_context(config) or limit)
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < limit:
         limit = tok_max

@@ -1,4 +1,4 @@
-"""The native runner: a Llama decoder in the compiled kernel over a memory-mapped lean file, no torch.
+"""The native runner: a decoder of a lean family in the compiled kernel over a memory-mapped lean file, no torch.
 
 `kernels/decode.cpp` runs S rows (a prompt chunk, a sampled token, or a token and the draft
 after it) through every layer, the KV cache writes and the head in one call and one OpenMP
@@ -8,7 +8,7 @@ included (activations get a scale per row). The weights are the lean file's (fp3
 packed int8: see `lean_weights`), read where they are mapped; the KV cache lives in anonymous
 memory that the OS backs as it is written. Logits come back as numpy arrays.
 
-`NativeRunner` is what a Llama model gets on a CPU where the kernel builds (AVX-512 VNNI and a
+`NativeRunner` is what a model of a lean family gets on a CPU where the kernel builds (AVX-512 VNNI and a
 C++ compiler): start-up is a file mapping, and a process that answers one prompt never
 imports torch. Elsewhere `lean.LeanRunner` runs the same lean tensors on torch.
 """
@@ -22,7 +22,18 @@ import os
 import numpy as np
 
 from chatcli.engine import kernels, kv_memory
-from chatcli.engine.kernels.structs import CACHE_BF16, CACHE_F32, WEIGHT_F32, WEIGHT_I8, Cache, Layer, Matrix, Model
+from chatcli.engine.kernels.structs import (
+    ACT_GELU_TANH,
+    ACT_SILU,
+    CACHE_BF16,
+    CACHE_F32,
+    WEIGHT_F32,
+    WEIGHT_I8,
+    Cache,
+    Layer,
+    Matrix,
+    Model,
+)
 from chatcli.engine.lean_weights import INT8, PROJECTIONS, LeanWeights
 from chatcli.engine.runner import KVCache, ModelRunner
 
@@ -147,8 +158,23 @@ class NativeRunner(ModelRunner):
         self.quantized = c.weights == INT8
         self.kv_dtype = kv_dtype
         self.threads = threads or kernel_threads()
-        shapes = c.shapes()
-        layers = [Layer(*[self._matrix(f"layers.{i}.{p}", shapes) for p in PROJECTIONS]) for i in range(c.layers)]
+        shapes, vectors = c.shapes(), c.vectors()
+
+        def vector(name: str):  # a family's vector, or null where it has none
+            return weights.address(name) if name in vectors else None
+
+        layers = [
+            Layer(
+                *[self._matrix(f"layers.{i}.{p}", shapes) for p in PROJECTIONS],
+                weights.address(c.rope_name(i)),
+                c.layer_window(i),
+                *[
+                    vector(f"layers.{i}.{n}")
+                    for n in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+                ],
+            )
+            for i in range(c.layers)
+        ]
         self._layers = (Layer * c.layers)(*layers)
         self._model = Model(
             c.layers,
@@ -159,13 +185,18 @@ class NativeRunner(ModelRunner):
             c.ffn,
             c.vocab,
             c.eps,
+            c.scale,
+            c.attn_softcap,
+            ACT_GELU_TANH if c.act == "gelu_tanh" else ACT_SILU,
             weights.address("embed"),
-            weights.address("rope"),
             self._layers,
             self._matrix("head", shapes),
         )
+        self.final_softcap = c.final_softcap
         self.weight_bytes = sum(
-            weights.file.tensors[n].nbytes for n in weights.file.tensors if n not in ("embed", "rope")
+            weights.file.tensors[n].nbytes
+            for n in weights.file.tensors
+            if n not in ("embed", "rope", "rope_sliding") and n not in vectors
         )
 
     def _matrix(self, name: str, shapes: dict) -> Matrix:
@@ -221,4 +252,7 @@ class NativeRunner(ModelRunner):
         if status:
             raise ValueError(f"the kernel refused {count} ids at position {start} (status {status})")
         cache.ids.extend(ids)
+        if self.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
+            cap = np.float32(self.final_softcap)
+            np.multiply(np.tanh(logits / cap), cap, out=logits)
         return logits

@@ -1,7 +1,9 @@
 // The lean runner's decode step in one call, on AVX-512 (VNNI for int8 weights).
 //
 // `chatcli_decode` runs S rows (a sampled token, or a token and the draft that follows it)
-// through every layer of a Llama decoder and writes their keys and values into the KV cache
+// through every layer of a decoder of a lean family (Llama, and the extras of Mistral, Qwen2/3,
+// Phi-3 and Gemma 2/3 where a layer has them: q/k/v biases, q/k norms, a sliding window, its own
+// rope table, sandwich norms, GeGLU, soft-capped scores; see families.py) and writes their keys and values into the KV cache
 // at positions pos..pos+S-1. It computes what `LeanRunner.decode_one_token` computes
 // (RMSNorm weights folded into the projections, q/k rows in adjacent rope pairs), but with
 // no per-op dispatch: one OpenMP team for the whole step, a barrier between stages. With a
@@ -49,13 +51,24 @@ struct Matrix {
 
 struct Layer {
   Matrix qkv, out, gate_up, down;
+  const float* rope;      // [T, hd/2, 2]: cos, sin (this layer's table)
+  int64_t window;         // positions a row attends to at most, itself included (0: all)
+  const float* qkv_bias;  // [(H + 2 KV) hd] or null
+  const float* q_norm;    // [hd] or null (with k_norm): RMSNorm of each q and k head before rope
+  const float* k_norm;
+  const float* post_attn_norm;  // [D] or null (with post_ffn_norm): RMSNorm of each block's output
+  const float* post_ffn_norm;
 };
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 struct Model {
   int64_t n_layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
   float eps;
+  float attn_scale;    // scores' scale
+  float attn_softcap;  // scores -> cap * tanh(scores / cap) (0: none)
+  int32_t act;         // ACT_SILU or ACT_GELU_TANH
   const float* embed;  // [V, D]
-  const float* rope;   // [T, hd/2, 2]: cos, sin
   const Layer* layers;
   Matrix head;
 };
@@ -234,7 +247,7 @@ constexpr int kTileRows = 12;     // query rows (positions x heads) scored toget
 // scores [R, lds] of R query rows q [R, hd] against key blocks b0..b0+KB of the transposed keys kt:
 // each score one chain over i, so the same bits whatever R, KB and the blocks around it.
 template <int R, int KB, typename T>
-void score_blocks(const float* q, const T* kt, int64_t b0, int64_t hd, float* scores, int64_t lds) {
+void score_blocks(const float* q, const T* kt, int64_t b0, int64_t hd, float* scores, int64_t lds, float scale_) {
   __m512 acc[R][KB];
   for (int r = 0; r < R; r++)
     for (int b = 0; b < KB; b++) acc[r][b] = _mm512_setzero_ps();
@@ -246,28 +259,38 @@ void score_blocks(const float* q, const T* kt, int64_t b0, int64_t hd, float* sc
       for (int b = 0; b < KB; b++) acc[r][b] = _mm512_fmadd_ps(qi, keys[b], acc[r][b]);
     }
   }
-  const __m512 scale = _mm512_set1_ps(1.f / std::sqrt(static_cast<float>(hd)));
+  const __m512 scale = _mm512_set1_ps(scale_);
   for (int r = 0; r < R; r++)
     for (int b = 0; b < KB; b++) _mm512_storeu_ps(scores + r * lds + (b0 + b) * 16, _mm512_mul_ps(acc[r][b], scale));
 }
 
 // all `blocks` key blocks for R rows, KB blocks at a time (R * KB accumulators in registers)
 template <int R, typename T>
-void score_rows(const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds) {
+void score_rows(const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds, float scale) {
   constexpr int KB = std::max(1, std::min(8, 24 / R));
   int64_t b = 0;
-  for (; b + KB <= blocks; b += KB) score_blocks<R, KB>(q, kt, b, hd, scores, lds);
-  for (; b < blocks; b++) score_blocks<R, 1>(q, kt, b, hd, scores, lds);
+  for (; b + KB <= blocks; b += KB) score_blocks<R, KB>(q, kt, b, hd, scores, lds, scale);
+  for (; b < blocks; b++) score_blocks<R, 1>(q, kt, b, hd, scores, lds, scale);
 }
 
 template <typename T, int R = kTileRows>
-void score_any(int64_t rows, const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds) {
+void score_any(int64_t rows, const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds,
+               float scale) {
   if constexpr (R > 0) {
     if (rows == R)
-      score_rows<R>(q, kt, blocks, hd, scores, lds);
+      score_rows<R>(q, kt, blocks, hd, scores, lds, scale);
     else
-      score_any<T, R - 1>(rows, q, kt, blocks, hd, scores, lds);
+      score_any<T, R - 1>(rows, q, kt, blocks, hd, scores, lds, scale);
   }
+}
+
+// scores -> cap * tanh(scores / cap), in place (Gemma 2's soft-capping)
+inline void softcap_row(float* sh, int64_t length, float cap) {
+  const __m512 vcap = _mm512_set1_ps(cap), vinv = _mm512_set1_ps(1.f / cap);
+  int64_t u = 0;
+  for (; u + 16 <= length; u += 16)
+    _mm512_storeu_ps(sh + u, _mm512_mul_ps(vcap, tanh_ps(_mm512_mul_ps(_mm512_loadu_ps(sh + u), vinv))));
+  for (; u < length; u++) sh[u] = cap * std::tanh(sh[u] / cap);
 }
 
 // a row of scores [length] -> softmax weights, unnormalised; returns 1 / their sum
@@ -336,27 +359,31 @@ void weigh_any(int64_t rows, const float* w, int64_t lds, const T* v, int64_t le
 // A tile of `positions` consecutive query positions x `heads` heads of one KV group (rows p * heads + h,
 // at most kTileRows), the first position seeing `length` cached keys: q rows at q + p * ldq + h * hd,
 // outputs at out + p * ldo + h * hd. K (transposed blocks) and V are read once for the tile's rows.
-// A row's weights past its own length are 0, and adding 0 * v leaves a sum's bits as they are: each
-// row sums in the same order whatever the rows around it, so a prefill and the same tokens one at a
-// time give the same bits. scratch: kTileRows * (2 hd + length + positions + 48) floats.
+// With a window, a row sees only its last `window` keys: the tile starts at the key block of its
+// first row's first key. A row's weights outside its own keys are 0, and adding 0 * v leaves a sum's
+// bits as they are: each row sums in the same order whatever the rows around it, so a prefill and
+// the same tokens one at a time give the same bits. scratch: kTileRows * (2 hd + length + positions + 48) floats.
 template <typename T>
 void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t length,
-            int64_t hd, float* scratch, float* out, int64_t ldo) {
+            int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo) {
   const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
   const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
+  const int64_t b0 = window ? std::max<int64_t>(0, length - window) / 16 : 0, u0 = b0 * 16;  // the first key read
   float* qt = scratch;                       // [rows, hd]
   float* ot = scratch + kTileRows * hd;      // [rows, hd]
   float* scores = ot + kTileRows * hd;       // [rows, lds]
   for (int64_t p = 0; p < positions; p++) std::memcpy(qt + p * heads * hd, q + p * ldq, heads * hd * sizeof(float));
-  score_any<T>(rows, qt, kt, blocks, hd, scores, lds);
+  score_any<T>(rows, qt, kt + b0 * hd * 16, blocks - b0, hd, scores + u0, lds, scale);
   float inv[kTileRows];
   for (int64_t r = 0; r < rows; r++) {
     float* w = scores + r * lds;
-    const int64_t own = length + r / heads;
-    inv[r] = softmax_row(w, own);
+    const int64_t own = length + r / heads, first = window ? std::max<int64_t>(0, own - window) : 0;
+    if (softcap > 0.f) softcap_row(w + first, own - first, softcap);
+    inv[r] = softmax_row(w + first, own - first);
+    std::fill(w + u0, w + first, 0.f);
     std::fill(w + own, w + last, 0.f);
   }
-  weigh_any<T>(rows, scores, lds, v, last, hd, inv, ot);
+  weigh_any<T>(rows, scores + u0, lds, v + u0 * hd, last - u0, hd, inv, ot);
   for (int64_t p = 0; p < positions; p++) std::memcpy(out + p * ldo, ot + p * heads * hd, heads * hd * sizeof(float));
 }
 
@@ -384,7 +411,7 @@ void store_key(T* kt, int64_t position, const float* src, int64_t hd) {
 // ---- the step -------------------------------------------------------------------------------
 
 struct Scratch {
-  std::vector<float> x, h, qkv, att, gu, scores;
+  std::vector<float> x, h, qkv, att, gu, scores, post;
   std::vector<uint8_t> xq;
   std::vector<float> xs;
   std::vector<int32_t> xz;
@@ -412,6 +439,22 @@ Rows prepare(const Matrix& m, const float* src, int64_t lds, int64_t count, bool
   return rows;
 }
 
+// x += in · W^T, or, with a sandwich norm (Gemma), x += rms_norm(in · W^T) * norm (ends with a barrier)
+void project_residual(const Matrix& w, const Rows& in, const float* norm, float eps, Scratch& sc) {
+  const int64_t D = w.n;
+  if (!norm) {
+    project(w, in, sc.x.data(), D, true);
+    return;
+  }
+  project(w, in, sc.post.data(), D, false);
+#pragma omp for schedule(static)
+  for (int64_t s = 0; s < in.count; s++) {
+    float* y = &sc.post[s * D];
+    rms_norm_scaled(y, norm, D, eps);
+    for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += y[i];
+  }
+}
+
 template <typename T>
 void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, int64_t pos, float* logits,
              int64_t logit_rows, int threads) {
@@ -424,6 +467,7 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
   sc.qkv.resize(S * n_qkv);
   sc.att.resize(S * H * hd);
   sc.gu.resize(S * 2 * F);
+  sc.post.resize(S * D);
   sc.xq.resize(S * (widest + 64));
   sc.xs.resize(S);
   sc.xz.resize(S);
@@ -450,9 +494,13 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
       Rows rows = prepare(layer.qkv, sc.x.data(), D, S, true, m.eps, sc);
       project(layer.qkv, rows, sc.qkv.data(), n_qkv, false);
 #pragma omp for schedule(static)
-      for (int64_t s = 0; s < S; s++) {  // rope on q and k (adjacent pairs), then k and v into the cache
+      for (int64_t s = 0; s < S; s++) {  // bias, q/k norms, rope on q and k (adjacent pairs), k and v into the cache
         float* row = &sc.qkv[s * n_qkv];
-        rope_row(row, m.rope + (pos + s) * hd, H + KV, half);  // rope [hd/2, 2] of this position
+        if (layer.qkv_bias)
+          for (int64_t i = 0; i < n_qkv; i++) row[i] += layer.qkv_bias[i];
+        if (layer.q_norm)
+          for (int64_t h = 0; h < H + KV; h++) rms_norm_scaled(row + h * hd, h < H ? layer.q_norm : layer.k_norm, hd, m.eps);
+        rope_row(row, layer.rope + (pos + s) * hd, H + KV, half);  // rope [hd/2, 2] of this position
         for (int64_t g = 0; g < KV; g++) {
           store_key(kl + g * c.capacity * hd, pos + s, row + (H + g) * hd, hd);
           store_value(vl + (g * c.capacity + pos + s) * hd, row + (H + KV + g) * hd, hd);
@@ -464,16 +512,22 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
         const int64_t head = g * group + task % tasks_per_group * per_task;
         const int64_t heads = std::min(per_task, (g + 1) * group - head);
         attend(&sc.qkv[s * n_qkv + head * hd], n_qkv, std::min(tile, S - s), heads, kl + g * c.capacity * hd,
-               vl + g * c.capacity * hd, pos + s + 1, hd, scratch, &sc.att[(s * H + head) * hd], H * hd);
+               vl + g * c.capacity * hd, pos + s + 1, hd, layer.window, m.attn_scale, m.attn_softcap, scratch,
+               &sc.att[(s * H + head) * hd], H * hd);
       }
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
-      project(layer.out, rows, sc.x.data(), D, true);
+      project_residual(layer.out, rows, layer.post_attn_norm, m.eps, sc);
       rows = prepare(layer.gate_up, sc.x.data(), D, S, true, m.eps, sc);
       project(layer.gate_up, rows, sc.gu.data(), 2 * F, false);
 #pragma omp for schedule(static)
-      for (int64_t s = 0; s < S; s++) silu_mul_row(&sc.gu[s * 2 * F], F);  // silu(gate) * up, in place of gate
+      for (int64_t s = 0; s < S; s++) {  // act(gate) * up, in place of gate
+        if (m.act == ACT_GELU_TANH)
+          gelu_tanh_mul_row(&sc.gu[s * 2 * F], F);
+        else
+          silu_mul_row(&sc.gu[s * 2 * F], F);
+      }
       rows = prepare(layer.down, sc.gu.data(), 2 * F, S, false, m.eps, sc);
-      project(layer.down, rows, sc.x.data(), D, true);
+      project_residual(layer.down, rows, layer.post_ffn_norm, m.eps, sc);
     }
     const int64_t first = S - logit_rows;
     const Rows rows = prepare(m.head, sc.x.data() + first * D, D, logit_rows, true, m.eps, sc);

@@ -67,6 +67,12 @@ void rms_norm(const float* x, int64_t d, float eps, float* out) {
   for (; i < d; i++) out[i] = x[i] * inv;
 }
 
+// x [d] <- x / rms(x) * w, in place (q/k norms, sandwich norms: weights that cannot be folded)
+void rms_norm_scaled(float* x, const float* w, int64_t d, float eps) {
+  rms_norm(x, d, eps, x);
+  for (int64_t i = 0; i < d; i++) x[i] *= w[i];
+}
+
 // x [k] -> xq [kp] uint8 (padding holds the zero point: the padded weights are 0 anyway)
 void quantize_row(const float* x, int64_t k, int64_t kp, uint8_t* xq, float* scale, int32_t* zero) {
   __m512 vmin = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();  // the range always holds 0, so 0 is exact
@@ -106,6 +112,32 @@ void rope_row(float* row, const float* rope, int64_t heads, int64_t half) {
       p[0] = a * cs - b * sn;
       p[1] = a * sn + b * cs;
     }
+}
+
+// tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|) (exp where it is accurate), with x's sign
+inline __m512 tanh_ps(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.f), ax = _mm512_abs_ps(x);
+  const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_add_ps(ax, ax)));
+  const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+  return _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps(), t);
+}
+
+// g [F] <- gelu_tanh(g) * u, where u = g + F (GeGLU: Gemma's MLP)
+void gelu_tanh_mul_row(float* g, int64_t F) {
+  const float* u = g + F;
+  constexpr float kC = 0.7978845608028654f, kA = 0.044715f;  // sqrt(2 / pi)
+  int64_t i = 0;
+  const __m512 c = _mm512_set1_ps(kC), a = _mm512_set1_ps(kA), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f);
+  for (; i + 16 <= F; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 inner = _mm512_mul_ps(c, _mm512_fmadd_ps(_mm512_mul_ps(a, x), _mm512_mul_ps(x, x), x));
+    const __m512 gelu = _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, tanh_ps(inner)));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(gelu, _mm512_loadu_ps(u + i)));
+  }
+  for (; i < F; i++) {
+    const float x = g[i];
+    g[i] = 0.5f * x * (1.f + std::tanh(kC * (x + kA * x * x * x))) * u[i];
+  }
 }
 
 // g [F] <- silu(g) * u, where u = g + F (the gate_up projection's two halves)

@@ -17,7 +17,24 @@ class Matrix(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    _fields_ = [("qkv", Matrix), ("out", Matrix), ("gate_up", Matrix), ("down", Matrix)]
+    """A layer's projections, its rope table and window, and the family's vectors (null where absent)."""
+
+    _fields_ = [
+        ("qkv", Matrix),
+        ("out", Matrix),
+        ("gate_up", Matrix),
+        ("down", Matrix),
+        ("rope", _ptr),
+        ("window", _i64),
+        ("qkv_bias", _ptr),
+        ("q_norm", _ptr),
+        ("k_norm", _ptr),
+        ("post_attn_norm", _ptr),
+        ("post_ffn_norm", _ptr),
+    ]
+
+
+ACT_SILU, ACT_GELU_TANH = 0, 1
 
 
 class Model(ctypes.Structure):
@@ -30,8 +47,10 @@ class Model(ctypes.Structure):
         ("ffn", _i64),
         ("vocab", _i64),
         ("eps", ctypes.c_float),
+        ("attn_scale", ctypes.c_float),
+        ("attn_softcap", ctypes.c_float),
+        ("act", _i32),
         ("embed", _ptr),
-        ("rope", _ptr),
         ("layers", ctypes.POINTER(Layer)),
         ("head", Matrix),
     ]
