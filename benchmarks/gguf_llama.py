@@ -1,0 +1,97 @@
+"""A transformers Llama written as a GGUF (`gguf` package), for llama.cpp to run the same weights.
+
+Benchmark-only: `benchmarks/shapes.py` builds random models of a real model's shapes and times
+llama.cpp on them beside chatcli. The tokenizer is the embedded SmolLM2 GGUF's (its 49,152
+tokens, padded with unused tokens up to the model's vocabulary); q and k rows are permuted the
+way llama.cpp's own converter permutes them (its rope pairs dims (2i, 2i + 1), transformers'
+(i, i + hd/2)), so the GGUF computes what the transformers model computes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """transformers' q/k rows [heads * hd, D] in llama.cpp's rope order (its converter's permute)."""
+    n, d = weight.shape
+    return weight.reshape(heads, 2, n // heads // 2, d).swapaxes(1, 2).reshape(n, d)
+
+
+def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
+    import gguf
+
+    from chatcli.engine.load import embedded_gguf
+
+    c = model.config
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    hd = getattr(c, "head_dim", None) or c.hidden_size // heads
+    vocab = c.vocab_size
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(float(c.rms_norm_eps))
+    w.add_vocab_size(vocab)
+    w.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}") if qtype != "F32" else gguf.LlamaFileType.ALL_F32)
+    source = gguf.GGUFReader(str(embedded_gguf()))
+    tokens = [
+        bytes(source.fields["tokenizer.ggml.tokens"].parts[i]) for i in source.fields["tokenizer.ggml.tokens"].data
+    ]
+    merges = [
+        bytes(source.fields["tokenizer.ggml.merges"].parts[i]) for i in source.fields["tokenizer.ggml.merges"].data
+    ]
+    types = [
+        int(source.fields["tokenizer.ggml.token_type"].parts[i][0])
+        for i in source.fields["tokenizer.ggml.token_type"].data
+    ]
+    tokens += [f"<unused_{i}>".encode() for i in range(len(tokens), vocab)]
+    types += [gguf.TokenType.UNUSED] * (vocab - len(types))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens[:vocab])
+    w.add_token_types(types[:vocab])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    quant = getattr(gguf.GGMLQuantizationType, qtype)
+
+    def add(name: str, tensor, quantized: bool = True):
+        array = tensor if isinstance(tensor, np.ndarray) else tensor.detach().float().numpy()
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if quantized and array.ndim == 2 and qtype != "F32":
+            w.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+
+    inner = model.model
+    add("token_embd.weight", inner.embed_tokens.weight)
+    for i, block in enumerate(inner.layers):
+        a, m = block.self_attn, block.mlp
+        add(f"blk.{i}.attn_norm.weight", block.input_layernorm.weight, False)
+        add(f"blk.{i}.ffn_norm.weight", block.post_attention_layernorm.weight, False)
+        add(f"blk.{i}.attn_q.weight", _permute(a.q_proj.weight.detach().float().numpy(), heads))
+        add(f"blk.{i}.attn_k.weight", _permute(a.k_proj.weight.detach().float().numpy(), kv_heads))
+        add(f"blk.{i}.attn_v.weight", a.v_proj.weight)
+        add(f"blk.{i}.attn_output.weight", a.o_proj.weight)
+        add(f"blk.{i}.ffn_gate.weight", m.gate_proj.weight)
+        add(f"blk.{i}.ffn_up.weight", m.up_proj.weight)
+        add(f"blk.{i}.ffn_down.weight", m.down_proj.weight)
+    add("output_norm.weight", inner.norm.weight, False)
+    if not c.tie_word_embeddings:
+        add("output.weight", model.lm_head.weight)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
