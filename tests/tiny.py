@@ -56,23 +56,10 @@ def build_tokenizer(vocab_size: int = 400):
 
 def build_model(vocab_size: int, max_positions: int = 256, seed: int = 0):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(family_config("llama", vocab_size, max_positions))
     with torch.no_grad():  # random weights with a little more contrast than the init, so argmax is stable
         for p in model.parameters():
             if p.dim() > 1:
