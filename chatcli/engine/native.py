@@ -40,7 +40,7 @@ from chatcli.engine.runner import KVCache, ModelRunner
 CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
 
 
-MAX_HEAD_DIM = 256  # decode.cpp's kMaxHeadDim
+MAX_HEAD_DIM = 256  # attention.h's kMaxHeadDim
 
 
 def shape_reason(head_dim: int, heads: int, kv_heads: int) -> str | None:

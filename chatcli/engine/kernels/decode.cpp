@@ -24,6 +24,7 @@
 //     panels, contiguous (a transposed [k, n] layout put the rows of a wide matrix in the same cache sets).
 // The KV cache holds keys [L, KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and values
 // [L, KV, capacity, hd], in fp32 or bf16 (round to nearest even); capacity is a multiple of 16.
+// Attention over that cache is in attention.h, the per-row stages in simd.h.
 
 #include <immintrin.h>
 #include <omp.h>
@@ -34,6 +35,7 @@
 #include <cstring>
 #include <vector>
 
+#include "attention.h"
 #include "simd.h"
 
 extern "C" {
@@ -231,181 +233,6 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
     split<kF32Rows>(in, (m.n + kPanel - 1) / kPanel, [&](int64_t p, auto r, int64_t s) {
       f32_panel<decltype(r)::value>(m, p, in, s, y, ldy, accumulate);
     });
-}
-
-// ---- attention ------------------------------------------------------------------------------
-//
-// Keys are cached in blocks of 16 positions, transposed ([capacity/16, hd, 16] per KV head), so
-// that one vector holds one dimension of 16 keys: a score is then one chain of FMAs over the
-// dimensions in order, for any number of query rows, with no horizontal sum. Values stay
-// [capacity, hd] (a softmax weight broadcast against a value row).
-
-constexpr int kMaxGroup = 8;      // query heads attended together over one read of their K and V
-constexpr int kMaxHeadDim = 256;  // the largest head the kernel takes
-constexpr int kTileRows = 12;     // query rows (positions x heads) scored together against each key block
-
-// scores [R, lds] of R query rows q [R, hd] against key blocks b0..b0+KB of the transposed keys kt:
-// each score one chain over i, so the same bits whatever R, KB and the blocks around it.
-template <int R, int KB, typename T>
-void score_blocks(const float* q, const T* kt, int64_t b0, int64_t hd, float* scores, int64_t lds, float scale_) {
-  __m512 acc[R][KB];
-  for (int r = 0; r < R; r++)
-    for (int b = 0; b < KB; b++) acc[r][b] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < hd; i++) {
-    __m512 keys[KB];
-    for (int b = 0; b < KB; b++) keys[b] = load16(kt + ((b0 + b) * hd + i) * 16);
-    for (int r = 0; r < R; r++) {
-      const __m512 qi = _mm512_set1_ps(q[r * hd + i]);
-      for (int b = 0; b < KB; b++) acc[r][b] = _mm512_fmadd_ps(qi, keys[b], acc[r][b]);
-    }
-  }
-  const __m512 scale = _mm512_set1_ps(scale_);
-  for (int r = 0; r < R; r++)
-    for (int b = 0; b < KB; b++) _mm512_storeu_ps(scores + r * lds + (b0 + b) * 16, _mm512_mul_ps(acc[r][b], scale));
-}
-
-// all `blocks` key blocks for R rows, KB blocks at a time (R * KB accumulators in registers)
-template <int R, typename T>
-void score_rows(const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds, float scale) {
-  constexpr int KB = std::max(1, std::min(8, 24 / R));
-  int64_t b = 0;
-  for (; b + KB <= blocks; b += KB) score_blocks<R, KB>(q, kt, b, hd, scores, lds, scale);
-  for (; b < blocks; b++) score_blocks<R, 1>(q, kt, b, hd, scores, lds, scale);
-}
-
-template <typename T, int R = kTileRows>
-void score_any(int64_t rows, const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds,
-               float scale) {
-  if constexpr (R > 0) {
-    if (rows == R)
-      score_rows<R>(q, kt, blocks, hd, scores, lds, scale);
-    else
-      score_any<T, R - 1>(rows, q, kt, blocks, hd, scores, lds, scale);
-  }
-}
-
-// scores -> cap * tanh(scores / cap), in place (Gemma 2's soft-capping)
-inline void softcap_row(float* sh, int64_t length, float cap) {
-  const __m512 vcap = _mm512_set1_ps(cap), vinv = _mm512_set1_ps(1.f / cap);
-  int64_t u = 0;
-  for (; u + 16 <= length; u += 16)
-    _mm512_storeu_ps(sh + u, _mm512_mul_ps(vcap, tanh_ps(_mm512_mul_ps(_mm512_loadu_ps(sh + u), vinv))));
-  for (; u < length; u++) sh[u] = cap * std::tanh(sh[u] / cap);
-}
-
-// a row of scores [length] -> softmax weights, unnormalised; returns 1 / their sum
-inline float softmax_row(float* sh, int64_t length) {
-  __m512 vmax = _mm512_set1_ps(-INFINITY);
-  int64_t u = 0;
-  for (; u + 16 <= length; u += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sh + u));
-  const __mmask16 mask = static_cast<__mmask16>((1u << (length - u)) - 1u);
-  if (u < length) vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, sh + u));
-  const __m512 vtop = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-  __m512 vsum = _mm512_setzero_ps();
-  for (u = 0; u + 16 <= length; u += 16) {
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sh + u), vtop));
-    _mm512_storeu_ps(sh + u, e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  if (u < length) {
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sh + u), vtop));
-    _mm512_mask_storeu_ps(sh + u, mask, e);
-    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
-  }
-  return 1.f / hsum(vsum);
-}
-
-// out [R, hd] = weights [R, lds] · V [length, hd] for R rows, DV vectors of outputs a pass: each V row
-// is read (and converted) once a pass for every row, R * DV accumulators stay in registers; per
-// output one chain over u in order, whatever R and DV.
-template <int R, int DV, typename T>
-void weigh_pass(const float* w, int64_t lds, const T* v, int64_t length, int64_t hd, int64_t d0, const float* inv,
-                float* out) {
-  __m512 acc[R][DV];
-  for (int r = 0; r < R; r++)
-    for (int j = 0; j < DV; j++) acc[r][j] = _mm512_setzero_ps();
-  for (int64_t u = 0; u < length; u++) {
-    __m512 vu[DV];
-    for (int j = 0; j < DV; j++) vu[j] = load16(v + u * hd + d0 + 16 * j);
-    for (int r = 0; r < R; r++) {
-      const __m512 wu = _mm512_set1_ps(w[r * lds + u]);
-      for (int j = 0; j < DV; j++) acc[r][j] = _mm512_fmadd_ps(wu, vu[j], acc[r][j]);
-    }
-  }
-  for (int r = 0; r < R; r++)
-    for (int j = 0; j < DV; j++)
-      _mm512_storeu_ps(out + r * hd + d0 + 16 * j, _mm512_mul_ps(acc[r][j], _mm512_set1_ps(inv[r])));
-}
-
-template <int R, typename T>
-void weigh_rows(const float* w, int64_t lds, const T* v, int64_t length, int64_t hd, const float* inv, float* out) {
-  constexpr int DV = R <= 6 ? 4 : 2;
-  int64_t d0 = 0;
-  for (; d0 + 16 * DV <= hd; d0 += 16 * DV) weigh_pass<R, DV>(w, lds, v, length, hd, d0, inv, out);
-  for (; d0 < hd; d0 += 16) weigh_pass<R, 1>(w, lds, v, length, hd, d0, inv, out);
-}
-
-template <typename T, int R = kTileRows>
-void weigh_any(int64_t rows, const float* w, int64_t lds, const T* v, int64_t length, int64_t hd, const float* inv,
-               float* out) {
-  if constexpr (R > 0) {
-    if (rows == R)
-      weigh_rows<R>(w, lds, v, length, hd, inv, out);
-    else
-      weigh_any<T, R - 1>(rows, w, lds, v, length, hd, inv, out);
-  }
-}
-
-// A tile of `positions` consecutive query positions x `heads` heads of one KV group (rows p * heads + h,
-// at most kTileRows), the first position seeing `length` cached keys: q rows at q + p * ldq + h * hd,
-// outputs at out + p * ldo + h * hd. K (transposed blocks) and V are read once for the tile's rows.
-// With a window, a row sees only its last `window` keys: the tile starts at the key block of its
-// first row's first key. A row's weights outside its own keys are 0, and adding 0 * v leaves a sum's
-// bits as they are: each row sums in the same order whatever the rows around it, so a prefill and
-// the same tokens one at a time give the same bits. scratch: kTileRows * (2 hd + length + positions + 48) floats.
-template <typename T>
-void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t length,
-            int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo) {
-  const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
-  const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
-  const int64_t b0 = window ? std::max<int64_t>(0, length - window) / 16 : 0, u0 = b0 * 16;  // the first key read
-  float* qt = scratch;                       // [rows, hd]
-  float* ot = scratch + kTileRows * hd;      // [rows, hd]
-  float* scores = ot + kTileRows * hd;       // [rows, lds]
-  for (int64_t p = 0; p < positions; p++) std::memcpy(qt + p * heads * hd, q + p * ldq, heads * hd * sizeof(float));
-  score_any<T>(rows, qt, kt + b0 * hd * 16, blocks - b0, hd, scores + u0, lds, scale);
-  float inv[kTileRows];
-  for (int64_t r = 0; r < rows; r++) {
-    float* w = scores + r * lds;
-    const int64_t own = length + r / heads, first = window ? std::max<int64_t>(0, own - window) : 0;
-    if (softcap > 0.f) softcap_row(w + first, own - first, softcap);
-    inv[r] = softmax_row(w + first, own - first);
-    std::fill(w + u0, w + first, 0.f);
-    std::fill(w + own, w + last, 0.f);
-  }
-  weigh_any<T>(rows, scores + u0, lds, v + u0 * hd, last - u0, hd, inv, ot);
-  for (int64_t p = 0; p < positions; p++) std::memcpy(out + p * ldo, ot + p * heads * hd, heads * hd * sizeof(float));
-}
-
-// a key row into its transposed block (kt: one KV head's [capacity/16, hd, 16]); a value row as it is
-template <typename T>
-void store_value(T* dst, const float* src, int64_t n) {
-  if constexpr (sizeof(T) == 4) {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    for (int64_t i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
-  }
-}
-
-template <typename T>
-void store_key(T* kt, int64_t position, const float* src, int64_t hd) {
-  T* dst = kt + (position / 16) * hd * 16 + position % 16;
-  for (int64_t i = 0; i < hd; i++) {
-    if constexpr (sizeof(T) == 4)
-      dst[i * 16] = src[i];
-    else
-      dst[i * 16] = float_to_bf16(src[i]);
-  }
 }
 
 // ---- the step -------------------------------------------------------------------------------
