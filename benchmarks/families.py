@@ -16,8 +16,9 @@ import argparse
 import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from decode_step import step_times
 
 SHAPES = dict(
     hidden_size=576,
@@ -54,14 +55,7 @@ def build(family: str):
 
 
 def median_step(runner, context: int, steps: int) -> float:
-    cache = runner.new_cache()
-    runner.forward(list(range(10, 10 + context)), cache)
-    times, token = [], 42
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        token = int(runner.forward([token], cache).argmax())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(step_times(runner, context, steps))
 
 
 def main() -> None:

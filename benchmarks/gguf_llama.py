@@ -14,15 +14,10 @@ from pathlib import Path
 import numpy as np
 
 
-def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
-    """transformers' q/k rows [heads * hd, D] in llama.cpp's rope order (its converter's permute)."""
-    n, d = weight.shape
-    return weight.reshape(heads, 2, n // heads // 2, d).swapaxes(1, 2).reshape(n, d)
-
-
 def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
     import gguf
 
+    from chatcli.engine.lean_convert import head_rows
     from chatcli.engine.load import embedded_gguf
 
     c = model.config
@@ -80,8 +75,9 @@ def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
         a, m = block.self_attn, block.mlp
         add(f"blk.{i}.attn_norm.weight", block.input_layernorm.weight, False)
         add(f"blk.{i}.ffn_norm.weight", block.post_attention_layernorm.weight, False)
-        add(f"blk.{i}.attn_q.weight", _permute(a.q_proj.weight.detach().float().numpy(), heads))
-        add(f"blk.{i}.attn_k.weight", _permute(a.k_proj.weight.detach().float().numpy(), kv_heads))
+        # llama.cpp's rope pairs (2i, 2i + 1), as the lean files' do: the same row order as `rope_order`
+        add(f"blk.{i}.attn_q.weight", a.q_proj.weight[head_rows(a.q_proj.weight.shape[0], heads)])
+        add(f"blk.{i}.attn_k.weight", a.k_proj.weight[head_rows(a.k_proj.weight.shape[0], kv_heads)])
         add(f"blk.{i}.attn_v.weight", a.v_proj.weight)
         add(f"blk.{i}.attn_output.weight", a.o_proj.weight)
         add(f"blk.{i}.ffn_gate.weight", m.gate_proj.weight)

@@ -144,10 +144,16 @@ class Engine:
             turns = turns[starts[1] :]
             dropped += 1  # one exchange: a user message and the replies after it
 
+    @staticmethod
+    def reuse(cache: KVCache, target: list[int]) -> int:
+        """Crop the cache to what `target` can reuse; the positions it keeps (fewer where a cache that
+        cannot crop back started over: sliding layers on the HF runner)."""
+        cache.crop(reusable_prefix(cache.ids, target))
+        return len(cache.ids)
+
     def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None):
         """Crop the cache to the common prefix and feed the rest of `target`; None if cancelled."""
-        cache.crop(reusable_prefix(cache.ids, target))
-        keep = len(cache.ids)  # less where the cache cannot crop back and started over (sliding layers on HF)
+        keep = self.reuse(cache, target)
         logits = None
         for start in range(keep, len(target), PREFILL_CHUNK):
             if cancel is not None and cancel.is_set():
@@ -170,8 +176,7 @@ class Engine:
         t_submit = time.perf_counter()
         cache = session.cache
         target, truncated = self.fit_prompt(messages, params)
-        cache.crop(reusable_prefix(cache.ids, target))
-        cached = len(cache.ids)  # what is reused: a cache that cannot crop back has started over
+        cached = self.reuse(cache, target)  # prefill's own crop then keeps it as it is
         stats = TurnStats(
             prompt_tokens=len(target),
             cached_tokens=cached,

@@ -52,7 +52,7 @@ def lean_support(config) -> str | None:
     if kind not in LEAN_FAMILIES:
         return f"architecture {kind!r} is not in the lean path ({', '.join(LEAN_FAMILIES)})"
     gemma = kind in GEMMA
-    act = get("hidden_activation", None) or get("hidden_act", None) if gemma else get("hidden_act", "silu")
+    act = (get("hidden_activation", None) or get("hidden_act", None)) if gemma else get("hidden_act", "silu")
     wanted = "gelu_pytorch_tanh" if gemma else "silu"
     checks = {
         "attention biases": kind != "qwen2" and get("attention_bias", False),

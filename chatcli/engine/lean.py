@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from chatcli.engine.lean_cache import LeanCache
-from chatcli.engine.lean_weights import PROJECTIONS, LeanWeights
+from chatcli.engine.lean_weights import PROJECTIONS, VECTORS, LeanWeights
 from chatcli.engine.runner import KVCache, ModelRunner
 from chatcli.engine.torch_state import logits_out
 
@@ -125,18 +125,14 @@ class LeanRunner(ModelRunner):
         self.layers = []
         for i in range(c.layers):
             projections = [Projection(tensor(f"layers.{i}.{p}"), decode.get(f"layers.{i}.{p}")) for p in PROJECTIONS]
-            extras = {
-                name: tensor(f"layers.{i}.{name}")[: vectors[f"layers.{i}.{name}"]].to(self.dtype)
-                for name in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
-                if f"layers.{i}.{name}" in vectors
-            }
-            for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):  # norms multiply in fp32
-                if name in extras:
-                    extras[name] = extras[name].float()
+            extras = {}  # in the weights' dtype, as transformers holds them; norms then multiply in fp32
+            for name in VECTORS:
+                if (key := f"layers.{i}.{name}") in vectors:
+                    vector = tensor(key)[: vectors[key]].to(self.dtype)
+                    extras[name] = vector if name == "qkv_bias" else vector.float()
             self.layers.append(LeanLayer(*projections, rope=ropes[c.rope_name(i)], window=c.layer_window(i), **extras))
         # [1, D] -> [1, V]: only ever the last position, so a quantized model keeps no dense head
         self.head = Projection(None, decode["head"]) if decode else Projection(tensor("head"))
-        self.rope = ropes["rope"]  # [T, 1, hd/2] complex
         self.scale, self.softcap, self.final_softcap = c.scale, c.attn_softcap, c.final_softcap
         self.act = F.silu if c.act == "silu" else partial(F.gelu, approximate="tanh")
 
@@ -246,10 +242,7 @@ class LeanRunner(ModelRunner):
 
     def _post(self, h: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """A block's output, through its sandwich norm where the family has one (Gemma)."""
-        if weight is None:
-            return h
-        hf = h.float()
-        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps) * weight).to(h.dtype)
+        return h if weight is None else _rms_norm_times(h.float(), weight, self.eps).to(h.dtype)
 
     def _cap(self, logits: torch.Tensor) -> torch.Tensor:
         """Final logit soft-capping (Gemma 2): cap * tanh(logits / cap)."""
@@ -272,7 +265,10 @@ class LeanRunner(ModelRunner):
         qk = qkv[:, :n_qk].float().view(length, heads + kv_heads, hd)  # [S, H+KV, hd]
         if layer.q_norm is not None:
             qk = torch.cat(
-                [_head_norm(qk[:, :heads], layer.q_norm, self.eps), _head_norm(qk[:, heads:], layer.k_norm, self.eps)],
+                [
+                    _rms_norm_times(qk[:, :heads], layer.q_norm, self.eps),
+                    _rms_norm_times(qk[:, heads:], layer.k_norm, self.eps),
+                ],
                 1,
             )
         pairs = qk.view(length, heads + kv_heads, hd // 2, 2)
@@ -312,8 +308,9 @@ class LeanRunner(ModelRunner):
         return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd).to(self.dtype))  # [S, D]
 
 
-def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of each head: x [S, N, hd] fp32 times weight [hd] (Qwen3's and Gemma 3's q/k norms)."""
+def _rms_norm_times(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of fp32 x times a weight that cannot be folded: each head's q/k norm
+    (Qwen3, Gemma 3: x [S, N, hd], weight [hd]) or a sandwich norm (Gemma: x [S, D], weight [D])."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 

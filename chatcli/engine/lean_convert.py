@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from chatcli.engine.families import GEMMA, sliding_layers, softcap
-from chatcli.engine.lean_weights import INT8, PANEL, LeanConfig, Status, lean_support, record
+from chatcli.engine.lean_weights import INT8, PANEL, LeanConfig, Status, lean_support, padded16, record
 
 
 def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:
@@ -179,11 +179,7 @@ def vectors(model, config: LeanConfig, rotary: int | None = None) -> dict[str, t
             out[f"layers.{i}.q_norm"], out[f"layers.{i}.k_norm"] = b.q_norm[order], b.k_norm[order]
         if config.post_norms:
             out[f"layers.{i}.post_attn_norm"], out[f"layers.{i}.post_ffn_norm"] = b.post_attn_norm, b.post_ffn_norm
-    padded = {}
-    for name, vector in out.items():
-        n = -(-len(vector) // 16) * 16
-        padded[name] = torch.zeros(n).index_copy_(0, torch.arange(len(vector)), vector.float())
-    return padded
+    return {name: torch.nn.functional.pad(v.float(), (0, padded16(len(v)) - len(v))) for name, v in out.items()}
 
 
 def rope_table(model, limit: int, layer_type: str | None = None) -> tuple[torch.Tensor, int]:

@@ -39,6 +39,7 @@ FORMAT = 2  # 2: the families' fields and vectors
 PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
 PROJECTIONS = ("qkv", "out", "gate_up", "down")
 INT8 = "int8"
+VECTORS = ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # per layer, where a family has them
 SOURCE_FILE = "source.txt"  # in each lean folder of the cache: the model folder it was converted from
 
 Status = Callable[..., None]  # status(text, done=None, total=None)
@@ -128,6 +129,11 @@ class LeanConfig:
             raise LeanFileError(f"the lean file's config does not parse: {exc}") from None
 
 
+def padded16(n: int) -> int:
+    """A stored vector's length: n rounded up to 16 floats (64 bytes, the file's alignment)."""
+    return -(-n // 16) * 16
+
+
 def lean_support(config) -> str | None:
     """None if the lean runners compute this model exactly, else why not (one line); see `families`."""
     from chatcli.engine.families import lean_support as support
@@ -207,7 +213,7 @@ class LeanWeights:
         if c.sliding_rope:
             want["rope_sliding"] = table
         for name, n in c.vectors().items():
-            want[name] = ("F32", (-(-n // 16) * 16,))
+            want[name] = ("F32", (padded16(n),))
         code = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(c.weights)
         for name, (k, n) in c.shapes().items():
             if c.weights == INT8:

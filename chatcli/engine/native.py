@@ -34,7 +34,7 @@ from chatcli.engine.kernels.structs import (
     Matrix,
     Model,
 )
-from chatcli.engine.lean_weights import INT8, PROJECTIONS, LeanWeights
+from chatcli.engine.lean_weights import INT8, PROJECTIONS, VECTORS, LeanWeights
 from chatcli.engine.runner import KVCache, ModelRunner
 
 CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
@@ -168,10 +168,7 @@ class NativeRunner(ModelRunner):
                 *[self._matrix(f"layers.{i}.{p}", shapes) for p in PROJECTIONS],
                 weights.address(c.rope_name(i)),
                 c.layer_window(i),
-                *[
-                    vector(f"layers.{i}.{n}")
-                    for n in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
-                ],
+                *[vector(f"layers.{i}.{n}") for n in VECTORS],  # in Layer's field order
             )
             for i in range(c.layers)
         ]
