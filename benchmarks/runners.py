@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from chatcli.engine.load import LoadOptions, load_engine
 
-NAMES = ("native", "native-int8", "lean", "lean-int8", "hf")
+NAMES = ("native", "native-int8", "native-q4", "native-q8", "lean", "lean-int8", "hf")
 
 
 def engine_named(name: str, model: str | None = None):

@@ -4,7 +4,9 @@
     CHATCLI_LLAMA_PYTHON=/path/to/llama-venv/bin/python python benchmarks/shapes.py
 
 Each shape is a random Llama built from a config (no download; Qwen2.5-0.5B's shapes with Llama
-blocks, without its q/k/v biases), converted to chatcli's lean files and written as GGUFs
+blocks, without its q/k/v biases), converted to chatcli's lean files (fp32, int8, and q4 / q8
+quantized from the fp32 weights at conversion: Q4_1 layers and a Q8_0 head, or Q8_0 throughout)
+and written as GGUFs
 (`gguf_llama.py`: F32, Q8_0, Q4_0) that llama.cpp runs in a child process of the venv that has
 llama-cpp-python (`$CHATCLI_LLAMA_PYTHON`, as `chatcli bench` finds it). Decode tok/s is the
 median step after a `--context`-token prefill (chatcli) or the mean over the steps (llama.cpp,
@@ -59,6 +61,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--context", type=int, default=100)
     ap.add_argument("--quants", default="F32,Q8_0,Q4_0")
+    ap.add_argument("--kinds", default="float32-panels,int8,q4,q8", help="chatcli's lean kinds")
     args = ap.parse_args()
 
     from chatcli.bench import _cpu_name
@@ -73,7 +76,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         model = build(shape)
         folder = Path(tempfile.mkdtemp(prefix=f"shape-{shape}-"))
-        for kind in ("float32-panels", "int8"):
+        for kind in args.kinds.split(","):
             path = folder / f"{kind}.safetensors"
             convert_lean(folder, path, kind, shape, model_loader=lambda m=model: (m, RandomIds()))
             runner = NativeRunner(LeanWeights(path, kind, shape))

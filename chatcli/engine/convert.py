@@ -59,6 +59,15 @@ def converted_folder(path: Path, status: Callable[[str], None] = lambda _m: None
     return folder
 
 
+def source_gguf(folder: Path) -> Path | None:
+    """The GGUF file a converted folder was made from, where it is still there and unchanged."""
+    try:
+        path = Path(json.loads((folder / MANIFEST).read_text())["source"])
+        return path if path.is_file() and folder_for(path).name == folder.name else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def is_valid(folder: Path) -> bool:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())

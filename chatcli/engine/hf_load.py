@@ -153,6 +153,10 @@ def make_hf_runner(model, limit: int, quantize: str | None = None, kv_dtype: str
             f"--kv-dtype {kv_dtype}: the HF runner keeps its cache in the model's dtype "
             f"({str(model.dtype).removeprefix('torch.')}); use --dtype, or --runner lean for a model of a lean family"
         )
+    if quantize in ("q4", "q8"):
+        raise LoadError(
+            f"--quantize {quantize} runs on the lean path in the compiled kernel; this model takes the HF runner"
+        )
     if quantize == "int8":
         from chatcli.engine.quantize import QuantizeError, pick_engine, quantize_hf_model
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from chatcli.engine.families import GEMMA, sliding_layers, softcap
-from chatcli.engine.lean_weights import INT8, PANEL, LeanConfig, Status, lean_support, padded16, record
+from chatcli.engine.lean_weights import GROUPED, INT8, PANEL, LeanConfig, Status, lean_support, padded16, record
 
 
 def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:
@@ -144,9 +144,15 @@ def block_parts(block, config) -> Block:
     return parts
 
 
-def projections(model, smooth: list[torch.Tensor] | None = None, rotary: int | None = None) -> dict[str, torch.Tensor]:
-    """Every projection of a transformers decoder as `w_t [k, n]` (norms folded, q/k rope-ordered),
-    by tensor name; `smooth`: per-layer SmoothQuant scales for down (up / s, down * s)."""
+Parts = list[
+    tuple[torch.Tensor, "torch.Tensor | None"]
+]  # a fused projection's weights [n_i, k], each with its row order
+
+
+def projection_parts(model, smooth=None, rotary: int | None = None) -> dict[str, tuple[Parts, torch.Tensor | None]]:
+    """Every projection of a transformers decoder, by tensor name, as the weights it fuses (q/k
+    with their rope row order) and the RMSNorm weight before it (None where there is none);
+    `smooth`: per-layer SmoothQuant scales for down (up / s, down * s)."""
     config, inner = model.config, model.model
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -156,13 +162,54 @@ def projections(model, smooth: list[torch.Tensor] | None = None, rotary: int | N
         up, down = b.up, b.down  # [F, D], [D, F]
         if smooth is not None:  # act(gate) * up is linear in up: down's input j / s_j, its column j * s_j
             up, down = up / smooth[i][:, None], down * smooth[i][None, :]
-        out[f"layers.{i}.qkv"] = fused_transposed([b.q, b.k, b.v], b.attn_norm, (heads, kv_heads), rotary)
-        out[f"layers.{i}.out"] = fused_transposed([b.o])
-        out[f"layers.{i}.gate_up"] = fused_transposed([b.gate, up], b.mlp_norm)
-        out[f"layers.{i}.down"] = fused_transposed([down])
+        q_rows, k_rows = head_rows(b.q.shape[0], heads, rotary), head_rows(b.k.shape[0], kv_heads, rotary)
+        out[f"layers.{i}.qkv"] = ([(b.q, q_rows), (b.k, k_rows), (b.v, None)], b.attn_norm)
+        out[f"layers.{i}.out"] = ([(b.o, None)], None)
+        out[f"layers.{i}.gate_up"] = ([(b.gate, None), (up, None)], b.mlp_norm)
+        out[f"layers.{i}.down"] = ([(down, None)], None)
     final_norm = norm_weight(inner.norm, config.model_type in GEMMA)
-    out["head"] = fused_transposed([model.get_output_embeddings().weight], final_norm)  # [D, V]
+    out["head"] = ([(model.get_output_embeddings().weight, None)], final_norm)
     return out
+
+
+def projections(model, smooth: list[torch.Tensor] | None = None, rotary: int | None = None) -> dict[str, torch.Tensor]:
+    """Every projection of a transformers decoder as `w_t [k, n]` (norms folded, q/k rope-ordered),
+    by tensor name; `smooth`: per-layer SmoothQuant scales for down (up / s, down * s)."""
+    return {
+        name: fused_transposed([w if rows is None else w[rows] for w, rows in parts], norm)
+        for name, (parts, norm) in projection_parts(model, smooth, rotary).items()
+    }
+
+
+def grouped_arrays(model, kind: str, rotary, gguf=None, status: Status | None = None) -> dict:
+    """A `q4` / `q8` lean file's projections (quant_blocks' arrays, `<name>.w/.d/.m`) and the norms
+    kept apart: each weight as the GGUF's own blocks where `gguf` (a `quant_blocks.GGUFBlocks`)
+    has them exactly, else quantized here (q4: the layers 4-bit, the head 8-bit)."""
+    from chatcli.engine import quant_blocks as qb
+
+    status = status or (lambda *_a, **_k: None)
+    names = {p.data_ptr(): name for name, p in model.named_parameters()}
+    parts_of = projection_parts(model, None, rotary)
+    arrays = {}
+    for i, (name, (parts, norm)) in enumerate(parts_of.items()):
+        status("Writing the lean weights", i, len(parts_of))
+        bits = 8 if kind == "q8" or name == "head" else 4
+        codes = [gguf.codes(names.get(w.data_ptr()), w, rows) if gguf else None for w, rows in parts]
+        if name == "head" and kind == "q4" and all(c is not None and c.bits == 4 for c in codes):
+            bits = 4  # the GGUF's 4-bit head as it is
+        if not all(c is not None and c.bits == bits for c in codes):
+            quantize = qb.quantize_q4 if bits == 4 else qb.quantize_q8
+            codes = [quantize((w if rows is None else w[rows]).detach().float().numpy()) for w, rows in parts]
+        for key, value in qb.pack(qb.concat(codes)).items():
+            arrays[f"{name}.{key}"] = value
+        if norm is not None:
+            norm_name = (
+                "final_norm" if name == "head" else name.replace("qkv", "attn_norm").replace("gate_up", "mlp_norm")
+            )
+            vector = norm.detach().float()
+            arrays[norm_name] = torch.nn.functional.pad(vector, (0, padded16(len(vector)) - len(vector))).numpy()
+    status("Writing the lean weights", len(parts_of), len(parts_of))
+    return arrays
 
 
 def vectors(model, config: LeanConfig, rotary: int | None = None) -> dict[str, torch.Tensor]:
@@ -249,9 +296,16 @@ def embedding(model) -> torch.Tensor:
 
 
 def lean_arrays(
-    model, limit: int, kind: str, source: str, calibration_ids: list[int] | None = None, status: Status | None = None
+    model,
+    limit: int,
+    kind: str,
+    source: str,
+    calibration_ids: list[int] | None = None,
+    status: Status | None = None,
+    gguf=None,
 ) -> tuple[LeanConfig, dict]:
-    """The lean file's tensors for `model` (numpy arrays, BF16 as (code, uint16 array)) and its config."""
+    """The lean file's tensors for `model` (numpy arrays, BF16 as (code, uint16 array)) and its config;
+    `gguf`: the source GGUF's blocks, for a grouped kind (see `grouped_arrays`)."""
     status = status or (lambda *_a, **_k: None)
     reason = lean_support(model.config)
     if reason:
@@ -272,6 +326,9 @@ def lean_arrays(
     if config.sliding_rope:
         arrays["rope_sliding"] = rope_table(model, limit, "sliding_attention")[0].numpy()
     arrays.update({name: v.numpy() for name, v in vectors(model, config, rotary).items()})
+    if kind in GROUPED:
+        arrays.update(grouped_arrays(model, kind, rotary, gguf, status))
+        return config, arrays
     weights = projections(model, smooth, rotary)
     for i, (name, w_t) in enumerate(weights.items()):
         status("Writing the lean weights", i, len(weights))
@@ -314,8 +371,17 @@ def convert_lean(
         from chatcli.engine.quantize import calibration_ids
 
         ids = calibration_ids(tokenizer)
+    gguf = None
+    if kind in GROUPED:
+        from chatcli.engine.convert import source_gguf
+        from chatcli.engine.quant_blocks import GGUFBlocks
+
+        path_gguf = source_gguf(folder)
+        gguf = GGUFBlocks(path_gguf, model) if path_gguf else None
     with torch.inference_mode():
-        config, arrays = lean_arrays(model, limit, kind, source, ids, status)
+        config, arrays = lean_arrays(model, limit, kind, source, ids, status, gguf)
+    if gguf is not None:
+        status(f"Took {gguf.taken} weights from {path_gguf.name}'s own blocks")
     _pad_all(arrays)
     status("Saving the lean weights")
     write_tensors(path, arrays, {"chatcli": config.to_json()})

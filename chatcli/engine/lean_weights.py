@@ -8,6 +8,10 @@ and dtype their reader wants:
 
 - `float32-panels`: fp32, each projection in panels of 64 outputs `[ceil(n/64), k, 64]`, for
   the compiled kernel (`native.NativeRunner`);
+- `q4` / `q8`: group-wise 4- or 8-bit codes with fp16 scales (and mins), GGUF's Q4_0/Q4_1/Q8_0
+  blocks, packed for the kernel (`quant_blocks`): a GGUF's own blocks where it has them, the
+  RMSNorm weights kept apart (`attn_norm`, `mlp_norm`, `final_norm`) since a block cannot take them;
+  in `q4` the layers are 4-bit and the head 8-bit unless the GGUF's head is 4-bit;
 - `int8`: int8 weights packed for the kernel's VNNI dot products `[ceil(n/16), kp/4, 16, 4]`
   with a scale and a row sum per output, SmoothQuant folded into gate/up and down;
 - `<dtype>-dense`: `w_t [k, n]` in that dtype for the torch lean runner (`lean.LeanRunner`).
@@ -39,6 +43,8 @@ FORMAT = 2  # 2: the families' fields and vectors
 PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
 PROJECTIONS = ("qkv", "out", "gate_up", "down")
 INT8 = "int8"
+GROUPED = ("q4", "q8")  # group-wise kinds (quant_blocks)
+GROUP = 32
 VECTORS = ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # per layer, where a family has them
 SOURCE_FILE = "source.txt"  # in each lean folder of the cache: the model folder it was converted from
 
@@ -63,7 +69,7 @@ class LeanConfig:
     embed_rows: int  # rows of the embedding (ids below this are valid)
     eps: float
     positions: int  # rows of the rope table: the context limit
-    kind: str  # "float32-panels", "int8", "<dtype>-dense"
+    kind: str  # "float32-panels", "int8", "q4", "q8", "<dtype>-dense"
     source: str  # the source model's identity (see source_key)
     format: int = FORMAT
     family: str = "llama"  # the source's model_type
@@ -102,8 +108,15 @@ class LeanConfig:
 
     @property
     def weights(self) -> str:
-        """The projections' dtype: float32, bfloat16, float16 or int8."""
+        """The projections' dtype: float32, bfloat16, float16, int8, q4 or q8."""
         return self.kind.split("-")[0]
+
+    def norms(self) -> dict[str, int]:
+        """The RMSNorm weights a grouped kind keeps apart (length each), by name: none for the others."""
+        if self.kind not in GROUPED:
+            return {}
+        out = {f"layers.{i}.{n}": self.hidden for i in range(self.layers) for n in ("attn_norm", "mlp_norm")}
+        return {**out, "final_norm": self.hidden}
 
     @property
     def qkv(self) -> int:
@@ -212,11 +225,20 @@ class LeanWeights:
         want = {"embed": ("F32", (c.embed_rows, c.hidden)), "rope": table}
         if c.sliding_rope:
             want["rope_sliding"] = table
-        for name, n in c.vectors().items():
+        for name, n in {**c.vectors(), **c.norms()}.items():
             want[name] = ("F32", (padded16(n),))
         code = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(c.weights)
         for name, (k, n) in c.shapes().items():
-            if c.weights == INT8:
+            if c.kind in GROUPED:
+                blocks, groups = -(-n // 16), -(-k // GROUP)
+                w = self.file.tensors.get(f"{name}.w")
+                quads = w.shape[2] if w is not None and len(w.shape) == 4 and w.shape[2] in (4, 8) else 4
+                want[f"{name}.w"] = ("U8", (blocks, groups, quads, 64))
+                scales = ("F16", (-(-blocks * groups * 16 // 32) * 32,))  # [B, G, 16], flat, 64-byte padded
+                want[f"{name}.d"] = scales
+                if f"{name}.m" in self.file.tensors:
+                    want[f"{name}.m"] = scales
+            elif c.weights == INT8:
                 kp, blocks = -(-k // 4) * 4, -(-n // 16)
                 want[f"{name}.w"] = ("I8", (blocks, kp // 4, 16, 4))
                 want[f"{name}.scale"] = ("F32", (blocks * 16,))

@@ -61,7 +61,11 @@ class LoadOptions:
     kv_dtype: str = _flag(  # the lean runner's KV cache: see pick_kv_dtype
         "auto", "KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16"
     )
-    quantize: str | None = _flag(None, "int8: int8 weights and activations (CPU).")  # see chatcli.engine.quantize
+    quantize: str | None = _flag(
+        None,
+        "int8: int8 weights and activations (CPU); q4 / q8: 4- or 8-bit weights in groups of 32, a GGUF's own "
+        "Q4_0/Q4_1/Q8_0 blocks where it has them (the compiled kernel).",
+    )  # see chatcli.engine.quantize
 
 
 @dataclass
@@ -141,7 +145,8 @@ def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None =
     return "bfloat16" if device == "cpu" and dtype == "float32" and not quantize and has_native_bf16() else dtype
 
 
-QUANTIZE_CHOICES = ("int8",)
+QUANTIZE_CHOICES = ("int8", "q4", "q8")
+GROUPED_QUANTIZE = ("q4", "q8")  # the compiled kernel only
 
 
 def check_quantize(quantize: str | None, device: str, dtype: str) -> None:
@@ -295,9 +300,13 @@ def lean_engine(
     if native:
         from chatcli.engine.native import NativeRunner
 
-        weights = lean_file(source.folder, INT8 if quantize else "float32-panels", status, model_loader)
-        runner = NativeRunner(weights, kv_dtype=kv)
+        kind = quantize if quantize in GROUPED_QUANTIZE else INT8 if quantize else "float32-panels"
+        runner = NativeRunner(lean_file(source.folder, kind, status, model_loader), kv_dtype=kv)
     else:
+        if quantize in GROUPED_QUANTIZE:
+            raise LoadError(
+                f"--quantize {quantize} needs the compiled kernel: {_why_no_kernel(kernel, device, dtype, kv)}"
+            )
         import torch
 
         from chatcli.engine.lean import DTYPES, LeanRunner
@@ -315,6 +324,16 @@ def _native_shapes(config: dict) -> bool:
     heads = config.get("num_attention_heads") or 1
     head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // heads
     return shape_reason(head_dim, heads, config.get("num_key_value_heads") or heads) is None
+
+
+def _why_no_kernel(kernel: bool, device: str, dtype: str, kv: str) -> str:
+    from chatcli.engine import kernels
+
+    if not kernel or device != "cpu":
+        return "it runs on the CPU only"
+    if dtype != "float32" or kv not in ("float32", "bfloat16"):
+        return "it takes float32 weights and a float32 or bfloat16 KV cache"
+    return kernels.why_not() or "the model's attention shapes are not the kernel's; use --quantize int8"
 
 
 def _kernel() -> bool:

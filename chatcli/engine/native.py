@@ -29,12 +29,14 @@ from chatcli.engine.kernels.structs import (
     CACHE_F32,
     WEIGHT_F32,
     WEIGHT_I8,
+    WEIGHT_Q4,
+    WEIGHT_Q8,
     Cache,
     Layer,
     Matrix,
     Model,
 )
-from chatcli.engine.lean_weights import INT8, PROJECTIONS, VECTORS, LeanWeights
+from chatcli.engine.lean_weights import GROUP, GROUPED, INT8, PROJECTIONS, VECTORS, LeanWeights
 from chatcli.engine.runner import KVCache, ModelRunner
 
 CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
@@ -142,8 +144,8 @@ class NativeRunner(ModelRunner):
         if lib is None:
             raise RuntimeError(f"the compiled kernel is not available: {kernels.why_not()}")
         c = weights.config
-        if c.kind not in ("float32-panels", INT8):
-            raise ValueError(f"the native runner reads float32-panels or int8 lean files, not {c.kind}")
+        if c.kind not in ("float32-panels", INT8, *GROUPED):
+            raise ValueError(f"the native runner reads float32-panels, int8, q4 or q8 lean files, not {c.kind}")
         if kv_dtype not in CACHE_DTYPES:
             raise ValueError(f"the native runner keeps a float32 or bfloat16 KV cache, not {kv_dtype}")
         reason = shape_reason(c.head_dim, c.heads, c.kv_heads)
@@ -155,7 +157,7 @@ class NativeRunner(ModelRunner):
         self.context_limit = c.positions
         self.device = "cpu"
         self.dtype = "float32"  # activations; the weights are `c.weights`
-        self.quantized = c.weights == INT8
+        self.quantized = c.weights in (INT8, *GROUPED)
         self.kv_dtype = kv_dtype
         self.threads = threads or kernel_threads()
         shapes, vectors = c.shapes(), c.vectors()
@@ -193,13 +195,29 @@ class NativeRunner(ModelRunner):
         self.weight_bytes = sum(
             weights.file.tensors[n].nbytes
             for n in weights.file.tensors
-            if n not in ("embed", "rope", "rope_sliding") and n not in vectors
+            if n not in ("embed", "rope", "rope_sliding") and n not in vectors and n not in c.norms()
         )
 
     def _matrix(self, name: str, shapes: dict) -> Matrix:
         k, n = shapes[name]
+        w = self.weights
+        if self.config.kind in GROUPED:  # each projection q4 or q8 by its packing (quant_blocks)
+            bits = WEIGHT_Q8 if w.file.tensors[f"{name}.w"].shape[2] == 8 else WEIGHT_Q4
+            has = w.file.tensors
+            norm = {"head": "final_norm"}.get(name) or name.replace("qkv", "attn_norm").replace("gate_up", "mlp_norm")
+            return Matrix(
+                bits,
+                n,
+                k,
+                -(-k // GROUP) * GROUP,
+                w.address(f"{name}.w"),
+                None,
+                None,
+                w.address(f"{name}.d"),
+                w.address(f"{name}.m") if f"{name}.m" in has else None,
+                w.address(norm) if norm in has else None,
+            )
         if self.quantized:
-            w = self.weights
             return Matrix(
                 WEIGHT_I8,
                 n,
@@ -216,7 +234,7 @@ class NativeRunner(ModelRunner):
 
     @property
     def exact_verify(self) -> bool:
-        return True  # every row is computed as if alone, int8 included
+        return True  # every row is computed as if alone, int8, q4 and q8 included
 
     def new_cache(self) -> NativeCache:
         c = self.config

@@ -21,7 +21,11 @@ FOLDER_BUDGET = 2 << 30
 def fingerprint(runner: ModelRunner, model_name: str) -> str:
     """What a saved cache must match: the same model, forward, weights' and cache's dtypes."""
     kv = str(getattr(runner, "kv_dtype", runner.dtype)).removeprefix("torch.")
-    weights = "int8" if getattr(runner, "quantized", False) else str(runner.dtype).removeprefix("torch.")
+    kind = getattr(getattr(runner, "config", None), "kind", None)
+    if getattr(runner, "quantized", False):  # int8, or q4 / q8 (the native runner's lean file says which)
+        weights = kind if kind in ("q4", "q8") else "int8"
+    else:
+        weights = str(runner.dtype).removeprefix("torch.")
     return f"{model_name}|{type(runner).__name__}|{weights}|kv {kv}|{runner.context_limit}"
 
 

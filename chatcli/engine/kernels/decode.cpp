@@ -20,6 +20,13 @@
 //   int8: W packed as [ceil(n/16)][kp/4][16][4] int8 (16 outputs a block, 4 consecutive k
 //     per 32-bit lane, as VPDPBUSD wants), symmetric per output row, scale [n], row sums
 //     [n] (for the activations' zero point): y = xs * ws * (sum xq * wq - xz * wsum).
+//   q4 / q8 (GGUF's Q4_0, Q4_1, Q8_0 blocks as they are): groups of 32 inputs, per output and group
+//     a scale d and, for Q4_1, a min m (fp16), unsigned codes c: w = d c + m, or d (c - 8) (Q4_0,
+//     no mins) or d (c - 128) (Q8_0). Packed [ceil(n/16)][kp/32][quads][64] bytes, 16 outputs a block: q8
+//     8 quads of 16 outputs x 4 inputs; q4 4 such quads of bytes, each byte holding quad 2j in its low
+//     nibble and 2j + 1 in its high one; d, m [ceil(n/16)][kp/32][16]. The activations get an int8
+//     scale per row and group (GGUF's Q8_1): y = sum_g d sx_g (sum c xq) + m sx_g (sum xq).
+//     The RMSNorm weight before such a projection is applied to the activations (`norm`), not folded.
 //   fp32: W in panels of 64 outputs, [ceil(n/64)][k][64], zero past n: each thread streams whole
 //     panels, contiguous (a transposed [k, n] layout put the rows of a wide matrix in the same cache sets).
 // The KV cache holds keys [L, KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and values
@@ -40,15 +47,18 @@
 
 extern "C" {
 
-enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1 };
+enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3 };
 enum { CACHE_F32 = 0, CACHE_BF16 = 1 };
 
 struct Matrix {
-  int32_t kind;      // WEIGHT_F32 or WEIGHT_I8
-  int64_t n, k, kp;  // outputs, inputs, inputs padded to a multiple of 4 (int8)
-  const void* w;     // fp32: [k, n]; int8: packed as above
+  int32_t kind;      // WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4 or WEIGHT_Q8
+  int64_t n, k, kp;  // outputs, inputs, inputs padded to a multiple of 4 (int8) or 32 (q4, q8)
+  const void* w;     // fp32: panels; int8, q4, q8: packed as above
   const float* scale;  // int8: [n]
   const int32_t* wsum;  // int8: [n]
+  const uint16_t* d;    // q4, q8: fp16 scales
+  const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d)
+  const float* norm;    // q4, q8: [k] the RMSNorm weight its normalised inputs take, or null
 };
 
 struct Layer {
@@ -99,6 +109,8 @@ struct Rows {  // the activation rows a projection reads
   const uint8_t* xq;  // int8: [count, kp]
   const float* xs;
   const int32_t* xz;
+  const float* gs;    // q4, q8: [count, kp/32] each group's scale (xq then holds int8)
+  const float* gsum;  // q4, q8: [count, kp/32] each group's sum, gs * sum xq
 };
 
 // y[s, n0..n0+16) for rows s0..s0+R, int8 block b; accumulate: y += instead of y =
@@ -136,6 +148,58 @@ void int8_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y
     __m512 val = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(in.xs[s]), ws), _mm512_cvtepi32_ps(dot));
     float* out = y + s * ldy + n0;
     if (accumulate) val = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), val);
+    _mm512_mask_storeu_ps(out, mask, val);
+  }
+}
+
+// y[s, n0..n0+16) for rows s0..s0+R, q4 or q8 block b (kQuads: 4 nibble pairs or 8 byte quads a
+// group). Each group's dot is exact in int32; the row's fp32 sum adds d sx dot + m sum, groups in order.
+template <int R, int kQuads>
+void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
+  const int64_t groups = m.kp / 32;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * kQuads * 64;
+  const uint16_t* dp = m.d + b * groups * 16;
+  const uint16_t* mp = m.mins ? m.mins + b * groups * 16 : nullptr;
+  const float offset = kQuads == 8 ? -128.f : -8.f;  // the codes' zero where there are no mins
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 sum[R];
+  for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* wg = w + g * kQuads * 64;
+    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * kQuads * 64), _MM_HINT_T0);
+    __m512i acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+      __m512i c0, c1;
+      if constexpr (kQuads == 4) {
+        const __m512i v = _mm512_loadu_si512(wg + p * 64);
+        c0 = _mm512_and_si512(v, nibble);
+        c1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      } else {
+        c0 = _mm512_loadu_si512(wg + 2 * p * 64);
+        c1 = _mm512_loadu_si512(wg + 2 * p * 64 + 64);
+      }
+      for (int r = 0; r < R; r++) {
+        const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8 + 2 * p;
+        acc[r] = _mm512_dpbusd_epi32(acc[r], c0, _mm512_set1_epi32(xr[0]));
+        acc[r] = _mm512_dpbusd_epi32(acc[r], c1, _mm512_set1_epi32(xr[1]));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + g * 16)));
+    const __m512 mn = mp ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + g * 16)))
+                         : _mm512_mul_ps(d, _mm512_set1_ps(offset));
+    for (int r = 0; r < R; r++) {
+      const int64_t at = (s0 + r) * groups + g;
+      sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(in.gs[at])), _mm512_cvtepi32_ps(acc[r]), sum[r]);
+      sum[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(in.gsum[at]), sum[r]);
+    }
+  }
+  const int64_t n0 = b * 16;
+  const int64_t width = std::min<int64_t>(16, m.n - n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+  for (int r = 0; r < R; r++) {
+    float* out = y + (s0 + r) * ldy + n0;
+    const __m512 val = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), sum[r]) : sum[r];
     _mm512_mask_storeu_ps(out, mask, val);
   }
 }
@@ -225,7 +289,15 @@ void split(const Rows& in, int64_t units, Work work) {
 
 // y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team
 void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-  if (m.kind == WEIGHT_I8)
+  if (m.kind == WEIGHT_Q4)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q8)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      group_block<decltype(r)::value, 8>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_I8)
     split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
       int8_block<decltype(r)::value>(m, b, in, s, y, ldy, accumulate);
     });
@@ -240,13 +312,13 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
 struct Scratch {
   std::vector<float> x, h, qkv, att, gu, scores, post;
   std::vector<uint8_t> xq;
-  std::vector<float> xs;
+  std::vector<float> xs, gs, gsum;
   std::vector<int32_t> xz;
 };
 
 // The rows a projection reads: `src [count, k]` itself, or its normalised rows in sc.h
 Rows rows_for(const Matrix& m, const float* src, int64_t lds, int64_t count, bool norm, const Scratch& sc) {
-  Rows rows{count, src, lds, sc.xq.data(), sc.xs.data(), sc.xz.data()};
+  Rows rows{count, src, lds, sc.xq.data(), sc.xs.data(), sc.xz.data(), sc.gs.data(), sc.gsum.data()};
   if (norm) {
     rows.x = sc.h.data();
     rows.ldx = m.k;
@@ -260,8 +332,18 @@ Rows prepare(const Matrix& m, const float* src, int64_t lds, int64_t count, bool
   const Rows rows = rows_for(m, src, lds, count, norm, sc);
 #pragma omp for schedule(static)
   for (int64_t s = 0; s < count; s++) {
-    if (norm) rms_norm(src + s * lds, m.k, eps, sc.h.data() + s * m.k);
-    if (m.kind == WEIGHT_I8) quantize_row(rows.x + s * rows.ldx, m.k, m.kp, sc.xq.data() + s * m.kp, &sc.xs[s], &sc.xz[s]);
+    if (norm) {
+      float* h = sc.h.data() + s * m.k;
+      rms_norm(src + s * lds, m.k, eps, h);
+      if (m.norm)
+        for (int64_t i = 0; i < m.k; i++) h[i] *= m.norm[i];
+    }
+    const float* x = rows.x + s * rows.ldx;
+    if (m.kind == WEIGHT_I8) quantize_row(x, m.k, m.kp, sc.xq.data() + s * m.kp, &sc.xs[s], &sc.xz[s]);
+    if (m.kind == WEIGHT_Q4 || m.kind == WEIGHT_Q8) {
+      const int64_t groups = m.kp / 32;
+      quantize_groups(x, m.k, m.kp, reinterpret_cast<int8_t*>(sc.xq.data()) + s * m.kp, &sc.gs[s * groups], &sc.gsum[s * groups]);
+    }
   }
   return rows;
 }
@@ -298,6 +380,8 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
   sc.xq.resize(S * (widest + 64));
   sc.xs.resize(S);
   sc.xz.resize(S);
+  sc.gs.resize(S * (widest / 32 + 2));
+  sc.gsum.resize(S * (widest / 32 + 2));
   const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together
   const int64_t parts = (group + part - 1) / part;
   // few rows (a decode step): one head a task, so that every thread has some; else tiles of positions
@@ -392,6 +476,8 @@ int chatcli_project(const Matrix* m, const float* x, int64_t rows, float* y, int
     sc.xq.resize(rows * (m->kp + 64));
     sc.xs.resize(rows);
     sc.xz.resize(rows);
+    sc.gs.resize(rows * (m->kp / 32 + 1));
+    sc.gsum.resize(rows * (m->kp / 32 + 1));
     const Rows in = prepare(*m, x, m->k, rows, false, 0.f, sc);
 #pragma omp parallel num_threads(threads)
     project(*m, in, y, m->n, false);

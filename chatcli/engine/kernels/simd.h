@@ -103,6 +103,26 @@ void quantize_row(const float* x, int64_t k, int64_t kp, uint8_t* xq, float* sca
   *zero = zp;
 }
 
+// x [k] -> xq [kp] int8 in groups of 32 (GGUF's Q8_1): per group a scale amax / 127 and the sum
+// scale * sum xq; the padding past k is 0
+void quantize_groups(const float* x, int64_t k, int64_t kp, int8_t* xq, float* scale, float* sum) {
+  for (int64_t g = 0; g * 32 < kp; g++) {
+    float v[32];
+    const int64_t from = g * 32, n = std::clamp<int64_t>(k - from, 0, 32);
+    std::memcpy(v, x + from, n * sizeof(float));
+    std::fill(v + n, v + 32, 0.f);
+    const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float step = amax > 0.f ? amax / 127.f : 1.f;
+    const __m512 inv = _mm512_set1_ps(1.f / step);
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));  // nearest even
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + from), _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + from + 16), _mm512_cvtsepi32_epi8(qb));
+    scale[g] = step;
+    sum[g] = step * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
+  }
+}
+
 // rope on `heads` heads of a row in adjacent pairs (2i, 2i + 1): rope [hd/2, 2] holds cos, sin
 void rope_row(float* row, const float* rope, int64_t heads, int64_t half) {
   for (int64_t head = 0; head < heads; head++)

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import ctypes
 
-WEIGHT_F32, WEIGHT_I8 = 0, 1
+WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4, WEIGHT_Q8 = 0, 1, 2, 3
 CACHE_F32, CACHE_BF16 = 0, 1
 
 _i32, _i64, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
 
 class Matrix(ctypes.Structure):
-    """A projection: fp32 `w_t [k, n]`, or int8 packed `[ceil(n/16), kp/4, 16, 4]` with scale and row sums."""
+    """A projection: fp32 panels, int8 packed `[ceil(n/16), kp/4, 16, 4]` with scale and row sums, or
+    q4 / q8 codes with fp16 scales (and mins) and the RMSNorm weight its inputs take (quant_blocks)."""
 
-    _fields_ = [("kind", _i32), ("n", _i64), ("k", _i64), ("kp", _i64), ("w", _ptr), ("scale", _ptr), ("wsum", _ptr)]
+    _fields_ = [
+        ("kind", _i32),
+        ("n", _i64),
+        ("k", _i64),
+        ("kp", _i64),
+        ("w", _ptr),
+        ("scale", _ptr),
+        ("wsum", _ptr),
+        ("d", _ptr),
+        ("mins", _ptr),
+        ("norm", _ptr),
+    ]
 
 
 class Layer(ctypes.Structure):
