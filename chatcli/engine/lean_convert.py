@@ -181,37 +181,6 @@ def projections(model, smooth: list[torch.Tensor] | None = None, rotary: int | N
     }
 
 
-def grouped_arrays(model, kind: str, rotary, gguf=None, status: Status | None = None) -> dict:
-    """A `q4` / `q8` lean file's projections (quant_blocks' arrays, `<name>.w/.d/.m`) and the norms
-    kept apart: each weight as the GGUF's own blocks where `gguf` (a `quant_blocks.GGUFBlocks`)
-    has them exactly, else quantized here (q4: the layers 4-bit, the head 8-bit)."""
-    from chatcli.engine import quant_blocks as qb
-
-    status = status or (lambda *_a, **_k: None)
-    names = {p.data_ptr(): name for name, p in model.named_parameters()}
-    parts_of = projection_parts(model, None, rotary)
-    arrays = {}
-    for i, (name, (parts, norm)) in enumerate(parts_of.items()):
-        status("Writing the lean weights", i, len(parts_of))
-        bits = 8 if kind == "q8" or name == "head" else 4
-        codes = [gguf.codes(names.get(w.data_ptr()), w, rows) if gguf else None for w, rows in parts]
-        if name == "head" and kind == "q4" and all(c is not None and c.bits == 4 for c in codes):
-            bits = 4  # the GGUF's 4-bit head as it is
-        if not all(c is not None and c.bits == bits for c in codes):
-            quantize = qb.quantize_q4 if bits == 4 else qb.quantize_q8
-            codes = [quantize((w if rows is None else w[rows]).detach().float().numpy()) for w, rows in parts]
-        for key, value in qb.pack(qb.concat(codes)).items():
-            arrays[f"{name}.{key}"] = value
-        if norm is not None:
-            norm_name = (
-                "final_norm" if name == "head" else name.replace("qkv", "attn_norm").replace("gate_up", "mlp_norm")
-            )
-            vector = norm.detach().float()
-            arrays[norm_name] = torch.nn.functional.pad(vector, (0, padded16(len(vector)) - len(vector))).numpy()
-    status("Writing the lean weights", len(parts_of), len(parts_of))
-    return arrays
-
-
 def vectors(model, config: LeanConfig, rotary: int | None = None) -> dict[str, torch.Tensor]:
     """The per-layer fp32 vectors of `config.vectors()`, rope-ordered where they meet q and k."""
     hd, out = config.head_dim, {}
@@ -327,7 +296,10 @@ def lean_arrays(
         arrays["rope_sliding"] = rope_table(model, limit, "sliding_attention")[0].numpy()
     arrays.update({name: v.numpy() for name, v in vectors(model, config, rotary).items()})
     if kind in GROUPED:
-        arrays.update(grouped_arrays(model, kind, rotary, gguf, status))
+        from chatcli.engine.quant_blocks import grouped_arrays
+
+        names = {p.data_ptr(): name for name, p in model.named_parameters()}
+        arrays.update(grouped_arrays(projection_parts(model, None, rotary), names, kind, gguf, status))
         return config, arrays
     weights = projections(model, smooth, rotary)
     for i, (name, w_t) in enumerate(weights.items()):

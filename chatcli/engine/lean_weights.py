@@ -142,6 +142,15 @@ class LeanConfig:
             raise LeanFileError(f"the lean file's config does not parse: {exc}") from None
 
 
+def norm_before(projection: str) -> str | None:
+    """The RMSNorm weight a grouped kind keeps apart for a projection (`layers.3.qkv` → `layers.3.attn_norm`)."""
+    if projection == "head":
+        return "final_norm"
+    layer, _, part = projection.rpartition(".")
+    norm = {"qkv": "attn_norm", "gate_up": "mlp_norm"}.get(part)
+    return f"{layer}.{norm}" if norm else None
+
+
 def padded16(n: int) -> int:
     """A stored vector's length: n rounded up to 16 floats (64 bytes, the file's alignment)."""
     return -(-n // 16) * 16

@@ -36,7 +36,7 @@ from chatcli.engine.kernels.structs import (
     Matrix,
     Model,
 )
-from chatcli.engine.lean_weights import GROUP, GROUPED, INT8, PROJECTIONS, VECTORS, LeanWeights
+from chatcli.engine.lean_weights import GROUP, GROUPED, INT8, PROJECTIONS, VECTORS, LeanWeights, norm_before
 from chatcli.engine.runner import KVCache, ModelRunner
 
 CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
@@ -204,7 +204,7 @@ class NativeRunner(ModelRunner):
         if self.config.kind in GROUPED:  # each projection q4 or q8 by its packing (quant_blocks)
             bits = WEIGHT_Q8 if w.file.tensors[f"{name}.w"].shape[2] == 8 else WEIGHT_Q4
             has = w.file.tensors
-            norm = {"head": "final_norm"}.get(name) or name.replace("qkv", "attn_norm").replace("gate_up", "mlp_norm")
+            norm = norm_before(name)
             return Matrix(
                 bits,
                 n,

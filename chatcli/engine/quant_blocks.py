@@ -182,3 +182,33 @@ class GGUFBlocks:
                 per_head = np.concatenate([np.arange(half) * 2, np.arange(half) * 2 + 1])
                 orders.append((np.arange(heads)[:, None] * 2 * half + per_head[None]).ravel())
         return orders
+
+
+def grouped_arrays(parts_of: dict, names: dict, kind: str, gguf: GGUFBlocks | None = None, status=None) -> dict:
+    """A `q4` / `q8` lean file's projections (`<name>.w/.d/.m`, see `pack`) and the RMSNorm weights kept
+    apart, from `lean_convert.projection_parts` (`names`: parameter name by data pointer): each weight as
+    the GGUF's own blocks where `gguf` has them exactly, else quantized here (q4: layers 4-bit, head 8-bit)."""
+    import torch
+
+    from chatcli.engine.lean_weights import norm_before, padded16
+
+    status = status or (lambda *_a, **_k: None)
+    arrays = {}
+    for i, (name, (parts, norm)) in enumerate(parts_of.items()):
+        status("Writing the lean weights", i, len(parts_of))
+        bits = 8 if kind == "q8" or name == "head" else 4
+        codes = [gguf.codes(names.get(w.data_ptr()), w, rows) if gguf else None for w, rows in parts]
+        if name == "head" and kind == "q4" and all(c is not None and c.bits == 4 for c in codes):
+            bits = 4  # the GGUF's 4-bit head as it is
+        if not all(c is not None and c.bits == bits for c in codes):
+            quantize = quantize_q4 if bits == 4 else quantize_q8
+            codes = [quantize((w if rows is None else w[rows]).detach().float().numpy()) for w, rows in parts]
+        for key, value in pack(concat(codes)).items():
+            arrays[f"{name}.{key}"] = value
+        if norm is not None:
+            vector = norm.detach().float()
+            arrays[norm_before(name)] = torch.nn.functional.pad(
+                vector, (0, padded16(len(vector)) - len(vector))
+            ).numpy()
+    status("Writing the lean weights", len(parts_of), len(parts_of))
+    return arrays

@@ -1,4 +1,4 @@
-// The lean runner's decode step in one call, on AVX-512 (VNNI for int8 weights).
+// The lean runner's decode step in one call, on AVX-512 (VNNI for int8, q4 and q8 weights).
 //
 // `chatcli_decode` runs S rows (a sampled token, or a token and the draft that follows it)
 // through every layer of a decoder of a lean family (Llama, and the extras of Mistral, Qwen2/3,
@@ -11,24 +11,12 @@
 // (the torch path rounds those to bf16 too).
 //
 // Every number of a row is computed from that row alone, by one thread, in a fixed order:
-// int8 activations get a scale and zero point per row, a dot product sums in int32 (exact
+// int8 activations get a scale and zero point per row (q4 / q8: a scale per row and group), a dot product sums in int32 (exact
 // in any order), an fp32 projection accumulates over k in order for each output. So the
 // logits of a row do not depend on how many rows share the call or on the thread count:
 // checking a draft gives the numbers that decoding its tokens one by one would give.
 //
-// Projections, y [S, n] = x [S, k] W^T:
-//   int8: W packed as [ceil(n/16)][kp/4][16][4] int8 (16 outputs a block, 4 consecutive k
-//     per 32-bit lane, as VPDPBUSD wants), symmetric per output row, scale [n], row sums
-//     [n] (for the activations' zero point): y = xs * ws * (sum xq * wq - xz * wsum).
-//   q4 / q8 (GGUF's Q4_0, Q4_1, Q8_0 blocks as they are): groups of 32 inputs, per output and group
-//     a scale d and, for Q4_1, a min m (fp16), unsigned codes c: w = d c + m, or d (c - 8) (Q4_0,
-//     no mins) or d (c - 128) (Q8_0). Packed [ceil(n/16)][kp/32][quads][64] bytes, 16 outputs a block: q8
-//     8 quads of 16 outputs x 4 inputs; q4 4 such quads of bytes, each byte holding quad 2j in its low
-//     nibble and 2j + 1 in its high one; d, m [ceil(n/16)][kp/32][16]. The activations get an int8
-//     scale per row and group (GGUF's Q8_1): y = sum_g d sx_g (sum c xq) + m sx_g (sum xq).
-//     The RMSNorm weight before such a projection is applied to the activations (`norm`), not folded.
-//   fp32: W in panels of 64 outputs, [ceil(n/64)][k][64], zero past n: each thread streams whole
-//     panels, contiguous (a transposed [k, n] layout put the rows of a wide matrix in the same cache sets).
+// Projections (fp32 panels, int8, q4 / q8 blocks) are in project.h.
 // The KV cache holds keys [L, KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and values
 // [L, KV, capacity, hd], in fp32 or bf16 (round to nearest even); capacity is a multiple of 16.
 // Attention over that cache is in attention.h, the per-row stages in simd.h.
@@ -43,23 +31,12 @@
 #include <vector>
 
 #include "attention.h"
+#include "project.h"
 #include "simd.h"
 
 extern "C" {
 
-enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3 };
 enum { CACHE_F32 = 0, CACHE_BF16 = 1 };
-
-struct Matrix {
-  int32_t kind;      // WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4 or WEIGHT_Q8
-  int64_t n, k, kp;  // outputs, inputs, inputs padded to a multiple of 4 (int8) or 32 (q4, q8)
-  const void* w;     // fp32: panels; int8, q4, q8: packed as above
-  const float* scale;  // int8: [n]
-  const int32_t* wsum;  // int8: [n]
-  const uint16_t* d;    // q4, q8: fp16 scales
-  const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d)
-  const float* norm;    // q4, q8: [k] the RMSNorm weight its normalised inputs take, or null
-};
 
 struct Layer {
   Matrix qkv, out, gate_up, down;
@@ -95,217 +72,6 @@ struct Cache {
 }  // extern "C"
 
 namespace {
-
-constexpr int kRowsPerPass = 4;  // int8: activation rows that share one read of a weight block (at most)
-constexpr int kF32Rows = 6;      // fp32: rows a pass over a panel computes (6 x 4 accumulators)
-constexpr int64_t kPanel = 64;   // fp32 weights: panels of 64 outputs, [ceil(n/64)][k][64]
-
-// ---- projections, run inside an OpenMP team (each splits its output blocks) ---------------
-
-struct Rows {  // the activation rows a projection reads
-  int64_t count;
-  const float* x;     // fp32: [count, ldx]
-  int64_t ldx;
-  const uint8_t* xq;  // int8: [count, kp]
-  const float* xs;
-  const int32_t* xz;
-  const float* gs;    // q4, q8: [count, kp/32] each group's scale (xq then holds int8)
-  const float* gsum;  // q4, q8: [count, kp/32] each group's sum, gs * sum xq
-};
-
-// y[s, n0..n0+16) for rows s0..s0+R, int8 block b; accumulate: y += instead of y =
-template <int R>
-void int8_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
-  const int64_t quads = m.kp / 4;
-  const int8_t* w = static_cast<const int8_t*>(m.w) + b * quads * 64;
-  __m512i acc[R][2];
-  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-  int64_t q = 0;
-  for (; q + 2 <= quads; q += 2) {
-    const __m512i w0 = _mm512_loadu_si512(w + q * 64), w1 = _mm512_loadu_si512(w + q * 64 + 64);
-    for (int r = 0; r < R; r++) {
-      const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], _mm512_set1_epi32(xr[q]), w0);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], _mm512_set1_epi32(xr[q + 1]), w1);
-    }
-  }
-  if (q < quads) {
-    const __m512i w0 = _mm512_loadu_si512(w + q * 64);
-    for (int r = 0; r < R; r++) {
-      const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], _mm512_set1_epi32(xr[q]), w0);
-    }
-  }
-  const int64_t n0 = b * 16;
-  const int64_t width = std::min<int64_t>(16, m.n - n0);
-  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-  const __m512 ws = _mm512_maskz_loadu_ps(mask, m.scale + n0);
-  const __m512i wsum = _mm512_maskz_loadu_epi32(mask, m.wsum + n0);
-  for (int r = 0; r < R; r++) {
-    const int64_t s = s0 + r;
-    const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]),
-                                         _mm512_mullo_epi32(_mm512_set1_epi32(in.xz[s]), wsum));
-    __m512 val = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(in.xs[s]), ws), _mm512_cvtepi32_ps(dot));
-    float* out = y + s * ldy + n0;
-    if (accumulate) val = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), val);
-    _mm512_mask_storeu_ps(out, mask, val);
-  }
-}
-
-// y[s, n0..n0+16) for rows s0..s0+R, q4 or q8 block b (kQuads: 4 nibble pairs or 8 byte quads a
-// group). Each group's dot is exact in int32; the row's fp32 sum adds d sx dot + m sum, groups in order.
-template <int R, int kQuads>
-void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
-  const int64_t groups = m.kp / 32;
-  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * kQuads * 64;
-  const uint16_t* dp = m.d + b * groups * 16;
-  const uint16_t* mp = m.mins ? m.mins + b * groups * 16 : nullptr;
-  const float offset = kQuads == 8 ? -128.f : -8.f;  // the codes' zero where there are no mins
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  __m512 sum[R];
-  for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; g++) {
-    const uint8_t* wg = w + g * kQuads * 64;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * kQuads * 64), _MM_HINT_T0);
-    __m512i acc[R];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
-    for (int p = 0; p < 4; p++) {
-      __m512i c0, c1;
-      if constexpr (kQuads == 4) {
-        const __m512i v = _mm512_loadu_si512(wg + p * 64);
-        c0 = _mm512_and_si512(v, nibble);
-        c1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-      } else {
-        c0 = _mm512_loadu_si512(wg + 2 * p * 64);
-        c1 = _mm512_loadu_si512(wg + 2 * p * 64 + 64);
-      }
-      for (int r = 0; r < R; r++) {
-        const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8 + 2 * p;
-        acc[r] = _mm512_dpbusd_epi32(acc[r], c0, _mm512_set1_epi32(xr[0]));
-        acc[r] = _mm512_dpbusd_epi32(acc[r], c1, _mm512_set1_epi32(xr[1]));
-      }
-    }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + g * 16)));
-    const __m512 mn = mp ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + g * 16)))
-                         : _mm512_mul_ps(d, _mm512_set1_ps(offset));
-    for (int r = 0; r < R; r++) {
-      const int64_t at = (s0 + r) * groups + g;
-      sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(in.gs[at])), _mm512_cvtepi32_ps(acc[r]), sum[r]);
-      sum[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(in.gsum[at]), sum[r]);
-    }
-  }
-  const int64_t n0 = b * 16;
-  const int64_t width = std::min<int64_t>(16, m.n - n0);
-  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-  for (int r = 0; r < R; r++) {
-    float* out = y + (s0 + r) * ldy + n0;
-    const __m512 val = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), sum[r]) : sum[r];
-    _mm512_mask_storeu_ps(out, mask, val);
-  }
-}
-
-// y[s, p*64..p*64+64) for rows s0..s0+R from fp32 panel p ([k][64], zero past n)
-template <int R>
-void f32_panel(const Matrix& m, int64_t p, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
-  const float* w = static_cast<const float*>(m.w) + p * m.k * kPanel;
-  __m512 acc[R][4];
-  for (int r = 0; r < R; r++)
-    for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_ps();
-  const float* x = in.x + s0 * in.ldx;
-  for (int64_t k = 0; k < m.k; k++) {
-    const float* wk = w + k * kPanel;
-    _mm_prefetch(reinterpret_cast<const char*>(wk + 8 * kPanel), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wk + 8 * kPanel + 32), _MM_HINT_T0);
-    const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16), w2 = _mm512_loadu_ps(wk + 32),
-                 w3 = _mm512_loadu_ps(wk + 48);
-    for (int r = 0; r < R; r++) {
-      const __m512 xb = _mm512_set1_ps(x[r * in.ldx + k]);
-      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(xb, w3, acc[r][3]);
-    }
-  }
-  const int64_t n0 = p * kPanel;
-  for (int v = 0; v < 4; v++) {
-    const int64_t width = std::clamp<int64_t>(m.n - n0 - 16 * v, 0, 16);
-    if (width == 0) break;
-    const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-    for (int r = 0; r < R; r++) {
-      float* out = y + (s0 + r) * ldy + n0 + 16 * v;
-      const __m512 val = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), acc[r][v]) : acc[r][v];
-      _mm512_mask_storeu_ps(out, mask, val);
-    }
-  }
-}
-
-// the last pass: `left` (< R) rows from s
-template <int R, typename Block>
-void tail_pass(int64_t left, int64_t s, Block& block) {
-  if constexpr (R > 0) {
-    if (left == R)
-      block(std::integral_constant<int, R>{}, s);
-    else
-      tail_pass<R - 1>(left, s, block);
-  }
-}
-
-// block(integral_constant<int, R>, s0) over the rows, in passes of kRows and one shorter last pass
-template <int kRows, typename Block>
-void each_row_pass(const Rows& in, Block block) {
-  int64_t s = 0;
-  for (; s + kRows <= in.count; s += kRows) block(std::integral_constant<int, kRows>{}, s);
-  tail_pass<kRows - 1>(in.count - s, s, block);
-}
-
-// Row blocks to split a projection's rows into, beside its `units` output blocks, so that the team's
-// threads get equal shares: a few wide rows of units (9 fp32 panels for 2 threads) would leave one idle.
-int64_t row_blocks(int64_t units, int64_t rows, int64_t pass) {
-  const int64_t threads = omp_get_num_threads();
-  int64_t best = 1;
-  double best_cost = 2.0;
-  for (int64_t rb = 1; rb <= 8 && (rb == 1 || rb * pass <= rows); rb++) {
-    const int64_t items = units * rb;
-    const double cost = static_cast<double>((items + threads - 1) / threads) * threads / items;  // 1: even
-    if (cost < best_cost - 1e-9) best = rb, best_cost = cost;
-  }
-  return best;
-}
-
-// every (unit, row block) pair once over the team: work(unit, rows) with a view of the rows
-template <int kRows, typename Work>
-void split(const Rows& in, int64_t units, Work work) {
-  const int64_t rb = row_blocks(units, in.count, kRows);
-  const int64_t per = ((in.count + rb - 1) / rb + kRows - 1) / kRows * kRows;  // rows a block, whole passes
-#pragma omp for schedule(static)
-  for (int64_t item = 0; item < units * rb; item++) {
-    const int64_t unit = item / rb, first = (item % rb) * per;
-    if (first >= in.count) continue;
-    Rows part = in;
-    part.count = std::min(per, in.count - first);
-    each_row_pass<kRows>(part, [&](auto r, int64_t s) { work(unit, r, first + s); });
-  }
-}
-
-// y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team
-void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-  if (m.kind == WEIGHT_Q4)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_Q8)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      group_block<decltype(r)::value, 8>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_I8)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      int8_block<decltype(r)::value>(m, b, in, s, y, ldy, accumulate);
-    });
-  else
-    split<kF32Rows>(in, (m.n + kPanel - 1) / kPanel, [&](int64_t p, auto r, int64_t s) {
-      f32_panel<decltype(r)::value>(m, p, in, s, y, ldy, accumulate);
-    });
-}
 
 // ---- the step -------------------------------------------------------------------------------
 
