@@ -263,3 +263,12 @@ def test_the_embedded_gguf_runs_on_its_own_blocks(kernel):
     fp32 = load_engine(path, LoadOptions(kv_dtype="float32"))
     ratio = perplexity(engine)[0] / perplexity(fp32)[0]
     assert abs(ratio - 1) < 0.05
+
+
+def test_the_header_names_the_weights(tiny_model_dir, kernel):
+    from chatcli.engine.load import LoadOptions, load_engine
+    from chatcli.ui.screens.conversations import engine_label
+
+    for quantize, label in ((None, "float32"), ("int8", "int8"), ("q4", "q4")):
+        engine = load_engine(str(tiny_model_dir), LoadOptions(device="cpu", quantize=quantize))
+        assert engine_label(engine).endswith(f"· cpu · {label}")

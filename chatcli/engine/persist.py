@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chatcli.engine.runner import KVCache, ModelRunner
+from chatcli.engine.runner import KVCache, ModelRunner, weights_dtype
 
 MAX_FILE_BYTES = 256 << 20
 FOLDER_BUDGET = 2 << 30
@@ -21,11 +21,7 @@ FOLDER_BUDGET = 2 << 30
 def fingerprint(runner: ModelRunner, model_name: str) -> str:
     """What a saved cache must match: the same model, forward, weights' and cache's dtypes."""
     kv = str(getattr(runner, "kv_dtype", runner.dtype)).removeprefix("torch.")
-    kind = getattr(getattr(runner, "config", None), "kind", None)
-    if getattr(runner, "quantized", False):  # int8, or q4 / q8 (the native runner's lean file says which)
-        weights = kind if kind in ("q4", "q8") else "int8"
-    else:
-        weights = str(runner.dtype).removeprefix("torch.")
+    weights = weights_dtype(runner)
     return f"{model_name}|{type(runner).__name__}|{weights}|kv {kv}|{runner.context_limit}"
 
 

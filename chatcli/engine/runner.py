@@ -76,3 +76,12 @@ class ModelRunner(ABC):
     def files(self) -> list:
         """The lean files this runner memory-maps (none for the transformers runner)."""
         return []
+
+
+def weights_dtype(runner) -> str:
+    """What a runner's weights are: int8, q4 or q8 where quantized (a native runner's lean file
+    says which), else its dtype (float32, bfloat16, …)."""
+    if getattr(runner, "quantized", False):
+        kind = getattr(getattr(runner, "config", None), "kind", None)
+        return kind if kind in ("q4", "q8") else "int8"
+    return str(getattr(runner, "dtype", "?")).removeprefix("torch.")

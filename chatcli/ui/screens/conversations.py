@@ -40,8 +40,9 @@ def engine_label(engine) -> str:
     if runner is None:  # a server: its model and where it is
         return f"{engine.name} · {engine.backend}"
     device = getattr(getattr(runner, "device", None), "type", getattr(runner, "device", "?"))
-    dtype = str(getattr(runner, "dtype", "?")).removeprefix("torch.")
-    return f"{getattr(engine, 'name', 'model')} · {device} · {dtype}"
+    from chatcli.engine.runner import weights_dtype
+
+    return f"{getattr(engine, 'name', 'model')} · {device} · {weights_dtype(runner)}"
 
 
 def saved_stats(stats: dict | None) -> TurnStats | None:
