@@ -58,6 +58,12 @@ __all__ = ["bench_command", "run_bench"]
 @click.option(
     "--repeat", type=int, default=1, show_default=True, help="run each measurement this many times; keep the best"
 )
+@click.option(
+    "--shape",
+    type=click.Choice(["llama-3.2-1b", "qwen2.5-0.5b"]),
+    default=None,
+    help="a random model of this model's shapes instead of --model, beside llama.cpp on the same weights",
+)
 @click.option("--json", "json_output", is_flag=True, help="print the result as JSON")
 def bench_command(
     model,
@@ -80,6 +86,7 @@ def bench_command(
     llama_cpp,
     threads,
     repeat,
+    shape,
     json_output,
 ) -> None:
     """Measure decode, prefill, TTFT and multi-turn caching against transformers' generate()."""
@@ -106,6 +113,19 @@ def bench_command(
         err.print(f"chatcli: error: --lookup must be <= {MAX_LOOKUP}, got {lookup}", markup=False, highlight=False)
         raise click.exceptions.Exit(2)
     progress = (lambda _msg: None) if json_output else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    if shape:
+        try:
+            result = bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, threads, progress)
+        except BenchError as exc:
+            err.print(f"chatcli: error: {exc}", markup=False, highlight=False)
+            raise click.exceptions.Exit(1) from None
+        if json_output:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            from chatcli.bench.report import render_shape
+
+            render_shape(result, Console())
+        return
     try:
         result = run_bench(
             model=model,
@@ -143,6 +163,32 @@ def bench_command(
 
 class BenchError(RuntimeError):
     """The bench cannot run as asked; one line for the user."""
+
+
+def bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, threads, progress) -> dict:
+    """`--shape`: a random model of that shape on the compiled kernel, beside llama.cpp (bench/shapes.py)."""
+    from chatcli.bench import baseline as ref
+    from chatcli.bench.shapes import run_shape
+    from chatcli.engine import kernels
+    from chatcli.engine.load import QUANTIZE_CHOICES
+    from chatcli.engine.native import kernel_threads
+
+    if model:
+        raise BenchError("--shape builds its own random model: leave out --model")
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise BenchError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if kernels.library() is None:
+        raise BenchError(f"--shape runs on the compiled kernel, which is not available: {kernels.why_not()}")
+    result = run_shape(
+        shape,
+        quantize,
+        new_tokens=max_tokens,
+        prefill_tokens=prefill_tokens,
+        llama_python=ref.llama_python() if llama_cpp else None,
+        threads=threads or kernel_threads(),
+        progress=progress,
+    )
+    return {"cpu": _cpu_name(), **result}
 
 
 RUNNER_NAMES = {"NativeRunner": "native", "LeanRunner": "lean", "HFRunner": "hf"}

@@ -139,8 +139,10 @@ for _ in range(a["new_tokens"] - 1):
     llm.eval([token])
     token = int(llm.scores[llm.n_tokens - 1].argmax())
 decode_s = time.perf_counter() - t0
+peak = next((int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")), None)
 print(json.dumps({"decode_tok_s": (a["new_tokens"] - 1) / max(decode_s, 1e-9),
-                  "prefill_tok_s": len(a["prefill"]) / max(prefill_s, 1e-9), "threads": a["threads"]}))
+                  "prefill_tok_s": len(a["prefill"]) / max(prefill_s, 1e-9), "threads": a["threads"],
+                  "peak_rss_kib": peak}))
 """
 
 # A one-shot `Hi` as llama-cpp-python's users write it: load, chat-complete one token, exit.

@@ -105,3 +105,35 @@ def render(result: dict, console) -> None:
         for row in start["rows"]:
             runs.add_row(row["command"], f"{row['wall_s']:.2f} s", f"{row['peak_mib']:.0f} MiB", str(row["exit"]))
         console.print(runs)
+
+
+def render_shape(result: dict, console) -> None:
+    """`chatcli bench --shape`: chatcli beside llama.cpp on a random model of that shape."""
+    from rich.table import Table
+
+    ours, theirs = result["chatcli"], result.get("llama_cpp") or {}
+    quant = theirs.get("quant", "")
+    table = Table(title=f"random {result['shape']} · {result['cpu']} · {result['threads']} threads")
+    for col in ("metric", f"chatcli {ours['kind']}", f"llama.cpp {quant}".strip(), "ratio"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    if theirs.get("error"):
+        table.caption = f"llama.cpp: {theirs['error']}"
+    elif not theirs:
+        table.caption = "llama.cpp: not installed ($CHATCLI_LLAMA_PYTHON names a venv's python)"
+
+    def row(label: str, key: str, fmt: str, scale: float = 1.0) -> None:
+        a, b = ours.get(key), theirs.get(key)
+        table.add_row(
+            label,
+            format(a * scale, fmt) if a else "–",
+            format(b * scale, fmt) if b else "–",
+            _ratio(a, b),
+        )
+
+    row("decode tok/s", "decode_tok_s", ".1f")
+    row("prefill tok/s", "prefill_tok_s", ".0f")
+    row("peak RSS MiB", "peak_rss_kib", ".0f", 1 / 1024)
+    table.add_row(
+        "weights MiB", f"{ours['weights_mib']:.0f}", f"{theirs['file_mib']:.0f} (file)" if theirs else "–", ""
+    )
+    console.print(table)

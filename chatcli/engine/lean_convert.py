@@ -10,7 +10,7 @@ sidecar (size, mtime, hash) is written last, so a killed conversion leaves nothi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -254,14 +254,19 @@ def lean_config(model, limit: int, kind: str, source: str) -> LeanConfig:
     )
 
 
-def embedding(model) -> torch.Tensor:
-    """`[V, D]` fp32, Gemma's sqrt(D) scale folded in (it multiplies every row looked up)."""
-    embed = model.model.embed_tokens
-    weight = embed.weight.detach().float()
-    scale = getattr(embed, "embed_scale", None)
+def embed_scale(model) -> torch.Tensor | None:
+    """What every embedding row looked up is multiplied by (Gemma's sqrt(D)), or None."""
+    scale = getattr(model.model.embed_tokens, "embed_scale", None)
     if scale is None and model.config.model_type in GEMMA:
         scale = torch.tensor(model.config.hidden_size**0.5)
-    return (weight * scale.float()).contiguous() if scale is not None else weight.contiguous()
+    return None if scale is None else torch.as_tensor(scale).float()
+
+
+def embedding(model) -> torch.Tensor:
+    """`[V, D]` fp32, Gemma's sqrt(D) scale folded in (it multiplies every row looked up)."""
+    weight = model.model.embed_tokens.weight.detach().float()
+    scale = embed_scale(model)
+    return (weight * scale).contiguous() if scale is not None else weight.contiguous()
 
 
 def lean_arrays(
@@ -291,7 +296,9 @@ def lean_arrays(
         smooth = down_smoothing(model, calibration_ids)
     types = sorted(getattr(model.model.rotary_emb, "layer_types", None) or [None])
     rope, rotary = rope_table(model, limit, "full_attention" if "full_attention" in types else types[0])
-    arrays: dict = {"embed": embedding(model).numpy(), "rope": rope.numpy()}  # [V, D], [T, hd/2, 2]
+    arrays: dict = {"rope": rope.numpy()}  # [T, hd/2, 2]
+    if kind not in GROUPED:
+        arrays["embed"] = embedding(model).numpy()  # [V, D]
     if config.sliding_rope:
         arrays["rope_sliding"] = rope_table(model, limit, "sliding_attention")[0].numpy()
     arrays.update({name: v.numpy() for name, v in vectors(model, config, rotary).items()})
@@ -299,7 +306,14 @@ def lean_arrays(
         from chatcli.engine.quant_blocks import grouped_arrays
 
         names = {p.data_ptr(): name for name, p in model.named_parameters()}
-        arrays.update(grouped_arrays(projection_parts(model, None, rotary), names, kind, gguf, status))
+        parts = projection_parts(model, None, rotary)
+        embed, head = model.model.embed_tokens.weight, model.get_output_embeddings().weight
+        tied = embed.data_ptr() == head.data_ptr() and embed.shape == head.shape
+        if not tied:  # the embedding as blocks too: a lookup reads one row's blocks, not a page of floats
+            parts["embed"] = ([(embed, None)], None)
+        scale = embed_scale(model)
+        config = replace(config, tied=tied, embed_scale=1.0 if scale is None else float(scale))
+        arrays.update(grouped_arrays(parts, names, kind, gguf, status))
         return config, arrays
     weights = projections(model, smooth, rotary)
     for i, (name, w_t) in enumerate(weights.items()):
@@ -327,9 +341,16 @@ def _dense(w_t: torch.Tensor, dtype: str):
 
 
 def convert_lean(
-    folder: Path, path: Path, kind: str, source: str, status: Status | None = None, model_loader=None
+    folder: Path,
+    path: Path,
+    kind: str,
+    source: str,
+    status: Status | None = None,
+    model_loader=None,
+    gguf_file: Path | None = None,
 ) -> None:
-    """Write the lean file of `kind` for the model in `folder` at `path` (see `lean_weights.lean_file`)."""
+    """Write the lean file of `kind` for the model in `folder` at `path` (see `lean_weights.lean_file`);
+    a grouped kind takes the blocks of `gguf_file`, or of the GGUF `folder` was converted from."""
     from chatcli.engine.tensorfile import write_tensors
 
     status = status or (lambda *_a, **_k: None)
@@ -348,7 +369,7 @@ def convert_lean(
         from chatcli.engine.convert import source_gguf
         from chatcli.engine.quant_blocks import GGUFBlocks
 
-        path_gguf = source_gguf(folder)
+        path_gguf = gguf_file or source_gguf(folder)
         gguf = GGUFBlocks(path_gguf, model) if path_gguf else None
     with torch.inference_mode():
         config, arrays = lean_arrays(model, limit, kind, source, ids, status, gguf)

@@ -83,6 +83,8 @@ class LeanConfig:
     window: int = 0  # a sliding layer's window: each position sees itself and the window - 1 before it
     sliding: tuple = ()  # per layer: True where the window applies (empty: none)
     sliding_rope: bool = False  # sliding layers read `rope_sliding` (Gemma 3's local base)
+    tied: bool = False  # q4 / q8: the embedding is read from the head's blocks (no embed tensor)
+    embed_scale: float = 1.0  # q4 / q8: what each embedding row is multiplied by (Gemma: sqrt(D))
 
     def layer_window(self, i: int) -> int:
         """The positions layer i attends to at most (0: all of them)."""
@@ -231,13 +233,18 @@ class LeanWeights:
         """Every tensor the runners read is there with the shape the config implies."""
         c = self.config
         table = ("F32", (c.positions, c.head_dim // 2, 2))
-        want = {"embed": ("F32", (c.embed_rows, c.hidden)), "rope": table}
+        want = {"rope": table}
+        matrices = dict(c.shapes())
+        if c.kind not in GROUPED:
+            want["embed"] = ("F32", (c.embed_rows, c.hidden))
+        elif not c.tied:  # q4 / q8: the embedding as blocks of its own where it is not the head
+            matrices["embed"] = (c.hidden, c.embed_rows)
         if c.sliding_rope:
             want["rope_sliding"] = table
         for name, n in {**c.vectors(), **c.norms()}.items():
             want[name] = ("F32", (padded16(n),))
         code = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(c.weights)
-        for name, (k, n) in c.shapes().items():
+        for name, (k, n) in matrices.items():
             if c.kind in GROUPED:
                 blocks, groups = -(-n // 16), -(-k // GROUP)
                 w = self.file.tensors.get(f"{name}.w")

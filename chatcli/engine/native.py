@@ -187,15 +187,19 @@ class NativeRunner(ModelRunner):
             c.scale,
             c.attn_softcap,
             ACT_GELU_TANH if c.act == "gelu_tanh" else ACT_SILU,
-            weights.address("embed"),
+            None if c.kind in GROUPED else weights.address("embed"),
             self._layers,
             self._matrix("head", shapes),
         )
+        if c.kind in GROUPED:  # the embedding from its blocks: the head's where tied
+            self._embed = self._model.head if c.tied else self._matrix("embed", {"embed": (c.hidden, c.embed_rows)})
+            self._model.embed_rows = ctypes.pointer(self._embed)
+            self._model.embed_scale = c.embed_scale
         self.final_softcap = c.final_softcap
         self.weight_bytes = sum(
             weights.file.tensors[n].nbytes
             for n in weights.file.tensors
-            if n not in ("embed", "rope", "rope_sliding") and n not in vectors and n not in c.norms()
+            if n.split(".")[0] not in ("embed", "rope", "rope_sliding") and n not in vectors and n not in c.norms()
         )
 
     def _matrix(self, name: str, shapes: dict) -> Matrix:

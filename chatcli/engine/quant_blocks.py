@@ -196,10 +196,11 @@ def grouped_arrays(parts_of: dict, names: dict, kind: str, gguf: GGUFBlocks | No
     arrays = {}
     for i, (name, (parts, norm)) in enumerate(parts_of.items()):
         status("Writing the lean weights", i, len(parts_of))
-        bits = 8 if kind == "q8" or name == "head" else 4
+        outer = name in ("head", "embed")
+        bits = 8 if kind == "q8" or outer else 4
         codes = [gguf.codes(names.get(w.data_ptr()), w, rows) if gguf else None for w, rows in parts]
-        if name == "head" and kind == "q4" and all(c is not None and c.bits == 4 for c in codes):
-            bits = 4  # the GGUF's 4-bit head as it is
+        if outer and kind == "q4" and all(c is not None and c.bits == 4 for c in codes):
+            bits = 4  # the GGUF's 4-bit head (or embedding) as it is
         if not all(c is not None and c.bits == bits for c in codes):
             quantize = quantize_q4 if bits == 4 else quantize_q8
             codes = [quantize((w if rows is None else w[rows]).detach().float().numpy()) for w, rows in parts]

@@ -57,9 +57,11 @@ struct Model {
   float attn_scale;    // scores' scale
   float attn_softcap;  // scores -> cap * tanh(scores / cap) (0: none)
   int32_t act;         // ACT_SILU or ACT_GELU_TANH
-  const float* embed;  // [V, D]
+  const float* embed;  // [V, D], or null: rows of embed_rows
   const Layer* layers;
   Matrix head;
+  const Matrix* embed_rows;  // q4 / q8 files: the embedding's blocks (a tied model's head), or null
+  float embed_scale;         // what each row looked up from embed_rows is multiplied by (Gemma: sqrt(D))
 };
 
 struct Cache {
@@ -156,7 +158,12 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
   const int64_t tiles = (S + tile - 1) / tile, tasks_per_group = (group + per_task - 1) / per_task;
   const size_t scratch_per_thread = static_cast<size_t>(kTileRows) * (2 * hd + pos + S + 48);
   sc.scores.resize(static_cast<size_t>(threads) * scratch_per_thread);
-  for (int64_t s = 0; s < S; s++) std::memcpy(&sc.x[s * D], m.embed + tokens[s] * D, D * sizeof(float));
+  for (int64_t s = 0; s < S; s++) {
+    if (m.embed)
+      std::memcpy(&sc.x[s * D], m.embed + tokens[s] * D, D * sizeof(float));
+    else
+      dequantize_row(*m.embed_rows, tokens[s], m.embed_scale, &sc.x[s * D]);
+  }
   T* k_cache = static_cast<T*>(c.k);
   T* v_cache = static_cast<T*>(c.v);
 
@@ -220,7 +227,7 @@ extern "C" {
 int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_t rows, int64_t pos, float* logits,
                    int64_t logit_rows, int32_t threads) {
   if (rows < 1 || logit_rows < 1 || logit_rows > rows || pos + rows > c->capacity || c->capacity % 16 != 0 || m->head_dim % 16 != 0 ||
-      m->head_dim > kMaxHeadDim)
+      m->head_dim > kMaxHeadDim || (!m->embed && !m->embed_rows))
     return 1;
   try {  // no exception may cross into C (a failed allocation of the scratch space)
     if (c->kind == CACHE_BF16)

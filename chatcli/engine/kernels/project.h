@@ -149,6 +149,26 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
   }
 }
 
+// row r of a q4 / q8 matrix, dequantized into out [k], times `scale`: the embedding of a grouped
+// file, read from its blocks (a tied model's head), so that a lookup touches no other copy
+inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) {
+  const int64_t groups = m.kp / 32, b = r / 16, o = r % 16;
+  const int quads = m.kind == WEIGHT_Q8 ? 8 : 4;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * quads * 64;
+  auto half = [](uint16_t h) { return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)))); };
+  for (int64_t g = 0; g < groups; g++) {
+    const int64_t at = (b * groups + g) * 16 + o;
+    const float d = half(m.d[at]), mn = m.mins ? half(m.mins[at]) : 0.f;
+    const int zero = m.mins ? 0 : (quads == 8 ? 128 : 8);
+    for (int64_t i = 0; i < 32 && g * 32 + i < m.k; i++) {
+      const int64_t quad = i / 4, lane = o * 4 + i % 4;
+      const int code = quads == 8 ? w[(g * 8 + quad) * 64 + lane] : (w[(g * 4 + quad / 2) * 64 + lane] >> (4 * (quad % 2))) & 15;
+      const float v = m.mins ? d * static_cast<float>(code) + mn : static_cast<float>(code - zero) * d;
+      out[g * 32 + i] = v * scale;
+    }
+  }
+}
+
 // y[s, p*64..p*64+64) for rows s0..s0+R from fp32 panel p ([k][64], zero past n)
 template <int R>
 void f32_panel(const Matrix& m, int64_t p, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {

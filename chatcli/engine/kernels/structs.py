@@ -65,6 +65,8 @@ class Model(ctypes.Structure):
         ("embed", _ptr),
         ("layers", ctypes.POINTER(Layer)),
         ("head", Matrix),
+        ("embed_rows", ctypes.POINTER(Matrix)),
+        ("embed_scale", ctypes.c_float),
     ]
 
 

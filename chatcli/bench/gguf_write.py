@@ -1,7 +1,7 @@
 """A transformers Llama written as a GGUF (`gguf` package), for llama.cpp to run the same weights.
 
-Benchmark-only: `benchmarks/shapes.py` builds random models of a real model's shapes and times
-llama.cpp on them beside chatcli. The tokenizer is the embedded SmolLM2 GGUF's (its 49,152
+For `chatcli bench --shape` (`bench/shapes.py`), which builds random models of a real model's
+shapes and times llama.cpp on them beside chatcli. The tokenizer is the embedded SmolLM2 GGUF's (its 49,152
 tokens, padded with unused tokens up to the model's vocabulary); q and k rows are permuted the
 way llama.cpp's own converter permutes them (its rope pairs dims (2i, 2i + 1), transformers'
 (i, i + hd/2)), so the GGUF computes what the transformers model computes.

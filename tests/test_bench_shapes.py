@@ -1,0 +1,73 @@
+"""`chatcli bench --shape`: a random model of a real model's shapes, beside llama.cpp on the same weights.
+
+The real shapes (1B parameters) are for the benchmark; these tests run the same path on a tiny
+config: the q4/q8 lean file takes the GGUF's blocks as they are (the same weights llama.cpp
+reads), the children report speed and memory, and bad combinations get one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from chatcli.bench import bench_command
+from chatcli.bench import shapes as sh
+
+TINY = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    vocab_size=1000,
+    rope_theta=10000.0,
+)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8", "q4", "q8"])
+def test_a_shape_runs_each_kind(kernel, quantize):
+    result = sh.run_shape(TINY, quantize, context=20, new_tokens=6, prefill_tokens=48, llama_python=None)
+    ours = result["chatcli"]
+    assert ours["kind"] == sh.KINDS[quantize] and result["llama_cpp"] is None
+    assert ours["decode_tok_s"] > 0 and ours["prefill_tok_s"] > 0 and ours["peak_rss_kib"] > 1000
+    if quantize in ("q4", "q8"):  # every projection part (7 a layer) and the head: the GGUF's own blocks
+        assert ours["blocks"].startswith(f"Took {7 * TINY['num_hidden_layers'] + 1} weights")
+
+
+def test_the_lean_file_holds_the_gguf_blocks(kernel, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from chatcli.bench.gguf_write import write_llama_gguf
+    from chatcli.engine.lean_convert import convert_lean
+    from chatcli.engine.lean_weights import LeanWeights
+    from chatcli.engine.native import NativeRunner
+
+    model = sh.build(TINY)
+    sh.round_to(model, "Q4_0")
+    path = write_llama_gguf(model, tmp_path / "m.gguf", "Q4_0")
+    lean = tmp_path / "q4.safetensors"
+    convert_lean(tmp_path, lean, "q4", "t", model_loader=lambda: (model, sh.RandomIds(1000)), gguf_file=path)
+    runner = NativeRunner(LeanWeights(lean, "q4", "t"))
+    assert "layers.0.qkv.m" not in runner.weights.file.tensors  # Q4_0: no mins, 4.5 bits a weight
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    t = tensors["blk.1.ffn_down.weight"]
+    want = gguf.quants.dequantize(t.data, t.tensor_type)
+    assert np.array_equal(want, model.model.layers[1].mlp.down_proj.weight.detach().numpy())  # rounded in place
+    # the q4 model computes with exactly those weights: against fp32 on the rounded model, only the
+    # activations' int8 rounding is left
+    fp32 = tmp_path / "f.safetensors"
+    convert_lean(tmp_path, fp32, "float32-panels", "t", model_loader=lambda: (model, sh.RandomIds(1000)))
+    ref = NativeRunner(LeanWeights(fp32, "float32-panels", "t"))
+    ids = list(range(5, 40))
+    a, b = ref.forward(ids, ref.new_cache()), runner.forward(ids, runner.new_cache())
+    assert float(np.linalg.norm(a - b) / np.linalg.norm(a)) < 0.05
+
+
+def test_shape_refusals_are_one_line(tiny_model_dir):
+    result = CliRunner().invoke(bench_command, ["--shape", "llama-3.2-1b", "--model", str(tiny_model_dir)])
+    assert result.exit_code == 1 and "leave out --model" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    result = CliRunner().invoke(bench_command, ["--shape", "qwen2.5-0.5b", "--quantize", "q5"])
+    assert result.exit_code == 1 and "--quantize must be one of" in result.output
+    result = CliRunner().invoke(bench_command, ["--shape", "gpt-9"])
+    assert result.exit_code == 2 and "gpt-9" in result.output
