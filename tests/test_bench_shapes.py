@@ -71,3 +71,20 @@ def test_shape_refusals_are_one_line(tiny_model_dir):
     assert result.exit_code == 1 and "--quantize must be one of" in result.output
     result = CliRunner().invoke(bench_command, ["--shape", "gpt-9"])
     assert result.exit_code == 2 and "gpt-9" in result.output
+
+
+def test_the_table_names_both_sides(kernel):
+    from rich.console import Console
+
+    from chatcli.bench.report import render_shape
+
+    result = sh.run_shape(TINY, "q4", context=20, new_tokens=4, prefill_tokens=32, llama_python=None)
+    console = Console(record=True, width=120)
+    render_shape({"cpu": "test cpu", **result}, console)
+    text = console.export_text()
+    assert "chatcli q4" in text and "decode tok/s" in text and "peak RSS MiB" in text
+    assert "llama.cpp: not installed" in text
+    failed = {**result, "cpu": "c", "llama_cpp": {"quant": "Q4_0", "file_mib": 1.0, "error": "RuntimeError: exit -11"}}
+    console = Console(record=True, width=120)
+    render_shape(failed, console)
+    assert "llama.cpp: RuntimeError: exit -11" in console.export_text()

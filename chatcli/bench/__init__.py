@@ -113,21 +113,12 @@ def bench_command(
         err.print(f"chatcli: error: --lookup must be <= {MAX_LOOKUP}, got {lookup}", markup=False, highlight=False)
         raise click.exceptions.Exit(2)
     progress = (lambda _msg: None) if json_output else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
-    if shape:
-        try:
-            result = bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, threads, progress)
-        except BenchError as exc:
-            err.print(f"chatcli: error: {exc}", markup=False, highlight=False)
-            raise click.exceptions.Exit(1) from None
-        if json_output:
-            sys.stdout.write(json.dumps(result, indent=2) + "\n")
-        else:
-            from chatcli.bench.report import render_shape
+    from chatcli.bench import report
 
-            render_shape(result, Console())
-        return
-    try:
-        result = run_bench(
+    def run() -> dict:
+        if shape:
+            return bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, threads, progress)
+        return run_bench(
             model=model,
             device=device,
             dtype=dtype,
@@ -150,15 +141,16 @@ def bench_command(
             progress=progress,
             startup_runs=startup_runs,
         )
+
+    try:
+        result = run()
     except BenchError as exc:
         err.print(f"chatcli: error: {exc}", markup=False, highlight=False)
         raise click.exceptions.Exit(1) from None
     if json_output:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
-        from chatcli.bench.report import render
-
-        render(result, Console())
+        (report.render_shape if shape else report.render)(result, Console())
 
 
 class BenchError(RuntimeError):
