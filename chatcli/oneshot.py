@@ -92,8 +92,9 @@ def run_oneshot(
         raise UserError(str(exc)) from None
 
 
-def stream_reply(engine, conversation, session, params, out):
-    """Run one turn, writing text pieces to `out` (None: don't) as they come.
+def stream_reply(engine, conversation, session, params, out, scored: list | None = None):
+    """Run one turn, writing text pieces to `out` (None: don't) as they come, and each token's
+    log-probabilities into `scored` (where the params ask for them; see `engine.logprobs`).
 
     Returns (Finished, pieces), or (None, pieces) when Ctrl+C stopped it.
     """
@@ -105,6 +106,12 @@ def stream_reply(engine, conversation, session, params, out):
     cancel = threading.Event()
     try:
         for event in engine.generate(conversation.for_template(), session, params, cancel):
+            if isinstance(event, Token) and scored is not None:
+                from chatcli.engine.logprobs import token_entry
+
+                found = token_entry(engine.tokenizer, event, top_key="top", with_id=True)
+                if found is not None:
+                    scored.append(found)
             if isinstance(event, Token) and event.text:
                 pieces.append(event.text)
                 if out is not None:
@@ -143,7 +150,10 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
         if not new:  # a cache saved by an earlier run spares the history's prefill
             engine.restore_session(session, kv)
         out = sys.stdout
-        done, pieces = stream_reply(engine, conversation, session, start.params, out if not json_out else None)
+        scored = [] if json_out and start.params.logprobs is not None else None
+        if scored is not None and not hasattr(engine, "tokenizer"):
+            raise UserError("--logprobs needs the in-process engine (a server's logprobs are not read)")
+        done, pieces = stream_reply(engine, conversation, session, start.params, out if not json_out else None, scored)
         if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
             store.add_message(
                 conversation.id, conversation.add_reply("".join(pieces), FinishReason.CANCELLED), asdict(start.params)
@@ -169,6 +179,8 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
             }
             if done.error:
                 record["error"] = done.error
+            if scored is not None:
+                record["logprobs"] = scored
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
         elif pieces and not pieces[-1].endswith("\n"):
             out.write("\n")

@@ -31,7 +31,7 @@ from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Toke
 from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.prefix import common_prefix, reusable_prefix
 from chatcli.engine.runner import KVCache, ModelRunner
-from chatcli.engine.sampling import SamplingParams, accept_draft, new_generator, sample
+from chatcli.engine.sampling import SamplingParams, accept_draft, new_generator, sample, token_logprobs
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.tokenize import ChatTokenizer
 
@@ -203,7 +203,7 @@ class Engine:
             if cancel is not None and cancel.is_set():
                 finish_reason = FinishReason.CANCELLED
                 break
-            token_id = next(ids, None)
+            token_id, scored = next(ids, (None, None))
             if token_id is None:  # prefill was cancelled
                 finish_reason = FinishReason.CANCELLED
                 break
@@ -220,7 +220,7 @@ class Engine:
             n += 1
             text = stops.push(detok.push(token_id))
             reply.append(text)
-            yield Token(token_id, text, n, rate, t_last - t_submit)
+            yield Token(token_id, text, n, rate, t_last - t_submit, *(scored or (None, None)))
             if stops.stopped:
                 finish_reason = FinishReason.STOP
                 break
@@ -248,11 +248,12 @@ class Engine:
 
     # -- the decode loop --------------------------------------------------------
 
-    def _decode(self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats) -> Iterator[int]:
-        """Sampled ids, one at a time: sample, feed the id back, repeat. The caller stops taking
-        ids when it is done. With `params.lookup`, each fed id may bring a draft (`PromptLookup`)
-        that one `verify` pass checks; the ids the model agrees with come out without a forward
-        of their own, and the cache drops the rest. Nothing when prefill was cancelled (`logits` None)."""
+    def _decode(self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats) -> Iterator[tuple]:
+        """Sampled ids with their log-probabilities (or None; see `_pick`), one at a time: sample,
+        feed the id back, repeat. The caller stops taking ids when it is done. With `params.lookup`,
+        each fed id may bring a draft (`PromptLookup`) that one `verify` pass checks; the ids the
+        model agrees with come out without a forward of their own, and the cache drops the rest.
+        Nothing when prefill was cancelled (`logits` None)."""
         if logits is None:
             return
         drafts = self.lookup_for(params)
@@ -260,9 +261,9 @@ class Engine:
         budget = params.max_tokens  # ids the caller can still take (its reply limit; an end-of-turn id ends it sooner)
         # After a wholly rejected draft, skip drafting for the next 1, 2, 4 … ids (a 5-position check costs ~1.9 steps).
         wait = backoff = 0
-        token = self._pick(logits, cache.ids, len(cache), params, generator)
+        token, scored = self._pick(logits, cache.ids, len(cache), params, generator)
         while True:
-            yield token
+            yield token, scored
             budget -= 1
             draft: list[int] = []
             if lookup is not None:
@@ -273,22 +274,22 @@ class Engine:
                     draft = lookup.draft(min(drafts, budget - 1, self.context_limit - len(cache) - 1))
             if not draft:
                 logits = self.runner.forward([token], cache)  # [V]
-                token = self._pick(logits, cache.ids, len(cache), params, generator)
+                token, scored = self._pick(logits, cache.ids, len(cache), params, generator)
                 continue
             base = len(cache)
             rows = self.runner.verify([token, *draft], cache)  # [1 + k, V]: row j predicts the id after draft[:j]
             stats.draft_tokens += len(draft)
             for j, guess in enumerate(draft):
-                token = self._pick(rows[j], cache.ids, base + 1 + j, params, generator, guess)
+                token, scored = self._pick(rows[j], cache.ids, base + 1 + j, params, generator, guess)
                 if token != guess:
                     cache.crop(base + 1 + j)  # the draft's ids from here on were not the model's
                     break
                 stats.accepted_tokens += 1
                 lookup.append(guess)
-                yield guess
+                yield guess, scored
                 budget -= 1
             else:
-                token = self._pick(rows[-1], cache.ids, len(cache), params, generator)
+                token, scored = self._pick(rows[-1], cache.ids, len(cache), params, generator)
             if len(cache) == base + 1:  # nothing accepted
                 backoff = min(2 * backoff or 1, 16)
                 wait = backoff
@@ -296,11 +297,16 @@ class Engine:
                 backoff = 0
 
     @staticmethod
-    def _pick(logits, ids: list[int], end: int, params: SamplingParams, generator, draft: int | None = None) -> int:
-        """The next id after `ids[:end]`: sampled, or the drafted id kept or replaced (`accept_draft`)."""
+    def _pick(logits, ids: list[int], end: int, params: SamplingParams, generator, draft: int | None = None):
+        """The next id after `ids[:end]`: sampled, or the drafted id kept or replaced (`accept_draft`),
+        with its log-probabilities where `params.logprobs` asks (`token_logprobs`; a drafted position's
+        distribution is the one a single step would sample from), else None."""
         recent = None
         if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
             recent = ids[max(0, end - params.repeat_last_n) : end]
         if draft is None:
-            return sample(logits, params, generator, recent)
-        return accept_draft(logits, draft, params, generator, recent)
+            token = sample(logits, params, generator, recent)
+        else:
+            token = accept_draft(logits, draft, params, generator, recent)
+        scored = None if params.logprobs is None else token_logprobs(logits, token, params, params.logprobs, recent)
+        return token, scored

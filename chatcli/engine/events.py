@@ -45,6 +45,10 @@ class Token:
     completion_tokens: int
     decode_tok_s: float  # running rate over this reply, tokens after the first
     elapsed_s: float  # submit to this token: the first token's is the turn's TTFT (`TurnStats.ttft_s`)
+    # with `SamplingParams.logprobs`: this id's log p under the distribution it was drawn from, and
+    # the most likely alternatives as (id, log p) (see `sampling.token_logprobs`); else None
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
 
 
 @dataclass

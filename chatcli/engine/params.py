@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 MAX_LOOKUP = 16  # drafted tokens per verifying pass; past a few, a draft is rarely accepted to its end
 
 # Value kinds. SEED: a whole number, or None for a fresh seed each turn ("off"); STRINGS: a tuple of strings.
@@ -181,6 +182,18 @@ class SamplingParams:
     )
     stop: tuple[str, ...] = _declare(
         (), Setting("stop", STRINGS, flag="Stop at this string (repeatable).", api=("stop",))
+    )
+    # Per-token log-probabilities with the N most likely alternatives (None: none computed); the
+    # server sets it from `logprobs` / `top_logprobs`, the one-shot from --logprobs.
+    logprobs: int | None = _declare(
+        None,
+        Setting(
+            "logprobs",
+            SEED,
+            flag="With --json: each token's log-probability and the N most likely alternatives (0-20).",
+            valid=lambda v: v is None or 0 <= v <= MAX_TOP_LOGPROBS,
+            expected=f"in [0, {MAX_TOP_LOGPROBS}]",
+        ),
     )
 
     def __post_init__(self) -> None:

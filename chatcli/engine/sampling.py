@@ -105,6 +105,27 @@ def accept_draft(
     return int(ids[_draw(probs, generator)])
 
 
+def token_logprobs(
+    logits, token: int, params: SamplingParams, top: int = 0, recent_ids=None
+) -> tuple[float, list[tuple[int, float]]]:
+    """(log p(token), the `top` most likely ids with their log p, most likely first) under the
+    distribution `sample` draws the id from: after the repetition penalty, temperature, top-k,
+    top-p and min-p (an id they cut has log p -inf and is never listed). Greedy (temperature 0)
+    picks the argmax of the penalised logits: its distribution is their softmax at temperature 1."""
+    logits = _penalised(logits, params, recent_ids)
+    if params.temperature == 0.0:
+        shifted = logits.astype(np.float64) - float(logits.max())
+        logp = shifted - np.log(np.exp(shifted).sum())  # [V]
+        order = np.argpartition(-logp, min(top, len(logp) - 1))[:top] if top else np.array([], np.int64)
+        order = order[np.lexsort((order, -logp[order]))]
+        return float(logp[token]), [(int(i), float(logp[i])) for i in order]
+    probs, ids = candidates(logits, params)  # most likely first
+    at = np.flatnonzero(ids == token)
+    chosen = float(np.log(probs[at[0]])) if at.size and probs[at[0]] > 0 else float("-inf")
+    kept = [(int(i), float(np.log(p))) for i, p in zip(ids[:top], probs[:top], strict=True) if p > 0]
+    return chosen, kept
+
+
 def _penalised(logits, params: SamplingParams, recent_ids) -> np.ndarray:
     logits = np.asarray(logits, dtype=np.float32)
     if recent_ids is not None and params.repeat_penalty != 1.0:

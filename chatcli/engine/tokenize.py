@@ -17,6 +17,7 @@ the vocabulary has them.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -44,6 +45,10 @@ class ChatTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         raise NotImplementedError
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one id stands for (where it holds part of a character, that part)."""
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
 
 class TransformersTokenizer(ChatTokenizer):
@@ -110,6 +115,42 @@ class FolderTokenizer(ChatTokenizer):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Byte-level BPE (GPT-2's alphabet of 256 printable characters, one per byte): the piece's
+        bytes; SentencePiece byte fallback `<0xNN>`: that byte; else the decoded text."""
+        piece = self.tokenizer.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level and token_id not in self._added:
+            table = _byte_level()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        if not self._byte_level and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return super().token_bytes(token_id)
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        """The tokenizer decodes with GPT-2's byte-level alphabet."""
+        decoder = json.loads(self.tokenizer.to_str()).get("decoder") or {}
+        parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        return any(p.get("type") == "ByteLevel" for p in parts)
+
+    @functools.cached_property
+    def _added(self) -> set[int]:
+        return set(self.tokenizer.get_added_tokens_decoder())
+
+
+def _byte_level() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character → byte (the printable bytes as themselves, the rest from U+0100)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {chr(b): b for b in printable}, 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
 
 
 def _json(path: Path) -> dict:

@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from chatcli.engine.engine import Engine
 from chatcli.engine.events import Finished, Prefilled, Token
+from chatcli.engine.logprobs import token_entry
 from chatcli.engine.pool import SessionPool
 from chatcli.engine.sampling import SamplingParams
 from chatcli.server import schema
@@ -94,11 +95,19 @@ async def read_body(request: Request, cap: int) -> bytes:
 class CompletionResponse(Response):
     """Submits the job when sent, then answers with JSON or SSE as its events arrive."""
 
-    def __init__(self, request: ChatRequest, worker: GenerationWorker, model: str) -> None:
+    def __init__(self, request: ChatRequest, worker: GenerationWorker, model: str, tokenizer=None) -> None:
         self.request = request
         self.worker = worker
         self.model = model
+        self.tokenizer = tokenizer  # names the tokens of a reply's logprobs
         self.background = None
+
+    def _scored(self, event, pending: list | None) -> None:
+        """A Token's logprobs entry appended to `pending` (None: the request asked for none)."""
+        if pending is not None:
+            found = token_entry(self.tokenizer, event)
+            if found is not None:
+                pending.append(found)
 
     async def __call__(self, scope, receive, send) -> None:
         loop = asyncio.get_running_loop()
@@ -142,14 +151,17 @@ class CompletionResponse(Response):
         if self.request.stream:
             await self._stream(first, events, send)
             return
+        scored = [] if self.request.params.logprobs is not None else None
         while True:
             event = await events.get()
-            if isinstance(event, Failed):
+            if isinstance(event, Token):
+                self._scored(event, scored)
+            elif isinstance(event, Failed):
                 await self._send_json(send, event.error.status, event.error.body())
                 return
             elif isinstance(event, Finished):
                 use = schema.usage(first, event.stats)
-                body = schema.completion(schema.new_id(), self.model, event.reply, event.finish_reason, use)
+                body = schema.completion(schema.new_id(), self.model, event.reply, event.finish_reason, use, scored)
                 await self._send_json(send, 200, body)
                 return
 
@@ -168,11 +180,16 @@ class CompletionResponse(Response):
             await send({"type": "http.response.body", "body": payload, "more_body": True})
 
         await data(schema.chunk(cid, self.model, created, {"role": "assistant", "content": ""}, with_usage=with_usage))
+        pending = [] if self.request.params.logprobs is not None else None  # tokens whose text is not out yet
         while True:
             event = await events.get()
             if isinstance(event, Token):
+                self._scored(event, pending)
                 if event.text:
-                    await data(schema.chunk(cid, self.model, created, {"content": event.text}, with_usage=with_usage))
+                    scored = pending
+                    pending = [] if pending is not None else None
+                    delta = {"content": event.text}
+                    await data(schema.chunk(cid, self.model, created, delta, with_usage=with_usage, logprobs=scored))
             elif isinstance(event, Failed):
                 await data(event.error.body())
                 break
@@ -219,7 +236,10 @@ def create_app(
             data = json.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
-        return CompletionResponse(schema.parse_request(data, defaults), worker, engine.name)
+        request_ = schema.parse_request(data, defaults)
+        if request_.params.logprobs is not None and getattr(engine, "tokenizer", None) is None:
+            raise APIError(400, "logprobs are not available from this engine", "logprobs", "unsupported_parameter")
+        return CompletionResponse(request_, worker, engine.name, getattr(engine, "tokenizer", None))
 
     async def models(_request: Request) -> Response:
         return JSONResponse(schema.models_list(engine.name, started, engine.context_limit))

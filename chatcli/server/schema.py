@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from chatcli.engine.events import FinishReason
-from chatcli.engine.params import FLOAT, SEED, STRINGS, settings
+from chatcli.engine.params import FLOAT, MAX_TOP_LOGPROBS, SEED, STRINGS, settings
 from chatcli.engine.sampling import InvalidParameter, SamplingParams
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -149,6 +149,19 @@ def _sampling(body: dict) -> tuple[dict, dict]:
     return changes, sent
 
 
+def _logprobs(body: dict) -> dict:
+    """OpenAI's `logprobs` (a boolean) and `top_logprobs` (0-20, only with logprobs) as `SamplingParams.logprobs`."""
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise _bad("logprobs must be a boolean", "logprobs", "invalid_type")
+    top = _number(body, "top_logprobs", integer=True)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise _bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}", "top_logprobs")
+    if top is not None and not wanted:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return {"logprobs": int(top or 0)} if wanted else {}
+
+
 def parse_request(body, defaults: SamplingParams) -> ChatRequest:
     """A decoded JSON body → a validated `ChatRequest`; raises `APIError` (400)."""
     if not isinstance(body, dict):
@@ -173,6 +186,7 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
         raise _bad("stream_options.include_usage must be a boolean", "stream_options.include_usage", "invalid_type")
 
     changes, sent = _sampling(body)
+    changes.update(_logprobs(body))
     try:
         params = defaults.with_(**changes)
     except InvalidParameter as exc:
@@ -213,7 +227,7 @@ def finish_reason(reason: FinishReason) -> str:
     return "length" if reason == FinishReason.LENGTH else "stop"
 
 
-def completion(cid: str, model: str, text: str, reason: str, use: dict) -> dict:
+def completion(cid: str, model: str, text: str, reason: str, use: dict, logprobs: list | None = None) -> dict:
     return {
         "id": cid,
         "object": "chat.completion",
@@ -224,7 +238,7 @@ def completion(cid: str, model: str, text: str, reason: str, use: dict) -> dict:
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": finish_reason(reason),
-                "logprobs": None,
+                "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
             }
         ],
         "usage": use,
@@ -239,13 +253,16 @@ def chunk(
     reason: str | None = None,
     use: dict | None = None,
     with_usage: bool = False,
+    logprobs: list | None = None,
 ) -> dict:
-    """One `chat.completion.chunk`; `delta=None` gives the usage-only chunk (no choices)."""
+    """One `chat.completion.chunk`; `delta=None` gives the usage-only chunk (no choices); `logprobs`:
+    the entries of the tokens whose text this chunk carries."""
     out: dict = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
     if delta is None:
         out["choices"] = []
     else:
-        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]
+        scored = None if logprobs is None else {"content": logprobs, "refusal": None}
+        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": scored}]
     if with_usage:
         out["usage"] = use
     return out
