@@ -31,6 +31,7 @@ SAMPLE = {
     "lookup": 2,
     "seed": 5,
     "stop": ("END",),
+    "logprobs": 3,
 }
 # Where each field shows today: a change here is a change users see.
 SURFACES = {
@@ -41,6 +42,7 @@ SURFACES = {
     "repeat_last_n": set(),
     "lookup": {"flag", "config", "slash"},
     "stop": {"flag", "api"},
+    "logprobs": {"flag"},  # the server reads OpenAI's logprobs / top_logprobs itself (schema._logprobs)
 }
 FIELDS = SamplingParams.field_names()
 NOT_START = ("prompt", "json_out", "stats", "continue_last", "conversation", "cache_budget")  # app's own flags
@@ -169,6 +171,10 @@ def json_value(value):
 @pytest.mark.parametrize("name", FIELDS)
 def test_a_request_field_sets_the_field_when_declared(name):
     keys = setting_of(name).api
+    if name == "logprobs":  # OpenAI's boolean and its top_logprobs, read by the schema itself
+        body = {"messages": USER, "logprobs": True, "top_logprobs": SAMPLE[name]}
+        assert parse_request(body, SamplingParams()).params.logprobs == SAMPLE[name]
+        return
     if "api" not in SURFACES[name]:
         assert keys == ()
         for key in (name, setting_of(name).name):

@@ -90,6 +90,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("retry", "regenerate the last reply"),
     CommandSpec("undo", "remove the last exchange"),
     CommandSpec("theme", "switch theme (bare: list them)", "[NAME]"),
+    CommandSpec("tokens", "show or hide the token inspector: the last turn's tokens and their probabilities (F4)"),
+    CommandSpec("top-logprobs", "alternatives the token inspector records per token (default 5)", "N"),
     CommandSpec("quit", "leave chatcli", "", ("exit", "bye")),
 )
 

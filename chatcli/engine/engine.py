@@ -188,7 +188,7 @@ class Engine:
         t_prefilled = time.perf_counter()
         prefill_s = t_prefilled - t_submit
         stats.prefill_tok_s = stats.prefill_tokens / prefill_s if prefill_s > 0 else 0.0
-        yield Prefilled(len(target), cached, stats.prefill_tokens, prefill_s, truncated)
+        yield Prefilled(len(target), cached, stats.prefill_tokens, prefill_s, truncated, target)
 
         detok = IncrementalDetokenizer(self.tokenizer)
         stops = StopStringFilter(params.stop)

@@ -36,6 +36,7 @@ class Prefilled:
     prefill_tokens: int | None  # the rest, computed in this turn's prefill
     prefill_s: float  # submit to the end of prefill
     truncated_turns: int  # earlier exchanges dropped to fit the context
+    ids: list[int] | None = None  # the prompt's token ids (in-process engines), for the token inspector
 
 
 @dataclass

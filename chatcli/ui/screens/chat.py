@@ -42,6 +42,7 @@ class ChatScreen(ConversationScreen):
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "toggle_panels", "Panels"),
         Binding("f3", "toggle_sidebar", "Conversations"),
+        Binding("f4", "toggle_tokens", "Tokens"),
         Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_chat(1)", "Scroll", show=False, priority=True),
@@ -58,6 +59,9 @@ class ChatScreen(ConversationScreen):
         self._spark_len = 0  # sparkline points on the panel
         self._reply: ReplyBox | None = None
         self._buffer: list[str] = []  # text not yet written to the reply widget
+        self.top_logprobs = 5  # alternatives the token inspector records (/top-logprobs N)
+        self._prompt_ids: tuple[list[int], int] = ([], 0)  # this turn's prompt ids, and how many were cached
+        self._reply_tokens: list[Token] = []  # this turn's reply tokens, for the inspector
         self._streamed: list[str] = []  # all the text of the streaming reply
         self._tick = None
         self._ticks = 0  # ticks of the current reply (the panels refresh every PANEL_EVERY)
@@ -127,10 +131,10 @@ class ChatScreen(ConversationScreen):
         self._tick = self.set_interval(TICK_S, self._on_tick)
         self.session = self.chats.session_for(self.conversation)  # a new one if the pool evicted it
         self._turn_params = self.params
+        self._prompt_ids, self._reply_tokens = ([], 0), []
+        params = self.params.with_(logprobs=self.top_logprobs) if self.tokens.display else self.params
         kv = self.chats.kv_path(self.conversation)
-        self._generate(
-            self.engine, self.turn, self.conversation.for_template(), self.session, self.params, self.cancel, kv
-        )
+        self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, params, self.cancel, kv)
 
     @work(thread=True, exit_on_error=False, group="turn")
     def _generate(self, engine, turn: int, messages: list, session, params, cancel: threading.Event, kv=None) -> None:
@@ -174,9 +178,12 @@ class ChatScreen(ConversationScreen):
                 if text:
                     self._buffer.append(text)
                     self._streamed.append(text)
+                if token.token_id >= 0:
+                    self._reply_tokens.append(token)
                 self.live.token(token)
             case Prefilled() as prefilled:
                 self.live.prefill(prefilled)
+                self._prompt_ids = (prefilled.ids or [], prefilled.cached_tokens or 0)
             case Finished() as done:
                 await self._finish(done)
 
@@ -220,7 +227,38 @@ class ChatScreen(ConversationScreen):
         self.panels.add_turn(turn_line(self.turns_done, stats))
         self.chats.keep(self.conversation, self.session)
         self.refresh_pool()
+        if self.tokens.display:
+            self.show_tokens()
         self._end_turn()
+
+    # -- the token inspector -----------------------------------------------------
+
+    def action_toggle_tokens(self) -> None:
+        self.tokens.display = not self.tokens.display
+        if self.tokens.display:
+            self.show_tokens()
+            self.note(
+                f"Token inspector on: replies record their probabilities and the {self.top_logprobs} most likely "
+                "alternatives (/top-logprobs N); F4 or /tokens hides it. Focus it (click) for ← →."
+            )
+
+    def show_tokens(self) -> None:
+        """The last turn's tokens in the inspector (names decoded now, not while the reply streamed)."""
+        from chatcli.ui.widgets.tokens import Piece
+
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        decode = getattr(tokenizer, "decode", None)
+
+        def name(token_id: int, fallback: str = "") -> str:
+            return decode([token_id], skip_special_tokens=False) if decode else fallback
+
+        ids, cached = self._prompt_ids
+        pieces = [Piece(t, name(t), "cached" if i < cached else "prefilled") for i, t in enumerate(ids)]
+        recorded = any(t.logprob is not None for t in self._reply_tokens)
+        for t in self._reply_tokens:
+            top = [(i, name(i), lp) for i, lp in t.top_logprobs or ()]
+            pieces.append(Piece(t.token_id, name(t.token_id, t.text), "reply", t.logprob, top))
+        self.tokens.show_turn(pieces, recorded)
 
     def _show_final(self, stats: TurnStats) -> None:
         self.panels.show(

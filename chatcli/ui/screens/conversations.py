@@ -25,6 +25,7 @@ from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, UserMessage
 from chatcli.ui.widgets.panels import StatsPanel
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.sidebar import Sidebar
+from chatcli.ui.widgets.tokens import TokenInspector
 
 NARROW_BELOW = 80  # columns
 BUSY_SWITCH = "a reply is streaming: press Esc to stop it before leaving this conversation"
@@ -83,6 +84,8 @@ class ConversationScreen(Screen):
         self.load_status = "Loading the model…"  # the latest LoadStatus (one may come before on_mount)
         self.pane = ChatPane()
         self.panels = StatsPanel()
+        self.tokens = TokenInspector(id="tokens")
+        self.tokens.display = False
         self.prompt = PromptInput(self.history, id="prompt")
         self.info = InfoBar("")
         self.sidebar = Sidebar()
@@ -93,6 +96,7 @@ class ConversationScreen(Screen):
             yield self.sidebar
             yield self.pane
             yield self.panels
+        yield self.tokens
         yield self.prompt
         yield Footer()
 

@@ -217,6 +217,24 @@ async def load(screen: ChatScreen, arg: str) -> None:
     screen.note(f"loaded {len(conv.messages)} messages from {arg} as a new conversation")
 
 
+async def tokens(screen: ChatScreen, _arg: str) -> None:
+    screen.action_toggle_tokens()
+
+
+async def top_logprobs(screen: ChatScreen, arg: str) -> None:
+    from chatcli.engine.params import MAX_TOP_LOGPROBS
+
+    try:
+        n = int(arg)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_TOP_LOGPROBS:
+        screen.note(f"/top-logprobs takes N in [0, {MAX_TOP_LOGPROBS}], got {arg!r}", error=True)
+        return
+    screen.top_logprobs = n
+    screen.note(f"The token inspector records the {n} most likely alternatives of each reply token from now on.")
+
+
 async def quit_(screen: ChatScreen, _arg: str) -> None:
     screen.app.action_quit_clean()
 
@@ -238,5 +256,7 @@ HANDLERS: dict[str, Handler] = {
     "retry": retry,
     "undo": undo,
     "theme": theme,
+    "tokens": tokens,
+    "top-logprobs": top_logprobs,
     "quit": quit_,
 }

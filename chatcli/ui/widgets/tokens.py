@@ -1,0 +1,108 @@
+"""The token inspector: the last turn's prompt and reply split into tokens (F4, `/tokens`).
+
+Prompt tokens are marked as read from the KV cache (dim) or prefilled this turn (underlined);
+reply tokens are coloured by their probability under the distribution each was drawn from
+(`Token.logprob`). Left / right (the inspector focused: click it or Tab) select a token; the
+line below names its id, its probability and the most likely alternatives (`/top-logprobs N`, 5 by default). The whole
+view is one `rich.text.Text`, rebuilt when the turn or the selection changes, never per
+token while a reply streams, so a 1,000-token reply costs one build per key press.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.widgets import Static
+
+# probability → style of a reply token (the first bound it reaches), likely to unlikely
+SHADES = ((0.9, "on dark_green"), (0.5, "on green4"), (0.2, "black on yellow3"), (0.05, "black on dark_orange"))
+UNLIKELY = "white on red3"
+
+
+def shade(p: float) -> str:
+    return next((style for bound, style in SHADES if p >= bound), UNLIKELY)
+
+
+@dataclass
+class Piece:
+    """One token: its id and text; a reply token also its log p and alternatives ((id, text, log p))."""
+
+    token_id: int
+    text: str
+    kind: str  # "cached" | "prefilled" | "reply"
+    logprob: float | None = None
+    top: list[tuple[int, str, float]] = field(default_factory=list)
+
+
+def _visible(text: str) -> str:
+    return text.replace("\n", "⏎\n").replace("\t", "⇥") or "∅"
+
+
+class TokenInspector(Static, can_focus=True):
+    DEFAULT_CSS = """
+    TokenInspector { height: auto; max-height: 14; border-top: solid $primary; padding: 0 1; overflow-y: auto; }
+    TokenInspector:focus { border-top: solid $accent; }
+    """
+    BINDINGS = [
+        Binding("left", "move(-1)", "Previous token", show=False),
+        Binding("right", "move(1)", "Next token", show=False),
+        Binding("home", "move(-1000000)", show=False),
+        Binding("end", "move(1000000)", show=False),
+    ]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self.pieces: list[Piece] = []
+        self.selected: int | None = None  # index into pieces (a reply token once there is one)
+        self.recorded = False  # the reply's logprobs were computed (the inspector was on for it)
+
+    def show_turn(self, pieces: list[Piece], recorded: bool) -> None:
+        self.pieces, self.recorded = pieces, recorded
+        replies = [i for i, p in enumerate(pieces) if p.kind == "reply"]
+        self.selected = replies[0] if replies else (len(pieces) - 1 if pieces else None)
+        self.rebuild()
+
+    def action_move(self, step: int) -> None:
+        if self.selected is None or not self.pieces:
+            return
+        self.selected = max(0, min(len(self.pieces) - 1, self.selected + step))
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.update(self.render_text())
+
+    def render_text(self) -> Text:
+        if not self.pieces:
+            return Text("No turn yet: send a prompt, then its tokens show here.", style="dim")
+        body = Text()
+        for i, piece in enumerate(self.pieces):
+            style = {"cached": "dim", "prefilled": "underline"}.get(piece.kind, "")
+            if piece.kind == "reply" and piece.logprob is not None:
+                style = shade(math.exp(piece.logprob))
+            if i == self.selected:
+                style += " reverse"
+            body.append(_visible(piece.text), style=style.strip() or None)
+        counts = {k: sum(p.kind == k for p in self.pieces) for k in ("cached", "prefilled", "reply")}
+        head = Text(
+            f"prompt {counts['cached'] + counts['prefilled']} tokens ({counts['cached']} cached, dim; "
+            f"{counts['prefilled']} prefilled, underlined) · reply {counts['reply']} tokens\n",
+            style="bold",
+        )
+        return Text.assemble(head, body, "\n", self.detail())
+
+    def detail(self) -> Text:
+        if self.selected is None:
+            return Text("")
+        piece = self.pieces[self.selected]
+        line = Text(f"#{self.selected} id {piece.token_id} {piece.text!r} ({piece.kind})", style="bold")
+        if piece.kind == "reply" and piece.logprob is not None:
+            line.append(f"  p = {math.exp(piece.logprob):.3f}")
+            for _id, text, lp in piece.top:
+                line.append("  ·  ")
+                line.append(f"{text!r} {math.exp(lp):.3f}", style=shade(math.exp(lp)))
+        elif piece.kind == "reply" and not self.recorded:
+            line.append("  (no probabilities: this reply came before the inspector was on)", style="dim")
+        return line

@@ -1,0 +1,82 @@
+"""The token inspector (F4, /tokens, /top-logprobs N) on the real engine (the tiny random Llama)."""
+
+import math
+
+import numpy as np
+
+from chatcli.engine.sampling import SamplingParams
+from chatcli.options import StartOptions
+from chatcli.ui.widgets.tokens import Piece, TokenInspector, shade
+from tests.ui.conftest import command, make_app, ready, send
+
+
+def start():
+    return StartOptions(params=SamplingParams(temperature=0, max_tokens=6))
+
+
+def replies(screen) -> list[Piece]:
+    return [p for p in screen.tokens.pieces if p.kind == "reply"]
+
+
+async def test_the_inspector_shows_the_turns_tokens_and_their_alternatives(tiny_engine):
+    app = make_app(tiny_engine, start=start())
+    async with app.run_test(size=(110, 40)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Hello")  # before the inspector: no probabilities recorded
+        await pilot.press("f4")
+        assert screen.tokens.display
+        stats = screen.last_stats
+        assert [p.kind for p in screen.tokens.pieces].count("prefilled") == stats.prefill_tokens
+        assert all(p.logprob is None for p in replies(screen)) and not screen.tokens.recorded
+        assert "no probabilities" in screen.tokens.detail().plain
+
+        await send(pilot, "And again")
+        stats = screen.last_stats
+        pieces = screen.tokens.pieces
+        assert [p.kind for p in pieces].count("cached") == stats.cached_tokens > 0  # the first turn's, from the cache
+        assert len(replies(screen)) == stats.completion_tokens == 6
+        for piece in replies(screen):
+            assert piece.logprob <= 0 and len(piece.top) == 5
+            assert piece.top[0][0] == piece.token_id  # greedy: the pick is the most likely
+            assert piece.text == tiny_engine.tokenizer.decode([piece.token_id], skip_special_tokens=False)
+        first = screen.tokens.selected
+        assert pieces[first].kind == "reply"
+        screen.tokens.focus()
+        await pilot.press("right", "right")
+        assert screen.tokens.selected == first + 2
+        line = screen.tokens.detail().plain
+        assert f"id {pieces[first + 2].token_id}" in line and "p = " in line and line.count("·") == 5
+        screen.prompt.focus()
+
+        await command(pilot, "/top-logprobs 2")
+        await send(pilot, "Once more")
+        assert all(len(p.top) == 2 for p in replies(screen))
+        await command(pilot, "/top-logprobs 99")
+        assert "/top-logprobs takes N in [0, 20]" in screen.pane.children[-1].render().plain
+        await command(pilot, "/tokens")
+        assert not screen.tokens.display
+
+
+async def test_probabilities_match_the_engines_events(tiny_engine):
+    app = make_app(tiny_engine, start=start())
+    async with app.run_test(size=(110, 40)) as pilot:
+        screen = await ready(pilot)
+        await command(pilot, "/tokens")
+        await send(pilot, "Hello")
+        session = tiny_engine.new_session()
+        params = SamplingParams(temperature=0, max_tokens=6, logprobs=5)
+        events = [e for e in tiny_engine.generate(screen.conversation.for_template()[:-1], session, params)]
+        want = [e.logprob for e in events if getattr(e, "token_id", -1) >= 0]
+        assert np.allclose([p.logprob for p in replies(screen)], want, atol=1e-5)
+
+
+def test_a_long_reply_renders_and_moves():
+    inspector = TokenInspector()
+    pieces = [Piece(i, f"t{i} ", "reply", math.log(0.5 + (i % 5) / 10), [(i, f"t{i}", -0.1)]) for i in range(1000)]
+    inspector.pieces, inspector.selected, inspector.recorded = pieces, 0, True
+    text = inspector.render_text()
+    assert "reply 1000 tokens" in text.plain and text.plain.count("t999 ") == 1
+    inspector.selected = 998
+    inspector.pieces = pieces
+    assert "#998 id 998" in inspector.detail().plain
+    assert shade(0.95) != shade(0.01)
