@@ -40,13 +40,19 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def start_options(*, model=None, system=None, theme=None, api=None, api_key=None, **flags) -> StartOptions:
-    """Config file first, then the flags that were given. `flags`: the values of the model flags and
-    the sampling flags (`chatcli.flags`), by field name."""
+def start_options(*, model=None, system=None, theme=None, api=None, api_key=None, preset=None, **flags) -> StartOptions:
+    """Config file first, then the preset (`--preset`), then the flags that were given. `flags`: the
+    values of the model flags and the sampling flags (`chatcli.flags`), by field name."""
     load = load_options({k: flags.pop(k) for k in LOAD_FIELDS if k in flags})
     try:
         config = load_config()
-        params = config.params().with_(**given_sampling(flags))
+        chosen = config.preset(preset) if preset else None
+        params = config.params()
+        if chosen is not None:
+            params = chosen.params(params)
+            if system is None and chosen.system is not None:
+                system = chosen.system  # a chosen preset's prompt, as if given on the command line
+        params = params.with_(**given_sampling(flags))
     except ConfigError as exc:
         raise UserError(f"config: {exc}", 2) from None
     except InvalidParameter as exc:
@@ -77,6 +83,12 @@ def start_options(*, model=None, system=None, theme=None, api=None, api_key=None
 @click.option("--api", default=None, metavar="URL", help="Answer from this OpenAI-compatible server (…/v1).")
 @click.option("--api-key", envvar="CHATCLI_API_KEY", default=None, help="The --api server's key ($CHATCLI_API_KEY).")
 @click.option("--system", default=None, help="System prompt.")
+@click.option(
+    "--preset",
+    default=None,
+    metavar="NAME",
+    help="A [presets.NAME] of the config file: its system prompt and sampling.",
+)
 @click.option("--theme", default=None, help="TUI theme.")
 @click.option("--json", "json_out", is_flag=True, help="One-shot: print one JSON object.")
 @click.option("--stats", is_flag=True, help="One-shot: a stats line on stderr.")
@@ -90,11 +102,24 @@ def start_options(*, model=None, system=None, theme=None, api=None, api_key=None
 )
 @click.pass_context
 def app(
-    ctx, prompt, model, api, api_key, system, theme, json_out, stats, continue_last, conversation, cache_budget, **flags
+    ctx,
+    prompt,
+    model,
+    api,
+    api_key,
+    system,
+    preset,
+    theme,
+    json_out,
+    stats,
+    continue_last,
+    conversation,
+    cache_budget,
+    **flags,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    start = start_options(model=model, system=system, theme=theme, api=api, api_key=api_key, **flags)
+    start = start_options(model=model, system=system, theme=theme, api=api, api_key=api_key, preset=preset, **flags)
     start.continue_last, start.conversation = continue_last, conversation
     start.cache_budget_bytes = cache_budget * (1 << 20) if cache_budget is not None else None
     piped = not sys.stdin.isatty()

@@ -10,9 +10,12 @@ Lives at `<user config dir>/config.toml` (or `$CHATCLI_CONFIG`):
     [sampling]
     temperature = 0.7
     top_k = 40
+    [presets.coder]                   # `--preset coder`, `/preset coder`
+    system = "You write Python. Code first, then one line of explanation."
+    temperature = 0.2                 # a preset may set any [sampling] key too
 
 `[sampling]` takes the SamplingParams fields whose `Setting` says `config=True`, each checked
-against its declared kind and range.
+against its declared kind and range; a preset's keys are checked the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from chatcli.engine.params import FLOAT, INT, SEED, STRINGS, InvalidParameter, S
 from chatcli.paths import config_file
 
 SAMPLING_KEYS = tuple(name for name, setting in settings() if setting.config)  # the SamplingParams fields
-TOP_KEYS = ("model", "api", "api_key", "theme", "system", "sampling")
+TOP_KEYS = ("model", "api", "api_key", "theme", "system", "sampling", "presets")
 TEXT_KEYS = ("model", "api", "api_key", "theme", "system")
 
 
@@ -42,14 +45,39 @@ class Config:
     sampling: dict = field(default_factory=dict)
     api: str | None = None  # an OpenAI-compatible server's URL: the replies come from there
     api_key: str | None = None
+    presets: dict[str, Preset] = field(default_factory=dict)
 
     def params(self, base: SamplingParams | None = None) -> SamplingParams:
         """`base` (the defaults) with the [sampling] values; ConfigError for a wrong type or range."""
-        values = {key: _typed(self.path, key, value) for key, value in self.sampling.items()}
-        try:
-            return (base or SamplingParams()).with_(**values)
-        except InvalidParameter as exc:
-            raise ConfigError(f"{self.path}: [sampling] {exc}") from None
+        return _with(self.path, "[sampling]", self.sampling, base or SamplingParams())
+
+    def preset(self, name: str) -> Preset:
+        """The preset `name`; ConfigError naming the ones there are."""
+        if name not in self.presets:
+            known = ", ".join(sorted(self.presets)) or f"none: add a [presets.{name}] table to {self.path}"
+            raise ConfigError(f"no preset {name!r} (known: {known})")
+        return self.presets[name]
+
+
+@dataclass
+class Preset:
+    """A named system prompt, and the sampling values that go with it (`[presets.NAME]`)."""
+
+    name: str
+    system: str | None = None
+    sampling: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    def params(self, base: SamplingParams) -> SamplingParams:
+        return _with(self.path, f"[presets.{self.name}]", self.sampling, base)
+
+
+def _with(path: Path | None, table: str, sampling: dict, base: SamplingParams) -> SamplingParams:
+    values = {key: _typed(path, key, value, table) for key, value in sampling.items()}
+    try:
+        return base.with_(**values)
+    except InvalidParameter as exc:
+        raise ConfigError(f"{path}: {table} {exc}") from None
 
 
 # A value kind → the TOML types it takes, and how the message says them (TOML has no null: no seed "off").
@@ -61,7 +89,7 @@ _TYPES = {
 }
 
 
-def _typed(path: Path | None, key: str, value):
+def _typed(path: Path | None, key: str, value, table: str = "[sampling]"):
     """A [sampling] value of the declared kind (a float for a number), else ConfigError naming the key."""
     kind = setting_of(key).kind
     types, expected = _TYPES[kind]
@@ -70,7 +98,7 @@ def _typed(path: Path | None, key: str, value):
         ok = all(isinstance(s, str) for s in value)
     if not ok:
         shown = str(value).lower() if isinstance(value, bool) else repr(value)  # TOML's spelling of a boolean
-        raise ConfigError(f"{path}: [sampling] {key} must be {expected}, got {shown}")
+        raise ConfigError(f"{path}: {table} {key} must be {expected}, got {shown}")
     return float(value) if kind == FLOAT else tuple(value) if kind == STRINGS else value
 
 
@@ -102,5 +130,24 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"{path}: unknown [sampling] key {bad[0]!r} (known: {', '.join(SAMPLING_KEYS)})")
     config = Config(path, data.get("model"), data.get("theme"), data.get("system"), dict(sampling))
     config.api, config.api_key = data.get("api"), data.get("api_key")
+    config.presets = _presets(path, data.get("presets", {}))
     config.params()  # validate the values now, with the file's name in the message
+    for preset in config.presets.values():
+        preset.params(SamplingParams())
     return config
+
+
+def _presets(path: Path, tables) -> dict[str, Preset]:
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise ConfigError(f"{path}: [presets] must hold tables, one a preset: [presets.NAME]")
+    out = {}
+    for name, table in tables.items():
+        where = f"[presets.{name}]"
+        system = table.get("system")
+        if system is not None and not isinstance(system, str):
+            raise ConfigError(f"{path}: {where} system must be a string")
+        bad = sorted(set(table) - {"system", *SAMPLING_KEYS})
+        if bad:
+            raise ConfigError(f"{path}: unknown {where} key {bad[0]!r} (known: system, {', '.join(SAMPLING_KEYS)})")
+        out[name] = Preset(name, system, {k: v for k, v in table.items() if k != "system"}, path)
+    return out

@@ -76,6 +76,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("help", "list every command"),
     *_setting_commands(),
     CommandSpec("system", "set the system prompt (bare: show it)", "[TEXT]"),
+    CommandSpec("preset", "a [presets.NAME] of the config: its system prompt and sampling (bare: list them)", "[NAME]"),
     CommandSpec("settings", "show the current settings"),
     CommandSpec("stats", "show the last turn's full statistics"),
     CommandSpec("backend", "show what answers: the model in this process, or a server (--api)"),

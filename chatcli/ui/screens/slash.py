@@ -74,6 +74,32 @@ async def system(screen: ChatScreen, arg: str) -> None:
     screen.note(f"system prompt set: {arg}")
 
 
+async def preset(screen: ChatScreen, arg: str) -> None:
+    """/preset NAME: the config file's [presets.NAME] — its system prompt for this conversation and its
+    sampling values from now on; bare: list them."""
+    from chatcli.config import ConfigError
+
+    config = screen.app.start.config
+    if not arg:
+        names = ", ".join(sorted(config.presets))
+        screen.note(f"presets: {names}" if names else f"no presets: add [presets.NAME] tables to {config.path}")
+        return
+    try:
+        chosen = config.preset(arg)
+        params = chosen.params(screen.params)
+    except ConfigError as exc:
+        screen.note(f"/preset: {exc}", error=True)
+        return
+    screen.params = params
+    changed = [f"{k} = {v}" for k, v in chosen.sampling.items()]
+    if chosen.system is not None:
+        screen.conversation.system = chosen.system
+        screen.chats.save_system(screen.conversation)
+        changed.insert(0, f"system prompt: {chosen.system}")
+    screen.refresh_info()
+    screen.note(f"preset {arg}: " + ("; ".join(changed) or "nothing to set"))
+
+
 async def settings(screen: ChatScreen, _arg: str) -> None:
     model = getattr(screen.engine, "name", None) or "(loading)"
     lines = settings_lines(screen.params, screen.conversation.system, screen.app.chat_theme, model)
@@ -242,6 +268,7 @@ async def quit_(screen: ChatScreen, _arg: str) -> None:
 HANDLERS: dict[str, Handler] = {
     "help": show_help,
     "system": system,
+    "preset": preset,
     "settings": settings,
     "stats": stats,
     "backend": backend,

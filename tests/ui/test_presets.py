@@ -1,0 +1,22 @@
+"""/preset in the TUI: the config file's [presets.NAME] (see tests/test_presets.py for the file and --preset)."""
+
+from chatcli.cli import start_options
+from tests.test_presets import CONFIG
+from tests.ui.conftest import command, make_app, ready
+from tests.ui.fake import FakeEngine
+
+
+async def test_slash_preset_sets_the_system_prompt_and_sampling(tmp_path):
+    (tmp_path / "config.toml").write_text(CONFIG)  # where the isolated dirs point CHATCLI_CONFIG
+
+    app = make_app(FakeEngine(), start=start_options())
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await command(pilot, "/preset")
+        assert "presets: coder, cold" in screen.pane.children[-1].render().plain
+        await command(pilot, "/preset coder")
+        assert screen.conversation.system == "You write Python."
+        assert screen.params.temperature == 0.2 and screen.params.top_k == 10
+        await command(pilot, "/preset nope")
+        assert "no preset 'nope'" in screen.pane.children[-1].render().plain
+        assert screen.params.temperature == 0.2  # unchanged
