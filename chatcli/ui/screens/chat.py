@@ -43,6 +43,7 @@ class ChatScreen(ConversationScreen):
         Binding("f2", "toggle_panels", "Panels"),
         Binding("f3", "toggle_sidebar", "Conversations"),
         Binding("f4", "toggle_tokens", "Tokens"),
+        Binding("f5", "copy_reply", "Copy"),
         Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_chat(1)", "Scroll", show=False, priority=True),
@@ -230,6 +231,9 @@ class ChatScreen(ConversationScreen):
         if self.tokens.display:
             self.show_tokens()
         self._end_turn()
+
+    async def action_copy_reply(self) -> None:
+        await run_command(self, "/copy")
 
     # -- the token inspector -----------------------------------------------------
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 BUSY = "a reply is streaming: press Esc to stop it first"
 KEYS = (
     "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop"
-    " · F2 panels · F3 conversations · Ctrl+N new conversation · Ctrl+Q quit"
+    " · F2 panels · F3 conversations · F4 tokens · F5 copy the last reply · Ctrl+N new conversation · Ctrl+Q quit"
 )
 
 Handler = Callable[["ChatScreen", str], Awaitable[None]]
@@ -98,6 +98,19 @@ async def preset(screen: ChatScreen, arg: str) -> None:
         changed.insert(0, f"system prompt: {chosen.system}")
     screen.refresh_info()
     screen.note(f"preset {arg}: " + ("; ".join(changed) or "nothing to set"))
+
+
+async def copy(screen: ChatScreen, arg: str) -> None:
+    """/copy [code [N] | N] to the clipboard through the terminal (OSC 52: works over ssh too)."""
+    from chatcli.chat.copying import CopyError, pick
+
+    try:
+        text, what = pick(screen.conversation, arg)
+    except CopyError as exc:
+        screen.note(f"/copy: {exc}", error=True)
+        return
+    screen.app.copy_to_clipboard(text)
+    screen.app.notify(f"Copied {what}: {len(text)} characters.", title="Copied", timeout=3)
 
 
 async def settings(screen: ChatScreen, _arg: str) -> None:
@@ -269,6 +282,7 @@ HANDLERS: dict[str, Handler] = {
     "help": show_help,
     "system": system,
     "preset": preset,
+    "copy": copy,
     "settings": settings,
     "stats": stats,
     "backend": backend,
