@@ -17,7 +17,8 @@ def code_blocks(markdown: str) -> list[str]:
 
 
 def pick(conversation: Conversation, arg: str) -> tuple[str, str]:
-    """(text, what it is) for `/copy [code [N] | N]`: bare, the last reply; `code [N]`, the last
+    """(text, what it is) for `/copy [code [N] | N]`: bare, the last reply (its answer, not its
+    reasoning); `code [N]`, the last
     reply's Nth code block (the first by default); `N`, the conversation's Nth message."""
     words = arg.split()
     messages = conversation.messages
@@ -25,11 +26,11 @@ def pick(conversation: Conversation, arg: str) -> tuple[str, str]:
     if not words:
         if not replies:
             raise CopyError("no reply to copy yet")
-        return replies[-1].content, "the last reply"
+        return _answer(replies[-1].content), "the last reply"
     if words[0] == "code":
         if not replies:
             raise CopyError("no reply to copy yet")
-        blocks = code_blocks(replies[-1].content)
+        blocks = code_blocks(_answer(replies[-1].content))
         n = _number(words[1] if len(words) > 1 else "1", "code N")
         if not blocks:
             raise CopyError("the last reply has no code block")
@@ -42,6 +43,13 @@ def pick(conversation: Conversation, arg: str) -> tuple[str, str]:
     if n > len(messages):
         raise CopyError(f"the conversation has {len(messages)} messages, not {n}")
     return messages[n - 1].content, f"message {n} ({messages[n - 1].role})"
+
+
+def _answer(reply: str) -> str:
+    """A reply without its reasoning (`<think>…</think>`): what a user copies."""
+    from chatcli.chat.reasoning import split
+
+    return split(reply)[1]
 
 
 def _number(word: str, what: str) -> int:

@@ -44,6 +44,7 @@ class ChatScreen(ConversationScreen):
         Binding("f3", "toggle_sidebar", "Conversations"),
         Binding("f4", "toggle_tokens", "Tokens"),
         Binding("f5", "copy_reply", "Copy"),
+        Binding("f8", "toggle_thinking", "Thinking", show=False),
         Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_chat(1)", "Scroll", show=False, priority=True),
@@ -231,6 +232,14 @@ class ChatScreen(ConversationScreen):
         if self.tokens.display:
             self.show_tokens()
         self._end_turn()
+
+    def action_toggle_thinking(self) -> None:
+        """Show or fold the reasoning of the newest reply that has some."""
+        boxes = [b for b in self.pane.query(ReplyBox) if b.has_reasoning]
+        if not boxes:
+            self.note("No reply with reasoning (<think>…</think>) in this conversation.")
+            return
+        boxes[-1].fold.collapsed = not boxes[-1].fold.collapsed
 
     async def action_copy_reply(self) -> None:
         await run_command(self, "/copy")

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 BUSY = "a reply is streaming: press Esc to stop it first"
 KEYS = (
     "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop"
-    " · F2 panels · F3 conversations · F4 tokens · F5 copy the last reply · Ctrl+N new conversation · Ctrl+Q quit"
+    " · F2 panels · F3 conversations · F4 tokens · F5 copy the last reply · F8 reasoning"
+    " · Ctrl+N new conversation · Ctrl+Q quit"
 )
 
 Handler = Callable[["ChatScreen", str], Awaitable[None]]

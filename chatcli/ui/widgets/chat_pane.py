@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import LoadingIndicator, Markdown, Static
+from textual.widgets import Collapsible, LoadingIndicator, Markdown, Static
+
+from chatcli.chat.reasoning import THINKING, ReasoningStream
+from chatcli.chat.reasoning import split as split_reasoning
 
 
 class UserMessage(Static):
@@ -34,21 +37,35 @@ class ReplyMarkdown(Markdown):
 
 
 class ReplyBox(Vertical):
-    """One assistant reply: its Markdown, then a one-line note (stopped, length, stats)."""
+    """One assistant reply: its reasoning (`<think>…</think>`, folded, shown where there is some),
+    its Markdown, then a one-line note (stopped, length, stats)."""
 
     DEFAULT_CSS = """
     ReplyBox { height: auto; margin: 1 1 0 0; border-left: outer $secondary 50%; }
     ReplyBox .reply-note { padding: 0 1; height: auto; color: $text-muted; }
+    ReplyBox Collapsible { display: none; border-top: none; padding: 0; margin: 0 1; background: transparent; }
+    ReplyBox Collapsible.-shown { display: block; }
+    ReplyBox Collapsible ReplyMarkdown { color: $text-muted; }
     """
 
     def __init__(self, text: str = "", note: str = "") -> None:
         super().__init__()
         self.message = None  # the conversation's Message, once finished
-        self.markdown = ReplyMarkdown(text)
+        thinking, answer = split_reasoning(text)
+        self.thinking = ReplyMarkdown(thinking or "")
+        self.fold = Collapsible(self.thinking, title="Thinking", collapsed=True)
+        if thinking:
+            self.fold.add_class("-shown")
+            self.fold.title = _thought_title(thinking)
+        self.markdown = ReplyMarkdown(answer)
         self.note = Static(note, classes="reply-note", markup=False)
         self.stream = None
+        self._thinking_stream = None
+        self._reasoning = ReasoningStream()
+        self._thought = ""
 
     def compose(self) -> ComposeResult:
+        yield self.fold
         yield self.markdown
         yield self.note
 
@@ -58,15 +75,40 @@ class ReplyBox(Vertical):
 
     async def write(self, text: str) -> None:
         if self.stream is not None and text:
-            await self.stream.write(text)
+            await self._route(self._reasoning.push(text))
+
+    async def _route(self, pieces) -> None:
+        for kind, piece in pieces:
+            if kind == THINKING:
+                if self._thinking_stream is None:
+                    self.fold.add_class("-shown")
+                    self.fold.title = "Thinking…"
+                    self._thinking_stream = Markdown.get_stream(self.thinking)
+                self._thought += piece
+                await self._thinking_stream.write(piece)
+            else:
+                await self.stream.write(piece)
 
     async def end_stream(self) -> None:
         if self.stream is not None:
+            await self._route(self._reasoning.finish())
+            if self._thinking_stream is not None:
+                await self._thinking_stream.stop()
+                self._thinking_stream = None
+                self.fold.title = _thought_title(self._thought)
             await self.stream.stop()
             self.stream = None
 
+    @property
+    def has_reasoning(self) -> bool:
+        return self.fold.has_class("-shown")
+
     def set_note(self, text: str) -> None:
         self.note.update(text)
+
+
+def _thought_title(text: str) -> str:
+    return f"Thought for {len(text.split())} words (click or F8 to show)"
 
 
 class Note(Static):
