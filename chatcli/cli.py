@@ -157,11 +157,21 @@ def pull(model, **load) -> None:
 
 @app.command(context_settings=CONTEXT)
 @click.option("--json", "json_out", is_flag=True, help="A JSON list.")
-def history(json_out) -> None:
-    """List saved conversations, most recent first."""
+@click.option("--search", "text", default=None, metavar="TEXT", help="Saved messages with these words, best first.")
+def history(json_out, text) -> None:
+    """List saved conversations, most recent first (or, with --search, the messages that match)."""
     import json
     from datetime import datetime
 
+    if text is not None:
+        hits = _store().search(text)
+        if not hits:
+            raise UserError(f"no saved message holds {text!r}")
+        if json_out:
+            click.echo(json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1))
+        for h in hits if not json_out else ():
+            click.echo(f"{h.conversation_id}  #{h.index + 1} {h.role:<9}  {h.title}\n    {h.snippet}")
+        return
     summaries = [s.to_dict() for s in _store().summaries()]
     if json_out:
         click.echo(json.dumps(summaries, ensure_ascii=False, indent=1))

@@ -89,6 +89,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("save", "export the current conversation (.md or .json)", "FILE"),
     CommandSpec("load", "import a JSON export as a new conversation", "FILE"),
     CommandSpec("copy", "copy the last reply, its Nth code block, or message N, to the clipboard (F5)", "[code [N]|N]"),
+    CommandSpec("search", "find saved messages with these words (ranked; Enter opens one)", "TEXT"),
     CommandSpec("retry", "regenerate the last reply"),
     CommandSpec("undo", "remove the last exchange"),
     CommandSpec("theme", "switch theme (bare: list them)", "[NAME]"),

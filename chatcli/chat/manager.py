@@ -179,6 +179,19 @@ class Chats:
                 raise ChatsError(f"conversation {number} could not be read")
         return conv
 
+    def by_id(self, conversation_id: str) -> Conversation:
+        """An open conversation, or a saved one read from the store; raises `ChatsError`."""
+        conv = self.opened.get(conversation_id)
+        if conv is None and self.store is not None:
+            try:
+                conv = self.store.load(conversation_id)
+            except STORE_ERRORS as exc:
+                self.store_failed(exc)
+        if conv is None:
+            raise ChatsError(f"conversation {conversation_id} could not be read")
+        self.stored.add(conv.id)
+        return conv
+
     # -- opening, leaving, deleting ------------------------------------------------
 
     def opening(self, old: Conversation | None, new: Conversation) -> None:

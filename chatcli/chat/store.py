@@ -6,6 +6,8 @@ or `kill -9` mid-reply loses at most that reply, and the database stays readable
 
 The schema version lives in `PRAGMA user_version`. An older database is migrated; a
 newer one (from a later chatcli) is refused with a clear message, never a traceback.
+Version 2 adds a full-text index of every message (SQLite FTS5, kept by triggers) for
+`search`: ranked by BM25, with a snippet around the words found.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from chatcli.chat.conversation import Conversation, Message
 from chatcli.paths import data_dir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_NAME = "chatcli.db"
 
 SCHEMA_V1 = """
@@ -44,6 +46,38 @@ CREATE TABLE messages (
 CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
 CREATE INDEX conversations_by_updated ON conversations(updated);
 """
+
+
+# 2: full-text search over the messages (an external-content FTS5 index, kept by triggers)
+SCHEMA_V2 = """
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+"""
+
+
+@dataclass
+class Hit:
+    """A message that matched a search: where it is (its conversation, its index there) and a snippet."""
+
+    conversation_id: str
+    title: str
+    index: int  # the message's position in its conversation, from 0
+    role: str
+    snippet: str  # the text around the match, the words found in [brackets]
+    rank: float  # BM25: lower is better
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
 
 
 class StoreError(RuntimeError):
@@ -86,7 +120,11 @@ class Store:
                 "upgrade chatcli, or move the file away to start a new history"
             )
         if version == 0:  # a new file: create the schema and stamp its version in one transaction
-            self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA_V1} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+            self.db.executescript(
+                f"BEGIN IMMEDIATE; {SCHEMA_V1} {SCHEMA_V2} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
+            )
+        elif version == 1:  # index what an earlier chatcli saved, in one transaction
+            self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA_V2} PRAGMA user_version=2; COMMIT;")
 
     def _tx(self):
         return _Transaction(self.db)
@@ -186,6 +224,29 @@ class Store:
             )
             for id_, title, model, created, updated, n, first in rows
         ]
+
+    def search(self, text: str, limit: int = 20) -> list[Hit]:
+        """Messages holding every word of `text` (any order, case and accents folded by FTS5's
+        unicode61), best first. Words are matched as written: no query syntax to get wrong."""
+        words = text.split()
+        if not words:
+            return []
+        query = " ".join('"' + w.replace('"', '""') + '"' for w in words)
+        rows = self.db.execute(
+            "SELECT m.conversation_id, c.title, m.role, m.id, snippet(messages_fts, 0, '[', ']', '…', 12), f.rank,"
+            " (SELECT content FROM messages WHERE conversation_id=c.id AND role='user' ORDER BY id LIMIT 1)"
+            " FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN conversations c ON c.id = m.conversation_id"
+            " WHERE messages_fts MATCH ? ORDER BY f.rank LIMIT ?",
+            (query, limit),
+        ).fetchall()
+        hits = []
+        for conv_id, title, role, message_id, snippet, rank, first in rows:
+            (index,) = self.db.execute(
+                "SELECT COUNT(*) FROM messages WHERE conversation_id=? AND id<?", (conv_id, message_id)
+            ).fetchone()
+            title = title or Conversation(messages=[Message("user", first or "")]).title
+            hits.append(Hit(conv_id, title, index, role, " ".join(snippet.split()), rank))
+        return hits
 
     def export(self, conversation_id: str) -> dict | None:
         conversation = self.load(conversation_id)

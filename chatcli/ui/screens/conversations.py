@@ -216,6 +216,28 @@ class ConversationScreen(Screen):
         await self.show_conversation(conv)
         self.note(f"conversation {number}: {conv.title}")
 
+    async def open_hit(self, conversation_id: str, index: int) -> None:
+        """A search hit: its conversation on screen, scrolled to message `index` (highlighted)."""
+        if conversation_id != self.conversation.id:
+            if self.refuse_switch():
+                return
+            try:
+                conv = self.chats.by_id(conversation_id)
+            except ChatsError as exc:
+                self.note(str(exc), error=True)
+                return
+            await self.show_conversation(conv)
+        messages = self.conversation.messages
+        if not 0 <= index < len(messages):
+            return
+        target = messages[index]
+        for widget in self.pane.children:
+            widget.remove_class("-hit")
+            if getattr(widget, "message", None) is target:
+                widget.add_class("-hit")
+                self.pane.anchor(False)  # stay at the hit, not the bottom
+                self.pane.scroll_to_widget(widget, animate=False, top=True)
+
     async def new_conversation(self, system: str | None) -> bool:
         if self.refuse_switch():
             return False

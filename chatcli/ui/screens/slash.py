@@ -114,6 +114,29 @@ async def copy(screen: ChatScreen, arg: str) -> None:
     screen.app.notify(f"Copied {what}: {len(text)} characters.", title="Copied", timeout=3)
 
 
+async def search(screen: ChatScreen, arg: str) -> None:
+    """/search TEXT: every saved message with those words, ranked; Enter opens one."""
+    from chatcli.ui.screens.search import SearchResults
+
+    if not arg.strip():
+        screen.note("/search needs words to look for: /search TEXT", error=True)
+        return
+    store = screen.chats.store
+    if store is None:
+        screen.note("/search: no conversation database (conversations are not saved this run)", error=True)
+        return
+    hits = store.search(arg)
+    if not hits:
+        screen.note(f"no saved message holds {arg!r}")
+        return
+
+    async def opened(hit) -> None:
+        if hit is not None:
+            await screen.open_hit(hit.conversation_id, hit.index)
+
+    screen.app.push_screen(SearchResults(arg, hits), opened)
+
+
 async def settings(screen: ChatScreen, _arg: str) -> None:
     model = getattr(screen.engine, "name", None) or "(loading)"
     lines = settings_lines(screen.params, screen.conversation.system, screen.app.chat_theme, model)
@@ -284,6 +307,7 @@ HANDLERS: dict[str, Handler] = {
     "system": system,
     "preset": preset,
     "copy": copy,
+    "search": search,
     "settings": settings,
     "stats": stats,
     "backend": backend,

@@ -14,6 +14,7 @@ class UserMessage(Static):
     DEFAULT_CSS = """
     UserMessage { margin: 1 1 0 0; padding: 0 1; background: $primary 10%; border-left: outer $primary; }
     UserMessage.-queued { text-style: dim; }
+    UserMessage.-hit { border-left: outer $accent; background: $accent 20%; }
     """
 
     def __init__(self, text: str, queued: bool = False) -> None:
@@ -42,6 +43,7 @@ class ReplyBox(Vertical):
 
     DEFAULT_CSS = """
     ReplyBox { height: auto; margin: 1 1 0 0; border-left: outer $secondary 50%; }
+    ReplyBox.-hit { border-left: outer $accent; background: $accent 10%; }
     ReplyBox .reply-note { padding: 0 1; height: auto; color: $text-muted; }
     ReplyBox Collapsible { display: none; border-top: none; padding: 0; margin: 0 1; background: transparent; }
     ReplyBox Collapsible.-shown { display: block; }

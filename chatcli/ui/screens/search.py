@@ -1,0 +1,50 @@
+"""`/search TEXT`: the saved messages that hold those words, best first (SQLite FTS5, `Store.search`);
+Enter opens the conversation at the message, Esc closes."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+from chatcli.chat.store import Hit
+
+
+def _row(hit: Hit) -> Text:
+    head = Text(f"{hit.title}  ", style="bold")
+    head.append(f"#{hit.index + 1} {hit.role}", style="dim")
+    body = Text("\n  ")
+    for i, part in enumerate(hit.snippet.replace("]", "[").split("[")):
+        body.append(part, style="reverse" if i % 2 else "")
+    return head + body
+
+
+class SearchResults(ModalScreen[Hit | None]):
+    DEFAULT_CSS = """
+    SearchResults { align: center middle; background: $background 60%; }
+    SearchResults > Vertical { width: 90%; height: 80%; padding: 1 2; border: thick $primary; background: $surface; }
+    SearchResults #query { margin-bottom: 1; }
+    SearchResults OptionList { height: 1fr; }
+    """
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+
+    def __init__(self, query: str, hits: list[Hit]) -> None:
+        super().__init__()
+        self.query_text, self.hits = query, hits
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            count = f"{len(self.hits)} message{'s' * (len(self.hits) != 1)}"
+            yield Static(f"{count} with {self.query_text!r}, best first · Enter opens · Esc closes", id="query")
+            yield OptionList(*[Option(_row(h)) for h in self.hits])
+
+    def on_mount(self) -> None:
+        self.query_one(OptionList).focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.dismiss(self.hits[event.option_index])

@@ -1,0 +1,89 @@
+"""Full-text search over saved messages (SQLite FTS5, schema 2), and the migration of a database
+that today's released chatcli (schema 1) wrote: tests/data/chatcli-v1.db."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+from chatcli.chat.conversation import Conversation
+from chatcli.chat.store import SCHEMA_VERSION, Store
+
+V1 = Path(__file__).parent / "data" / "chatcli-v1.db"
+
+
+def test_a_schema_1_database_is_migrated_and_indexed(tmp_path):
+    path = tmp_path / "chatcli.db"
+    shutil.copy(V1, path)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 1
+    store = Store(path)
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert [s.messages for s in store.summaries()] == [4, 2]  # nothing lost
+    france = store.load("6bbcc0beb54c")
+    assert [m.content for m in france.messages][1] == "The capital of France is Paris."
+    hits = store.search("paris")
+    assert [(h.conversation_id, h.index, h.role) for h in hits] == [("6bbcc0beb54c", 1, "assistant")]
+    assert "[Paris]" in hits[0].snippet and hits[0].title == "What is the capital of France?"
+    assert [h.index for h in store.search("cafe")] == [2]  # accents folded
+    store.close()
+    assert Store(path).db.execute("PRAGMA user_version").fetchone()[0] == 2  # migrated once
+
+
+def saved(store: Store, *texts: str) -> Conversation:
+    conv = Conversation()
+    for i, text in enumerate(texts):
+        if i % 2 == 0:
+            conv.add_user(text)
+        else:
+            conv.add_reply(text, "stop")
+    store.create(conv, "m")
+    return conv
+
+
+def test_ranked_by_bm25_every_word_and_kept_up_to_date(tmp_path):
+    store = Store(tmp_path / "db")
+    once = saved(store, "please show me a list, reversed, in python code today", "tell me about sorting")
+    many = saved(store, "list list list comprehension", "a list of lists")
+    hits = store.search("list")
+    assert [h.conversation_id for h in hits][:2] == [many.id, many.id] and hits[-1].conversation_id == once.id
+    assert [h.rank for h in hits] == sorted(h.rank for h in hits)
+    assert [h.conversation_id for h in store.search("list reversed")] == [once.id]  # every word
+    store.add_message(once.id, once.add_user("now about quicksort"))
+    assert [h.index for h in store.search("quicksort")] == [2]
+    store.remove_last(once.id, 1)  # /undo
+    assert store.search("quicksort") == []
+    store.delete(many.id)
+    assert {h.conversation_id for h in store.search("list")} == {once.id}
+
+
+def test_search_text_is_words_not_syntax(tmp_path):
+    store = Store(tmp_path / "db")
+    saved(store, 'he said "hi" OR (maybe) NEAR* -x', "ok")
+    assert len(store.search('"hi" OR (maybe')) == 1
+    assert store.search("   ") == [] and store.search("absent") == []
+
+
+def run_history(tmp_path, *args):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CHATCLI_DATA_DIR": str(tmp_path), "CHATCLI_CONFIG": str(tmp_path / "none.toml")}
+    cmd = [sys.executable, "-m", "chatcli", "history", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_history_search_on_the_command_line(tmp_path):
+    import json
+
+    shutil.copy(V1, tmp_path / "chatcli.db")  # today's history, migrated on first open
+    proc = run_history(tmp_path, "--search", "capital italy")
+    assert proc.returncode == 0, proc.stderr
+    head, snippet = proc.stdout.splitlines()[:2]
+    assert head.startswith("6bbcc0beb54c  #4 assistant") and "[capital] of [Italy]" in snippet
+    hits = json.loads(run_history(tmp_path, "--search", "capital", "--json").stdout)
+    assert len(hits) == 3 and [h["rank"] for h in hits] == sorted(h["rank"] for h in hits)  # best first
+    assert {h["conversation_id"] for h in hits} == {"6bbcc0beb54c"}
+    none = run_history(tmp_path, "--search", "zebra")
+    assert none.returncode == 1 and none.stderr.strip() == "chatcli: error: no saved message holds 'zebra'"
