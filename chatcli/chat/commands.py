@@ -81,6 +81,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("stats", "show the last turn's full statistics"),
     CommandSpec("backend", "show what answers: the model in this process, or a server (--api)"),
     CommandSpec("models", "list the models the backend has"),
+    CommandSpec("model", "switch model: a hub id, folder, .gguf, or the server's model (bare: show it)", "[NAME]"),
     CommandSpec("clear", "start an empty conversation (the current one stays in the sidebar)"),
     CommandSpec("new", "start a new conversation"),
     CommandSpec("switch", "switch to conversation N of the sidebar", "N"),

@@ -83,6 +83,21 @@ class Chats:
         if count and conv.id in self.stored:
             self._save("remove_last", conv.id, count)
 
+    def saved_model(self, conv: Conversation) -> str | None:
+        """The model a saved conversation last answered with (None: not saved, or no store)."""
+        if self.store is None or conv.id not in self.stored:
+            return None
+        try:
+            return self.store.model_of(conv.id) or None
+        except STORE_ERRORS as exc:
+            self.store_failed(exc)
+            return None
+
+    def set_model(self, conv: Conversation) -> None:
+        """The conversation answers with the current engine's model from now on (as the store says)."""
+        if conv.id in self.stored:
+            self._save("set_model", conv.id, self.model)
+
     def save_system(self, conv: Conversation) -> None:
         if conv.id in self.stored:
             self._save("set_system", conv.id, conv.system)

@@ -178,6 +178,10 @@ class Store:
         with self._tx():
             self.db.execute("UPDATE conversations SET system=? WHERE id=?", (system, conversation_id))
 
+    def set_model(self, conversation_id: str, model: str) -> None:
+        with self._tx():
+            self.db.execute("UPDATE conversations SET model=? WHERE id=?", (model, conversation_id))
+
     def rename(self, conversation_id: str, title: str) -> None:
         with self._tx():
             self.db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conversation_id))
@@ -187,6 +191,10 @@ class Store:
             self.db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
 
     # -- reads ---------------------------------------------------------------------
+
+    def model_of(self, conversation_id: str) -> str | None:
+        row = self.db.execute("SELECT model FROM conversations WHERE id=?", (conversation_id,)).fetchone()
+        return row[0] if row else None
 
     def latest_id(self) -> str | None:
         row = self.db.execute("SELECT id FROM conversations ORDER BY updated DESC, rowid DESC LIMIT 1").fetchone()

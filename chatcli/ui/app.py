@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from textual.app import App
 from textual.binding import Binding
 
 from chatcli.errors import one_line
 from chatcli.ui import themes
-from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus
+from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, ModelLoaded
 from chatcli.ui.persist import PromptHistory, remember_theme
 from chatcli.ui.screens.chat import ChatScreen
 
@@ -44,11 +45,14 @@ class ChatApp(App):
         engine_factory: Callable | None = None,
         history: PromptHistory | None = None,
         remember: bool = True,
+        model_factory: Callable | None = None,
     ) -> None:
         self.shipped = themes.shipped_themes()
         super().__init__(css_path=list(self.shipped.values()))
         self.start = start
         self.engine_factory = engine_factory or start.load_engine
+        # /model NAME: model_factory(name, status) -> engine (default: the start options with that model)
+        self.model_factory = model_factory or (lambda name, status: replace(start, model=name).load_engine(status))
         self.history = history
         self.remember = remember  # write /theme choices to the config file
         self.chat_theme = ""
@@ -120,6 +124,23 @@ class ChatApp(App):
         finally:
             release_cpu_threads()  # turns run in other threads: see engine/threads.py
         screen.post_message(EngineReady(engine))
+
+    def load_model(self, name: str, screen: ChatScreen) -> None:
+        """`/model NAME`: load it in a daemon thread (as at start), then post `ModelLoaded`."""
+
+        def run() -> None:
+            from chatcli.engine.threads import release_cpu_threads
+
+            try:
+                engine = self.model_factory(name, lambda *step: screen.post_message(LoadStatus(*step)))
+            except Exception as exc:  # noqa: BLE001 - one line; the current model keeps answering
+                screen.post_message(ModelLoaded(name, None, one_line(exc)))
+                return
+            finally:
+                release_cpu_threads()
+            screen.post_message(ModelLoaded(name, engine))
+
+        threading.Thread(target=run, name="chatcli-model", daemon=True).start()
 
     # -- quitting ----------------------------------------------------------------
 

@@ -52,3 +52,12 @@ class CacheNotSaved(Message):
     """A turn's KV cache could not be written beside its conversation (a full disk, say)."""
 
     reason: str
+
+
+@dataclass
+class ModelLoaded(Message):
+    """`/model NAME` loaded another engine (or failed to: `error`); the old one answers until then."""
+
+    name: str
+    engine: object | None
+    error: str | None = None

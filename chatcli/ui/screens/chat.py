@@ -25,7 +25,7 @@ from chatcli.engine.stats import TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import drafts_text, human_bytes, reply_note, turn_line
 from chatcli.ui.live import LiveTurn, prompt_text
-from chatcli.ui.messages import CacheNotSaved, EngineReady, TurnEvent, TurnFailed
+from chatcli.ui.messages import CacheNotSaved, EngineReady, ModelLoaded, TurnEvent, TurnFailed
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.slash import run_command
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
@@ -62,6 +62,7 @@ class ChatScreen(ConversationScreen):
         self._reply: ReplyBox | None = None
         self._buffer: list[str] = []  # text not yet written to the reply widget
         self.top_logprobs = 5  # alternatives the token inspector records (/top-logprobs N)
+        self.switching: str | None = None  # the model /model is loading
         self._prompt_ids: tuple[list[int], int] = ([], 0)  # this turn's prompt ids, and how many were cached
         self._reply_tokens: list[Token] = []  # this turn's reply tokens, for the inspector
         self._streamed: list[str] = []  # all the text of the streaming reply
@@ -78,6 +79,25 @@ class ChatScreen(ConversationScreen):
         self.panels.set_context(len(self.session.cache), self.engine.context_limit)
         self.refresh_pool()
         self.refresh_info()
+        self._next_in_queue()
+
+    def on_model_loaded(self, message: ModelLoaded) -> None:
+        """`/model NAME` is done: the new engine answers from now on (every conversation's cache is
+        the old model's, so the pool starts empty), and the open conversation remembers it."""
+        self.switching = None
+        self.drop_loading()
+        if message.engine is None:
+            self.note(f"/model {message.name}: {message.error} (still answering with {self.engine.name})", error=True)
+            return
+        old = self.engine
+        self.engine = message.engine
+        self.chats.start_pool(self.engine)
+        self.session = self.chats.session_for(self.conversation)
+        self.chats.set_model(self.conversation)
+        self.panels.set_context(len(self.session.cache), self.engine.context_limit)
+        self.refresh_pool()
+        self.refresh_info()
+        self.note(f"now answering with {self.engine.name} (was {getattr(old, 'name', '?')}); the next turn prefills")
         self._next_in_queue()
 
     # -- sending ---------------------------------------------------------------

@@ -191,6 +191,9 @@ class ConversationScreen(Screen):
             self.panels.set_context(len(self.session.cache), self.engine.context_limit)
         self.refresh_pool()
         self.refresh_sidebar()
+        was = self.chats.saved_model(conv)
+        if self.engine is not None and was and was != getattr(self.engine, "name", was):
+            self.note(f"This conversation was with {was}; {self.engine.name} answers now (/model {was} to switch).")
         self.pane.follow()
         self.prompt.focus()  # the next thing typed is the prompt, wherever the focus was
 

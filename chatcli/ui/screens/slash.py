@@ -114,6 +114,29 @@ async def copy(screen: ChatScreen, arg: str) -> None:
     screen.app.notify(f"Copied {what}: {len(text)} characters.", title="Copied", timeout=3)
 
 
+async def model(screen: ChatScreen, arg: str) -> None:
+    """/model NAME: load another model (hub id, folder, .gguf, or the server's model with --api) in
+    the background; the current one answers until it is ready. Bare: what answers now."""
+    from chatcli.ui.widgets.chat_pane import LoadingLine
+
+    name = arg.strip()
+    if not name:
+        current = getattr(screen.engine, "name", None) or "(loading)"
+        screen.note(f"model: {current} · /model NAME loads another (a hub id, a folder or a .gguf file)")
+        return
+    if screen.engine is None or screen.switching:
+        screen.note("/model: a model is still loading; try again when it is ready", error=True)
+        return
+    if screen.busy:
+        screen.note("/model: a reply is streaming; press Esc to stop it first", error=True)
+        return
+    screen.switching = name
+    screen.load_status = f"Loading {name}"
+    screen.loading_line = LoadingLine(screen.load_status)
+    screen.pane.mount(screen.loading_line)
+    screen.app.load_model(name, screen)
+
+
 async def search(screen: ChatScreen, arg: str) -> None:
     """/search TEXT: every saved message with those words, ranked; Enter opens one."""
     from chatcli.ui.screens.search import SearchResults
@@ -308,6 +331,7 @@ HANDLERS: dict[str, Handler] = {
     "preset": preset,
     "copy": copy,
     "search": search,
+    "model": model,
     "settings": settings,
     "stats": stats,
     "backend": backend,

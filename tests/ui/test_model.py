@@ -1,0 +1,69 @@
+"""/model NAME in the TUI: another engine loads in the background; the conversation remembers it."""
+
+from chatcli.engine.load import LoadError
+from tests.ui.conftest import command, make_app, ready, send, wait_for
+from tests.ui.fake import FakeEngine
+
+
+def engines():
+    other = FakeEngine(script=lambda text: f"Other says: {text}")
+    other.name = "other-model"
+
+    def factory(name, status):
+        status(f"Loading {name}")
+        if name == "missing.gguf":
+            raise LoadError("model file not found: missing.gguf")
+        return other
+
+    return other, factory
+
+
+def last_note(screen) -> str:
+    return screen.pane.notes()[-1].text
+
+
+async def test_switch_model_mid_chat_and_back_in_the_history():
+    other, factory = engines()
+    app = make_app(FakeEngine(), model_factory=factory)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "hello")
+        first = screen.conversation
+        await command(pilot, "/model")
+        assert "model: fake-model" in last_note(screen)
+
+        await command(pilot, "/model missing.gguf")
+        await wait_for(pilot, lambda: screen.switching is None)
+        assert "model file not found: missing.gguf (still answering with fake-model)" in last_note(screen)
+        assert screen.engine.name == "fake-model"
+
+        await command(pilot, "/model other")
+        await wait_for(pilot, lambda: screen.engine is other)
+        assert "now answering with other-model (was fake-model)" in last_note(screen)
+        assert "other-model" in str(screen.info.render())
+        await send(pilot, "hi again")
+        assert screen.conversation.messages[-1].content == "Other says: hi again"
+        assert screen.last_stats.cached_tokens == 0  # a new model's cache: the history is prefilled
+        assert screen.chats.saved_model(first) == "other-model"  # the conversation remembers it
+
+        await pilot.press("ctrl+n")
+        await send(pilot, "new one")
+        screen.chats.store.set_model(first.id, "fake-model")  # as if it had been left with the first model
+        await command(pilot, "/switch 2")
+        assert "This conversation was with fake-model; other-model answers now" in " ".join(
+            n.text for n in screen.pane.notes()
+        )
+
+
+async def test_no_switch_while_a_reply_streams():
+    _other, factory = engines()
+    engine = FakeEngine(hold_at=2)
+    app = make_app(engine, model_factory=factory)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "hello", wait=False)
+        await wait_for(pilot, lambda: screen.busy)
+        await command(pilot, "/model other")
+        assert "a reply is streaming" in last_note(screen) and screen.switching is None
+        engine.release.set()
+        await wait_for(pilot, lambda: not screen.busy)
