@@ -87,3 +87,23 @@ def test_history_search_on_the_command_line(tmp_path):
     assert {h["conversation_id"] for h in hits} == {"6bbcc0beb54c"}
     none = run_history(tmp_path, "--search", "zebra")
     assert none.returncode == 1 and none.stderr.strip() == "chatcli: error: no saved message holds 'zebra'"
+
+
+def test_branches_are_stored_with_their_parent_and_listed_as_a_tree(tmp_path):
+    path = tmp_path / "chatcli.db"
+    shutil.copy(V1, path)
+    store = Store(path)  # migrated: the old conversations are roots
+    old = store.load("6bbcc0beb54c")
+    assert (old.parent_id, old.fork_at) == (None, None)
+    assert store.family(old.id) == [(old.id, None, None)]
+    branch = old.branch(2)
+    branch.add_user("And of Spain?")
+    store.create(branch, "m")
+    twig = branch.branch(3)
+    twig.add_reply("Madrid.", "stop")
+    store.create(twig, "m")
+    for conv_id in (old.id, branch.id, twig.id):  # the same tree from any of its branches
+        assert store.family(conv_id) == [(old.id, None, None), (branch.id, old.id, 2), (twig.id, branch.id, 3)]
+    loaded = store.load(branch.id)
+    assert [m.content for m in loaded.messages] == [m.content for m in old.messages[:2]] + ["And of Spain?"]
+    assert {s.id: s.parent_id for s in store.summaries()}[twig.id] == branch.id

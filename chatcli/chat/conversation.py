@@ -23,6 +23,13 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     name: str | None = None  # set by /rename; else the title comes from the first user message
+    parent_id: str | None = None  # a branch (/edit): the conversation it was branched from
+    fork_at: int | None = None  # a branch: the messages it shares with its parent (then its own)
+
+    def branch(self, at: int) -> Conversation:
+        """A new conversation holding copies of the first `at` messages, branched from this one."""
+        copies = [Message(m.role, m.content, m.finish_reason, m.stats) for m in self.messages[:at]]
+        return Conversation(system=self.system, messages=copies, parent_id=self.id, fork_at=at)
 
     def for_template(self) -> list[dict]:
         """The role/content dicts the chat template takes, system prompt first."""

@@ -39,6 +39,7 @@ class Row:
     updated: float | None  # None: not saved yet
     model: str
     messages: int
+    branch: bool = False  # branched from another conversation (/edit)
 
 
 class Chats:
@@ -171,10 +172,13 @@ class Chats:
             for s in summaries:
                 conv = self.opened.get(s.id)
                 self.stored.add(s.id)
-                rows.append(Row(s.id, conv.title if conv else s.title, s.updated, s.model, s.messages))
+                title = conv.title if conv else s.title
+                rows.append(Row(s.id, title, s.updated, s.model, s.messages, s.parent_id is not None))
         known = {r.id for r in rows}
         unsaved = [
-            Row(c.id, c.title, None, self.model, len(c.messages)) for c in self.opened.values() if c.id not in known
+            Row(c.id, c.title, None, self.model, len(c.messages), c.parent_id is not None)
+            for c in self.opened.values()
+            if c.id not in known
         ]
         return unsaved[::-1] + rows
 
@@ -193,6 +197,30 @@ class Chats:
             if conv is None:
                 raise ChatsError(f"conversation {number} could not be read")
         return conv
+
+    def branch(self, conv: Conversation, at: int) -> Conversation:
+        """A branch of `conv` sharing its first `at` messages (`/edit`), saved with its first message.
+        Its session starts as a copy of `conv`'s cache where that is resident, so the next turn
+        prefills only what differs from the shared prefix (the engine crops the copy to it)."""
+        from chatcli.engine.pool import fork_session
+
+        new = conv.branch(at)
+        self.opened[new.id] = new
+        parent = self.pool.get(conv.id) if self.pool is not None else None
+        if parent is not None and len(parent.cache):
+            self.pool.put(new.id, fork_session(parent, len(parent.cache)))
+        return new
+
+    def family(self, conv: Conversation) -> list[Row]:
+        """The rows of every branch of `conv`'s tree (it, its parents, their other branches)."""
+        ids = [conv.id]
+        if self.store is not None and conv.id in self.stored:
+            try:
+                ids = [row[0] for row in self.store.family(conv.id)]
+            except STORE_ERRORS as exc:
+                self.store_failed(exc)
+        by_id = {r.id: r for r in self.rows()}
+        return [by_id[i] for i in ids if i in by_id]
 
     def by_id(self, conversation_id: str) -> Conversation:
         """An open conversation, or a saved one read from the store; raises `ChatsError`."""

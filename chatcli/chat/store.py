@@ -7,7 +7,8 @@ or `kill -9` mid-reply loses at most that reply, and the database stays readable
 The schema version lives in `PRAGMA user_version`. An older database is migrated; a
 newer one (from a later chatcli) is refused with a clear message, never a traceback.
 Version 2 adds a full-text index of every message (SQLite FTS5, kept by triggers) for
-`search`: ranked by BM25, with a snippet around the words found.
+`search`: ranked by BM25, with a snippet around the words found; and each conversation's
+parent and fork point, for branches (`/edit`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ CREATE INDEX conversations_by_updated ON conversations(updated);
 """
 
 
-# 2: full-text search over the messages (an external-content FTS5 index, kept by triggers)
+# 2: full-text search over the messages (an external-content FTS5 index, kept by triggers), and
+# branches (/edit): the conversation a branch came from and how many messages it shares with it
 SCHEMA_V2 = """
+ALTER TABLE conversations ADD COLUMN parent_id TEXT;
+ALTER TABLE conversations ADD COLUMN fork_at INTEGER;
 CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id');
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
     INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
@@ -92,6 +96,7 @@ class Summary:
     created: float
     updated: float
     messages: int
+    parent_id: str | None = None  # a branch's parent
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -138,8 +143,18 @@ class Store:
         now = time.time()
         with self._tx():
             self.db.execute(
-                "INSERT INTO conversations (id, title, model, system, created, updated) VALUES (?, ?, ?, ?, ?, ?)",
-                (conversation.id, conversation.name, model, conversation.system, now, now),
+                "INSERT INTO conversations (id, title, model, system, created, updated, parent_id, fork_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation.id,
+                    conversation.name,
+                    model,
+                    conversation.system,
+                    now,
+                    now,
+                    conversation.parent_id,
+                    conversation.fork_at,
+                ),
             )
             for message in conversation.messages:
                 self._insert(conversation.id, message, None, now)
@@ -208,10 +223,12 @@ class Store:
         return rows[0][0] if len(rows) == 1 else None
 
     def load(self, conversation_id: str) -> Conversation | None:
-        row = self.db.execute("SELECT title, system FROM conversations WHERE id=?", (conversation_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT title, system, parent_id, fork_at FROM conversations WHERE id=?", (conversation_id,)
+        ).fetchone()
         if row is None:
             return None
-        conversation = Conversation(system=row[1], id=conversation_id, name=row[0])
+        conversation = Conversation(system=row[1], id=conversation_id, name=row[0], parent_id=row[2], fork_at=row[3])
         for role, content, finish, stats in self.db.execute(
             "SELECT role, content, finish_reason, stats FROM messages WHERE conversation_id=? ORDER BY id",
             (conversation_id,),
@@ -222,16 +239,40 @@ class Store:
     def summaries(self) -> list[Summary]:
         rows = self.db.execute(
             "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id),"
-            " (SELECT content FROM messages WHERE conversation_id=c.id AND role='user' ORDER BY id LIMIT 1)"
+            " (SELECT content FROM messages WHERE conversation_id=c.id AND role='user' ORDER BY id LIMIT 1),"
+            " c.parent_id"
             " FROM conversations c LEFT JOIN messages m ON m.conversation_id=c.id"
             " GROUP BY c.id ORDER BY c.updated DESC, c.rowid DESC"
         ).fetchall()
         return [
             Summary(
-                id_, title or Conversation(messages=[Message("user", first or "")]).title, model, created, updated, n
+                id_,
+                title or Conversation(messages=[Message("user", first or "")]).title,
+                model,
+                created,
+                updated,
+                n,
+                parent,
             )
-            for id_, title, model, created, updated, n, first in rows
+            for id_, title, model, created, updated, n, first, parent in rows
         ]
+
+    def family(self, conversation_id: str) -> list[tuple[str, str | None, int | None]]:
+        """Every branch of the tree `conversation_id` belongs to, as (id, parent id, fork point),
+        the root first, then in creation order."""
+        root = conversation_id
+        for _ in range(1000):  # up the parents (a cycle cannot be written, but a bound costs nothing)
+            row = self.db.execute("SELECT parent_id FROM conversations WHERE id=?", (root,)).fetchone()
+            if row is None or row[0] is None:
+                break
+            root = row[0]
+        return self.db.execute(
+            "WITH RECURSIVE tree(id) AS"
+            " (SELECT ? UNION SELECT c.id FROM conversations c JOIN tree ON c.parent_id = tree.id)"
+            " SELECT c.id, c.parent_id, c.fork_at FROM conversations c JOIN tree ON c.id = tree.id"
+            " ORDER BY c.parent_id IS NOT NULL, c.created, c.rowid",
+            (root,),
+        ).fetchall()
 
     def search(self, text: str, limit: int = 20) -> list[Hit]:
         """Messages holding every word of `text` (any order, case and accents folded by FTS5's

@@ -44,6 +44,7 @@ class ChatScreen(ConversationScreen):
         Binding("f3", "toggle_sidebar", "Conversations"),
         Binding("f4", "toggle_tokens", "Tokens"),
         Binding("f5", "copy_reply", "Copy"),
+        Binding("f9", "edit_last", "Edit", show=False),
         Binding("f8", "toggle_thinking", "Thinking", show=False),
         Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
@@ -63,6 +64,7 @@ class ChatScreen(ConversationScreen):
         self._buffer: list[str] = []  # text not yet written to the reply widget
         self.top_logprobs = 5  # alternatives the token inspector records (/top-logprobs N)
         self.switching: str | None = None  # the model /model is loading
+        self.editing: int | None = None  # /edit: the index of the user message the prompt replaces
         self._prompt_ids: tuple[list[int], int] = ([], 0)  # this turn's prompt ids, and how many were cached
         self._reply_tokens: list[Token] = []  # this turn's reply tokens, for the inspector
         self._streamed: list[str] = []  # all the text of the streaming reply
@@ -112,6 +114,10 @@ class ChatScreen(ConversationScreen):
             self.note(f"{nothing}, so nothing can answer (see the error above).", error=True)
             self.prompt.load_text(text)  # kept, not sent
             return
+        if self.editing is not None:
+            if not await self._branch_for_edit():
+                self.prompt.load_text(text)  # kept, not sent
+                return
         waiting = self.busy or self.engine is None
         widget = self.pane.add_user(text, queued=waiting)
         self.pane.follow()
@@ -264,6 +270,42 @@ class ChatScreen(ConversationScreen):
     async def action_copy_reply(self) -> None:
         await run_command(self, "/copy")
 
+    # -- edit and branch -----------------------------------------------------------
+
+    async def action_edit_last(self) -> None:
+        await run_command(self, "/edit")
+
+    def start_edit(self, number: int | None) -> None:
+        """/edit [N]: your Nth message (the last by default) into the prompt; Enter sends it as a branch."""
+        users = [i for i, m in enumerate(self.conversation.messages) if m.role == "user"]
+        if not users:
+            self.note("/edit: no message of yours to edit yet", error=True)
+            return
+        if number is not None and not 1 <= number <= len(users):
+            self.note(f"/edit: you have {len(users)} message{'s' * (len(users) != 1)} here, not {number}", error=True)
+            return
+        if self.refuse_switch():
+            return
+        number = number or len(users)
+        self.editing = users[number - 1]
+        self.prompt.load_text(self.conversation.messages[self.editing].content)
+        self.prompt.focus()
+        self.note(
+            f"Editing your message {number}: Enter sends it as a new branch from there (this one stays: "
+            "/branches, F3); Esc cancels."
+        )
+
+    async def _branch_for_edit(self) -> bool:
+        """The edit is sent: a branch with the messages before the edited one becomes the conversation."""
+        if self.refuse_switch():
+            return False
+        at, self.editing = self.editing, None
+        old = self.conversation
+        branch = self.chats.branch(old, at)
+        await self.show_conversation(branch)
+        self.note(f"Branched from “{old.title}” at message {at + 1}; /branches lists its branches.")
+        return True
+
     # -- the token inspector -----------------------------------------------------
 
     def action_toggle_tokens(self) -> None:
@@ -342,6 +384,11 @@ class ChatScreen(ConversationScreen):
     # -- keys ------------------------------------------------------------------
 
     def action_stop(self) -> None:
+        if self.editing is not None and not self.busy:
+            self.editing = None
+            self.prompt.load_text("")
+            self.note("Edit cancelled: the conversation is as it was.")
+            return
         if self.busy and self.cancel is not None:
             self.cancel.set()
         elif self.queue:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 BUSY = "a reply is streaming: press Esc to stop it first"
 KEYS = (
     "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop"
-    " · F2 panels · F3 conversations · F4 tokens · F5 copy the last reply · F8 reasoning"
+    " · F2 panels · F3 conversations · F4 tokens · F5 copy the last reply · F8 reasoning · F9 edit"
     " · Ctrl+N new conversation · Ctrl+Q quit"
 )
 
@@ -135,6 +135,30 @@ async def model(screen: ChatScreen, arg: str) -> None:
     screen.loading_line = LoadingLine(screen.load_status)
     screen.pane.mount(screen.loading_line)
     screen.app.load_model(name, screen)
+
+
+async def edit(screen: ChatScreen, arg: str) -> None:
+    arg = arg.strip()
+    if arg and not arg.isdigit():
+        screen.note(f"/edit takes the number of one of your messages (1 = the first), got {arg!r}", error=True)
+        return
+    screen.start_edit(int(arg) if arg else None)
+
+
+async def branches(screen: ChatScreen, _arg: str) -> None:
+    """/branches: the conversation's tree, numbered as the sidebar and /switch N take them."""
+    rows = screen.chats.rows()
+    number = {r.id: i for i, r in enumerate(rows, 1)}
+    family = screen.chats.family(screen.conversation)
+    if len(family) < 2:
+        screen.note("no branches: /edit N (or F9 for your last message) starts one")
+        return
+    lines = ["Branches (/switch N opens one):"]
+    for row in family:
+        mark = "●" if row.id == screen.conversation.id else " "
+        kind = "⑂ branch" if row.branch else "root"
+        lines.append(f"{mark} {number.get(row.id, '?'):>2}  {kind:<8}  {row.messages} msg  {row.title}")
+    screen.note("\n".join(lines))
 
 
 async def search(screen: ChatScreen, arg: str) -> None:
@@ -332,6 +356,8 @@ HANDLERS: dict[str, Handler] = {
     "copy": copy,
     "search": search,
     "model": model,
+    "edit": edit,
+    "branches": branches,
     "settings": settings,
     "stats": stats,
     "backend": backend,

@@ -70,7 +70,8 @@ class Sidebar(Vertical):
         options = []
         for i, row in enumerate(rows, 1):
             mark = "●" if row.id == current else ("◆" if row.id in resident else " ")
-            line = Text(f"{i:>2}{mark}{clip(row.title)}\n", style="bold" if row.id == current else "")
+            title = ("⑂ " if row.branch else "") + row.title
+            line = Text(f"{i:>2}{mark}{clip(title)}\n", style="bold" if row.id == current else "")
             detail = f"╰ {when(row.updated)} · {row.messages} msg"
             if row.model:
                 detail += f" · {row.model}"
