@@ -12,7 +12,12 @@ import pytest
 
 @pytest.fixture
 def cli(tiny_model_dir, tmp_path):
-    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "config.toml"), "CHATCLI_CACHE_DIR": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "CHATCLI_CONFIG": str(tmp_path / "config.toml"),
+        "CHATCLI_CACHE_DIR": str(tmp_path / "cache"),
+        "CHATCLI_DATA_DIR": str(tmp_path / "data"),  # not the user's own history
+    }
 
     def run(*args, stdin: bytes | None = b"", model=True, python=()):
         argv = [sys.executable, *python, "-m", "chatcli", *args]

@@ -19,6 +19,7 @@ CASES = {
     "<think>cut off mid-thought": ("cut off mid-thought", ""),
     "<thin": (None, "<thin"),
     "": (None, ""),
+    "The prompt opened it.\n</think>\n\nSo: yes.": ("The prompt opened it.", "So: yes."),  # DeepSeek-R1 style
 }
 
 
@@ -31,7 +32,8 @@ def test_whole_replies():
 def test_any_chunking_gives_the_same_pieces(text, cuts):
     bounds = sorted({min(c, len(text)) for c in cuts})
     chunks = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)], strict=True)]
-    stream = ReasoningStream()
+    opened = not text.lstrip().startswith("<think>") and "</think>" in text
+    stream = ReasoningStream(thinking=opened)
     pieces = [p for chunk in chunks for p in stream.push(chunk)] + stream.finish()
     thinking = "".join(t for k, t in pieces if k == THINKING)
     answer = "".join(t for k, t in pieces if k == ANSWER)

@@ -18,7 +18,7 @@ def test_a_schema_1_database_is_migrated_and_indexed(tmp_path):
     shutil.copy(V1, path)
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 1
     store = Store(path)
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     assert [s.messages for s in store.summaries()] == [4, 2]  # nothing lost
     france = store.load("6bbcc0beb54c")
     assert [m.content for m in france.messages][1] == "The capital of France is Paris."
@@ -27,7 +27,7 @@ def test_a_schema_1_database_is_migrated_and_indexed(tmp_path):
     assert "[Paris]" in hits[0].snippet and hits[0].title == "What is the capital of France?"
     assert [h.index for h in store.search("cafe")] == [2]  # accents folded
     store.close()
-    assert Store(path).db.execute("PRAGMA user_version").fetchone()[0] == 2  # migrated once
+    assert Store(path).db.execute("PRAGMA user_version").fetchone()[0] == 3  # migrated once
 
 
 def saved(store: Store, *texts: str) -> Conversation:
@@ -107,3 +107,19 @@ def test_branches_are_stored_with_their_parent_and_listed_as_a_tree(tmp_path):
     loaded = store.load(branch.id)
     assert [m.content for m in loaded.messages] == [m.content for m in old.messages[:2]] + ["And of Spain?"]
     assert {s.id: s.parent_id for s in store.summaries()}[twig.id] == branch.id
+
+
+def test_a_schema_2_database_gets_the_branch_columns(tmp_path):
+    """Schema 2 (the index, before branches) existed in this project's history: it upgrades to 3."""
+    from chatcli.chat.store import SCHEMA_V1, SCHEMA_V2
+
+    path = tmp_path / "chatcli.db"
+    db = sqlite3.connect(path)
+    db.executescript(f"{SCHEMA_V1} {SCHEMA_V2} PRAGMA user_version=2;")
+    db.execute("INSERT INTO conversations (id, title, model, created, updated) VALUES ('a', 't', 'm', 0, 0)")
+    db.execute("INSERT INTO messages (conversation_id, role, content, created) VALUES ('a', 'user', 'hola', 0)")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert store.load("a").parent_id is None and [h.conversation_id for h in store.search("hola")] == ["a"]

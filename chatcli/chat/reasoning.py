@@ -12,8 +12,11 @@ THINKING, ANSWER = "thinking", "answer"
 
 
 def split(text: str) -> tuple[str | None, str]:
-    """A whole reply → (its reasoning, or None where it has none, its answer)."""
-    stream = ReasoningStream()
+    """A whole reply → (its reasoning, or None where it has none, its answer). A reply with a
+    `</think>` but no opening tag began inside its reasoning: DeepSeek-R1 style templates open
+    the tag in the prompt itself."""
+    opened = not text.lstrip().startswith(OPEN) and CLOSE in text
+    stream = ReasoningStream(thinking=opened)
     pieces = stream.push(text) + stream.finish()
     thinking = "".join(t for kind, t in pieces if kind == THINKING)
     answer = "".join(t for kind, t in pieces if kind == ANSWER)
@@ -24,12 +27,13 @@ class ReasoningStream:
     """Streamed text → (kind, text) pieces, THINKING or ANSWER, whatever the chunks' boundaries: a
     tag split across chunks is held back until it is whole (or cannot be one)."""
 
-    def __init__(self) -> None:
-        self.state = "start"  # start: nothing but blanks yet; then THINKING or ANSWER
+    def __init__(self, thinking: bool = False) -> None:
+        """`thinking`: the reply starts inside its reasoning (the prompt ended with `<think>`)."""
+        self.state = THINKING if thinking else "start"  # start: nothing but blanks yet; then THINKING or ANSWER
         self.held = ""
-        self.saw_reasoning = False
+        self.saw_reasoning = thinking
         self._strip_next = False  # the blank lines right after </think> are layout, not answer
-        self._strip_open = False  # and those right after <think>
+        self._strip_open = thinking  # and those right after <think>
 
     def push(self, text: str) -> list[tuple[str, str]]:
         self.held += text

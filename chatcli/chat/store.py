@@ -7,8 +7,8 @@ or `kill -9` mid-reply loses at most that reply, and the database stays readable
 The schema version lives in `PRAGMA user_version`. An older database is migrated; a
 newer one (from a later chatcli) is refused with a clear message, never a traceback.
 Version 2 adds a full-text index of every message (SQLite FTS5, kept by triggers) for
-`search`: ranked by BM25, with a snippet around the words found; and each conversation's
-parent and fork point, for branches (`/edit`).
+`search`: ranked by BM25, with a snippet around the words found; version 3 each
+conversation's parent and fork point, for branches (`/edit`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from chatcli.chat.conversation import Conversation, Message
 from chatcli.paths import data_dir
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_NAME = "chatcli.db"
 
 SCHEMA_V1 = """
@@ -49,11 +49,8 @@ CREATE INDEX conversations_by_updated ON conversations(updated);
 """
 
 
-# 2: full-text search over the messages (an external-content FTS5 index, kept by triggers), and
-# branches (/edit): the conversation a branch came from and how many messages it shares with it
+# 2: full-text search over the messages (an external-content FTS5 index, kept by triggers)
 SCHEMA_V2 = """
-ALTER TABLE conversations ADD COLUMN parent_id TEXT;
-ALTER TABLE conversations ADD COLUMN fork_at INTEGER;
 CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id');
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
     INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
@@ -67,6 +64,13 @@ CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
 END;
 INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
 """
+
+# 3: branches (/edit): the conversation a branch came from and how many messages it shares with it
+SCHEMA_V3 = """
+ALTER TABLE conversations ADD COLUMN parent_id TEXT;
+ALTER TABLE conversations ADD COLUMN fork_at INTEGER;
+"""
+UPGRADES = {1: SCHEMA_V2, 2: SCHEMA_V3}  # from version N to N + 1
 
 
 @dataclass
@@ -125,11 +129,11 @@ class Store:
                 "upgrade chatcli, or move the file away to start a new history"
             )
         if version == 0:  # a new file: create the schema and stamp its version in one transaction
-            self.db.executescript(
-                f"BEGIN IMMEDIATE; {SCHEMA_V1} {SCHEMA_V2} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
-            )
-        elif version == 1:  # index what an earlier chatcli saved, in one transaction
-            self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA_V2} PRAGMA user_version=2; COMMIT;")
+            script = SCHEMA_V1 + "".join(UPGRADES[v] for v in sorted(UPGRADES))
+            self.db.executescript(f"BEGIN IMMEDIATE; {script} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+        while 0 < version < SCHEMA_VERSION:  # what an earlier chatcli wrote, one version a transaction
+            self.db.executescript(f"BEGIN IMMEDIATE; {UPGRADES[version]} PRAGMA user_version={version + 1}; COMMIT;")
+            version += 1
 
     def _tx(self):
         return _Transaction(self.db)

@@ -33,3 +33,15 @@ async def test_a_reply_without_reasoning_has_no_fold():
         assert not box.has_reasoning and not box.fold.display
         await pilot.press("f8")
         assert "No reply with reasoning" in screen.pane.children[-1].render().plain
+
+
+async def test_a_prompt_that_opens_the_reasoning_streams_into_the_fold():
+    """DeepSeek-R1 style: the template ends the prompt with <think>; the reply has only </think>."""
+    engine = FakeEngine(script=lambda _t: "Weighing it up.\n</think>\n\nYes.", tok_s=400)
+    engine.tokenizer.render = lambda messages: "<｜Assistant｜><think>\n"
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Is it?")
+        box = screen.pane.query(ReplyBox).last()
+        assert box.has_reasoning and box.thinking.source == "Weighing it up." and box.markdown.source == "Yes."

@@ -125,6 +125,17 @@ class ChatScreen(ConversationScreen):
         if not waiting:
             self._next_in_queue()
 
+    def _prompt_opens_thinking(self) -> bool:
+        """The chat template ends the prompt inside `<think>` (DeepSeek-R1 style): the reply then
+        begins with reasoning and has no opening tag of its own."""
+        render = getattr(getattr(self.engine, "tokenizer", None), "render", None)
+        if render is None:
+            return False
+        try:
+            return render(self.conversation.for_template()).rstrip().endswith("<think>")
+        except Exception:  # noqa: BLE001 - a template that cannot render fails the turn itself, visibly
+            return False
+
     def _next_in_queue(self) -> None:
         if self.busy or self.engine is None or not self.queue:
             return
@@ -147,7 +158,7 @@ class ChatScreen(ConversationScreen):
         self.busy = True
         self.cancel = threading.Event()
         self._reply = self.pane.add_reply()
-        self._reply.start_stream()
+        self._reply.start_stream(thinking=self._prompt_opens_thinking())
         self._reply.set_note("…")
         self._buffer.clear()
         self._streamed = []

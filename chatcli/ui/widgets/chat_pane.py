@@ -71,7 +71,9 @@ class ReplyBox(Vertical):
         yield self.markdown
         yield self.note
 
-    def start_stream(self):
+    def start_stream(self, thinking: bool = False):
+        """`thinking`: the prompt opened a `<think>` block, so the reply starts in its reasoning."""
+        self._reasoning = ReasoningStream(thinking)
         self.stream = Markdown.get_stream(self.markdown)
         return self.stream
 
