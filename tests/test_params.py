@@ -26,6 +26,8 @@ SAMPLE = {
     "top_p": 0.5,
     "min_p": 0.2,
     "repeat_penalty": 1.25,
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
     "repeat_last_n": 32,
     "max_tokens": 99,
     "lookup": 2,
@@ -39,6 +41,7 @@ SURFACES = {
         ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed"),
         {"flag", "config", "slash", "header", "api"},
     ),
+    **dict.fromkeys(("presence_penalty", "frequency_penalty"), {"flag", "config", "slash", "api"}),
     "repeat_last_n": set(),
     "lookup": {"flag", "config", "slash"},
     "stop": {"flag", "api"},
@@ -84,7 +87,7 @@ def test_a_field_without_a_setting_is_refused_at_once():
 def test_a_range_message_uses_the_declared_name():
     for name, setting in settings():
         if setting.valid is not None:
-            bad = -1 if name != "lookup" else 99
+            bad = {"lookup": 99, "presence_penalty": 9, "frequency_penalty": 9}.get(name, -1)
             with pytest.raises(ValueError, match=f"^{setting.name} must be"):
                 SamplingParams(**{name: bad})
 

@@ -150,3 +150,15 @@ def test_draws_follow_the_probabilities():
     expected = np.array([0.5, 0.3, 0.15, 0.0]) / 0.95
     assert np.abs(counts - expected).max() < 0.015
     assert counts[3] == 0
+
+
+def test_presence_and_frequency_penalties_are_openais():
+    from chatcli.engine.sampling import apply_presence_frequency
+
+    logits = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+    out = apply_presence_frequency(logits, [3, 3, 1], presence=0.5, frequency=0.25)
+    assert out.tolist() == [1.0, 2.0 - 0.5 - 0.25, 3.0, 4.0 - 0.5 - 0.5]
+    assert apply_presence_frequency(logits, [3], 0.0, 0.0) is logits
+    params = SamplingParams(temperature=0, frequency_penalty=2.0)
+    assert sample(logits, params, recent_ids=[3]) == 2  # 4 - 2 < 3: the seen token loses its lead
+    assert sample(logits, SamplingParams(temperature=0), recent_ids=[3]) == 3

@@ -131,13 +131,39 @@ class SamplingParams:
             flag="1 disables.",
             config=True,
             header="rep",
-            api=("repetition_penalty",),
+            api=("repetition_penalty", "repeat_penalty"),  # vLLM's spelling, then llama.cpp's
             slash=Slash("repeat-penalty", "penalty on recently seen tokens (1 = off)", "X"),
             valid=lambda v: _finite(v) and v > 0,
             expected="> 0 (1 disables it)",
         ),
     )
-    # How many recent context tokens the penalty looks at: the engine's own, on no surface.
+    presence_penalty: float = _declare(
+        0.0,
+        Setting(
+            "presence-penalty",
+            FLOAT,
+            flag="Subtract this from the logit of each token seen in the last repeat-last-n (OpenAI's; 0 disables).",
+            config=True,
+            api=("presence_penalty",),
+            slash=Slash("presence-penalty", "subtract X from tokens already seen (0 = off)", "X"),
+            valid=lambda v: _finite(v) and -2 <= v <= 2,
+            expected="in [-2, 2]",
+        ),
+    )
+    frequency_penalty: float = _declare(
+        0.0,
+        Setting(
+            "frequency-penalty",
+            FLOAT,
+            flag="Subtract this times its count from the logit of each token seen (OpenAI's; 0 disables).",
+            config=True,
+            api=("frequency_penalty",),
+            slash=Slash("frequency-penalty", "subtract X per time a token was seen (0 = off)", "X"),
+            valid=lambda v: _finite(v) and -2 <= v <= 2,
+            expected="in [-2, 2]",
+        ),
+    )
+    # How many recent context tokens the penalties look at: the engine's own, on no surface.
     repeat_last_n: int = _declare(64, Setting("repeat-last-n", INT, valid=lambda v: v >= 0, expected=">= 0"))
     max_tokens: int = _declare(
         1024,

@@ -1,7 +1,8 @@
 """Sampling: fp32 logits → next token id, in numpy (no torch: every runner's logits come as numpy).
 
-The order is fixed and matches llama.cpp's sampler chain: repetition penalty →
-temperature → top-k → top-p → min-p. Temperature 0 is greedy argmax (after the
+The order is fixed and matches llama.cpp's sampler chain: penalties (repetition, then
+OpenAI's presence and frequency, over the last `repeat_last_n` context ids) → temperature →
+top-k → top-p → min-p. Temperature 0 is greedy argmax (after the
 repetition penalty). Every stage works on a `[V]` float32 array; the candidates that
 survive are kept with their probabilities, most likely first, ties in id order.
 """
@@ -126,8 +127,26 @@ def token_logprobs(
     return chosen, kept
 
 
+def apply_presence_frequency(logits: np.ndarray, recent_ids, presence: float, frequency: float) -> np.ndarray:
+    """OpenAI's penalties: logit[j] -= presence · [j seen] + frequency · count(j)."""
+    recent = np.asarray(recent_ids, dtype=np.int64)
+    if (presence == 0.0 and frequency == 0.0) or recent.size == 0:
+        return logits
+    ids, counts = np.unique(recent, return_counts=True)
+    out = logits.copy()
+    out[ids] -= np.float32(presence) + np.float32(frequency) * counts.astype(np.float32)
+    return out
+
+
+def penalised(params: SamplingParams) -> bool:
+    """Any penalty that reads the recent ids is on."""
+    return params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+
+
 def _penalised(logits, params: SamplingParams, recent_ids) -> np.ndarray:
     logits = np.asarray(logits, dtype=np.float32)
     if recent_ids is not None and params.repeat_penalty != 1.0:
         logits = apply_repetition_penalty(logits, recent_ids, params.repeat_penalty)
+    if recent_ids is not None:
+        logits = apply_presence_frequency(logits, recent_ids, params.presence_penalty, params.frequency_penalty)
     return logits

@@ -2,7 +2,8 @@
 
     POST /v1/chat/completions   chat.completion, or text/event-stream chunks then [DONE]
     GET  /v1/models             the one model this server has
-    GET  /health                liveness, queue depth and cache pool numbers
+    GET  /v1/models/{id}        that model, or a 404
+    GET  /health                liveness, queue depth and cache pool numbers (open without the key)
 
 `create_app(engine, ...)` builds it (tests pass the tiny engine; `chatcli serve`
 the loaded model). One `GenerationWorker` thread runs the engine, one request at a
@@ -61,7 +62,7 @@ class BearerAuth:
         self.key = api_key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and scope.get("path") != "/health":  # a load balancer's probe has no key
             header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             scheme, _, token = header.partition(b" ")
             ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
@@ -162,7 +163,7 @@ class CompletionResponse(Response):
             elif isinstance(event, Finished):
                 use = schema.usage(first, event.stats)
                 body = schema.completion(schema.new_id(), self.model, event.reply, event.finish_reason, use, scored)
-                await self._send_json(send, 200, body)
+                await self._send_json(send, 200, body, _truncated(first))
                 return
 
     async def _stream(self, first: Prefilled, events: asyncio.Queue, send) -> None:
@@ -172,6 +173,7 @@ class CompletionResponse(Response):
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
+            *_truncated(first),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
 
@@ -207,11 +209,20 @@ class CompletionResponse(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @staticmethod
-    async def _send_json(send, status: int, body: dict) -> None:
+    async def _send_json(send, status: int, body: dict, extra: list | None = None) -> None:
         payload = _json(body)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        headers += extra or []
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+TRUNCATED_HEADER = b"x-chatcli-truncated-turns"
+
+
+def _truncated(first: Prefilled) -> list:
+    """The header that says how many earlier exchanges were dropped to fit the context (always sent)."""
+    return [(TRUNCATED_HEADER, str(first.truncated_turns).encode())]
 
 
 def create_app(
@@ -243,6 +254,12 @@ def create_app(
 
     async def models(_request: Request) -> Response:
         return JSONResponse(schema.models_list(engine.name, started, engine.context_limit))
+
+    async def model(request: Request) -> Response:
+        wanted = request.path_params["model"]
+        if wanted != engine.name:
+            raise APIError(404, f"no model {wanted!r}: this server has {engine.name!r}", "model", "model_not_found")
+        return JSONResponse(schema.models_list(engine.name, started, engine.context_limit)["data"][0])
 
     async def health(_request: Request) -> Response:
         requests = {"served": worker.served, "cancelled": worker.cancelled, "failed": worker.failed}
@@ -280,6 +297,7 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
     middleware = [Middleware(BearerAuth, api_key=api_key)] if api_key else []

@@ -62,6 +62,20 @@ class ChatRequest:
     include_usage: bool = False
 
 
+# Request fields that change what the reply is and that this server does not do (yet): a request
+# that sends one, other than as its no-op value, gets a 400 naming it instead of a reply that ignores it.
+REFUSED = {
+    "logit_bias": lambda v: v == {},
+    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
+    "tool_choice": lambda v: v == "none",
+    "modalities": lambda v: v == ["text"],
+    "audio": lambda _v: False,
+    "prediction": lambda _v: False,
+    "web_search_options": lambda _v: False,
+    "reasoning_effort": lambda _v: False,
+}
+
+
 def _bad(message: str, param: str | None, code: str | None = "invalid_value") -> APIError:
     return APIError(400, message, param, code)
 
@@ -172,6 +186,10 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
         raise _bad("only n=1 is supported", "n")
     if body.get("tools") or body.get("functions"):
         raise _bad("tools are not supported by this server", "tools", "unsupported_parameter")
+    for field, accepted in REFUSED.items():  # fields that would change the reply, not built yet
+        value = body.get(field)
+        if value is not None and not accepted(value):
+            raise _bad(f"{field} is not supported by this server", field, "unsupported_parameter")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -211,6 +229,7 @@ def usage(first, stats) -> dict:
     from the KV cache as `cached_tokens`, and prompt-lookup drafts as the prediction tokens
     kept and rejected (the fields OpenAI's Predicted Outputs report)."""
     return {
+        "truncated_turns": first.truncated_turns,  # ours: earlier exchanges dropped to fit the context
         "prompt_tokens": first.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": first.prompt_tokens + stats.completion_tokens,

@@ -1,0 +1,82 @@
+"""serve: each OpenAI field works or is refused (issue 20, part 1), through the openai client."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.servers import USER
+
+
+def client(server, **kwargs):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0, timeout=60)
+
+
+def reply(server, **fields) -> str:
+    done = client(server).chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=24, **fields)
+    return done.choices[0].message.content
+
+
+def test_penalties_change_the_reply_and_repeat_penalty_is_an_alias(tiny_engine, serve):
+    server = serve(tiny_engine)
+    plain = reply(server)
+    assert reply(server, frequency_penalty=2.0) != plain
+    assert reply(server, presence_penalty=2.0) != plain
+    assert reply(server, extra_body={"repeat_penalty": 1.8}) == reply(server, extra_body={"repetition_penalty": 1.8})
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError, match=r"presence_penalty must be in \[-2, 2\]"):
+        reply(server, presence_penalty=3)
+
+
+@pytest.mark.parametrize(
+    "fields,param",
+    [
+        ({"logit_bias": {"42": -100}}, "logit_bias"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"extra_body": {"reasoning_effort": "high"}}, "reasoning_effort"),
+    ],
+)
+def test_fields_that_would_change_the_reply_are_refused(tiny_engine, serve, fields, param):
+    from openai import BadRequestError
+
+    server = serve(tiny_engine)
+    with pytest.raises(BadRequestError) as info:
+        reply(server, **fields)
+    error = info.value.body
+    assert error["code"] == "unsupported_parameter" and error["param"] == param
+
+
+def test_their_no_op_values_pass(tiny_engine, serve):
+    server = serve(tiny_engine)
+    plain = reply(server)
+    assert reply(server, response_format={"type": "text"}, logit_bias={}, tool_choice="none") == plain
+
+
+def test_health_is_open_and_models_can_be_read_by_id(tiny_engine, serve):
+    server = serve(tiny_engine, api_key="secret")
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    model = client(server, api_key="secret").models.retrieve(tiny_engine.name)
+    assert model.id == tiny_engine.name
+    missing = httpx.get(server.url + "/v1/models/nope", headers={"Authorization": "Bearer secret"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_dropped_turns_are_reported(tiny_engine, serve):
+    server = serve(tiny_engine)
+    long = "the quick brown fox jumps over the lazy dog " * 4
+    history = []
+    for _ in range(6):
+        history += [{"role": "user", "content": long}, {"role": "assistant", "content": long}]
+    messages = [*history, {"role": "user", "content": "and now?"}]
+    raw = client(server).chat.completions.with_raw_response.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=4
+    )
+    dropped = int(raw.headers["x-chatcli-truncated-turns"])
+    assert dropped > 0 and raw.parse().usage.model_extra["truncated_turns"] == dropped
+    fits = client(server).chat.completions.with_raw_response.create(model="tiny", messages=USER, max_tokens=2)
+    assert fits.headers["x-chatcli-truncated-turns"] == "0"
