@@ -293,7 +293,10 @@ def test_the_api_key_is_required_on_every_route(tiny_engine, serve):
     ):
         r = server.post(body, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 401
+    health = httpx.get(server.url + "/health", timeout=TIMEOUT)  # open: a probe has no key, and learns no more
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    full = httpx.get(server.url + "/health", headers={"Authorization": "Bearer s3cret"}, timeout=TIMEOUT).json()
+    assert full["status"] == "ok" and "model" in full and "cache" in full
     assert httpx.get(server.url + "/v1/models", timeout=TIMEOUT).status_code == 401
     assert server.post(body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
     done = client(server, api_key="s3cret").chat.completions.create(model="t", messages=USER, max_tokens=4)

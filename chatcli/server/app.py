@@ -55,17 +55,22 @@ def error_response(err: APIError) -> JSONResponse:
 
 
 class BearerAuth:
-    """Every HTTP request needs `Authorization: Bearer KEY`; compared in constant time."""
+    """Every HTTP request needs `Authorization: Bearer KEY`; compared in constant time. `/health`
+    without it answers only `{"status": "ok"}` (a load balancer's probe has no key; the model, the
+    queue and the cache numbers are for the key's holder)."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
         self.key = api_key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope.get("path") != "/health":  # a load balancer's probe has no key
+        if scope["type"] == "http":
             header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             scheme, _, token = header.partition(b" ")
             ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
+            if not ok and scope.get("path") == "/health":
+                await JSONResponse({"status": "ok"})(scope, receive, send)
+                return
             if not ok:
                 err = APIError(
                     401, "missing or wrong API key: send 'Authorization: Bearer KEY'", code="invalid_api_key"
