@@ -12,7 +12,7 @@ from dataclasses import fields
 import click
 
 from chatcli.engine.load import MODEL_HELP, LoadOptions
-from chatcli.engine.params import FLOAT, INT, SEED, STRINGS, settings
+from chatcli.engine.params import BIAS, FLOAT, INT, SEED, STRINGS, settings
 
 LOAD_FIELDS = tuple(f.name for f in fields(LoadOptions))
 _TYPES = {FLOAT: float, INT: int, SEED: int}
@@ -36,7 +36,7 @@ def sampling_options():
     for name, setting in settings():
         if setting.flag is None:
             continue
-        if setting.kind == STRINGS:
+        if setting.kind in (STRINGS, BIAS):
             options.append(click.option(f"--{setting.name}", name, multiple=True, help=setting.flag))
         else:
             options.append(

@@ -34,6 +34,7 @@ SAMPLE = {
     "seed": 5,
     "stop": ("END",),
     "logprobs": 3,
+    "logit_bias": ((42, -100.0),),
 }
 # Where each field shows today: a change here is a change users see.
 SURFACES = {
@@ -45,7 +46,8 @@ SURFACES = {
     "repeat_last_n": set(),
     "lookup": {"flag", "config", "slash"},
     "stop": {"flag", "api"},
-    "logprobs": {"flag"},  # the server reads OpenAI's logprobs / top_logprobs itself (schema._logprobs)
+    "logprobs": {"flag"},
+    "logit_bias": {"flag", "api"},  # the server reads OpenAI's logprobs / top_logprobs itself (schema._logprobs)
 }
 FIELDS = SamplingParams.field_names()
 NOT_START = ("prompt", "json_out", "stats", "continue_last", "conversation", "cache_budget")  # app's own flags
@@ -87,13 +89,15 @@ def test_a_field_without_a_setting_is_refused_at_once():
 def test_a_range_message_uses_the_declared_name():
     for name, setting in settings():
         if setting.valid is not None:
-            bad = {"lookup": 99, "presence_penalty": 9, "frequency_penalty": 9}.get(name, -1)
+            bad = {"lookup": 99, "presence_penalty": 9, "frequency_penalty": 9, "logit_bias": {"1": 500}}.get(name, -1)
             with pytest.raises(ValueError, match=f"^{setting.name} must be"):
                 SamplingParams(**{name: bad})
 
 
 def flag_args(name: str, value) -> list[str]:
     flag = f"--{setting_of(name).name}"
+    if name == "logit_bias":  # ID=BIAS, repeatable
+        return [a for t, b in value for a in (flag, f"{t}={b}")]
     return [a for v in value for a in (flag, v)] if isinstance(value, tuple) else [flag, str(value)]
 
 
@@ -168,6 +172,8 @@ def test_the_header_and_settings_show_the_field_when_declared(name):
 
 
 def json_value(value):
+    if value == SAMPLE["logit_bias"]:  # OpenAI's shape: {"token id": bias}
+        return {str(t): b for t, b in value}
     return list(value) if isinstance(value, tuple) else value
 
 

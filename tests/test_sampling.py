@@ -162,3 +162,13 @@ def test_presence_and_frequency_penalties_are_openais():
     params = SamplingParams(temperature=0, frequency_penalty=2.0)
     assert sample(logits, params, recent_ids=[3]) == 2  # 4 - 2 < 3: the seen token loses its lead
     assert sample(logits, SamplingParams(temperature=0), recent_ids=[3]) == 3
+
+
+def test_logit_bias_is_added_first_and_minus_100_bans():
+    logits = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+    assert sample(logits, SamplingParams(temperature=0, logit_bias={"3": -100})) == 2
+    assert sample(logits, SamplingParams(temperature=0, logit_bias=("0=10",))) == 0
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logit_bias={"3": -100})
+    draws = {sample(logits, params, np.random.default_rng(s)) for s in range(200)}
+    assert 3 not in draws and draws == {0, 1, 2}
+    assert sample(logits, SamplingParams(temperature=0, logit_bias={"99": 50})) == 3  # past the vocabulary: ignored

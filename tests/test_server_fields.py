@@ -34,7 +34,6 @@ def test_penalties_change_the_reply_and_repeat_penalty_is_an_alias(tiny_engine, 
 @pytest.mark.parametrize(
     "fields,param",
     [
-        ({"logit_bias": {"42": -100}}, "logit_bias"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"extra_body": {"reasoning_effort": "high"}}, "reasoning_effort"),
@@ -48,6 +47,32 @@ def test_fields_that_would_change_the_reply_are_refused(tiny_engine, serve, fiel
         reply(server, **fields)
     error = info.value.body
     assert error["code"] == "unsupported_parameter" and error["param"] == param
+
+
+def reply_ids(engine, params) -> list[int]:
+    from chatcli.engine.events import Token
+
+    session = engine.new_session()
+    return [e.token_id for e in engine.generate(USER, session, params) if isinstance(e, Token) and e.token_id >= 0]
+
+
+def test_a_logit_bias_of_minus_100_bans_a_token(tiny_engine, serve):
+    from openai import BadRequestError
+
+    from chatcli.engine.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0, max_tokens=12, lookup=0)
+    ids = reply_ids(tiny_engine, greedy)
+    banned = ids[0]
+    assert banned not in reply_ids(tiny_engine, greedy.with_(logit_bias={str(banned): -100}))
+    assert reply_ids(tiny_engine, greedy.with_(max_tokens=3, logit_bias={"5": 100})) == [5, 5, 5]
+    server = serve(tiny_engine)  # the same through the server: the request's field reaches the sampler
+    plain = reply(server)
+    assert reply(server, logit_bias={str(banned): -100}) != plain
+    with pytest.raises(BadRequestError, match=r"logit_bias must be token ids >= 0 with biases in \[-100, 100\]"):
+        reply(server, logit_bias={"5": 101})
+    with pytest.raises(BadRequestError, match="logit_bias must be an object"):
+        reply(server, logit_bias=[5])
 
 
 def test_their_no_op_values_pass(tiny_engine, serve):

@@ -18,8 +18,9 @@ from typing import Any
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 MAX_LOOKUP = 16  # drafted tokens per verifying pass; past a few, a draft is rarely accepted to its end
 
-# Value kinds. SEED: a whole number, or None for a fresh seed each turn ("off"); STRINGS: a tuple of strings.
-FLOAT, INT, SEED, STRINGS = "float", "int", "seed", "strings"
+# Value kinds. SEED: a whole number, or None for a fresh seed each turn ("off"); STRINGS: a tuple of strings;
+# BIAS: token id → logit bias, kept as sorted (id, bias) pairs (given as {"id": bias} or "ID=BIAS" strings).
+FLOAT, INT, SEED, STRINGS, BIAS = "float", "int", "seed", "strings", "bias"
 
 
 class InvalidParameter(ValueError):
@@ -41,7 +42,7 @@ class Setting:
     """One SamplingParams field as users see it; None, False or () where a surface lacks it."""
 
     name: str  # `--name`, range messages, /settings and the note after a slash command
-    kind: str  # FLOAT | INT | SEED | STRINGS
+    kind: str  # FLOAT | INT | SEED | STRINGS | BIAS
     flag: str | None = None  # the help of its `chatcli` flag
     config: bool = False  # a [sampling] key of the config file, spelled like the field
     slash: Slash | None = None  # its TUI command; a setting with one has a /settings line too
@@ -209,6 +210,17 @@ class SamplingParams:
     stop: tuple[str, ...] = _declare(
         (), Setting("stop", STRINGS, flag="Stop at this string (repeatable).", api=("stop",))
     )
+    logit_bias: tuple[tuple[int, float], ...] = _declare(
+        (),
+        Setting(
+            "logit-bias",
+            BIAS,
+            flag="ID=BIAS: add BIAS (-100..100) to that token id's logit; -100 bans it (repeatable).",
+            api=("logit_bias",),
+            valid=lambda v: all(t >= 0 and _finite(b) and -100 <= b <= 100 for t, b in v),
+            expected="token ids >= 0 with biases in [-100, 100]",
+        ),
+    )
     # Per-token log-probabilities with the N most likely alternatives (None: none computed); the
     # server sets it from `logprobs` / `top_logprobs`, the one-shot from --logprobs.
     logprobs: int | None = _declare(
@@ -223,6 +235,7 @@ class SamplingParams:
     )
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         for name, setting in _SETTINGS.items():
             value = getattr(self, name)
             if setting.valid is not None and not setting.valid(value):
@@ -237,6 +250,23 @@ class SamplingParams:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def _bias_pairs(value) -> tuple[tuple[int, float], ...]:
+    """A logit bias as sorted (id, bias) pairs, from {"id": bias}, "ID=BIAS" strings or pairs."""
+    items = value.items() if isinstance(value, dict) else value
+    pairs = {}
+    try:
+        for item in items:
+            token, bias = item.split("=", 1) if isinstance(item, str) else item
+            if isinstance(bias, bool) or (isinstance(token, float) and not token.is_integer()):
+                raise ValueError
+            pairs[int(str(token).strip())] = float(bias)
+    except (TypeError, ValueError):
+        raise InvalidParameter(
+            f'logit-bias takes token ids with biases (ID=BIAS, or {{"ID": BIAS}}), got {value!r}'
+        ) from None
+    return tuple(sorted(pairs.items()))
 
 
 def collect(cls) -> dict[str, Setting]:

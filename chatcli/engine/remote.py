@@ -163,6 +163,11 @@ class RemoteEngine:
             body["seed"] = seed - 2**64 if seed >= 2**63 else seed
         if params.stop:
             body["stop"] = list(params.stop)
+        for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's own fields: sent where set
+            if getattr(params, name):
+                body[name] = getattr(params, name)
+        if params.logit_bias:
+            body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
         if self.send_extras:
             body.update(top_k=params.top_k, min_p=params.min_p, repetition_penalty=params.repeat_penalty)
         return body

@@ -1,6 +1,6 @@
 """Sampling: fp32 logits → next token id, in numpy (no torch: every runner's logits come as numpy).
 
-The order is fixed and matches llama.cpp's sampler chain: penalties (repetition, then
+The order is fixed and matches llama.cpp's sampler chain: logit bias → penalties (repetition, then
 OpenAI's presence and frequency, over the last `repeat_last_n` context ids) → temperature →
 top-k → top-p → min-p. Temperature 0 is greedy argmax (after the
 repetition penalty). Every stage works on a `[V]` float32 array; the candidates that
@@ -145,6 +145,11 @@ def penalised(params: SamplingParams) -> bool:
 
 def _penalised(logits, params: SamplingParams, recent_ids) -> np.ndarray:
     logits = np.asarray(logits, dtype=np.float32)
+    if params.logit_bias:  # first, as OpenAI and llama.cpp add it to the raw logits
+        ids = np.array([t for t, _ in params.logit_bias if t < len(logits)], dtype=np.int64)
+        if ids.size:
+            logits = logits.copy()
+            logits[ids] += np.array([b for t, b in params.logit_bias if t < len(logits)], dtype=np.float32)
     if recent_ids is not None and params.repeat_penalty != 1.0:
         logits = apply_repetition_penalty(logits, recent_ids, params.repeat_penalty)
     if recent_ids is not None:

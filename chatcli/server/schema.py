@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from chatcli.engine.events import FinishReason
-from chatcli.engine.params import FLOAT, MAX_TOP_LOGPROBS, SEED, STRINGS, settings
+from chatcli.engine.params import BIAS, FLOAT, MAX_TOP_LOGPROBS, SEED, STRINGS, settings
 from chatcli.engine.sampling import InvalidParameter, SamplingParams
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -65,7 +65,6 @@ class ChatRequest:
 # Request fields that change what the reply is and that this server does not do (yet): a request
 # that sends one, other than as its no-op value, gets a 400 naming it instead of a reply that ignores it.
 REFUSED = {
-    "logit_bias": lambda v: v == {},
     "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
     "tool_choice": lambda v: v == "none",
     "modalities": lambda v: v == ["text"],
@@ -141,6 +140,11 @@ def _value(body: dict, key: str, kind: str):
     """The request field `key` as a value of the declared kind; None when absent (or an empty stop list)."""
     if kind == STRINGS:
         return _stops(body.get(key)) or None
+    if kind == BIAS:
+        value = body.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise _bad(f"{key} must be an object of token ids to biases", key, "invalid_type")
+        return value or None
     value = _number(body, key, integer=kind != FLOAT)
     if value is None:
         return None
