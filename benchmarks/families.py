@@ -13,12 +13,13 @@ the kernel in fp32 and int8 where it runs, the torch lean runner, and transforme
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import tempfile
 from pathlib import Path
 
 from decode_step import step_times
+
+from chatcli.bench.shapes import RandomIds  # a context limit and calibration ids for int8
 
 SHAPES = dict(
     hidden_size=576,
@@ -33,16 +34,6 @@ SHAPES = dict(
 )
 EXTRA = {"gemma2": {"query_pre_attn_scalar": 64}, "gemma3_text": {"query_pre_attn_scalar": 64}}
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
-
-
-class RandomIds:
-    """The tokenizer a conversion asks for: a context limit and calibration ids for int8."""
-
-    model_max_length = SHAPES["max_position_embeddings"]
-
-    def encode(self, _text: str) -> list[int]:
-        rng = random.Random(0)
-        return [rng.randrange(SHAPES["vocab_size"]) for _ in range(256)]
 
 
 def build(family: str):
@@ -84,7 +75,7 @@ def main() -> None:
         files = {}
         for kind in kinds:
             path = folder / f"{kind}.safetensors"
-            convert_lean(folder, path, kind, family, model_loader=lambda m=model: (m, RandomIds()))
+            convert_lean(folder, path, kind, family, model_loader=lambda m=model: (m, RandomIds(SHAPES["vocab_size"])))
             files[kind] = LeanWeights(path, kind, family)
         rates = {"lean": 1 / median_step(LeanRunner(files["float32-dense"]), args.context, args.steps)}
         if native:

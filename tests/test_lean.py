@@ -22,7 +22,7 @@ from chatcli.engine.hf_load import LoadedModel, build_engine, make_hf_runner
 from chatcli.engine.hf_runner import HFRunner
 from chatcli.engine.lean import LeanRunner
 from chatcli.engine.lean_cache import LeanCache
-from chatcli.engine.lean_convert import fused_transposed, projections
+from chatcli.engine.lean_convert import fused_transposed, head_rows, projections
 from chatcli.engine.lean_weights import lean_support
 from chatcli.engine.load import LoadError, check_quantize, context_limit, pick_kv_dtype
 from chatcli.engine.quantize import Int8Dense, calibration_ids, down_smoothing, quantize_hf_model
@@ -371,7 +371,7 @@ def test_int8_hf_runner_quantizes_a_copy(tiny_loaded):
     assert runner.quantized and not make_hf_runner(model, 256).quantized  # saved caches tell them apart
 
 
-def test_fused_transposed_matches_cat_transpose_scale_and_interleave():
+def test_fused_transposed_matches_cat_transpose_scale_and_rope_rows():
     torch.manual_seed(1)
     q, k, v = torch.randn(8, 6), torch.randn(4, 6), torch.randn(4, 6)  # [out_i, in]: 2 q heads, 1 kv head, hd 4
     scale = torch.rand(6) + 0.5  # [in]
@@ -379,7 +379,7 @@ def test_fused_transposed_matches_cat_transpose_scale_and_interleave():
     assert plain.is_contiguous() and torch.equal(plain, torch.cat([q, k, v]).t())
     scaled = fused_transposed([q, k, v], scale)
     assert torch.allclose(scaled, (torch.cat([q, k, v]) * scale).t())
-    mixed = fused_transposed([q, k, v], None, interleave=(2, 1))
+    mixed = fused_transposed([q[head_rows(8, 2)], k[head_rows(4, 1)], v])
     order = torch.tensor([0, 2, 1, 3])  # hd 4: rotate-half pairs (0, 2), (1, 3) become adjacent
     assert torch.equal(mixed[:, :4], q[order].t()) and torch.equal(mixed[:, 4:8], q[4 + order].t())
     assert torch.equal(mixed[:, 8:12], k[order].t()) and torch.equal(mixed[:, 12:], v.t())

@@ -187,16 +187,10 @@ class Chats:
         rows = self.rows()
         if not 1 <= number <= len(rows):
             raise ChatsError(f"no conversation {number}: there are {len(rows)} (F3 shows them)")
-        row = rows[number - 1]
-        conv = self.opened.get(row.id)
-        if conv is None:
-            try:
-                conv = self.store.load(row.id) if self.store is not None else None
-            except STORE_ERRORS as exc:
-                self.store_failed(exc)
-            if conv is None:
-                raise ChatsError(f"conversation {number} could not be read")
-        return conv
+        try:
+            return self.by_id(rows[number - 1].id)
+        except ChatsError:
+            raise ChatsError(f"conversation {number} could not be read") from None
 
     def branch(self, conv: Conversation, at: int) -> Conversation:
         """A branch of `conv` sharing its first `at` messages (`/edit`), saved with its first message.

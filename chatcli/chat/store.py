@@ -251,7 +251,7 @@ class Store:
         return [
             Summary(
                 id_,
-                title or Conversation(messages=[Message("user", first or "")]).title,
+                _shown_title(title, first),
                 model,
                 created,
                 updated,
@@ -286,20 +286,17 @@ class Store:
             return []
         query = " ".join('"' + w.replace('"', '""') + '"' for w in words)
         rows = self.db.execute(
-            "SELECT m.conversation_id, c.title, m.role, m.id, snippet(messages_fts, 0, '[', ']', '…', 12), f.rank,"
-            " (SELECT content FROM messages WHERE conversation_id=c.id AND role='user' ORDER BY id LIMIT 1)"
+            "SELECT m.conversation_id, c.title, m.role, snippet(messages_fts, 0, '[', ']', '…', 12), f.rank,"
+            " (SELECT content FROM messages WHERE conversation_id=c.id AND role='user' ORDER BY id LIMIT 1),"
+            " (SELECT COUNT(*) FROM messages WHERE conversation_id=m.conversation_id AND id<m.id)"
             " FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN conversations c ON c.id = m.conversation_id"
             " WHERE messages_fts MATCH ? ORDER BY f.rank LIMIT ?",
             (query, limit),
         ).fetchall()
-        hits = []
-        for conv_id, title, role, message_id, snippet, rank, first in rows:
-            (index,) = self.db.execute(
-                "SELECT COUNT(*) FROM messages WHERE conversation_id=? AND id<?", (conv_id, message_id)
-            ).fetchone()
-            title = title or Conversation(messages=[Message("user", first or "")]).title
-            hits.append(Hit(conv_id, title, index, role, " ".join(snippet.split()), rank))
-        return hits
+        return [
+            Hit(conv_id, _shown_title(title, first), index, role, " ".join(snippet.split()), rank)
+            for conv_id, title, role, snippet, rank, first, index in rows
+        ]
 
     def export(self, conversation_id: str) -> dict | None:
         conversation = self.load(conversation_id)
@@ -315,6 +312,11 @@ class Store:
         conversation = from_export(data)
         self.create(conversation, str(data.get("model", "")))
         return conversation
+
+
+def _shown_title(title: str | None, first_user_message: str | None) -> str:
+    """A conversation's title as lists show it: the /rename, else from its first user message."""
+    return title or Conversation(messages=[Message("user", first_user_message or "")]).title
 
 
 class _Transaction:

@@ -31,7 +31,14 @@ from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Toke
 from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.prefix import common_prefix, reusable_prefix
 from chatcli.engine.runner import KVCache, ModelRunner
-from chatcli.engine.sampling import SamplingParams, accept_draft, new_generator, penalised, sample, token_logprobs
+from chatcli.engine.sampling import (
+    SamplingParams,
+    accept_draft,
+    needs_recent_ids,
+    new_generator,
+    sample,
+    token_logprobs,
+)
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.tokenize import ChatTokenizer
 
@@ -302,7 +309,7 @@ class Engine:
         with its log-probabilities where `params.logprobs` asks (`token_logprobs`; a drafted position's
         distribution is the one a single step would sample from), else None."""
         recent = None
-        if penalised(params) and params.repeat_last_n > 0:
+        if needs_recent_ids(params) and params.repeat_last_n > 0:
             recent = ids[max(0, end - params.repeat_last_n) : end]
         if draft is None:
             token = sample(logits, params, generator, recent)

@@ -26,22 +26,15 @@ def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:
     return [d for i in range(r // 2) for d in (i, i + r // 2)] + list(range(r, head_dim))
 
 
-def fused_transposed(parts: list[torch.Tensor], scale=None, interleave: tuple = (), rotary=None) -> torch.Tensor:
-    """nn.Linear weights `[out_i, in]` → one contiguous `[in, sum out_i]`.
-
-    `scale [in]` multiplies the input rows (a folded RMSNorm weight). The first
-    `len(interleave)` parts (q, k with that many heads) get their rows reordered per head
-    by `rope_order` (rotate-half pairs to adjacent pairs; `rotary`: the rotated dims, default
-    all); q and k get the same order, so attention scores are unchanged.
-    """
+def fused_transposed(parts: list[torch.Tensor], scale=None) -> torch.Tensor:
+    """nn.Linear weights `[out_i, in]` → one contiguous `[in, sum out_i]`; `scale [in]` multiplies
+    the input rows (a folded RMSNorm weight). q and k come already in rope order (`head_rows`)."""
     parts = [p.detach() for p in parts]
     dim_in = parts[0].shape[1]
     out = torch.empty(dim_in, sum(p.shape[0] for p in parts), dtype=parts[0].dtype, device=parts[0].device)
     col = 0
-    for i, weight in enumerate(parts):
+    for weight in parts:
         n = weight.shape[0]
-        if i < len(interleave):
-            weight = weight[head_rows(n, interleave[i], rotary)]
         dest = out[:, col : col + n]  # [in, n], a view
         src = weight.t()  # [in, n], a view
         if scale is not None:
@@ -195,7 +188,12 @@ def vectors(model, config: LeanConfig, rotary: int | None = None) -> dict[str, t
             out[f"layers.{i}.q_norm"], out[f"layers.{i}.k_norm"] = b.q_norm[order], b.k_norm[order]
         if config.post_norms:
             out[f"layers.{i}.post_attn_norm"], out[f"layers.{i}.post_ffn_norm"] = b.post_attn_norm, b.post_ffn_norm
-    return {name: torch.nn.functional.pad(v.float(), (0, padded16(len(v)) - len(v))) for name, v in out.items()}
+    return {name: padded_vector(v) for name, v in out.items()}
+
+
+def padded_vector(v: torch.Tensor) -> torch.Tensor:
+    """A stored fp32 vector: zero past its length up to `padded16` (the file's 64-byte alignment)."""
+    return torch.nn.functional.pad(v.detach().float(), (0, padded16(len(v)) - len(v)))
 
 
 def rope_table(model, limit: int, layer_type: str | None = None) -> tuple[torch.Tensor, int]:

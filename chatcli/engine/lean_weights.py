@@ -153,6 +153,12 @@ def norm_before(projection: str) -> str | None:
     return f"{layer}.{norm}" if norm else None
 
 
+def scales_length(n: int, k: int) -> int:
+    """The stored length of a q4 / q8 projection's fp16 scales (or mins): `[ceil(n/16), ceil(k/32), 16]`
+    flat, rounded up to 64 bytes."""
+    return -(-(-(-n // 16) * -(-k // GROUP) * 16) // 32) * 32
+
+
 def padded16(n: int) -> int:
     """A stored vector's length: n rounded up to 16 floats (64 bytes, the file's alignment)."""
     return -(-n // 16) * 16
@@ -250,7 +256,7 @@ class LeanWeights:
                 w = self.file.tensors.get(f"{name}.w")
                 quads = w.shape[2] if w is not None and len(w.shape) == 4 and w.shape[2] in (4, 8) else 4
                 want[f"{name}.w"] = ("U8", (blocks, groups, quads, 64))
-                scales = ("F16", (-(-blocks * groups * 16 // 32) * 32,))  # [B, G, 16], flat, 64-byte padded
+                scales = ("F16", (scales_length(n, k),))
                 want[f"{name}.d"] = scales
                 if f"{name}.m" in self.file.tensors:
                     want[f"{name}.m"] = scales

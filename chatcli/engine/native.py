@@ -196,10 +196,11 @@ class NativeRunner(ModelRunner):
             self._model.embed_rows = ctypes.pointer(self._embed)
             self._model.embed_scale = c.embed_scale
         self.final_softcap = c.final_softcap
+        apart = {**vectors, **c.norms()}  # fp32 vectors beside the projections, not their weights
         self.weight_bytes = sum(
             weights.file.tensors[n].nbytes
             for n in weights.file.tensors
-            if n.split(".")[0] not in ("embed", "rope", "rope_sliding") and n not in vectors and n not in c.norms()
+            if n.split(".")[0] not in ("embed", "rope", "rope_sliding") and n not in apart
         )
 
     def _matrix(self, name: str, shapes: dict) -> Matrix:

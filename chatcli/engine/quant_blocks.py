@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GROUP = 32  # inputs per group: GGUF's block size for Q4_0, Q4_1 and Q8_0
-QUADS = {4: 4, 8: 8}  # bits -> 64-byte quads a group
+from chatcli.engine.lean_weights import GROUP, scales_length  # GROUP: GGUF's block size for Q4_0, Q4_1, Q8_0
 
 
 @dataclass
@@ -84,12 +83,6 @@ def concat(parts: list[Codes]) -> Codes:
     return Codes(bits.pop(), np.concatenate([p.codes for p in parts]), np.concatenate([p.d for p in parts]), m)
 
 
-def scales_length(n: int, k: int) -> int:
-    """The stored length of a projection's fp16 scales (or mins): `[ceil(n/16), ceil(k/32), 16]`,
-    rounded up to 64 bytes."""
-    return -(-(-(-n // 16) * -(-k // GROUP) * 16) // 32) * 32
-
-
 def pack(codes: Codes) -> dict[str, np.ndarray]:
     """Codes → the kernel's arrays: `w` uint8 `[B, G, quads, 64]`, `d` (and `m`) fp16 `[B, G, 16]` flat
     (`scales_length`), padded to 16 outputs."""
@@ -100,7 +93,7 @@ def pack(codes: Codes) -> dict[str, np.ndarray]:
     quads = c.reshape(blocks, 16, groups, 8, 4).transpose(0, 2, 3, 1, 4)  # [B, G, quad, 16 outputs, 4 inputs]
     if codes.bits == 4:
         quads = quads[:, :, 0::2] | (quads[:, :, 1::2] << 4)
-    out = {"w": np.ascontiguousarray(quads).reshape(blocks, groups, QUADS[codes.bits], 64)}
+    out = {"w": np.ascontiguousarray(quads).reshape(blocks, groups, codes.bits, 64)}  # 4 or 8 quads of 64 bytes
 
     def per_block(t: np.ndarray) -> np.ndarray:  # [B, G, 16], flat, padded to 64 bytes
         full = np.zeros((blocks * 16, groups), np.float16)
@@ -188,9 +181,8 @@ def grouped_arrays(parts_of: dict, names: dict, kind: str, gguf: GGUFBlocks | No
     """A `q4` / `q8` lean file's projections (`<name>.w/.d/.m`, see `pack`) and the RMSNorm weights kept
     apart, from `lean_convert.projection_parts` (`names`: parameter name by data pointer): each weight as
     the GGUF's own blocks where `gguf` has them exactly, else quantized here (q4: layers 4-bit, head 8-bit)."""
-    import torch
-
-    from chatcli.engine.lean_weights import norm_before, padded16
+    from chatcli.engine.lean_convert import padded_vector
+    from chatcli.engine.lean_weights import norm_before
 
     status = status or (lambda *_a, **_k: None)
     arrays = {}
@@ -207,9 +199,6 @@ def grouped_arrays(parts_of: dict, names: dict, kind: str, gguf: GGUFBlocks | No
         for key, value in pack(concat(codes)).items():
             arrays[f"{name}.{key}"] = value
         if norm is not None:
-            vector = norm.detach().float()
-            arrays[norm_before(name)] = torch.nn.functional.pad(
-                vector, (0, padded16(len(vector)) - len(vector))
-            ).numpy()
+            arrays[norm_before(name)] = padded_vector(norm).numpy()
     status("Writing the lean weights", len(parts_of), len(parts_of))
     return arrays

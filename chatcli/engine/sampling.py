@@ -138,7 +138,7 @@ def apply_presence_frequency(logits: np.ndarray, recent_ids, presence: float, fr
     return out
 
 
-def penalised(params: SamplingParams) -> bool:
+def needs_recent_ids(params: SamplingParams) -> bool:
     """Any penalty that reads the recent ids is on."""
     return params.repeat_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
 

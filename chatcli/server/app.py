@@ -245,6 +245,7 @@ def create_app(
     pool = pool or SessionPool(engine.new_session, cache_budget_bytes)
     worker = GenerationWorker(engine, pool, max_pending)
     started = int(time.time())
+    tokenizer = getattr(engine, "tokenizer", None)  # names the tokens of logprobs (in-process engines)
 
     async def chat_completions(request: Request) -> Response:
         body = await read_body(request, max_body_bytes)
@@ -253,9 +254,9 @@ def create_app(
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
         request_ = schema.parse_request(data, defaults)
-        if request_.params.logprobs is not None and getattr(engine, "tokenizer", None) is None:
+        if request_.params.logprobs is not None and tokenizer is None:
             raise APIError(400, "logprobs are not available from this engine", "logprobs", "unsupported_parameter")
-        return CompletionResponse(request_, worker, engine.name, getattr(engine, "tokenizer", None))
+        return CompletionResponse(request_, worker, engine.name, tokenizer)
 
     async def models(_request: Request) -> Response:
         return JSONResponse(schema.models_list(engine.name, started, engine.context_limit))

@@ -127,12 +127,13 @@ class ChatScreen(ConversationScreen):
 
     def _prompt_opens_thinking(self) -> bool:
         """The chat template ends the prompt inside `<think>` (DeepSeek-R1 style): the reply then
-        begins with reasoning and has no opening tag of its own."""
+        begins with reasoning and has no opening tag of its own. The generation prompt is the
+        template's, whatever the conversation: a one-message one shows it."""
         render = getattr(getattr(self.engine, "tokenizer", None), "render", None)
         if render is None:
             return False
         try:
-            return render(self.conversation.for_template()).rstrip().endswith("<think>")
+            return render([{"role": "user", "content": "Hi"}]).rstrip().endswith("<think>")
         except Exception:  # noqa: BLE001 - a template that cannot render fails the turn itself, visibly
             return False
 
