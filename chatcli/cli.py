@@ -40,10 +40,33 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def start_options(*, model=None, system=None, theme=None, api=None, api_key=None, preset=None, **flags) -> StartOptions:
+def read_json_schema(value: str):
+    """--json-schema's value: a file holding a JSON schema, or the schema's own JSON text."""
+    from pathlib import Path
+
+    from chatcli.engine.params import ResponseFormat
+
+    text, name = value, ""
+    if not value.lstrip().startswith(("{", "true", "false")):
+        path = Path(value).expanduser()
+        try:
+            text, name = path.read_text(encoding="utf-8"), path.stem
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"--json-schema: cannot read {value}: {getattr(exc, 'strerror', None) or exc}", 2) from None
+    try:
+        return ResponseFormat.json_schema(text, name)
+    except InvalidParameter as exc:
+        raise UserError(f"--json-schema: {exc}", 2) from None
+
+
+def start_options(
+    *, model=None, system=None, theme=None, api=None, api_key=None, preset=None, json_schema=None, **flags
+) -> StartOptions:
     """Config file first, then the preset (`--preset`), then the flags that were given. `flags`: the
     values of the model flags and the sampling flags (`chatcli.flags`), by field name."""
     load = load_options({k: flags.pop(k) for k in LOAD_FIELDS if k in flags})
+    if json_schema is not None:
+        flags["response_format"] = read_json_schema(json_schema)
     try:
         config = load_config()
         chosen = config.preset(preset) if preset else None
@@ -91,6 +114,12 @@ def start_options(*, model=None, system=None, theme=None, api=None, api_key=None
 )
 @click.option("--theme", default=None, help="TUI theme.")
 @click.option("--json", "json_out", is_flag=True, help="One-shot: print one JSON object.")
+@click.option(
+    "--json-schema",
+    default=None,
+    metavar="FILE|JSON",
+    help="Hold the reply to this JSON schema (a file, or the schema's text; '{}': any JSON) by constrained decoding.",
+)
 @click.option("--stats", is_flag=True, help="One-shot: a stats line on stderr.")
 @click.option("--continue", "-c", "continue_last", is_flag=True, help="Continue the most recent conversation.")
 @click.option("--conversation", default=None, help="Continue this conversation (an id from 'chatcli history').")
@@ -111,6 +140,7 @@ def app(
     preset,
     theme,
     json_out,
+    json_schema,
     stats,
     continue_last,
     conversation,
@@ -119,7 +149,16 @@ def app(
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    start = start_options(model=model, system=system, theme=theme, api=api, api_key=api_key, preset=preset, **flags)
+    start = start_options(
+        model=model,
+        system=system,
+        theme=theme,
+        api=api,
+        api_key=api_key,
+        preset=preset,
+        json_schema=json_schema,
+        **flags,
+    )
     start.continue_last, start.conversation = continue_last, conversation
     start.cache_budget_bytes = cache_budget * (1 << 20) if cache_budget is not None else None
     piped = not sys.stdin.isatty()

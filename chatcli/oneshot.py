@@ -63,6 +63,18 @@ def load_engine(start: StartOptions):
         raise UserError(str(exc)) from None
 
 
+def check_format(engine, params) -> None:
+    """A --json-schema the engine cannot hold the reply to: one line, before the turn starts."""
+    from chatcli.engine.grammar import GrammarError
+
+    check = getattr(engine, "check_format", None)  # a remote engine leaves it to its server
+    if check is not None:
+        try:
+            check(params)
+        except GrammarError as exc:
+            raise UserError(f"--json-schema: {exc}", 2) from None
+
+
 def open_conversation(store, start: StartOptions, resume: str | None, continue_last: bool):
     """The conversation to answer in: a saved one (`-c`, `--conversation ID`) or a new one."""
     from chatcli.chat.conversation import Conversation
@@ -142,6 +154,7 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
         raise UserError(str(exc)) from None
     try:
         engine = load_engine(start)
+        check_format(engine, start.params)
         if new:
             store.create(conversation, engine.name)
         store.add_message(conversation.id, conversation.add_user(text))
@@ -187,6 +200,9 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
         out.flush()
         if show_stats:
             sys.stderr.write(done.stats.summary() + "\n")
+        if start.params.response_format is not None and done.finish_reason == FinishReason.LENGTH:
+            sys.stderr.write("chatcli: error: the reply reached --max-tokens before its JSON was complete\n")
+            return 1
         if done.error:  # a stream cut mid-reply: what came is printed and saved, the exit says it is partial
             sys.stderr.write(f"chatcli: error: {done.error} (the reply above is partial)\n")
             return 1

@@ -164,3 +164,38 @@ def test_a_piped_prompt_imports_only_what_it_uses(cli):
     assert not {n for n in imported if n.startswith(("chatcli.ui", "chatcli.server", "chatcli.bench"))}
     require_kernel()
     assert not top & {"torch", "transformers"}, top & {"torch", "transformers"}
+
+
+def test_json_schema_holds_the_reply_to_a_file_or_inline_schema(cli, tmp_path):
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    path = tmp_path / "answer.json"
+    path.write_text(json.dumps(schema))
+    for value in (str(path), json.dumps(schema)):
+        result = cli("-p", "Are you ok?", "--temperature", "0", "--max-tokens", "40", "--json-schema", value)
+        assert result.returncode == 0, result.stderr
+        jsonschema.validate(json.loads(result.stdout), schema)
+
+
+@pytest.mark.parametrize(
+    "value,words",
+    [("missing.json", "cannot read"), ('{"type": ', "does not parse"), ('{"type": "nosuchtype"}', "nosuchtype")],
+)
+def test_a_bad_json_schema_is_one_line(cli, tmp_path, value, words):
+    result = cli("-p", "hi", "--json-schema", str(tmp_path / value) if value.endswith(".json") else value)
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert line.startswith("chatcli: error: --json-schema: ") and words in line
+
+
+def test_a_structured_reply_cut_by_max_tokens_exits_1(cli):
+    result = cli("-p", "hi", "--max-tokens", "2", "--json-schema", '{"type": "array", "items": {"type": "string"}}')
+    assert result.returncode == 1
+    assert "before its JSON was complete" in one_error_line(result)
+    assert result.stdout.decode().startswith("[")  # what came is printed

@@ -34,7 +34,7 @@ def test_penalties_change_the_reply_and_repeat_penalty_is_an_alias(tiny_engine, 
 @pytest.mark.parametrize(
     "fields,param",
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"prediction": {"type": "content", "content": "Paris"}}, "prediction"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"extra_body": {"reasoning_effort": "high"}}, "reasoning_effort"),
     ],

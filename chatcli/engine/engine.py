@@ -5,7 +5,8 @@ included) and a `Session` that holds the conversation's KV cache and random
 generator. Each turn it templates the *whole* conversation into target ids, keeps
 the longest common prefix of those ids with what the cache already holds, prefills
 only the rest, then runs the decode loop — sample, detokenize, feed back — until an
-end-of-turn id, `max_tokens`, a stop string, the context limit, or a cancel.
+end-of-turn id, `max_tokens`, a stop string, the context limit, a completed structured
+reply (`params.response_format`: a token mask each step, `chatcli.engine.grammar`), or a cancel.
 
 It yields the events of `chatcli.engine.events`: `Prefilled` once, a `Token` per sampled
 token (its `text` may be '' while a multi-byte character or a possible stop string is held
@@ -21,6 +22,7 @@ another thread sets and the engine checks at every step.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
+from chatcli.engine.grammar import Constraint, TokenGrammar
 from chatcli.engine.lookup import PromptLookup
 from chatcli.engine.prefix import common_prefix, reusable_prefix
 from chatcli.engine.runner import KVCache, ModelRunner
@@ -85,6 +88,20 @@ class Engine:
 
     def models(self) -> list[str]:
         return [self.name]
+
+    @functools.cached_property
+    def grammar(self) -> TokenGrammar:
+        """The tokenizer's side of constrained decoding, built on the first structured request."""
+        return TokenGrammar(self.tokenizer)
+
+    def check_format(self, params: SamplingParams) -> None:
+        """GrammarError (one line) where `params.response_format` cannot constrain this model's replies."""
+        if params.response_format is not None:
+            self.grammar.check(params.response_format)
+
+    def constraint_for(self, params: SamplingParams) -> Constraint | None:
+        """A turn's grammar state for `params.response_format`, or None where the reply is free."""
+        return None if params.response_format is None else self.grammar.constraint(params.response_format)
 
     def new_session(self) -> Session:
         return Session(self.runner.new_cache())
@@ -183,6 +200,7 @@ class Engine:
         t_submit = time.perf_counter()
         cache = session.cache
         target, truncated = self.fit_prompt(messages, params)
+        constraint = self.constraint_for(params)  # a bad schema fails here, before any work
         cached = self.reuse(cache, target)  # prefill's own crop then keeps it as it is
         stats = TurnStats(
             prompt_tokens=len(target),
@@ -205,7 +223,7 @@ class Engine:
         t_first = t_last = t_prefilled
         n = samples = 0  # reply tokens; sampled ids (an end-of-turn id too)
         rate = 0.0
-        ids = self._decode(logits, cache, params, generator, stats)
+        ids = self._decode(logits, cache, params, generator, stats, constraint)
         while True:
             if cancel is not None and cancel.is_set():
                 finish_reason = FinishReason.CANCELLED
@@ -228,7 +246,7 @@ class Engine:
             text = stops.push(detok.push(token_id))
             reply.append(text)
             yield Token(token_id, text, n, rate, t_last - t_submit, *(scored or (None, None)))
-            if stops.stopped:
+            if stops.stopped or (constraint is not None and constraint.stopped):  # a complete value ends it too
                 finish_reason = FinishReason.STOP
                 break
             if n >= params.max_tokens or len(target) + samples - 1 >= self.context_limit:
@@ -255,12 +273,15 @@ class Engine:
 
     # -- the decode loop --------------------------------------------------------
 
-    def _decode(self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats) -> Iterator[tuple]:
+    def _decode(
+        self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats, constraint=None
+    ) -> Iterator[tuple]:
         """Sampled ids with their log-probabilities (or None; see `_pick`), one at a time: sample,
         feed the id back, repeat. The caller stops taking ids when it is done. With `params.lookup`,
         each fed id may bring a draft (`PromptLookup`) that one `verify` pass checks; the ids the
         model agrees with come out without a forward of their own, and the cache drops the rest.
-        Nothing when prefill was cancelled (`logits` None)."""
+        A `constraint` masks each position's logits as its id is picked, so a drafted id the grammar
+        refuses is rejected like any other. Nothing when prefill was cancelled (`logits` None)."""
         if logits is None:
             return
         drafts = self.lookup_for(params)
@@ -268,7 +289,7 @@ class Engine:
         budget = params.max_tokens  # ids the caller can still take (its reply limit; an end-of-turn id ends it sooner)
         # After a wholly rejected draft, skip drafting for the next 1, 2, 4 … ids (a 5-position check costs ~1.9 steps).
         wait = backoff = 0
-        token, scored = self._pick(logits, cache.ids, len(cache), params, generator)
+        token, scored = self._pick(logits, cache.ids, len(cache), params, generator, constraint)
         while True:
             yield token, scored
             budget -= 1
@@ -281,13 +302,13 @@ class Engine:
                     draft = lookup.draft(min(drafts, budget - 1, self.context_limit - len(cache) - 1))
             if not draft:
                 logits = self.runner.forward([token], cache)  # [V]
-                token, scored = self._pick(logits, cache.ids, len(cache), params, generator)
+                token, scored = self._pick(logits, cache.ids, len(cache), params, generator, constraint)
                 continue
             base = len(cache)
             rows = self.runner.verify([token, *draft], cache)  # [1 + k, V]: row j predicts the id after draft[:j]
             stats.draft_tokens += len(draft)
             for j, guess in enumerate(draft):
-                token, scored = self._pick(rows[j], cache.ids, base + 1 + j, params, generator, guess)
+                token, scored = self._pick(rows[j], cache.ids, base + 1 + j, params, generator, constraint, guess)
                 if token != guess:
                     cache.crop(base + 1 + j)  # the draft's ids from here on were not the model's
                     break
@@ -296,7 +317,7 @@ class Engine:
                 yield guess, scored
                 budget -= 1
             else:
-                token, scored = self._pick(rows[-1], cache.ids, len(cache), params, generator)
+                token, scored = self._pick(rows[-1], cache.ids, len(cache), params, generator, constraint)
             if len(cache) == base + 1:  # nothing accepted
                 backoff = min(2 * backoff or 1, 16)
                 wait = backoff
@@ -304,10 +325,13 @@ class Engine:
                 backoff = 0
 
     @staticmethod
-    def _pick(logits, ids: list[int], end: int, params: SamplingParams, generator, draft: int | None = None):
+    def _pick(logits, ids: list[int], end: int, params: SamplingParams, generator, constraint, draft=None):
         """The next id after `ids[:end]`: sampled, or the drafted id kept or replaced (`accept_draft`),
         with its log-probabilities where `params.logprobs` asks (`token_logprobs`; a drafted position's
-        distribution is the one a single step would sample from), else None."""
+        distribution is the one a single step would sample from), else None. Under a `constraint`
+        the ids its grammar refuses are masked first, and the id picked advances it."""
+        if constraint is not None:
+            logits = constraint.mask(logits)
         recent = None
         if needs_recent_ids(params) and params.repeat_last_n > 0:
             recent = ids[max(0, end - params.repeat_last_n) : end]
@@ -316,4 +340,6 @@ class Engine:
         else:
             token = accept_draft(logits, draft, params, generator, recent)
         scored = None if params.logprobs is None else token_logprobs(logits, token, params, params.logprobs, recent)
+        if constraint is not None:
+            constraint.advance(token)
         return token, scored

@@ -10,6 +10,7 @@ Pure data (no torch, no click), so the command line can check values before anyt
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -19,8 +20,9 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 MAX_LOOKUP = 16  # drafted tokens per verifying pass; past a few, a draft is rarely accepted to its end
 
 # Value kinds. SEED: a whole number, or None for a fresh seed each turn ("off"); STRINGS: a tuple of strings;
-# BIAS: token id → logit bias, kept as sorted (id, bias) pairs (given as {"id": bias} or "ID=BIAS" strings).
-FLOAT, INT, SEED, STRINGS, BIAS = "float", "int", "seed", "strings", "bias"
+# BIAS: token id → logit bias, kept as sorted (id, bias) pairs (given as {"id": bias} or "ID=BIAS" strings);
+# FORMAT: a `ResponseFormat` or None (each surface reads its own spelling: a schema file, OpenAI's response_format).
+FLOAT, INT, SEED, STRINGS, BIAS, FORMAT = "float", "int", "seed", "strings", "bias", "format"
 
 
 class InvalidParameter(ValueError):
@@ -42,7 +44,7 @@ class Setting:
     """One SamplingParams field as users see it; None, False or () where a surface lacks it."""
 
     name: str  # `--name`, range messages, /settings and the note after a slash command
-    kind: str  # FLOAT | INT | SEED | STRINGS | BIAS
+    kind: str  # FLOAT | INT | SEED | STRINGS | BIAS | FORMAT
     flag: str | None = None  # the help of its `chatcli` flag
     config: bool = False  # a [sampling] key of the config file, spelled like the field
     slash: Slash | None = None  # its TUI command; a setting with one has a /settings line too
@@ -56,6 +58,44 @@ class Setting:
         if value is None:
             return "off"
         return f"{value:g}" if self.kind == FLOAT else str(value)
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """What a reply must be: any JSON object (`json_object`), or JSON valid against a JSON schema
+    (`json_schema`; `schema` is its JSON text, `name` what the client called it). The engine holds the
+    reply to it by constrained decoding (`chatcli.engine.grammar`)."""
+
+    kind: str
+    schema: str = ""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("json_object", "json_schema"):
+            raise InvalidParameter(f"a response format is json_object or json_schema, got {self.kind!r}")
+        if self.kind == "json_schema":
+            try:
+                parsed = json.loads(self.schema)
+            except ValueError as exc:
+                raise InvalidParameter(f"the JSON schema does not parse: {exc}") from None
+            if not isinstance(parsed, (dict, bool)):
+                raise InvalidParameter("a JSON schema is an object (or true / false)")
+
+    @classmethod
+    def json_schema(cls, schema, name: str = "") -> ResponseFormat:
+        """From a decoded schema (a dict) or its JSON text."""
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema), name)
+
+    def schema_object(self):
+        """The schema the reply is held to: the given one, or for json_object any object."""
+        return json.loads(self.schema) if self.kind == "json_schema" else {"type": "object"}
+
+    def to_openai(self) -> dict:
+        """As an OpenAI request's `response_format` (what the remote engine sends)."""
+        if self.kind == "json_object":
+            return {"type": "json_object"}
+        spec = {"name": self.name or "reply", "schema": json.loads(self.schema), "strict": True}
+        return {"type": "json_schema", "json_schema": spec}
 
 
 def _declare(default, setting: Setting):
@@ -231,6 +271,18 @@ class SamplingParams:
             flag="With --json: each token's log-probability and the N most likely alternatives (0-20).",
             valid=lambda v: v is None or 0 <= v <= MAX_TOP_LOGPROBS,
             expected=f"in [0, {MAX_TOP_LOGPROBS}]",
+        ),
+    )
+
+    # Structured output: the reply held to JSON (a schema) by a token mask each step; the one-shot's
+    # --json-schema and the server's response_format set it.
+    response_format: ResponseFormat | None = _declare(
+        None,
+        Setting(
+            "response-format",
+            FORMAT,
+            valid=lambda v: v is None or isinstance(v, ResponseFormat),
+            expected="a ResponseFormat (or None)",
         ),
     )
 

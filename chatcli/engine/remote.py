@@ -168,6 +168,8 @@ class RemoteEngine:
                 body[name] = getattr(params, name)
         if params.logit_bias:
             body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
+        if params.response_format is not None:
+            body["response_format"] = params.response_format.to_openai()
         if self.send_extras:
             body.update(top_k=params.top_k, min_p=params.min_p, repetition_penalty=params.repeat_penalty)
         return body

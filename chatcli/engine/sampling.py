@@ -119,7 +119,7 @@ def token_logprobs(
         logp = shifted - np.log(np.exp(shifted).sum())  # [V]
         order = np.argpartition(-logp, min(top, len(logp) - 1))[:top] if top else np.array([], np.int64)
         order = order[np.lexsort((order, -logp[order]))]
-        return float(logp[token]), [(int(i), float(logp[i])) for i in order]
+        return float(logp[token]), [(int(i), float(logp[i])) for i in order if logp[i] > -np.inf]  # masked ids: never
     probs, ids = candidates(logits, params)  # most likely first
     at = np.flatnonzero(ids == token)
     chosen = float(np.log(probs[at[0]])) if at.size and probs[at[0]] > 0 else float("-inf")

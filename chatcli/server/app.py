@@ -23,6 +23,7 @@ import logging
 import time
 
 import anyio
+import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -32,6 +33,7 @@ from starlette.routing import Route
 
 from chatcli.engine.engine import Engine
 from chatcli.engine.events import Finished, Prefilled, Token
+from chatcli.engine.grammar import GrammarError
 from chatcli.engine.logprobs import token_entry
 from chatcli.engine.pool import SessionPool
 from chatcli.engine.sampling import SamplingParams
@@ -256,7 +258,23 @@ def create_app(
         request_ = schema.parse_request(data, defaults)
         if request_.params.logprobs is not None and tokenizer is None:
             raise APIError(400, "logprobs are not available from this engine", "logprobs", "unsupported_parameter")
+        await check_format(request_.params)
         return CompletionResponse(request_, worker, engine.name, tokenizer)
+
+    async def check_format(params: SamplingParams) -> None:
+        """A 400 for a response_format the engine cannot hold replies to (checked off the event loop:
+        the first one builds the tokenizer's grammar side, ~0.2 s)."""
+        if params.response_format is None:
+            return
+        check = getattr(engine, "check_format", None)
+        if check is None:
+            raise APIError(
+                400, "response_format needs the in-process engine", "response_format", "unsupported_parameter"
+            )
+        try:
+            await anyio.to_thread.run_sync(check, params)
+        except GrammarError as exc:
+            raise APIError(400, str(exc), "response_format", "invalid_value") from None
 
     async def models(_request: Request) -> Response:
         return JSONResponse(schema.models_list(engine.name, started, engine.context_limit))

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from chatcli.engine.events import FinishReason
-from chatcli.engine.params import BIAS, FLOAT, MAX_TOP_LOGPROBS, SEED, STRINGS, settings
+from chatcli.engine.params import BIAS, FLOAT, MAX_TOP_LOGPROBS, SEED, STRINGS, ResponseFormat, settings
 from chatcli.engine.sampling import InvalidParameter, SamplingParams
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -65,7 +65,6 @@ class ChatRequest:
 # Request fields that change what the reply is and that this server does not do (yet): a request
 # that sends one, other than as its no-op value, gets a 400 naming it instead of a reply that ignores it.
 REFUSED = {
-    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
     "tool_choice": lambda v: v == "none",
     "modalities": lambda v: v == ["text"],
     "audio": lambda _v: False,
@@ -180,6 +179,33 @@ def _logprobs(body: dict) -> dict:
     return {"logprobs": int(top or 0)} if wanted else {}
 
 
+def _response_format(value) -> ResponseFormat | None:
+    """OpenAI's `response_format`: text (the default), json_object, or json_schema with its `schema`
+    (`strict` or not, the reply is held to it: constrained decoding does not guess)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad("response_format must be an object", "response_format", "invalid_type")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    if kind != "json_schema":
+        raise _bad(
+            f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+        raise _bad(
+            "response_format.json_schema must be an object with a schema object",
+            "response_format.json_schema",
+            "invalid_type",
+        )
+    name = spec.get("name", "")
+    return ResponseFormat.json_schema(spec.get("schema", {}), name if isinstance(name, str) else "")
+
+
 def parse_request(body, defaults: SamplingParams) -> ChatRequest:
     """A decoded JSON body → a validated `ChatRequest`; raises `APIError` (400)."""
     if not isinstance(body, dict):
@@ -209,6 +235,9 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
 
     changes, sent = _sampling(body)
     changes.update(_logprobs(body))
+    fmt = _response_format(body.get("response_format"))
+    if fmt is not None:
+        changes["response_format"] = fmt
     try:
         params = defaults.with_(**changes)
     except InvalidParameter as exc:
