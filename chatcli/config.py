@@ -24,7 +24,17 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatcli.engine.params import FLOAT, INT, SEED, STRINGS, InvalidParameter, SamplingParams, setting_of, settings
+from chatcli.engine.params import (
+    BIAS,
+    FLOAT,
+    INT,
+    SEED,
+    STRINGS,
+    InvalidParameter,
+    SamplingParams,
+    setting_of,
+    settings,
+)
 from chatcli.paths import config_file
 
 SAMPLING_KEYS = tuple(name for name, setting in settings() if setting.config)  # the SamplingParams fields
@@ -86,6 +96,7 @@ _TYPES = {
     INT: (int, "a whole number"),
     SEED: (int, "a whole number"),
     STRINGS: (list, "a list of strings"),
+    BIAS: (dict, 'a table of token ids to biases ({ "123" = -100 })'),
 }
 
 

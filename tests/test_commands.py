@@ -108,9 +108,9 @@ def test_help_lists_every_command_once_with_a_description():
     assert listed == [f"/{s.name}" for s in commands.COMMANDS]
     assert all(desc for _, desc in rows)
     assert any("/temperature" in usage for usage, _ in rows)
-    samples = {"switch": " 2", "rename": " Notes", "save": " out.md", "load": " in.json"}
+    samples = {"switch": " 2", "rename": " Notes", "save": " out.md", "load": " in.json", "logit-bias": " 1=-100"}
     for spec in commands.COMMANDS:  # every command parses by name (settings and the like with a sample value)
-        line = f"/{spec.name}" + (" 1" if spec.reader else samples.get(spec.name, ""))
+        line = f"/{spec.name}" + samples.get(spec.name, " 1" if spec.reader else "")
         assert parse(line).name == spec.name
 
 

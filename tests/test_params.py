@@ -15,7 +15,7 @@ from chatcli.chat import commands
 from chatcli.cli import app, pull, start_options
 from chatcli.config import ConfigError, load_config
 from chatcli.engine.load import LoadOptions
-from chatcli.engine.params import STRINGS, SamplingParams, Setting, collect, setting_of, settings
+from chatcli.engine.params import STRINGS, ResponseFormat, SamplingParams, Setting, collect, setting_of, settings
 from chatcli.server.schema import parse_request
 from chatcli.ui.format import sampling_line, settings_lines
 
@@ -35,6 +35,7 @@ SAMPLE = {
     "stop": ("END",),
     "logprobs": 3,
     "logit_bias": ((42, -100.0),),
+    "response_format": ResponseFormat("json_object"),
 }
 # Where each field shows today: a change here is a change users see.
 SURFACES = {
@@ -47,10 +48,14 @@ SURFACES = {
     "lookup": {"flag", "config", "slash"},
     "stop": {"flag", "api"},
     "logprobs": {"flag"},
-    "logit_bias": {"flag", "api"},  # the server reads OpenAI's logprobs / top_logprobs itself (schema._logprobs)
+    "logit_bias": {"flag", "config", "slash", "api"},
+    # read by each surface itself: the server's logprobs / top_logprobs (schema._logprobs) and response_format,
+    # the one-shot's --logprobs flag and --json-schema
+    "response_format": set(),
 }
 FIELDS = SamplingParams.field_names()
-NOT_START = ("prompt", "json_out", "stats", "continue_last", "conversation", "cache_budget")  # app's own flags
+# app's own flags
+NOT_START = ("prompt", "json_out", "json_schema", "stats", "continue_last", "conversation", "cache_budget")
 USER = [{"role": "user", "content": "hi"}]
 
 
@@ -121,6 +126,10 @@ def test_a_flag_sets_the_field_when_declared(name):
 
 
 def toml(value) -> str:
+    if value == SAMPLE["logit_bias"]:
+        return "{ " + ", ".join(f'"{t}" = {b}' for t, b in value) + " }"
+    if isinstance(value, ResponseFormat):
+        return f'"{value.kind}"'
     return "[" + ", ".join(f'"{v}"' for v in value) + "]" if isinstance(value, tuple) else repr(value)
 
 
@@ -144,7 +153,7 @@ def test_a_slash_command_sets_the_field_when_declared(name):
     slash = setting_of(name).slash
     assert [s.name for s in specs] == [slash.name]
     for word in (slash.name, *slash.aliases):
-        command = commands.parse(f"/{word} {SAMPLE[name]}")
+        command = commands.parse(f"/{word} {setting_of(name).show(SAMPLE[name])}")
         assert getattr(commands.apply_setting(SamplingParams(), command), name) == SAMPLE[name]
 
 
@@ -166,7 +175,7 @@ def test_the_header_and_settings_show_the_field_when_declared(name):
     before, after = settings_lines(default, None, "dark", "m"), settings_lines(changed, None, "dark", "m")
     if "slash" in SURFACES[name]:  # /settings lists what a slash command changes
         (line,) = [a for a, b in zip(after, before, strict=True) if a != b]
-        assert line.split() == [setting_of(name).name, str(SAMPLE[name])]
+        assert line.split() == [setting_of(name).name, setting_of(name).show(SAMPLE[name])]
     else:
         assert after == before
 
@@ -183,6 +192,10 @@ def test_a_request_field_sets_the_field_when_declared(name):
     if name == "logprobs":  # OpenAI's boolean and its top_logprobs, read by the schema itself
         body = {"messages": USER, "logprobs": True, "top_logprobs": SAMPLE[name]}
         assert parse_request(body, SamplingParams()).params.logprobs == SAMPLE[name]
+        return
+    if name == "response_format":  # OpenAI's object, read by the schema itself (schema._response_format)
+        body = {"messages": USER, "response_format": {"type": "json_object"}}
+        assert parse_request(body, SamplingParams()).params.response_format == SAMPLE[name]
         return
     if "api" not in SURFACES[name]:
         assert keys == ()

@@ -524,3 +524,32 @@ def test_real_model_streams_and_reuses_its_cache(real_engine, serve):
     second = openai.chat.completions.create(model="smollm2", messages=follow, temperature=0, max_tokens=12)
     assert second.usage.prompt_tokens_details.cached_tokens >= chunks[-1].usage.prompt_tokens
     assert "rome" in second.choices[0].message.content.lower()
+
+
+def test_cors_origins_let_those_pages_call_the_server_and_no_other(tiny_engine, serve):
+    server = serve(tiny_engine, api_key="k", cors_origins=("http://localhost:3000",))
+    ok, evil = {"Origin": "http://localhost:3000"}, {"Origin": "https://evil.example"}
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    allowed = httpx.options(server.url + "/v1/chat/completions", headers={**ok, **preflight}, timeout=TIMEOUT)
+    assert allowed.status_code == 200  # answered before the key check: a preflight carries none
+    assert allowed.headers["access-control-allow-origin"] == "http://localhost:3000"
+    refused = httpx.options(server.url + "/v1/chat/completions", headers={**evil, **preflight}, timeout=TIMEOUT)
+    assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+    body = {"messages": USER, "max_tokens": 2}
+    reply = httpx.post(
+        server.url + "/v1/chat/completions", json=body, headers={**ok, "Authorization": "Bearer k"}, timeout=TIMEOUT
+    )
+    assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert "x-chatcli-truncated-turns" in reply.headers["access-control-expose-headers"].lower()
+    no_key = httpx.post(server.url + "/v1/chat/completions", json=body, headers=ok, timeout=TIMEOUT)
+    assert no_key.status_code == 401 and no_key.headers["access-control-allow-origin"] == "http://localhost:3000"
+
+
+@pytest.mark.parametrize("value", ["localhost:3000", "http://a.example/path", "ftp://x"])
+def test_a_bad_cors_origin_is_one_line(value):
+    from click.testing import CliRunner
+
+    from chatcli.server.cli import serve_command
+
+    result = CliRunner().invoke(serve_command, ["--cors-origins", value])
+    assert result.exit_code == 2 and "--cors-origins takes origins like" in result.output

@@ -105,3 +105,20 @@ def test_dropped_turns_are_reported(tiny_engine, serve):
     assert dropped > 0 and raw.parse().usage.model_extra["truncated_turns"] == dropped
     fits = client(server).chat.completions.with_raw_response.create(model="tiny", messages=USER, max_tokens=2)
     assert fits.headers["x-chatcli-truncated-turns"] == "0"
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError) as info:  # the client asks for no truncation: told, not answered
+        client(server).chat.completions.create(
+            model="tiny", messages=messages, temperature=0, max_tokens=4, extra_body={"truncation": "disabled"}
+        )
+    assert info.value.body["code"] == "context_length_exceeded" and "truncation is disabled" in info.value.message
+    fits = client(server).chat.completions.create(
+        model="tiny", messages=USER, max_tokens=2, extra_body={"truncation": "disabled"}
+    )
+    assert fits.choices[0].message.content is not None
+    auto = client(server).chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=4, extra_body={"truncation": "auto"}
+    )
+    assert auto.usage.model_extra["truncated_turns"] == dropped
+    bad = httpx.post(server.url + "/v1/chat/completions", json={"messages": USER, "truncation": "never"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncation"

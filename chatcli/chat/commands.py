@@ -18,7 +18,7 @@ import os.path
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from chatcli.engine.params import FLOAT, INT, SEED, settings
+from chatcli.engine.params import BIAS, FLOAT, INT, SEED, settings
 
 
 class CommandError(ValueError):
@@ -59,8 +59,18 @@ def _seed(text: str) -> int | None:
     return int(text)
 
 
-_KIND = {_float: "a number", _int: "a whole number", _seed: "a whole number or 'off'"}
-_READER = {FLOAT: _float, INT: _int, SEED: _seed}
+def _bias(text: str) -> tuple[str, ...]:
+    """`ID=BIAS …` (SamplingParams checks each pair), or 'off' for none."""
+    if text.lower() in ("off", "none"):
+        return ()
+    pairs = tuple(text.split())
+    if not pairs or not all("=" in p for p in pairs):
+        raise ValueError
+    return pairs
+
+
+_KIND = {_float: "a number", _int: "a whole number", _seed: "a whole number or 'off'", _bias: "ID=BIAS pairs or 'off'"}
+_READER = {FLOAT: _float, INT: _int, SEED: _seed, BIAS: _bias}
 
 
 def _setting_commands() -> tuple[CommandSpec, ...]:

@@ -168,6 +168,12 @@ class Engine:
             turns = turns[starts[1] :]
             dropped += 1  # one exchange: a user message and the replies after it
 
+    def fit_raw(self, target: list[int]) -> list[int]:
+        """A raw prompt's ids, when they leave room for at least one reply token (else ContextOverflow)."""
+        if len(target) >= self.context_limit:
+            raise ContextOverflow(f"the prompt is {len(target)} tokens; the model's context is {self.context_limit}")
+        return list(target)
+
     @staticmethod
     def reuse(cache: KVCache, target: list[int]) -> int:
         """Crop the cache to what `target` can reuse; the positions it keeps (fewer where a cache that
@@ -196,10 +202,24 @@ class Engine:
     ) -> Iterator[Event]:
         yield from self._generate(messages, session, params or SamplingParams(), cancel)
 
+    def complete(
+        self,
+        target: list[int],
+        session: Session,
+        params: SamplingParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """A raw completion: continue the ids `target` (a prompt without a chat template; see
+        `ChatTokenizer.encode_prompt`), with the events and cache reuse of `generate`."""
+        yield from self._turn(self.fit_raw(target), 0, session, params or SamplingParams(), cancel, time.perf_counter())
+
     def _generate(self, messages, session: Session, params: SamplingParams, cancel) -> Iterator[Event]:
         t_submit = time.perf_counter()
-        cache = session.cache
         target, truncated = self.fit_prompt(messages, params)
+        yield from self._turn(target, truncated, session, params, cancel, t_submit)
+
+    def _turn(self, target: list[int], truncated: int, session: Session, params, cancel, t_submit) -> Iterator[Event]:
+        cache = session.cache
         constraint = self.constraint_for(params)  # a bad schema fails here, before any work
         cached = self.reuse(cache, target)  # prefill's own crop then keeps it as it is
         stats = TurnStats(

@@ -55,8 +55,10 @@ class Setting:
 
     def show(self, value) -> str:
         """A value as the TUI writes it: 'off' for no seed, numbers without trailing zeros."""
-        if value is None:
+        if value is None or (self.kind == BIAS and not value):
             return "off"
+        if self.kind == BIAS:
+            return " ".join(f"{token}={bias:g}" for token, bias in value)
         return f"{value:g}" if self.kind == FLOAT else str(value)
 
 
@@ -256,7 +258,9 @@ class SamplingParams:
             "logit-bias",
             BIAS,
             flag="ID=BIAS: add BIAS (-100..100) to that token id's logit; -100 bans it (repeatable).",
+            config=True,
             api=("logit_bias",),
+            slash=Slash("logit-bias", "add BIAS to token ID's logit; -100 bans it ('off' clears)", "ID=BIAS …|off"),
             valid=lambda v: all(t >= 0 and _finite(b) and -100 <= b <= 100 for t, b in v),
             expected="token ids >= 0 with biases in [-100, 100]",
         ),

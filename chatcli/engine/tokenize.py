@@ -46,6 +46,11 @@ class ChatTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         raise NotImplementedError
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A raw prompt (no chat template) as the model reads one: with the tokenizer's own special
+        tokens (a Llama's BOS), as `tokenizer(text)` gives them."""
+        raise NotImplementedError
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one id stands for (where it holds part of a character, that part)."""
         return self.decode([token_id], skip_special_tokens=False).encode()
@@ -71,6 +76,9 @@ class TransformersTokenizer(ChatTokenizer):
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -112,6 +120,9 @@ class FolderTokenizer(ChatTokenizer):
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -1,6 +1,7 @@
 """The ASGI app: OpenAI-compatible routes over an already-built `Engine`.
 
     POST /v1/chat/completions   chat.completion, or text/event-stream chunks then [DONE]
+    POST /v1/completions        text_completion (legacy: a string prompt, no chat template), or its chunks
     GET  /v1/models             the one model this server has
     GET  /v1/models/{id}        that model, or a 404
     GET  /health                liveness, queue depth and cache pool numbers (open without the key)
@@ -15,7 +16,6 @@ disconnect and sets the job's cancel event. Errors are OpenAI-shaped JSON:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import json
@@ -27,28 +27,25 @@ import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from chatcli.engine.engine import Engine
-from chatcli.engine.events import Finished, Prefilled, Token
 from chatcli.engine.grammar import GrammarError
-from chatcli.engine.logprobs import token_entry
 from chatcli.engine.pool import SessionPool
 from chatcli.engine.sampling import SamplingParams
 from chatcli.server import schema
-from chatcli.server.schema import APIError, ChatRequest
-from chatcli.server.worker import Failed, GenerationWorker, Job
+from chatcli.server.legacy import TextCompletionResponse, parse_completion
+from chatcli.server.respond import TRUNCATED_HEADER, CompletionResponse
+from chatcli.server.schema import APIError
+from chatcli.server.worker import GenerationWorker
 
 log = logging.getLogger("chatcli.server")
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than a full context of text
 DEFAULT_CACHE_BUDGET_BYTES = 1 << 30  # 1 GiB of KV cache across the pooled sessions
-
-
-def _json(obj) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -100,138 +97,6 @@ async def read_body(request: Request, cap: int) -> bytes:
     return b"".join(chunks)
 
 
-class CompletionResponse(Response):
-    """Submits the job when sent, then answers with JSON or SSE as its events arrive."""
-
-    def __init__(self, request: ChatRequest, worker: GenerationWorker, model: str, tokenizer=None) -> None:
-        self.request = request
-        self.worker = worker
-        self.model = model
-        self.tokenizer = tokenizer  # names the tokens of a reply's logprobs
-        self.background = None
-
-    def _scored(self, event, pending: list | None) -> None:
-        """A Token's logprobs entry appended to `pending` (None: the request asked for none)."""
-        if pending is not None:
-            found = token_entry(self.tokenizer, event)
-            if found is not None:
-                pending.append(found)
-
-    async def __call__(self, scope, receive, send) -> None:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def emit(item) -> None:  # called in the worker thread
-            loop.call_soon_threadsafe(events.put_nowait, item)
-
-        job = Job(self.request.messages, self.request.params, emit)
-        if not self.worker.submit(job):
-            busy = APIError(
-                503,
-                f"the server is busy: {self.worker.max_pending} requests are already queued",
-                code="server_busy",
-                type="server_error",
-            )
-            await self._send_json(send, busy.status, busy.body())
-            return
-        async with anyio.create_task_group() as tg:
-
-            async def watch_disconnect() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                job.cancel.set()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_disconnect)
-            try:
-                with contextlib.suppress(OSError):  # the client went away while we were sending
-                    await self._respond(events, send)
-            finally:
-                job.cancel.set()  # no-op after Finished; stops a turn whose client left
-                tg.cancel_scope.cancel()
-
-    async def _respond(self, events: asyncio.Queue, send) -> None:
-        first = await events.get()
-        if isinstance(first, Failed):
-            await self._send_json(send, first.error.status, first.error.body())
-            return
-        assert isinstance(first, Prefilled)
-        if self.request.stream:
-            await self._stream(first, events, send)
-            return
-        scored = [] if self.request.params.logprobs is not None else None
-        while True:
-            event = await events.get()
-            if isinstance(event, Token):
-                self._scored(event, scored)
-            elif isinstance(event, Failed):
-                await self._send_json(send, event.error.status, event.error.body())
-                return
-            elif isinstance(event, Finished):
-                use = schema.usage(first, event.stats)
-                body = schema.completion(schema.new_id(), self.model, event.reply, event.finish_reason, use, scored)
-                await self._send_json(send, 200, body, _truncated(first))
-                return
-
-    async def _stream(self, first: Prefilled, events: asyncio.Queue, send) -> None:
-        cid, created = schema.new_id(), int(time.time())
-        with_usage = self.request.include_usage
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"),
-            *_truncated(first),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-
-        async def data(obj) -> None:
-            payload = b"data: " + (obj if isinstance(obj, bytes) else _json(obj)) + b"\n\n"
-            await send({"type": "http.response.body", "body": payload, "more_body": True})
-
-        await data(schema.chunk(cid, self.model, created, {"role": "assistant", "content": ""}, with_usage=with_usage))
-        pending = [] if self.request.params.logprobs is not None else None  # tokens whose text is not out yet
-        while True:
-            event = await events.get()
-            if isinstance(event, Token):
-                self._scored(event, pending)
-                if event.text:
-                    scored = pending
-                    pending = [] if pending is not None else None
-                    delta = {"content": event.text}
-                    await data(schema.chunk(cid, self.model, created, delta, with_usage=with_usage, logprobs=scored))
-            elif isinstance(event, Failed):
-                await data(event.error.body())
-                break
-            elif isinstance(event, Finished):
-                await data(
-                    schema.chunk(
-                        cid, self.model, created, {}, schema.finish_reason(event.finish_reason), with_usage=with_usage
-                    )
-                )
-                if with_usage:
-                    use = schema.usage(first, event.stats)
-                    await data(schema.chunk(cid, self.model, created, None, use=use, with_usage=True))
-                break
-        await data(b"[DONE]")
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    @staticmethod
-    async def _send_json(send, status: int, body: dict, extra: list | None = None) -> None:
-        payload = _json(body)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        headers += extra or []
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
-
-
-TRUNCATED_HEADER = b"x-chatcli-truncated-turns"
-
-
-def _truncated(first: Prefilled) -> list:
-    """The header that says how many earlier exchanges were dropped to fit the context (always sent)."""
-    return [(TRUNCATED_HEADER, str(first.truncated_turns).encode())]
-
-
 def create_app(
     engine: Engine,
     *,
@@ -241,25 +106,40 @@ def create_app(
     defaults: SamplingParams | None = None,
     pool: SessionPool | None = None,
     max_pending: int = 64,
+    cors_origins: tuple[str, ...] = (),
 ) -> Starlette:
-    """The server for `engine`; its worker thread starts with the app's lifespan (or the first request)."""
+    """The server for `engine`; its worker thread starts with the app's lifespan (or the first request).
+    `cors_origins`: the web origins whose pages may call it (`*`: any); none by default."""
     defaults = defaults or SamplingParams()
     pool = pool or SessionPool(engine.new_session, cache_budget_bytes)
     worker = GenerationWorker(engine, pool, max_pending)
     started = int(time.time())
     tokenizer = getattr(engine, "tokenizer", None)  # names the tokens of logprobs (in-process engines)
 
-    async def chat_completions(request: Request) -> Response:
+    async def read_json(request: Request):
         body = await read_body(request, max_body_bytes)
         try:
-            data = json.loads(body)
+            return json.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
-        request_ = schema.parse_request(data, defaults)
+
+    async def chat_completions(request: Request) -> Response:
+        request_ = schema.parse_request(await read_json(request), defaults)
         if request_.params.logprobs is not None and tokenizer is None:
             raise APIError(400, "logprobs are not available from this engine", "logprobs", "unsupported_parameter")
         await check_format(request_.params)
         return CompletionResponse(request_, worker, engine.name, tokenizer)
+
+    async def text_completions(request: Request) -> Response:
+        request_ = parse_completion(await read_json(request), defaults)
+        if tokenizer is None:
+            raise APIError(400, "/v1/completions needs the in-process engine", "prompt", "unsupported_parameter")
+        prompt = request_.prompt
+        ids = tokenizer.encode_prompt(prompt) if isinstance(prompt, str) else prompt
+        if not ids:
+            raise APIError(400, "the prompt is empty (and the tokenizer adds no start token)", "prompt")
+        text = prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
+        return TextCompletionResponse(request_, ids, text, worker, engine.name, tokenizer)
 
     async def check_format(params: SamplingParams) -> None:
         """A 400 for a response_format the engine cannot hold replies to (checked off the event loop:
@@ -320,11 +200,22 @@ def create_app(
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", text_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
     middleware = [Middleware(BearerAuth, api_key=api_key)] if api_key else []
+    if cors_origins:  # outermost: a preflight carries no key, and a 401 needs the headers too
+        cors = Middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+            expose_headers=[TRUNCATED_HEADER.decode()],
+            max_age=600,
+        )
+        middleware.insert(0, cors)
     app = Starlette(
         routes=routes,
         middleware=middleware,

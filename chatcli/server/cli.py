@@ -11,6 +11,7 @@ uvicorn) is imported at module level. The model flags are those of `chatcli` (`c
 from __future__ import annotations
 
 import ipaddress
+import re
 import sys
 
 import click
@@ -76,7 +77,15 @@ def _fail(message: str, code: int = 1):
 @click.option(
     "--log-level", default="info", show_default=True, help="uvicorn's log level: debug, info, warning, error."
 )
-def serve_command(host, port, api_key, model, max_body_bytes, cache_budget, max_queue, log_level, **load) -> None:
+@click.option(
+    "--cors-origins",
+    default=None,
+    metavar="ORIGINS",
+    help="Web origins whose pages may call the server, comma-separated ('*': any). Off by default.",
+)
+def serve_command(
+    host, port, api_key, model, max_body_bytes, cache_budget, max_queue, log_level, cors_origins, **load
+) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
     from chatcli.config import ConfigError, load_config
     from chatcli.engine.load import LoadError
@@ -84,6 +93,7 @@ def serve_command(host, port, api_key, model, max_body_bytes, cache_budget, max_
 
     if log_level.lower() not in LOG_LEVELS:
         _fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
+    origins = cors_list(cors_origins)
     warning = bind_warning(host, api_key)
     if warning:
         click.echo(warning, err=True)
@@ -106,7 +116,19 @@ def serve_command(host, port, api_key, model, max_body_bytes, cache_budget, max_
         defaults=start.params,
         max_queue=max_queue,
         log_level=log_level,
+        cors_origins=origins,
     )
+
+
+def cors_list(value: str | None) -> tuple[str, ...]:
+    """--cors-origins: comma-separated origins (scheme://host[:port]) or '*'; one line and exit 2 otherwise."""
+    if not value:
+        return ()
+    origins = tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            _fail(f"--cors-origins takes origins like http://localhost:3000 (or '*'), got {origin!r}", 2)
+    return origins
 
 
 def _status_lines():
@@ -132,6 +154,7 @@ def serve(
     defaults=None,
     max_queue: int = 64,
     log_level: str = "info",
+    cors_origins: tuple[str, ...] = (),
 ) -> None:
     """Run the server in this thread until Ctrl-C."""
     import uvicorn
@@ -145,6 +168,7 @@ def serve(
         cache_budget_bytes=cache_budget_bytes,
         defaults=defaults,
         max_pending=max_queue,
+        cors_origins=cors_origins,
     )
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"Serving {engine.name} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)", err=True)

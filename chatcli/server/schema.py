@@ -60,6 +60,17 @@ class ChatRequest:
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
+    truncate: bool = True  # drop the oldest exchanges to fit the context; `"truncation": "disabled"`: a 400
+
+
+def _truncation(value) -> bool:
+    """`truncation` (the Responses API's field): "auto" drops the oldest exchanges to fit the
+    context (this server's default), "disabled" answers a conversation that does not fit with a 400."""
+    if value in (None, "auto"):
+        return True
+    if value == "disabled":
+        return False
+    raise bad(f"truncation must be auto or disabled, got {value!r}", "truncation")
 
 
 # Request fields that change what the reply is and that this server does not do (yet): a request
@@ -74,18 +85,18 @@ REFUSED = {
 }
 
 
-def _bad(message: str, param: str | None, code: str | None = "invalid_value") -> APIError:
+def bad(message: str, param: str | None, code: str | None = "invalid_value") -> APIError:
     return APIError(400, message, param, code)
 
 
-def _number(body: dict, name: str, integer: bool = False):
+def number(body: dict, name: str, integer: bool = False):
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        raise _bad(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name, "invalid_type")
+        raise bad(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name, "invalid_type")
     if not integer and not math.isfinite(value):
-        raise _bad(f"{name} must be a finite number, got {value!r}", name)
+        raise bad(f"{name} must be a finite number, got {value!r}", name)
     return value
 
 
@@ -98,15 +109,15 @@ def _content(value, where: str) -> str:
         texts = []
         for part in value:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"{where}.content: only text parts are supported", f"{where}.content")
+                raise bad(f"{where}.content: only text parts are supported", f"{where}.content")
             texts.append(part["text"])
         return "".join(texts)
-    raise _bad(f"{where}.content must be a string or a list of text parts", f"{where}.content", "invalid_type")
+    raise bad(f"{where}.content must be a string or a list of text parts", f"{where}.content", "invalid_type")
 
 
 def parse_messages(value) -> list[dict]:
     if not isinstance(value, list) or not value:
-        raise _bad(
+        raise bad(
             "messages must be a non-empty array",
             "messages",
             "invalid_type" if not isinstance(value, list) else "invalid_value",
@@ -115,10 +126,10 @@ def parse_messages(value) -> list[dict]:
     for i, msg in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
-            raise _bad(f"{where} must be an object", where, "invalid_type")
+            raise bad(f"{where} must be an object", where, "invalid_type")
         role = msg.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            raise _bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+            raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
         out.append({"role": ROLES[role], "content": _content(msg.get("content"), where)})
     return out
 
@@ -129,9 +140,9 @@ def _stops(value) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise _bad("stop must be a string or an array of strings", "stop", "invalid_type")
+        raise bad("stop must be a string or an array of strings", "stop", "invalid_type")
     if len(value) > MAX_STOPS:
-        raise _bad(f"stop takes at most {MAX_STOPS} strings, got {len(value)}", "stop")
+        raise bad(f"stop takes at most {MAX_STOPS} strings, got {len(value)}", "stop")
     return tuple(value)
 
 
@@ -142,14 +153,14 @@ def _value(body: dict, key: str, kind: str):
     if kind == BIAS:
         value = body.get(key)
         if value is not None and not isinstance(value, dict):
-            raise _bad(f"{key} must be an object of token ids to biases", key, "invalid_type")
+            raise bad(f"{key} must be an object of token ids to biases", key, "invalid_type")
         return value or None
-    value = _number(body, key, integer=kind != FLOAT)
+    value = number(body, key, integer=kind != FLOAT)
     if value is None:
         return None
     if kind == SEED:
         if not -(2**63) <= value < 2**64:
-            raise _bad(f"{key} must fit in 64 bits, got {value}", key)
+            raise bad(f"{key} must fit in 64 bits, got {value}", key)
         return value % 2**64  # OpenAI's seeds are signed: a negative one names its two's complement
     return float(value) if kind == FLOAT else int(value)
 
@@ -170,12 +181,12 @@ def _logprobs(body: dict) -> dict:
     """OpenAI's `logprobs` (a boolean) and `top_logprobs` (0-20, only with logprobs) as `SamplingParams.logprobs`."""
     wanted = body.get("logprobs")
     if wanted is not None and not isinstance(wanted, bool):
-        raise _bad("logprobs must be a boolean", "logprobs", "invalid_type")
-    top = _number(body, "top_logprobs", integer=True)
+        raise bad("logprobs must be a boolean", "logprobs", "invalid_type")
+    top = number(body, "top_logprobs", integer=True)
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise _bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}", "top_logprobs")
+        raise bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}", "top_logprobs")
     if top is not None and not wanted:
-        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
     return {"logprobs": int(top or 0)} if wanted else {}
 
 
@@ -185,19 +196,19 @@ def _response_format(value) -> ResponseFormat | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise _bad("response_format must be an object", "response_format", "invalid_type")
+        raise bad("response_format must be an object", "response_format", "invalid_type")
     kind = value.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return ResponseFormat("json_object")
     if kind != "json_schema":
-        raise _bad(
+        raise bad(
             f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"
         )
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
-        raise _bad(
+        raise bad(
             "response_format.json_schema must be an object with a schema object",
             "response_format.json_schema",
             "invalid_type",
@@ -209,45 +220,57 @@ def _response_format(value) -> ResponseFormat | None:
 def parse_request(body, defaults: SamplingParams) -> ChatRequest:
     """A decoded JSON body → a validated `ChatRequest`; raises `APIError` (400)."""
     if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object", None, "invalid_type")
+        raise bad("the request body must be a JSON object", None, "invalid_type")
     messages = parse_messages(body.get("messages"))
-    n = _number(body, "n", integer=True)
+    n = number(body, "n", integer=True)
     if n is not None and n != 1:
-        raise _bad("only n=1 is supported", "n")
+        raise bad("only n=1 is supported", "n")
     if body.get("tools") or body.get("functions"):
-        raise _bad("tools are not supported by this server", "tools", "unsupported_parameter")
+        raise bad("tools are not supported by this server", "tools", "unsupported_parameter")
     for field, accepted in REFUSED.items():  # fields that would change the reply, not built yet
         value = body.get(field)
         if value is not None and not accepted(value):
-            raise _bad(f"{field} is not supported by this server", field, "unsupported_parameter")
+            raise bad(f"{field} is not supported by this server", field, "unsupported_parameter")
+    stream, include_usage = streaming(body)
+    extra = _logprobs(body)
+    fmt = _response_format(body.get("response_format"))
+    if fmt is not None:
+        extra["response_format"] = fmt
+    params = sampling_params(body, defaults, extra)
+    return ChatRequest(messages, params, stream, include_usage, _truncation(body.get("truncation")))
+
+
+def streaming(body: dict) -> tuple[bool, bool]:
+    """`stream` and `stream_options.include_usage`, checked."""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise _bad("stream must be a boolean", "stream", "invalid_type")
+        raise bad("stream must be a boolean", "stream", "invalid_type")
     options = body.get("stream_options")
     options = {} if options is None else options
     if not isinstance(options, dict):
-        raise _bad("stream_options must be an object", "stream_options", "invalid_type")
+        raise bad("stream_options must be an object", "stream_options", "invalid_type")
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
-        raise _bad("stream_options.include_usage must be a boolean", "stream_options.include_usage", "invalid_type")
+        raise bad("stream_options.include_usage must be a boolean", "stream_options.include_usage", "invalid_type")
+    return stream, include_usage
 
+
+def sampling_params(body: dict, defaults: SamplingParams, extra: dict) -> SamplingParams:
+    """The request's sampling fields (and `extra` changes) over `defaults`; a value out of range is a
+    400 that names the request field that sent it."""
     changes, sent = _sampling(body)
-    changes.update(_logprobs(body))
-    fmt = _response_format(body.get("response_format"))
-    if fmt is not None:
-        changes["response_format"] = fmt
+    changes.update(extra)
     try:
-        params = defaults.with_(**changes)
+        return defaults.with_(**changes)
     except InvalidParameter as exc:
         message = str(exc)
         name = next((n for n in FIELD_OF if message.startswith(n + " ")), None)
         param = sent.get(FIELD_OF.get(name))
         if param is not None:
             message = param + message[len(name) :]
-        raise _bad(message, param) from None
-    return ChatRequest(messages, params, stream, include_usage)
+        raise bad(message, param) from None
 
 
 # -- responses ----------------------------------------------------------------

@@ -39,10 +39,29 @@ class Failed:
 
 @dataclass
 class Job:
-    messages: list[dict]
+    messages: list[dict]  # a chat turn's messages; unused where `prompt` is set
     params: SamplingParams
     emit: Callable[[object], None]  # receives Prefilled, Token, Finished or Failed; last is Finished or Failed
     cancel: threading.Event = field(default_factory=threading.Event)
+    prompt: list[int] | None = None  # a raw completion's prompt ids (/v1/completions): no chat template
+    truncate: bool = True  # False: a conversation that fits only without its oldest exchanges is refused
+
+    def target(self, engine: Engine) -> list[int]:
+        """The ids the turn continues (raises ContextOverflow, or the chat template's error)."""
+        if self.prompt is not None:
+            return engine.fit_raw(self.prompt)
+        target, dropped = engine.fit_prompt(self.messages, self.params)
+        if dropped and not self.truncate:
+            raise ContextOverflow(
+                f"the conversation does not fit the model's context of {engine.context_limit} tokens with room "
+                f"for a reply; {dropped} earlier exchange(s) would be dropped, and truncation is disabled"
+            )
+        return target
+
+    def events(self, engine: Engine, session):
+        if self.prompt is not None:
+            return engine.complete(self.prompt, session, self.params, self.cancel)
+        return engine.generate(self.messages, session, self.params, self.cancel)
 
 
 class GenerationWorker:
@@ -124,10 +143,11 @@ class GenerationWorker:
             )
             return
         try:
-            target, _dropped = self.engine.fit_prompt(job.messages, job.params)
+            target = job.target(self.engine)
         except ContextOverflow as exc:
             self.failed += 1
-            self._emit(job, Failed(APIError(400, str(exc), "messages", "context_length_exceeded")))
+            param = "messages" if job.prompt is None else "prompt"
+            self._emit(job, Failed(APIError(400, str(exc), param, "context_length_exceeded")))
             return
         except Exception as exc:  # noqa: BLE001 - e.g. a chat template that rejects the roles
             self.failed += 1
@@ -138,7 +158,7 @@ class GenerationWorker:
         lease = self.pool.acquire(target)
         ok, failure = False, None
         try:
-            for event in self.engine.generate(job.messages, lease.session, job.params, job.cancel):
+            for event in job.events(self.engine, lease.session):
                 self._emit(job, event)
                 if isinstance(event, Finished):
                     self._record(event, lease.how)

@@ -50,9 +50,9 @@ def set_value(screen: ChatScreen, command: Command) -> None:
     except ValueError as exc:
         screen.note(f"/{command.name}: {exc} (unchanged)", error=True)
         return
-    field, value = command.setting
+    field, _value = command.setting
     setting = setting_of(field)
-    screen.note(f"{setting.name} = {setting.show(value)}")
+    screen.note(f"{setting.name} = {setting.show(getattr(screen.params, field))}")  # as checked (a bias as pairs)
     screen.refresh_info()
 
 

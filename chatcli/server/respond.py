@@ -1,0 +1,184 @@
+"""The responses of the completion routes: a job submitted to the generation worker, answered with
+JSON or Server-Sent Events as its events arrive.
+
+`CompletionResponse` writes chat.completion and its chunks; its shape hooks (`_whole`, `_opening`,
+`_piece`, `_closing`, `_usage_chunk`, `_entry`) are what `chatcli.server.legacy` overrides for
+text_completion. Each response waits on its own asyncio queue, fed from the worker thread with
+`loop.call_soon_threadsafe`, while a watcher task listens for the client's disconnect and sets the
+job's cancel event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import anyio
+from starlette.responses import Response
+
+from chatcli.engine.events import Finished, Prefilled, Token
+from chatcli.engine.logprobs import token_entry
+from chatcli.server import schema
+from chatcli.server.schema import APIError, ChatRequest
+from chatcli.server.worker import Failed, GenerationWorker, Job
+
+
+def _json(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class CompletionResponse(Response):
+    """Submits the job when sent, then answers with JSON or SSE as its events arrive. The shapes
+    are chat.completion's; `chatcli.server.legacy.TextCompletionResponse` overrides the hooks
+    (`_whole`, `_opening`, `_piece`, `_closing`, `_usage_chunk`, `_entry`) for text_completion."""
+
+    def __init__(self, request: ChatRequest, worker: GenerationWorker, model: str, tokenizer=None) -> None:
+        self.request = request
+        self.worker = worker
+        self.model = model
+        self.tokenizer = tokenizer  # names the tokens of a reply's logprobs
+        self.background = None
+        self.cid, self.created = schema.new_id(), int(time.time())
+
+    def _job(self, emit) -> Job:
+        return Job(self.request.messages, self.request.params, emit, truncate=self.request.truncate)
+
+    def _scored(self, event, pending: list | None) -> None:
+        """A Token's logprobs entry appended to `pending` (None: the request asked for none)."""
+        if pending is not None:
+            found = self._entry(event)
+            if found is not None:
+                pending.append(found)
+
+    # -- the shapes (chat.completion and its chunks) --------------------------------------------
+
+    def _entry(self, event) -> dict | None:
+        return token_entry(self.tokenizer, event)
+
+    def _whole(self, first: Prefilled, done: Finished, scored: list | None) -> dict:
+        use = schema.usage(first, done.stats)
+        return schema.completion(self.cid, self.model, done.reply, done.finish_reason, use, scored)
+
+    def _chunk(self, delta, reason=None, use=None, scored=None, with_usage=None) -> dict:
+        with_usage = self.request.include_usage if with_usage is None else with_usage
+        return schema.chunk(self.cid, self.model, self.created, delta, reason, use, with_usage, scored)
+
+    def _opening(self) -> dict | None:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def _piece(self, text: str, scored: list | None) -> dict:
+        return self._chunk({"content": text}, scored=scored)
+
+    def _closing(self, reason: str) -> dict:
+        return self._chunk({}, reason)
+
+    def _usage_chunk(self, use: dict) -> dict:
+        return self._chunk(None, use=use, with_usage=True)
+
+    async def __call__(self, scope, receive, send) -> None:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(item) -> None:  # called in the worker thread
+            loop.call_soon_threadsafe(events.put_nowait, item)
+
+        job = self._job(emit)
+        if not self.worker.submit(job):
+            busy = APIError(
+                503,
+                f"the server is busy: {self.worker.max_pending} requests are already queued",
+                code="server_busy",
+                type="server_error",
+            )
+            await self._send_json(send, busy.status, busy.body())
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def watch_disconnect() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                job.cancel.set()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_disconnect)
+            try:
+                with contextlib.suppress(OSError):  # the client went away while we were sending
+                    await self._respond(events, send)
+            finally:
+                job.cancel.set()  # no-op after Finished; stops a turn whose client left
+                tg.cancel_scope.cancel()
+
+    async def _respond(self, events: asyncio.Queue, send) -> None:
+        first = await events.get()
+        if isinstance(first, Failed):
+            await self._send_json(send, first.error.status, first.error.body())
+            return
+        assert isinstance(first, Prefilled)
+        if self.request.stream:
+            await self._stream(first, events, send)
+            return
+        scored = [] if self.request.params.logprobs is not None else None
+        while True:
+            event = await events.get()
+            if isinstance(event, Token):
+                self._scored(event, scored)
+            elif isinstance(event, Failed):
+                await self._send_json(send, event.error.status, event.error.body())
+                return
+            elif isinstance(event, Finished):
+                await self._send_json(send, 200, self._whole(first, event, scored), _truncated(first))
+                return
+
+    async def _stream(self, first: Prefilled, events: asyncio.Queue, send) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+            *_truncated(first),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+        async def data(obj) -> None:
+            payload = b"data: " + (obj if isinstance(obj, bytes) else _json(obj)) + b"\n\n"
+            await send({"type": "http.response.body", "body": payload, "more_body": True})
+
+        opening = self._opening()
+        if opening is not None:
+            await data(opening)
+        pending = [] if self.request.params.logprobs is not None else None  # tokens whose text is not out yet
+        while True:
+            event = await events.get()
+            if isinstance(event, Token):
+                self._scored(event, pending)
+                if event.text:
+                    scored = pending
+                    pending = [] if pending is not None else None
+                    await data(self._piece(event.text, scored))
+            elif isinstance(event, Failed):
+                await data(event.error.body())
+                break
+            elif isinstance(event, Finished):
+                await data(self._closing(schema.finish_reason(event.finish_reason)))
+                if self.request.include_usage:
+                    await data(self._usage_chunk(schema.usage(first, event.stats)))
+                break
+        await data(b"[DONE]")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _send_json(send, status: int, body: dict, extra: list | None = None) -> None:
+        payload = _json(body)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        headers += extra or []
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+TRUNCATED_HEADER = b"x-chatcli-truncated-turns"
+
+
+def _truncated(first: Prefilled) -> list:
+    """The header that says how many earlier exchanges were dropped to fit the context (always sent)."""
+    return [(TRUNCATED_HEADER, str(first.truncated_turns).encode())]
