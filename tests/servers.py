@@ -43,6 +43,13 @@ def slow_endless(engine, delay: float = 0.02):
     return slow(engine, delay)
 
 
+def free_port() -> list[str]:
+    """`--port N` of a port free on loopback now (for commands that start a server of their own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return ["--port", str(sock.getsockname()[1])]
+
+
 class Server:
     def __init__(self, app) -> None:
         import uvicorn
@@ -61,6 +68,13 @@ class Server:
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
         return self
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until /health answers 200 (a server started with `load=` has its model)."""
+        deadline = time.monotonic() + timeout
+        while httpx.get(self.url + "/health", timeout=TIMEOUT).status_code != 200:
+            assert time.monotonic() < deadline, "the model did not load"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.server.should_exit = True

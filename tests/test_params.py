@@ -281,6 +281,7 @@ def test_serve_passes_every_model_flag_to_load_options(monkeypatch):
     from chatcli.engine.load import LoadError
     from chatcli.options import StartOptions
     from chatcli.server.cli import serve_command
+    from tests.servers import free_port
 
     seen = []
 
@@ -290,7 +291,8 @@ def test_serve_passes_every_model_flag_to_load_options(monkeypatch):
 
     monkeypatch.setattr(StartOptions, "load_engine", load_engine)
     result = CliRunner().invoke(
-        serve_command, ["-m", "x.gguf", "--device-map", "auto", "--trust-remote-code", "--kv-dtype", "float32"]
+        serve_command,
+        ["-m", "x.gguf", "--device-map", "auto", "--trust-remote-code", "--kv-dtype", "float32", *free_port()],
     )
     assert result.exit_code == 1 and "stop here" in result.output
     assert seen == [("x.gguf", LoadOptions(device_map="auto", trust_remote_code=True, kv_dtype="float32"))]

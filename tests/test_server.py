@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
 from chatcli.engine.sampling import SamplingParams
-from tests.servers import TIMEOUT, USER, alone, slow, slow_endless
+from tests.servers import TIMEOUT, USER, alone, free_port, slow, slow_endless
 
 
 def client(server, **kwargs):
@@ -482,7 +482,8 @@ def test_serve_command_reports_a_bad_model_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "none.toml"))
     app = click.Group(commands={"serve": serve_command})  # "serve" is a subcommand, as in chatcli
     result = CliRunner().invoke(
-        app, ["serve", "--model", str(tmp_path / "missing.gguf"), "--device", "cpu", "--host", "0.0.0.0"]
+        app,
+        ["serve", "--model", str(tmp_path / "missing.gguf"), "--device", "cpu", "--host", "0.0.0.0", *free_port()],
     )
     assert result.exit_code == 1
     output = result.output.strip().splitlines()

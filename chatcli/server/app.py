@@ -20,7 +20,10 @@ import contextlib
 import hmac
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 import anyio.to_thread
@@ -36,6 +39,7 @@ from chatcli.engine.engine import Engine
 from chatcli.engine.grammar import GrammarError
 from chatcli.engine.pool import SessionPool
 from chatcli.engine.sampling import SamplingParams
+from chatcli.errors import one_line
 from chatcli.server import schema
 from chatcli.server.legacy import TextCompletionResponse, parse_completion
 from chatcli.server.respond import TRUNCATED_HEADER, CompletionResponse
@@ -55,12 +59,13 @@ def error_response(err: APIError) -> JSONResponse:
 
 class BearerAuth:
     """Every HTTP request needs `Authorization: Bearer KEY`; compared in constant time. `/health`
-    without it answers only `{"status": "ok"}` (a load balancer's probe has no key; the model, the
-    queue and the cache numbers are for the key's holder)."""
+    without it answers only the status, `{"status": "ok"}` or loading (a load balancer's probe has
+    no key; the model, the queue and the cache numbers are for the key's holder)."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, status: Callable[[], tuple[int, dict]]) -> None:
         self.app = app
         self.key = api_key.encode()
+        self.status = status  # /health's answer without the key: ok, loading or error
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -68,7 +73,8 @@ class BearerAuth:
             scheme, _, token = header.partition(b" ")
             ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
             if not ok and scope.get("path") == "/health":
-                await JSONResponse({"status": "ok"})(scope, receive, send)
+                code, body = self.status()
+                await JSONResponse(body, status_code=code)(scope, receive, send)
                 return
             if not ok:
                 err = APIError(
@@ -97,9 +103,46 @@ async def read_body(request: Request, cap: int) -> bytes:
     return b"".join(chunks)
 
 
+@dataclass
+class Backend:
+    """What serves once the model is there: the engine, its session pool and generation worker."""
+
+    engine: Engine
+    pool: SessionPool
+    worker: GenerationWorker
+    tokenizer: object | None  # names the tokens of logprobs (in-process engines)
+
+
+class ModelState:
+    """The model a server has, is loading, or failed to load; `backend()` is what a route serves
+    with, else a 503 that says which."""
+
+    def __init__(self) -> None:
+        self.ready: Backend | None = None
+        self.error: str | None = None
+
+    def backend(self) -> Backend:
+        if self.ready is not None:
+            return self.ready
+        if self.error is not None:
+            message = f"the model failed to load: {self.error}"
+            raise APIError(503, message, code="model_load_failed", type="server_error")
+        raise APIError(503, "the model is still loading", code="model_loading", type="server_error")
+
+    def status(self) -> tuple[int, dict]:
+        """/health's answer without the key: ok, loading or error (503 until ready, as llama-server's)."""
+        if self.ready is not None:
+            return 200, {"status": "ok"}
+        if self.error is not None:
+            return 503, {"status": "error", "error": self.error}
+        return 503, {"status": "loading"}
+
+
 def create_app(
-    engine: Engine,
+    engine: Engine | None,
     *,
+    load: Callable[[], Engine] | None = None,
+    on_load_failure: Callable[[str], None] | None = None,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     cache_budget_bytes: int = DEFAULT_CACHE_BUDGET_BYTES,
@@ -109,12 +152,35 @@ def create_app(
     cors_origins: tuple[str, ...] = (),
 ) -> Starlette:
     """The server for `engine`; its worker thread starts with the app's lifespan (or the first request).
+    Or, with `engine` None, for the engine `load()` returns: called in a thread when the app starts,
+    the routes answer 503 (`/health` {"status": "loading"}) until it is there; a load that raises
+    leaves them at 503 with its message, which `on_load_failure` also gets (`chatcli serve` stops).
     `cors_origins`: the web origins whose pages may call it (`*`: any); none by default."""
+    if (engine is None) == (load is None):
+        raise ValueError("create_app takes an engine or a load function")
     defaults = defaults or SamplingParams()
-    pool = pool or SessionPool(engine.new_session, cache_budget_bytes)
-    worker = GenerationWorker(engine, pool, max_pending)
     started = int(time.time())
-    tokenizer = getattr(engine, "tokenizer", None)  # names the tokens of logprobs (in-process engines)
+    state = ModelState()
+
+    def attach(found: Engine) -> Backend:
+        pooled = pool or SessionPool(found.new_session, cache_budget_bytes)
+        worker = GenerationWorker(found, pooled, max_pending)
+        backend = Backend(found, pooled, worker, getattr(found, "tokenizer", None))
+        app.state.engine, app.state.pool, app.state.worker = found, pooled, backend.worker
+        state.ready = backend
+        return backend
+
+    def load_in_background() -> None:
+        try:
+            found = load()
+        except Exception as exc:  # noqa: BLE001 - LoadError, or anything else: one line to the caller
+            state.error = one_line(exc)
+            if on_load_failure is not None:
+                on_load_failure(state.error)
+            else:
+                log.error("model load failed: %s", state.error)
+            return
+        attach(found).worker.start()
 
     async def read_json(request: Request):
         body = await read_body(request, max_body_bytes)
@@ -124,14 +190,17 @@ def create_app(
             raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
 
     async def chat_completions(request: Request) -> Response:
+        b = state.backend()
         request_ = schema.parse_request(await read_json(request), defaults)
-        if request_.params.logprobs is not None and tokenizer is None:
+        if request_.params.logprobs is not None and b.tokenizer is None:
             raise APIError(400, "logprobs are not available from this engine", "logprobs", "unsupported_parameter")
-        await check_format(request_.params)
-        return CompletionResponse(request_, worker, engine.name, tokenizer)
+        await check_format(b.engine, request_.params)
+        return CompletionResponse(request_, b.worker, b.engine.name, b.tokenizer)
 
     async def text_completions(request: Request) -> Response:
+        b = state.backend()
         request_ = parse_completion(await read_json(request), defaults)
+        tokenizer = b.tokenizer
         if tokenizer is None:
             raise APIError(400, "/v1/completions needs the in-process engine", "prompt", "unsupported_parameter")
         prompt = request_.prompt
@@ -139,9 +208,9 @@ def create_app(
         if not ids:
             raise APIError(400, "the prompt is empty (and the tokenizer adds no start token)", "prompt")
         text = prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
-        return TextCompletionResponse(request_, ids, text, worker, engine.name, tokenizer)
+        return TextCompletionResponse(request_, ids, text, b.worker, b.engine.name, tokenizer)
 
-    async def check_format(params: SamplingParams) -> None:
+    async def check_format(engine: Engine, params: SamplingParams) -> None:
         """A 400 for a response_format the engine cannot hold replies to (checked off the event loop:
         the first one builds the tokenizer's grammar side, ~0.2 s)."""
         if params.response_format is None:
@@ -157,25 +226,24 @@ def create_app(
             raise APIError(400, str(exc), "response_format", "invalid_value") from None
 
     async def models(_request: Request) -> Response:
+        engine = state.backend().engine
         return JSONResponse(schema.models_list(engine.name, started, engine.context_limit))
 
     async def model(request: Request) -> Response:
+        engine = state.backend().engine
         wanted = request.path_params["model"]
         if wanted != engine.name:
             raise APIError(404, f"no model {wanted!r}: this server has {engine.name!r}", "model", "model_not_found")
         return JSONResponse(schema.models_list(engine.name, started, engine.context_limit)["data"][0])
 
     async def health(_request: Request) -> Response:
-        requests = {"served": worker.served, "cancelled": worker.cancelled, "failed": worker.failed}
-        return JSONResponse(
-            {
-                "status": "ok",
-                "model": engine.name,
-                "pending": worker.pending,
-                "requests": requests,
-                "cache": pool.stats(),
-            }
-        )
+        code, body = state.status()
+        b = state.ready
+        if b is not None:
+            requests = {"served": b.worker.served, "cancelled": b.worker.cancelled, "failed": b.worker.failed}
+            body = {**body, "model": b.engine.name, "pending": b.worker.pending, "requests": requests}
+            body["cache"] = b.pool.stats()
+        return JSONResponse(body, status_code=code)
 
     async def on_api_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
@@ -192,11 +260,15 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        worker.start()
+        if load is not None:
+            threading.Thread(target=load_in_background, name="chatcli-load", daemon=True).start()
+        elif state.ready is not None:
+            state.ready.worker.start()
         try:
             yield
         finally:
-            worker.close()
+            if state.ready is not None:
+                state.ready.worker.close()
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -205,7 +277,7 @@ def create_app(
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
-    middleware = [Middleware(BearerAuth, api_key=api_key)] if api_key else []
+    middleware = [Middleware(BearerAuth, api_key=api_key, status=state.status)] if api_key else []
     if cors_origins:  # outermost: a preflight carries no key, and a 401 needs the headers too
         cors = Middleware(
             CORSMiddleware,
@@ -222,7 +294,6 @@ def create_app(
         exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},
         lifespan=lifespan,
     )
-    app.state.engine = engine
-    app.state.pool = pool
-    app.state.worker = worker
+    if engine is not None:
+        attach(engine)
     return app

@@ -88,7 +88,6 @@ def serve_command(
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
     from chatcli.config import ConfigError, load_config
-    from chatcli.engine.load import LoadError
     from chatcli.options import StartOptions
 
     if log_level.lower() not in LOG_LEVELS:
@@ -100,14 +99,20 @@ def serve_command(
     try:
         config = load_config()
         start = StartOptions(model=model, load=load_options(load), params=config.params(), config=config)
-        engine = start.load_engine(status=_status_lines())
-    except (ConfigError, LoadError) as exc:
+    except ConfigError as exc:
         _fail(str(exc))
-    from chatcli.engine.threads import release_cpu_threads
 
-    release_cpu_threads()  # requests run in the generation thread: see engine/threads.py
+    def load_model():
+        """In the app's loading thread, while /health says loading; a LoadError stops the server in one line."""
+        from chatcli.engine.threads import release_cpu_threads
+
+        engine = start.load_engine(status=_status_lines())
+        release_cpu_threads()  # requests run in the generation thread: see engine/threads.py
+        click.echo(f"Ready: {engine.name}", err=True)
+        return engine
+
     serve(
-        engine,
+        load_model,
         host=host,
         port=port,
         api_key=api_key,
@@ -144,7 +149,7 @@ def _status_lines():
 
 
 def serve(
-    engine,
+    load,
     *,
     host: str,
     port: int,
@@ -156,13 +161,22 @@ def serve(
     log_level: str = "info",
     cors_origins: tuple[str, ...] = (),
 ) -> None:
-    """Run the server in this thread until Ctrl-C."""
+    """Run the server in this thread until Ctrl-C: it listens at once and loads the model (`load()`)
+    in a thread meanwhile; a failed load stops it with that one line and exit 1."""
     import uvicorn
 
     from chatcli.server.app import create_app
 
+    failed: list[str] = []
+
+    def on_load_failure(message: str) -> None:
+        failed.append(message)
+        server.should_exit = True
+
     app = create_app(
-        engine,
+        None,
+        load=load,
+        on_load_failure=on_load_failure,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
         cache_budget_bytes=cache_budget_bytes,
@@ -171,12 +185,19 @@ def serve(
         cors_origins=cors_origins,
     )
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"Serving {engine.name} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)", err=True)
+    click.echo(
+        f"Serving at http://{shown}:{port}/v1 (OpenAI-compatible; /health says loading until the model is ready; "
+        "Ctrl-C stops)",
+        err=True,
+    )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
     try:
-        uvicorn.Server(config).run()
+        server.run()
     except OSError as exc:  # e.g. the port is taken
         _fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
+    if failed:
+        _fail(failed[0])
 
 
 def main() -> None:
