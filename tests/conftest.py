@@ -55,8 +55,18 @@ def embedded_path():
 
 @pytest.fixture(scope="session")
 def real_engine():
-    """The embedded SmolLM2-135M as a user gets it (the native runner where the kernel runs), from
-    the user's conversion cache (converted there on first use)."""
+    """The embedded SmolLM2-135M on the runner a user gets (the native one where the kernel runs),
+    its weights dequantized to fp32 (`--quantize none`): the reference the replies are checked on.
+    From the user's conversion cache (converted there on first use)."""
+    from chatcli.engine.load import LoadOptions, load_engine
+
+    return load_engine(embedded_path(), LoadOptions(quantize="none"))
+
+
+@pytest.fixture(scope="session")
+def real_default():
+    """The embedded SmolLM2-135M exactly as a user gets it: where the kernel runs, its own Q4_1
+    blocks (`--quantize auto`)."""
     from chatcli.engine.load import load_engine
 
     return load_engine(embedded_path())

@@ -80,11 +80,13 @@ def test_extras_are_reported(bench_json):
     assert sgemm["ceiling_prefill_tok_s"] > 0 and sgemm["prompt_tokens"] > 0
     start = bench_json["startup"]
     commands = [row["command"] for row in start["rows"]]
-    assert commands[:3] == ["chatcli fp32", "chatcli int8", "python -c 'import torch'"]
+    assert commands[:4] == ["chatcli (default)", "chatcli fp32", "chatcli int8", "python -c 'import torch'"]
     for row in start["rows"]:
         assert row["exit"] == 0, row
         assert row["wall_s"] > 0 and row["peak_mib"] > 10
-    # quality only with --quantize, --quality, or a KV cache in another dtype than the model (auto: bf16 on some CPUs)
+    # quality only for quantized weights (asked for, or a GGUF's own blocks), --quality, or a KV cache in another
+    # dtype than the model (auto: bf16 on some CPUs); the tiny model is no GGUF: auto leaves its weights as they are
+    assert bench_json["quantize"] is None
     assert (bench_json["quality"] is None) == (bench_json["kv_dtype"] == bench_json["dtype"])
 
 
@@ -141,7 +143,7 @@ def test_table_output(tiny_model_dir, bench_json):
     "args, message",
     [
         (["--runner", "fast"], "--runner must be auto, hf or lean"),
-        (["--quantize", "int4"], "--quantize must be one of int8"),
+        (["--quantize", "int4"], "--quantize must be one of auto, none, int8"),
         (["--turns", "-1"], "--turns must be >= 0"),
         (["--dtype", "float8"], "--dtype must be"),
         (["--kv-dtype", "int4"], "--kv-dtype must be auto, float32, bfloat16 or float16"),

@@ -260,15 +260,56 @@ def test_the_embedded_gguf_runs_on_its_own_blocks(kernel):
     assert np.array_equal(ours("layers.3.qkv", 4), qkv)
     assert np.array_equal(ours("layers.3.down", 4), dequantized("blk.3.ffn_down.weight"))
     assert np.array_equal(ours("head", 8), dequantized("token_embd.weight"))  # tied, Q8_0
-    fp32 = load_engine(path, LoadOptions(kv_dtype="float32"))
+    fp32 = load_engine(path, LoadOptions(kv_dtype="float32", quantize="none"))
     ratio = perplexity(engine)[0] / perplexity(fp32)[0]
     assert abs(ratio - 1) < 0.05
+
+
+def test_auto_reads_a_q4_gguf_as_its_blocks_where_the_kernel_runs(kernel, real_default, monkeypatch):
+    """The default (`--quantize auto`) on the embedded Q4_1 file is its own blocks; without the
+    kernel, and for a model that is no GGUF, auto is none."""
+    from chatcli.engine import kernels
+    from chatcli.engine.convert import gguf_file_type
+    from chatcli.engine.load import LoadOptions, load_engine
+    from chatcli.engine.runner import weights_dtype
+    from tests.conftest import embedded_path
+
+    assert gguf_file_type(embedded_path()) == 3  # LLAMA_FTYPE_MOSTLY_Q4_1, as the file says
+    assert weights_dtype(real_default.runner) == "q4" and real_default.runner.exact_verify
+    monkeypatch.setattr(kernels, "library", lambda: None)
+    monkeypatch.setattr(kernels, "_reason", "switched off for this test")
+    assert weights_dtype(load_engine(embedded_path(), LoadOptions(quantize="auto")).runner) == "float32"
+
+
+@pytest.mark.parametrize("file_type,kind", [(2, "q4"), (3, "q4"), (7, "q8"), (15, None), (0, None), (None, None)])
+def test_a_ggufs_file_type_is_read_from_its_header(tmp_path, file_type, kind):
+    """`general.file_type` after a long array (a vocabulary) and strings, as writers lay it out."""
+    gguf = pytest.importorskip("gguf")
+    from chatcli.engine.convert import gguf_file_type
+    from chatcli.engine.load import GGUF_KINDS
+
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny")
+    writer.add_token_list([f"tok{i}" for i in range(3000)])
+    writer.add_array("test.numbers", list(range(100)))
+    if file_type is not None:
+        writer.add_file_type(file_type)
+    writer.add_tensor("w", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_file_type(path) == file_type
+    assert GGUF_KINDS.get(gguf_file_type(path)) == kind
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00")
+    assert gguf_file_type(tmp_path / "bad.gguf") is None
 
 
 def test_the_header_names_the_weights(tiny_model_dir, kernel):
     from chatcli.engine.load import LoadOptions, load_engine
     from chatcli.ui.screens.conversations import engine_label
 
-    for quantize, label in ((None, "float32"), ("int8", "int8"), ("q4", "q4")):
+    for quantize, label in (("none", "float32"), ("auto", "float32"), ("int8", "int8"), ("q4", "q4")):
         engine = load_engine(str(tiny_model_dir), LoadOptions(device="cpu", quantize=quantize))
         assert engine_label(engine).endswith(f"· cpu · {label}")

@@ -79,13 +79,13 @@ def test_a_corrupt_lean_file_is_converted_again(real_engine, tmp_path, monkeypat
     monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path))
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     want = reply(real_engine, messages).reply
-    first = load_engine(str(embedded_gguf()), LoadOptions(device="cpu"))
+    first = load_engine(str(embedded_gguf()), LoadOptions(device="cpu", quantize="none"))
     [path] = list((tmp_path / "lean").rglob("*.safetensors"))  # one lean file for the runner it picked
     del first
     with open(path, "r+b") as f:
         f.seek(path.stat().st_size // 2)
         f.write(b"\xff" * 4096)
-    again = load_engine(str(embedded_gguf()), LoadOptions(device="cpu"))
+    again = load_engine(str(embedded_gguf()), LoadOptions(device="cpu", quantize="none"))
     assert reply(again, messages).reply == want
 
 

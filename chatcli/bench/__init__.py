@@ -162,13 +162,14 @@ def bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, t
     from chatcli.bench import baseline as ref
     from chatcli.bench.shapes import run_shape
     from chatcli.engine import kernels
-    from chatcli.engine.load import QUANTIZE_CHOICES
+    from chatcli.engine.load import QUANTIZE_CHOICES, explicit_quantize
     from chatcli.engine.native import kernel_threads
 
     if model:
         raise BenchError("--shape builds its own random model: leave out --model")
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise BenchError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    quantize = explicit_quantize(quantize)  # a random model has no GGUF blocks: auto is none
     if kernels.library() is None:
         raise BenchError(f"--shape runs on the compiled kernel, which is not available: {kernels.why_not()}")
     result = run_shape(
@@ -214,6 +215,7 @@ def run_bench(
     from chatcli.bench import measure
     from chatcli.engine.engine import PREFILL_CHUNK, ContextOverflow
     from chatcli.engine.load import LoadError, LoadOptions, load_engine
+    from chatcli.engine.runner import weights_dtype
 
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel's team; torch's below
@@ -223,8 +225,10 @@ def run_bench(
         progress("loading the model")
         engine = load_engine(model, options, status=report)
         kv_name = str(getattr(engine.runner, "kv_dtype", engine.runner.dtype)).removeprefix("torch.")
+        dtype_name = str(engine.runner.dtype).removeprefix("torch.")
+        weights = weights_dtype(engine.runner)  # what --quantize resolved to: int8 / q4 / q8, or the dtype
         if quality is None:
-            quality = bool(quantize) or kv_name != str(engine.runner.dtype).removeprefix("torch.")
+            quality = weights != dtype_name or kv_name != dtype_name
         hf = None
         if baseline or ceiling or quality:
             from chatcli.engine.hf_load import load
@@ -245,7 +249,7 @@ def run_bench(
         "device": str(getattr(engine.runner.device, "type", engine.runner.device)),
         "dtype": str(engine.runner.dtype).removeprefix("torch."),
         "runner": runner_name,
-        "quantize": quantize,
+        "quantize": weights if weights != dtype_name else None,
         "kv_dtype": str(getattr(engine.runner, "kv_dtype", engine.runner.dtype)).removeprefix("torch."),
         # "compiled" (kernels/decode.cpp, the native runner), else the torch path and why
         "decode_kernel": "compiled" if native else f"torch ({_why_not_kernel(runner_name)})",

@@ -213,16 +213,18 @@ def startup(
     model: str | None, runs: int = 5, llama: str | None = None, gguf: str | None = None, threads: int = 2
 ) -> dict:
     """Whole processes, in turn, after one warm-up each: a one-shot `chatcli -p Hi --max-tokens 1`
-    in fp32 and int8 (a private data dir: no history written), `python -c "import torch"`, and
-    llama.cpp's one-shot `Hi` on the same GGUF where `llama` (an interpreter with llama-cpp-python) is given.
-    Per command: the median wall time from start to exit and the median peak resident memory."""
+    as it starts by default, in fp32 and in int8 (a private data dir: no history written),
+    `python -c "import torch"`, and llama.cpp's one-shot `Hi` on the same GGUF where `llama` (an
+    interpreter with llama-cpp-python) is given. Per command: the median wall time from start to
+    exit and the median peak resident memory."""
     import statistics
     import tempfile
 
     base = [sys.executable, "-m", "chatcli", "-p", "Hi", "--max-tokens", "1", "--temperature", "0"]
     base += ["--model", model] if model else []
     commands = {
-        "chatcli fp32": base,
+        "chatcli (default)": base,  # --quantize auto: a Q4/Q8 GGUF's own blocks on the kernel
+        "chatcli fp32": base + ["--quantize", "none"],
         "chatcli int8": base + ["--quantize", "int8"],
         "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     }

@@ -68,6 +68,50 @@ def source_gguf(folder: Path) -> Path | None:
         return None
 
 
+def gguf_file_type(path: Path) -> int | None:
+    """A GGUF's `general.file_type` (llama.cpp's LLAMA_FTYPE: 2 Q4_0, 3 Q4_1, 7 Q8_0, …), read from
+    its header: the key-value pairs up to that one (writers put `general.*` first), in a few reads.
+    gguf's GGUFReader parses every tensor and array first (~1-3 s on a small model): too slow for
+    each start. None where the file does not say or cannot be read."""
+    import struct
+
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType → bytes
+
+    try:
+        with open(path, "rb") as f:
+            magic, version = f.read(4), struct.unpack("<I", f.read(4))[0]
+            if magic != b"GGUF" or version < 2:
+                return None
+            _tensors, pairs = struct.unpack("<QQ", f.read(16))
+
+            def string() -> bytes:
+                (n,) = struct.unpack("<Q", f.read(8))
+                return f.read(n)
+
+            def skip(kind: int) -> None:
+                if kind == 8:  # string
+                    f.seek(struct.unpack("<Q", f.read(8))[0], 1)
+                elif kind == 9:  # array: element type, count, elements
+                    inner, count = struct.unpack("<IQ", f.read(12))
+                    if inner in sizes:
+                        f.seek(sizes[inner] * count, 1)
+                    else:
+                        for _ in range(count):
+                            skip(inner)
+                else:
+                    f.seek(sizes[kind], 1)
+
+            for _ in range(min(pairs, 4096)):
+                key = string()
+                (kind,) = struct.unpack("<I", f.read(4))
+                if key == b"general.file_type" and kind in (4, 5):  # uint32 / int32
+                    return struct.unpack("<I" if kind == 4 else "<i", f.read(4))[0]
+                skip(kind)
+    except (OSError, struct.error, KeyError):
+        return None
+    return None
+
+
 def is_valid(folder: Path) -> bool:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())

@@ -21,9 +21,9 @@ from chatcli.engine.load import (
     check_quantize,
     context_limit,
     each_candidate,
+    explicit_quantize,
     pick_device,
     pick_dtype,
-    pick_kv_dtype,
     resolve,
 )
 
@@ -96,9 +96,9 @@ def build_engine(
     """Wrap a loaded model in the engine.
 
     `runner`: "auto" (a lean runner for models of the lean families, else HF), "hf" or "lean";
-    `quantize`: None or "int8"; `kv_dtype`: see `load.pick_kv_dtype`; `kernel`: the lean
-    runner may be the native one (the compiled kernel) where it runs. Each defaults to what
-    `LoadOptions` asked for at load.
+    `quantize`: a --quantize value (auto: see `load.resolve_quantize`); `kv_dtype`: see
+    `load.pick_kv_dtype`; `kernel`: the lean runner may be the native one (the compiled kernel)
+    where it runs. Each defaults to what `LoadOptions` asked for at load.
     """
     from chatcli.engine.engine import Engine
     from chatcli.engine.lean_weights import lean_support
@@ -118,10 +118,9 @@ def build_engine(
     )
     if runner == "lean" and reason:
         raise LoadError(f"--runner lean: {reason} (use --runner hf)")
-    kv = pick_kv_dtype(kv_dtype, device, dtype, quantize)
     if runner == "hf" or reason:
         return Engine(
-            make_hf_runner(model, context_limit(model.config, loaded.tokenizer), quantize, kv_dtype),
+            make_hf_runner(model, context_limit(model.config, loaded.tokenizer), explicit_quantize(quantize), kv_dtype),
             tokenizer,
             loaded.name,
         )
@@ -135,7 +134,7 @@ def build_engine(
         source,
         device,
         dtype,
-        kv,
+        kv_dtype,
         quantize,
         lambda *_a, **_k: None,
         model_loader=lambda: (model, loaded.tokenizer),

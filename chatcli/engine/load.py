@@ -62,10 +62,11 @@ class LoadOptions:
         "auto", "KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16"
     )
     quantize: str | None = _flag(
-        None,
-        "int8: int8 weights and activations (CPU); q4 / q8: 4- or 8-bit weights in groups of 32, a GGUF's own "
-        "Q4_0/Q4_1/Q8_0 blocks where it has them (the compiled kernel).",
-    )  # see chatcli.engine.quantize
+        "auto",
+        "auto: a GGUF's own Q4_0/Q4_1 (q4) or Q8_0 (q8) blocks where the compiled kernel runs, else none; "
+        "none: the weights as loaded (a GGUF dequantized to fp32); int8: int8 weights and activations (CPU); "
+        "q4 / q8: 4- or 8-bit weights in groups of 32 (the compiled kernel).",
+    )  # see chatcli.engine.quantize and resolve_quantize
 
 
 @dataclass
@@ -145,13 +146,34 @@ def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None =
     return "bfloat16" if device == "cpu" and dtype == "float32" and not quantize and has_native_bf16() else dtype
 
 
-QUANTIZE_CHOICES = ("int8", "q4", "q8")
+QUANTIZE_CHOICES = ("auto", "none", "int8", "q4", "q8")
 GROUPED_QUANTIZE = ("q4", "q8")  # the compiled kernel only
+# A GGUF's `general.file_type` (llama.cpp's LLAMA_FTYPE_MOSTLY_*) → the kind that reads its blocks as they are.
+GGUF_KINDS = {2: "q4", 3: "q4", 7: "q8"}  # Q4_0, Q4_1, Q8_0
+
+
+def explicit_quantize(quantize: str | None) -> str | None:
+    """int8 / q4 / q8 as asked; None for none, and for auto before it is resolved (`resolve_quantize`)."""
+    return None if quantize in (None, "auto", "none") else quantize
+
+
+def resolve_quantize(quantize: str | None, folder: Path | None, native: bool) -> str | None:
+    """What `--quantize` means for this model: auto is the GGUF's own block kind (q4 for a Q4_0 or Q4_1
+    file, q8 for Q8_0) where the compiled kernel runs it, else none, as for any other source (a K-quant
+    GGUF too: its blocks are not the kernel's, and quantizing them again would round twice)."""
+    if quantize != "auto":
+        return explicit_quantize(quantize)
+    if not native or folder is None:
+        return None
+    from chatcli.engine.convert import gguf_file_type, source_gguf
+
+    gguf = source_gguf(folder)
+    return GGUF_KINDS.get(gguf_file_type(gguf)) if gguf is not None else None
 
 
 def check_quantize(quantize: str | None, device: str, dtype: str) -> None:
-    if quantize is None:
-        return
+    if explicit_quantize(quantize) is None and quantize in (None, *QUANTIZE_CHOICES):
+        return  # auto / none: nothing to refuse (auto resolves to none where quantizing cannot run)
     if quantize not in QUANTIZE_CHOICES:
         raise LoadError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if device != "cpu":
@@ -243,8 +265,9 @@ def load_engine(
         raise LoadError(f"--runner must be auto, hf or lean, got {options.runner!r}")
     device = pick_device(options.device)
     dtype = pick_dtype(options.dtype, device)
-    kv = pick_kv_dtype(options.kv_dtype, device, dtype, options.quantize)
     check_quantize(options.quantize, device, dtype)
+    if options.kv_dtype != "auto":
+        pick_kv_dtype(options.kv_dtype, device, dtype)  # a bad --kv-dtype: refused before any load
 
     def attempt(name: str, explicit: bool):
         source = resolve(name, explicit, status)
@@ -256,7 +279,7 @@ def load_engine(
         else:
             reason = reason or _lean_reason(read_config(source.folder))
         if reason is None:
-            return lean_engine(source, device, dtype, kv, options.quantize, status, kernel=kernel)
+            return lean_engine(source, device, dtype, options.kv_dtype, options.quantize, status, kernel=kernel)
         if options.runner == "lean":
             raise LoadError(f"--runner lean: {reason} (use --runner hf)")
         from chatcli.engine.hf_load import build_engine, load_source
@@ -284,7 +307,8 @@ def lean_engine(
     tokenizer=None,
 ):
     """A lean runner (native where the kernel runs, else torch) over `source`'s lean files;
-    `model_loader()` gives the transformers model and tokenizer to convert where a file is missing."""
+    `model_loader()` gives the transformers model and tokenizer to convert where a file is missing.
+    `kv`: the --kv-dtype (auto: see `pick_kv_dtype`); `quantize`: the --quantize (auto: `resolve_quantize`)."""
     from chatcli.engine.engine import Engine
     from chatcli.engine.lean_weights import INT8, lean_file
 
@@ -292,10 +316,13 @@ def lean_engine(
         kernel
         and device == "cpu"
         and dtype == "float32"
-        and kv in ("float32", "bfloat16")
+        and kv in ("auto", "float32", "bfloat16")
         and _native_shapes(read_config(source.folder))
         and _kernel()
     )
+    quantize = resolve_quantize(quantize, source.folder, bool(native))
+    kv = pick_kv_dtype(kv, device, dtype, quantize)
+    native = native and kv in ("float32", "bfloat16")
     status(f"Loading {source.name}")
     if native:
         from chatcli.engine.native import NativeRunner
