@@ -184,7 +184,8 @@ def app(
 @model_options(device="cpu", without=("device_map", "runner", "kv_dtype"))
 def pull(model, **load) -> None:
     """Make a model ready: convert a GGUF into the cache and write the lean file(s) a start
-    memory-maps (fp32, and int8 with --quantize int8), then say where they are."""
+    memory-maps (by default a Q4/Q8 GGUF's own blocks where the kernel runs, else fp32; --quantize
+    picks another), then say where they are."""
     from chatcli.oneshot import load_engine
 
     start = start_options(model=model, **load)

@@ -113,6 +113,7 @@ def test_quantized_bench_reports_quality(tiny_model_dir):
     assert len(quality["prompts"]) == 3
     assert all(isinstance(p["answer"], str) and isinstance(p["reference"], str) for p in quality["prompts"])
     assert quality["perplexity"] > 1 and quality["perplexity_reference"] > 1
+    assert quality["reference_weights"] == data["dtype"]  # the reference is never quantized
     assert quality["perplexity_ratio"] == pytest.approx(quality["perplexity"] / quality["perplexity_reference"])
 
 

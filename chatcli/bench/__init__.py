@@ -319,10 +319,10 @@ def run_bench(
         from chatcli.engine.hf_load import build_engine
 
         progress("quality against the unquantized reference with a cache in the model's dtype")
-        reference = build_engine(
-            hf, runner="hf" if runner_name == "hf" else "lean", kv_dtype=result["dtype"], kernel=native
-        )
+        runner_kind = "hf" if runner_name == "hf" else "lean"  # the weights as transformers has them: no blocks
+        reference = build_engine(hf, runner=runner_kind, quantize="none", kv_dtype=result["dtype"], kernel=native)
         result["quality"] = measure.quality(engine, reference, 32)
+        result["quality"]["reference_weights"] = weights_dtype(reference.runner)
         del reference
     gguf = _gguf_of(model)
     result["llama_cpp"] = None
