@@ -6,7 +6,7 @@ For each family a random model with SmolLM2-135M's shapes (576 wide, 30 layers, 
 3 KV heads, 1,536 MLP, 49,152 vocab) and the family's own defaults otherwise
 (`AutoConfig.for_model`), built from the config (no download), converted to lean files in a
 temporary folder; then per runner the median decode step after a `--context`-token prefill:
-the kernel in fp32 and int8 where it runs, the torch lean runner, and transformers' greedy
+the kernel in fp32, int8 and q4 where it runs, the torch lean runner, and transformers' greedy
 `generate()` (the bench's baseline: (N - 1) tokens over the time beyond one new token).
 """
 
@@ -66,12 +66,12 @@ def main() -> None:
 
     native = kernels.library() is not None
     print(f"# {cpu_name()}; decode tok/s after a {args.context}-token prefill (median step)")
-    columns = ("native fp32", "native int8", "lean torch", "hf generate", "fp32 / hf")
+    columns = ("native fp32", "native int8", "native q4", "lean torch", "hf generate", "fp32 / hf", "q4 / hf")
     print(f"{'family':12s} " + " ".join(f"{c:>11s}" for c in columns))
     for family in args.families.split(","):
         model = build(family)
         folder = Path(tempfile.mkdtemp(prefix=f"lean-{family}-"))
-        kinds = ["float32-dense"] + (["float32-panels", "int8"] if native else [])
+        kinds = ["float32-dense"] + (["float32-panels", "int8", "q4"] if native else [])
         files = {}
         for kind in kinds:
             path = folder / f"{kind}.safetensors"
@@ -81,14 +81,16 @@ def main() -> None:
         if native:
             from chatcli.engine.native import NativeRunner
 
-            for name, kind in (("native", "float32-panels"), ("native-int8", "int8")):
+            for name, kind in (("native", "float32-panels"), ("native-int8", "int8"), ("native-q4", "q4")):
                 rates[name] = 1 / median_step(NativeRunner(files[kind]), args.context, args.steps)
         ids = list(range(10, 10 + args.context))
         hf = hf_generate(model, ids, ids, args.hf_tokens)["hf_generate_decode_tok_s"]
         fp32 = max(rates.get("native", 0), rates["lean"])
+        nan = float("nan")
         print(
-            f"{family:12s} {rates.get('native', float('nan')):11.1f} {rates.get('native-int8', float('nan')):11.1f} "
-            f"{rates['lean']:11.1f} {hf:11.1f} {fp32 / hf:10.1f}x"
+            f"{family:12s} {rates.get('native', nan):11.1f} {rates.get('native-int8', nan):11.1f} "
+            f"{rates.get('native-q4', nan):11.1f} {rates['lean']:11.1f} {hf:11.1f} {fp32 / hf:10.1f}x "
+            f"{rates.get('native-q4', nan) / hf:10.1f}x"
         )
 
 

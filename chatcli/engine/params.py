@@ -295,7 +295,8 @@ class SamplingParams:
         for name, setting in _SETTINGS.items():
             value = getattr(self, name)
             if setting.valid is not None and not setting.valid(value):
-                raise InvalidParameter(f"{setting.name} must be {setting.expected}, got {value}")
+                shown = setting.show(value) if setting.kind == BIAS else value  # a bias as ID=BIAS pairs
+                raise InvalidParameter(f"{setting.name} must be {setting.expected}, got {shown}")
         if any(not s for s in self.stop):
             raise InvalidParameter(f"{_SETTINGS['stop'].name} strings must not be empty")
 
