@@ -47,8 +47,8 @@ def read_json_schema(value: str):
     from chatcli.engine.params import ResponseFormat
 
     text, name = value, ""
-    if not value.lstrip().startswith(("{", "true", "false")):
-        path = Path(value).expanduser()
+    path = Path(value).expanduser()
+    if path.is_file() or not value.lstrip().startswith(("{", "true", "false")):
         try:
             text, name = path.read_text(encoding="utf-8"), path.stem
         except (OSError, UnicodeDecodeError) as exc:
@@ -118,7 +118,7 @@ def start_options(
     "--json-schema",
     default=None,
     metavar="FILE|JSON",
-    help="Hold the reply to this JSON schema (a file, or the schema's text; '{}': any JSON) by constrained decoding.",
+    help="One-shot: hold the reply to this JSON schema (a file, or the schema's text; '{}': any JSON).",
 )
 @click.option("--stats", is_flag=True, help="One-shot: a stats line on stderr.")
 @click.option("--continue", "-c", "continue_last", is_flag=True, help="Continue the most recent conversation.")
@@ -165,6 +165,8 @@ def app(
     if prompt is None and not piped:
         if not (sys.stdout.isatty() and sys.stderr.isatty()):  # Textual draws on stderr
             raise UserError("no prompt: pass -p TEXT or pipe text in (the TUI needs a terminal)", 2)
+        if json_schema is not None:
+            raise UserError("--json-schema is for one-shot replies: pass -p TEXT or pipe text in", 2)
         from chatcli.ui.app import run_tui
 
         raise click.exceptions.Exit(run_tui(start))

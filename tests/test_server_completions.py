@@ -77,7 +77,7 @@ def test_legacy_logprobs_are_parallel_lists(tiny_engine, serve):
     n = done.usage.completion_tokens
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
     assert "".join(lp.tokens) == done.choices[0].text
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(n)]
+    assert lp.text_offset == [len(PROMPT) + sum(len(t) for t in lp.tokens[:i]) for i in range(n)]  # OpenAI's
     ids = tiny_engine.tokenizer.encode_prompt(PROMPT)
     tokens = [e for e in completed(tiny_engine, ids, temperature=0, max_tokens=6, logprobs=2) if isinstance(e, Token)]
     assert lp.token_logprobs == pytest.approx([t.logprob for t in tokens if t.token_id >= 0])
@@ -97,6 +97,8 @@ def test_legacy_logprobs_are_parallel_lists(tiny_engine, serve):
         ({"prompt": "x", "logprobs": 99}, "logprobs"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"prompt": ""}, "prompt"),
+        ({"prompt": [1, 2, 10**9]}, "prompt"),
+        ({"prompt": [1, 2**70]}, "prompt"),
     ],
 )
 def test_bad_completion_requests_are_400s(tiny_lean, serve, body, param):

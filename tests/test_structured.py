@@ -118,9 +118,14 @@ def test_a_schema_it_cannot_hold_to_is_one_line(tiny_lean, schema, words):
     assert "\n" not in str(info.value)
 
 
-def test_a_response_format_needs_a_schema_object():
+def test_a_response_format_needs_a_schema_object(tiny_lean):
     with pytest.raises(ValueError, match="does not parse"):
         ResponseFormat.json_schema("{not json")
+    with pytest.raises(ValueError, match="no reply could match"):
+        ResponseFormat.json_schema(False)
+    anything = SamplingParams(temperature=0, max_tokens=40, response_format=ResponseFormat.json_schema(True))
+    tiny_lean.check_format(anything)  # true: any JSON value
+    assert ResponseFormat.json_schema(True).schema_object() == {}
     with pytest.raises(ValueError, match="json_object or json_schema"):
         ResponseFormat("yaml")
 
@@ -204,7 +209,10 @@ def test_the_remote_engine_forwards_the_format():
     from chatcli.engine.remote import RemoteEngine
 
     remote = RemoteEngine("http://127.0.0.1:9/v1", None, "m")
-    body = remote.body(USER, SamplingParams(response_format=ResponseFormat.json_schema(PERSON, "person")))
-    assert body["response_format"] == schema_format(PERSON)
+    fmt = ResponseFormat.json_schema(PERSON, "person", strict=True)
+    assert remote.body(USER, SamplingParams(response_format=fmt))["response_format"] == schema_format(PERSON)
+    loose = ResponseFormat.json_schema(PERSON, "my.schema v2")  # a file's stem: OpenAI's names are [A-Za-z0-9_-]
+    sent = remote.body(USER, SamplingParams(response_format=loose))["response_format"]["json_schema"]
+    assert sent["name"] == "my_schema_v2" and sent["strict"] is False
     body = remote.body(USER, SamplingParams(response_format=ResponseFormat("json_object")))
     assert body["response_format"] == {"type": "json_object"}

@@ -41,12 +41,14 @@ __all__ = ["bench_command", "run_bench"]
 @click.option("--baseline/--no-baseline", default=True, help="run transformers' generate() as the baseline")
 @click.option("--ceiling/--no-ceiling", default=True, help="measure the sgemm ceiling for prefill")
 @click.option(
-    "--quality/--no-quality", default=None, help="greedy answers and perplexity vs fp32 (default: with --quantize)"
+    "--quality/--no-quality",
+    default=None,
+    help="greedy answers and perplexity vs fp32 (default: where the weights are quantized, auto included)",
 )
 @click.option(
     "--startup/--no-startup",
     default=True,
-    help="time one-shot processes start to exit (fp32, int8, import torch, llama.cpp)",
+    help="time one-shot processes start to exit (the default, fp32, int8, import torch, llama.cpp)",
 )
 @click.option("--startup-runs", type=int, default=5, show_default=True, help="counted runs of each start-up command")
 @click.option(

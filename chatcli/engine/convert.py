@@ -70,9 +70,10 @@ def source_gguf(folder: Path) -> Path | None:
 
 def gguf_file_type(path: Path) -> int | None:
     """A GGUF's `general.file_type` (llama.cpp's LLAMA_FTYPE: 2 Q4_0, 3 Q4_1, 7 Q8_0, …), read from
-    its header: the key-value pairs up to that one (writers put `general.*` first), in a few reads.
-    gguf's GGUFReader parses every tensor and array first (~1-3 s on a small model): too slow for
-    each start. None where the file does not say or cannot be read."""
+    its header: the key-value pairs up to that one, arrays of fixed-size values skipped with one
+    seek (a vocabulary's strings one by one: ~9 ms on SmolLM2's, ~80 ms on a 152k one). gguf's
+    GGUFReader parses every tensor and array first (~1-3 s): too slow for each start. None where
+    the file does not say or cannot be read."""
     import struct
 
     sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType → bytes

@@ -79,7 +79,7 @@ class TokenGrammar:
             raise GrammarError(f"the JSON schema is not usable: {exc}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
-            raise GrammarError(f"the JSON schema is not usable: {error.strip().splitlines()[0]}")
+            raise GrammarError(f"the JSON schema is not usable: {' '.join(error.split())}")  # one line
         if len(self._compiled) >= 32:
             self._compiled.clear()
         self._compiled[fmt] = grammar

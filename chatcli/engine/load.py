@@ -172,8 +172,8 @@ def resolve_quantize(quantize: str | None, folder: Path | None, native: bool) ->
 
 
 def check_quantize(quantize: str | None, device: str, dtype: str) -> None:
-    if explicit_quantize(quantize) is None and quantize in (None, *QUANTIZE_CHOICES):
-        return  # auto / none: nothing to refuse (auto resolves to none where quantizing cannot run)
+    if quantize in (None, "auto", "none"):
+        return  # nothing to refuse (auto resolves to none where quantizing cannot run)
     if quantize not in QUANTIZE_CHOICES:
         raise LoadError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if device != "cpu":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -65,12 +66,13 @@ class Setting:
 @dataclass(frozen=True)
 class ResponseFormat:
     """What a reply must be: any JSON object (`json_object`), or JSON valid against a JSON schema
-    (`json_schema`; `schema` is its JSON text, `name` what the client called it). The engine holds the
-    reply to it by constrained decoding (`chatcli.engine.grammar`)."""
+    (`json_schema`; `schema` is its JSON text, `name` and `strict` what the client sent). The engine
+    holds the reply to it by constrained decoding (`chatcli.engine.grammar`), strict or not."""
 
     kind: str
     schema: str = ""
     name: str = ""
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("json_object", "json_schema"):
@@ -80,23 +82,30 @@ class ResponseFormat:
                 parsed = json.loads(self.schema)
             except ValueError as exc:
                 raise InvalidParameter(f"the JSON schema does not parse: {exc}") from None
+            if parsed is False:
+                raise InvalidParameter("the JSON schema is false: no reply could match it")
             if not isinstance(parsed, (dict, bool)):
-                raise InvalidParameter("a JSON schema is an object (or true / false)")
+                raise InvalidParameter("a JSON schema is an object (or true)")
 
     @classmethod
-    def json_schema(cls, schema, name: str = "") -> ResponseFormat:
+    def json_schema(cls, schema, name: str = "", strict: bool = False) -> ResponseFormat:
         """From a decoded schema (a dict) or its JSON text."""
-        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema), name)
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema), name, strict)
 
-    def schema_object(self):
-        """The schema the reply is held to: the given one, or for json_object any object."""
-        return json.loads(self.schema) if self.kind == "json_schema" else {"type": "object"}
+    def schema_object(self) -> dict:
+        """The schema the reply is held to: the given one (`true`: any JSON), or for json_object any object."""
+        if self.kind != "json_schema":
+            return {"type": "object"}
+        parsed = json.loads(self.schema)
+        return {} if parsed is True else parsed
 
     def to_openai(self) -> dict:
-        """As an OpenAI request's `response_format` (what the remote engine sends)."""
+        """As an OpenAI request's `response_format` (what the remote engine sends; OpenAI's names are
+        [A-Za-z0-9_-]{1,64})."""
         if self.kind == "json_object":
             return {"type": "json_object"}
-        spec = {"name": self.name or "reply", "schema": json.loads(self.schema), "strict": True}
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", self.name)[:64] or "reply"
+        spec = {"name": name, "schema": self.schema_object(), "strict": self.strict}
         return {"type": "json_schema", "json_schema": spec}
 
 

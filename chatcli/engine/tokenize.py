@@ -51,6 +51,11 @@ class ChatTokenizer:
         tokens (a Llama's BOS), as `tokenizer(text)` gives them."""
         raise NotImplementedError
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids below this are the tokenizer's (added tokens included)."""
+        raise NotImplementedError
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one id stands for (where it holds part of a character, that part)."""
         return self.decode([token_id], skip_special_tokens=False).encode()
@@ -79,6 +84,10 @@ class TransformersTokenizer(ChatTokenizer):
 
     def encode_prompt(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -123,6 +132,10 @@ class FolderTokenizer(ChatTokenizer):
 
     def encode_prompt(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True).ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

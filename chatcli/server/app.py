@@ -1,4 +1,4 @@
-"""The ASGI app: OpenAI-compatible routes over an already-built `Engine`.
+"""The ASGI app: OpenAI-compatible routes over an `Engine`, given or loaded in a thread meanwhile.
 
     POST /v1/chat/completions   chat.completion, or text/event-stream chunks then [DONE]
     POST /v1/completions        text_completion (legacy: a string prompt, no chat template), or its chunks
@@ -130,12 +130,11 @@ class ModelState:
         raise APIError(503, "the model is still loading", code="model_loading", type="server_error")
 
     def status(self) -> tuple[int, dict]:
-        """/health's answer without the key: ok, loading or error (503 until ready, as llama-server's)."""
+        """/health's answer without the key: ok, loading or error (503 until ready, as llama-server's;
+        the load's message, which may name local paths, only for the key's holder)."""
         if self.ready is not None:
             return 200, {"status": "ok"}
-        if self.error is not None:
-            return 503, {"status": "error", "error": self.error}
-        return 503, {"status": "loading"}
+        return 503, {"status": "error" if self.error is not None else "loading"}
 
 
 def create_app(
@@ -162,11 +161,13 @@ def create_app(
     started = int(time.time())
     state = ModelState()
 
-    def attach(found: Engine) -> Backend:
+    def attach(found: Engine, start: bool = False) -> Backend:
         pooled = pool or SessionPool(found.new_session, cache_budget_bytes)
         worker = GenerationWorker(found, pooled, max_pending)
         backend = Backend(found, pooled, worker, getattr(found, "tokenizer", None))
         app.state.engine, app.state.pool, app.state.worker = found, pooled, backend.worker
+        if start:
+            worker.start()  # before the routes can see it
         state.ready = backend
         return backend
 
@@ -180,7 +181,7 @@ def create_app(
             else:
                 log.error("model load failed: %s", state.error)
             return
-        attach(found).worker.start()
+        attach(found, start=True)
 
     async def read_json(request: Request):
         body = await read_body(request, max_body_bytes)
@@ -207,6 +208,8 @@ def create_app(
         ids = tokenizer.encode_prompt(prompt) if isinstance(prompt, str) else prompt
         if not ids:
             raise APIError(400, "the prompt is empty (and the tokenizer adds no start token)", "prompt")
+        if max(ids) >= tokenizer.vocab_size:
+            raise APIError(400, f"prompt token ids must be < {tokenizer.vocab_size}, got {max(ids)}", "prompt")
         text = prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
         return TextCompletionResponse(request_, ids, text, b.worker, b.engine.name, tokenizer)
 
@@ -238,6 +241,8 @@ def create_app(
 
     async def health(_request: Request) -> Response:
         code, body = state.status()
+        if state.error is not None:
+            body = {**body, "error": state.error}
         b = state.ready
         if b is not None:
             requests = {"served": b.worker.served, "cancelled": b.worker.cancelled, "failed": b.worker.failed}
@@ -283,7 +288,7 @@ def create_app(
             CORSMiddleware,
             allow_origins=list(cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["*"],  # clients add their own (the openai SDKs' X-Stainless-*)
             expose_headers=[TRUNCATED_HEADER.decode()],
             max_age=600,
         )

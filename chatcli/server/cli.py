@@ -1,4 +1,4 @@
-"""`chatcli serve`: load the model, then serve the OpenAI-compatible API with uvicorn.
+"""`chatcli serve`: serve the OpenAI-compatible API with uvicorn, loading the model meanwhile.
 
 `serve_command` is a click command; `chatcli.cli` adds it with
 `app.add_command(serve_command)`. Also runnable alone:

@@ -16,6 +16,7 @@ from chatcli.engine.params import MAX_TOP_LOGPROBS, SamplingParams
 from chatcli.server import schema
 from chatcli.server.respond import CompletionResponse
 from chatcli.server.schema import bad, number
+from chatcli.server.worker import Job
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's for /v1/completions (vLLM's too)
 # Fields of the legacy API that would change the reply and that this server does not do.
@@ -29,7 +30,6 @@ class TextRequest:
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
-    messages: tuple = ()  # a raw completion has none (CompletionResponse reads the field)
 
 
 def _prompt(value) -> str | list[int]:
@@ -89,11 +89,9 @@ class TextCompletionResponse(CompletionResponse):
         self.ids = ids
         self.prompt_text = prompt_text  # what echo returns
         self.cid = new_id()
-        self.offset = len(prompt_text) if request.echo else 0  # text_offset of the next token
+        self.offset = len(prompt_text)  # text_offset of the next token: from the prompt's start, as OpenAI's
 
-    def _job(self, emit):
-        from chatcli.server.worker import Job
-
+    def _job(self, emit) -> Job:
         return Job([], self.request.params, emit, prompt=self.ids)
 
     def _entry(self, event) -> dict | None:

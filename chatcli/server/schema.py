@@ -214,7 +214,8 @@ def _response_format(value) -> ResponseFormat | None:
             "invalid_type",
         )
     name = spec.get("name", "")
-    return ResponseFormat.json_schema(spec.get("schema", {}), name if isinstance(name, str) else "")
+    strict = spec.get("strict") is True
+    return ResponseFormat.json_schema(spec.get("schema", {}), name if isinstance(name, str) else "", strict)
 
 
 def parse_request(body, defaults: SamplingParams) -> ChatRequest:

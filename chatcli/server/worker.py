@@ -1,8 +1,9 @@
 """The generation thread: the sync engine serves one request at a time, off the event loop.
 
 Requests are `Job`s in a FIFO queue. The one worker thread takes a job, templates
-its messages (`engine.fit_prompt`), leases the session with the longest cached
-prefix from the pool, drives `Engine.generate`, and hands every event to the job's
+its messages (`engine.fit_prompt`; a raw completion's prompt ids as they are), leases the
+session with the longest cached prefix from the pool, drives `Engine.generate` (or
+`Engine.complete`), and hands every event to the job's
 `emit` callback (the app passes one that does `loop.call_soon_threadsafe` into an
 asyncio queue, so the event loop never blocks on the engine). A job's `cancel` event
 — set when its client disconnects — stops it before it starts or at the next step.
@@ -78,9 +79,10 @@ class GenerationWorker:
         self.served = self.cancelled = self.failed = 0
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="chatcli-generate", daemon=True)
-            self._thread.start()
+        with self._state:  # the app's load thread and a first request may both start it: one thread
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="chatcli-generate", daemon=True)
+                self._thread.start()
 
     def submit(self, job: Job) -> bool:
         """Queue `job`; False (and nothing queued) when the queue is full or the worker is closing."""
