@@ -208,10 +208,16 @@ class Engine:
         session: Session,
         params: SamplingParams | None = None,
         cancel: threading.Event | None = None,
+        truncated: int = 0,
+        t_submit: float | None = None,
     ) -> Iterator[Event]:
-        """A raw completion: continue the ids `target` (a prompt without a chat template; see
-        `ChatTokenizer.encode_prompt`), with the events and cache reuse of `generate`."""
-        yield from self._turn(self.fit_raw(target), 0, session, params or SamplingParams(), cancel, time.perf_counter())
+        """Continue the ids `target`, with the events and cache reuse of `generate`: a raw completion
+        (a prompt without a chat template; see `ChatTokenizer.encode_prompt`), or a conversation the
+        caller already templated with `fit_prompt` (`truncated`: the exchanges it dropped;
+        `t_submit`: when its templating began, where TTFT counts from)."""
+        params = params or SamplingParams()
+        t_submit = time.perf_counter() if t_submit is None else t_submit
+        yield from self._turn(self.fit_raw(target), truncated, session, params, cancel, t_submit)
 
     def _generate(self, messages, session: Session, params: SamplingParams, cancel) -> Iterator[Event]:
         t_submit = time.perf_counter()

@@ -99,7 +99,6 @@ class Constraint:
         self.matcher = matcher
         self.vocab = vocab
         self._bits = np.zeros((vocab + 31) // 32, dtype=np.int32)  # [ceil(V/32)]: one bit an id
-        self.taken = 0
 
     def allowed(self) -> np.ndarray:
         """[vocab] bool: the ids the grammar takes next."""
@@ -126,7 +125,6 @@ class Constraint:
         """The id the engine took; it came from the mask, so the grammar accepts it."""
         if not self.matcher.consume_token(int(token)):
             raise GrammarError(f"the grammar refused token {token}: {self.matcher.get_error()}")
-        self.taken += 1
 
     @property
     def stopped(self) -> bool:

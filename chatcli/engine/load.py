@@ -321,8 +321,7 @@ def lean_engine(
         and _kernel()
     )
     quantize = resolve_quantize(quantize, source.folder, bool(native))
-    kv = pick_kv_dtype(kv, device, dtype, quantize)
-    native = native and kv in ("float32", "bfloat16")
+    kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32 or bfloat16 where native: dtype is float32
     status(f"Loading {source.name}")
     if native:
         from chatcli.engine.native import NativeRunner

@@ -77,10 +77,6 @@ def parse_completion(body, defaults: SamplingParams) -> TextRequest:
     return TextRequest(prompt, params, stream, include_usage, echo)
 
 
-def new_id() -> str:
-    return "cmpl-" + schema.new_id().removeprefix("chatcmpl-")
-
-
 class TextCompletionResponse(CompletionResponse):
     """A `text_completion` (or its chunks) for a `TextRequest` whose prompt ids are `ids`."""
 
@@ -88,7 +84,7 @@ class TextCompletionResponse(CompletionResponse):
         super().__init__(request, *args)
         self.ids = ids
         self.prompt_text = prompt_text  # what echo returns
-        self.cid = new_id()
+        self.cid = schema.new_id("cmpl-")
         self.offset = len(prompt_text)  # text_offset of the next token: from the prompt's start, as OpenAI's
 
     def _job(self, emit) -> Job:

@@ -277,8 +277,8 @@ def sampling_params(body: dict, defaults: SamplingParams, extra: dict) -> Sampli
 # -- responses ----------------------------------------------------------------
 
 
-def new_id() -> str:
-    return "chatcmpl-" + uuid.uuid4().hex[:24]
+def new_id(prefix: str = "chatcmpl-") -> str:
+    return prefix + uuid.uuid4().hex[:24]
 
 
 def usage(first, stats) -> dict:

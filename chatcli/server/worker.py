@@ -1,9 +1,9 @@
 """The generation thread: the sync engine serves one request at a time, off the event loop.
 
 Requests are `Job`s in a FIFO queue. The one worker thread takes a job, templates
-its messages (`engine.fit_prompt`; a raw completion's prompt ids as they are), leases the
-session with the longest cached prefix from the pool, drives `Engine.generate` (or
-`Engine.complete`), and hands every event to the job's
+its messages once (`engine.fit_prompt`; a raw completion's prompt ids as they are), leases the
+session with the longest cached prefix from the pool, drives `Engine.complete` over those ids,
+and hands every event to the job's
 `emit` callback (the app passes one that does `loop.call_soon_threadsafe` into an
 asyncio queue, so the event loop never blocks on the engine). A job's `cancel` event
 — set when its client disconnects — stops it before it starts or at the next step.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,22 +48,18 @@ class Job:
     prompt: list[int] | None = None  # a raw completion's prompt ids (/v1/completions): no chat template
     truncate: bool = True  # False: a conversation that fits only without its oldest exchanges is refused
 
-    def target(self, engine: Engine) -> list[int]:
-        """The ids the turn continues (raises ContextOverflow, or the chat template's error)."""
+    def target(self, engine: Engine) -> tuple[list[int], int]:
+        """The ids the turn continues and the exchanges dropped to fit them (raises ContextOverflow,
+        or the chat template's error); templated once, here: the turn runs on these ids."""
         if self.prompt is not None:
-            return engine.fit_raw(self.prompt)
+            return engine.fit_raw(self.prompt), 0
         target, dropped = engine.fit_prompt(self.messages, self.params)
         if dropped and not self.truncate:
             raise ContextOverflow(
                 f"the conversation does not fit the model's context of {engine.context_limit} tokens with room "
                 f"for a reply; {dropped} earlier exchange(s) would be dropped, and truncation is disabled"
             )
-        return target
-
-    def events(self, engine: Engine, session):
-        if self.prompt is not None:
-            return engine.complete(self.prompt, session, self.params, self.cancel)
-        return engine.generate(self.messages, session, self.params, self.cancel)
+        return target, dropped
 
 
 class GenerationWorker:
@@ -144,8 +141,9 @@ class GenerationWorker:
                 job, Failed(APIError(503, "the server is shutting down", code="shutting_down", type="server_error"))
             )
             return
+        t_submit = time.perf_counter()
         try:
-            target = job.target(self.engine)
+            target, dropped = job.target(self.engine)
         except ContextOverflow as exc:
             self.failed += 1
             param = "messages" if job.prompt is None else "prompt"
@@ -157,10 +155,15 @@ class GenerationWorker:
                 job, Failed(APIError(400, f"the chat template rejected the messages: {one_line(exc)}", "messages"))
             )
             return
+        templated = time.perf_counter() - t_submit
         lease = self.pool.acquire(target)
         ok, failure = False, None
         try:
-            for event in job.events(self.engine, lease.session):
+            # TTFT counts the templating, not the lease (as when the engine templated the turn itself)
+            turn = self.engine.complete(
+                target, lease.session, job.params, job.cancel, dropped, time.perf_counter() - templated
+            )
+            for event in turn:
                 self._emit(job, event)
                 if isinstance(event, Finished):
                     self._record(event, lease.how)
