@@ -101,7 +101,7 @@ def turns(engine: Engine, count: int, user_tokens: int, reply_tokens: int, repea
     for turn in range(1, count + 1):
         messages.append({"role": "user", "content": filler(engine.tokenizer, user_tokens, f"Turn {turn}.")})
         target, _ = engine.fit_prompt(messages, GREEDY.with_(max_tokens=reply_tokens))
-        keep = reusable_prefix(session.cache.ids, target)
+        keep = session.cache.reachable(reusable_prefix(session.cache.ids, target))
         ttfts = []
         for r in range(repeat):
             session.cache.crop(keep)

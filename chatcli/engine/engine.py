@@ -176,8 +176,8 @@ class Engine:
 
     @staticmethod
     def reuse(cache: KVCache, target: list[int]) -> int:
-        """Crop the cache to what `target` can reuse; the positions it keeps (fewer where a cache that
-        cannot crop back started over: sliding layers on the HF runner)."""
+        """Crop the cache to what `target` can reuse; the positions it keeps (none where a cache cannot
+        go back that far: sliding layers that have dropped the keys it would need, see `KVCache.reachable`)."""
         cache.crop(reusable_prefix(cache.ids, target))
         return len(cache.ids)
 

@@ -14,6 +14,9 @@ kernel (`kernels/decode.cpp`) both follow:
 | gemma2 | scaled embedding, (1 + w) norms, sandwich norms, GeGLU, score and logit soft-capping, alternating windows |
 | gemma3_text (Gemma 3 1B, the text model) | Gemma 2's, with q/k norms and a second rope base for sliding layers |
 
+A sliding layer's keys and values are kept for its window (and a margin for crops), not the whole
+context: `kv_memory.Strip`.
+
 What a family's model does that the lean path does not compute is refused with one line
 (`lean_support`), and that model runs on transformers (`HFRunner`). This module reads a
 config (config.json as a dict, or a transformers config) and imports neither torch nor numpy.

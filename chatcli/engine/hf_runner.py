@@ -17,14 +17,17 @@ class HFCache(KVCache):
         self.device = device
         self.hf = DynamicCache(config=config)
 
-    def _crop(self, keep: int) -> None:
+    def reachable(self, keep: int) -> int:
+        keep = super().reachable(keep)
         layers = getattr(self.hf, "layers", [])
         croppable = all(getattr(x, "is_croppable", True) and not getattr(x, "is_sliding", False) for x in layers)
-        if keep == 0 or not croppable:
+        return keep if croppable or keep == len(self.ids) else 0  # sliding/linear layers: start over
+
+    def _crop(self, keep: int) -> None:
+        if keep == 0:
             from transformers import DynamicCache
 
-            self.hf = DynamicCache(config=self._config)  # sliding/linear layers: start over
-            self.ids.clear()
+            self.hf = DynamicCache(config=self._config)
             return
         self.hf.crop(-(len(self.ids) - keep))  # transformers 5: a negative count to remove
 

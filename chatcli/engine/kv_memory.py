@@ -15,6 +15,7 @@ fails, the cache grows in blocks too.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 from functools import lru_cache
 
 from chatcli.engine.runner import KVCache
@@ -74,44 +75,179 @@ def grown(n: int, upfront: int, limit: int) -> int:
     return min(max(limit, n), size)
 
 
-class ReservedCache(KVCache):
-    """What both lean runners' caches share: `[L, KV, capacity, hd]` keys and values in `self.k`,
-    `self.v`, reserved by the policy above; crops only move the position (`len(self.ids)`).
-    A subclass allocates (`_resize`), copies (`clone`) and (de)serialises (`state`, `restore`)."""
+class Strip:
+    """Where a cache keeps its sliding-window layers (Mistral, Gemma 2/3's local layers, Qwen2's where
+    `use_sliding_window`): a strip of `size` positions per layer instead of the whole context, holding
+    positions `base..` (a multiple of 16). A position attends to itself and the `window - 1` before
+    it, so older keys are never read again; when a forward would write past the strip's end, the
+    strip slides: it drops everything before the window of the forward's first row, less `keep_back`
+    positions kept for crops. A crop back to `keep` keeps the cache where the window of position
+    `keep` is still held (`reaches`); a longer one starts the cache over (llama.cpp re-processes the
+    prompt in that case too). `room`: the most positions one forward may write (longer ones are split)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, itemsize: int, lazy: bool) -> None:
+    def __init__(self, window: int, keep_back: int | None = None, room: int | None = None) -> None:
+        self.window = window
+        self.keep_back = KEEP_BACK if keep_back is None else keep_back
+        self.room = room or STRIP_ROOM
+        self.size = -(-(window + self.keep_back + self.room + 15) // 16) * 16  # + 15: the base is a block's start
+        self.base = 0  # the first position held
+        self.written = 0  # the most slots ever written: what the pages behind the strip hold
+
+    def first_read(self, pos: int) -> int:
+        """The first position a row at `pos` reads, rounded down to its key block."""
+        return max(0, pos + 1 - self.window) // 16 * 16
+
+    def slide(self, start: int, end: int) -> int:
+        """Before positions start..end are written: how many positions to drop from the front (0: none)."""
+        if end - start > self.room:
+            raise ValueError(f"{end - start} positions in one forward exceed the strip's room of {self.room}")
+        shift = 0
+        if end - self.base > self.size:
+            base = max(0, start + 1 - self.window - self.keep_back) // 16 * 16
+            shift, self.base = base - self.base, base
+        self.written = max(self.written, end - self.base)
+        return shift
+
+    def reaches(self, keep: int, held: int) -> bool:
+        """Whether a cache holding `held` positions can be cropped to `keep` and go on from there."""
+        return keep >= held or self.first_read(keep) >= self.base
+
+
+KEEP_BACK = 512  # positions a strip keeps behind the window: crops back this far (an undo, a retry) keep the cache
+STRIP_ROOM = 512  # the most positions one forward writes into a strip (the engine's prefill chunk)
+
+
+def strip_for(window: int, sliding: Sequence[bool], limit: int) -> Strip | None:
+    """The strip for a model's sliding layers, or None where it would not be smaller than the context."""
+    if not window or not any(sliding):
+        return None
+    strip = Strip(window)
+    return strip if strip.size < limit else None
+
+
+class ReservedCache(KVCache):
+    """What both lean runners' caches share: keys and values `[Lf, KV, capacity, hd]` of the layers that
+    attend to every position in `self.k`, `self.v`, reserved by the policy above, and those of the
+    sliding layers (where a `Strip` is smaller than the context) `[Ls, KV, strip.size, hd]` in
+    `self.wk`, `self.wv`; crops only move the position (`len(self.ids)`). A subclass allocates
+    (`_resize`, `_allocate_strip`), moves the strip (`_slide`), copies (`_copy_to`) and
+    (de)serialises (`state`, `restore`)."""
+
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        limit: int,
+        itemsize: int,
+        lazy: bool,
+        window: int = 0,
+        sliding: Sequence[bool] = (),
+    ) -> None:
         super().__init__()
-        self._shape = (layers, kv_heads, head_dim)
+        self.window, self.sliding_layers = window, tuple(sliding)
+        self.strip = strip_for(window, sliding, limit)
+        on_strip = self.strip is not None
+        self.full = tuple(i for i in range(layers) if not (on_strip and sliding[i]))  # layers in self.k
+        self.slid = tuple(i for i in range(layers) if on_strip and sliding[i])  # layers in self.wk
+        self._shape = (len(self.full), kv_heads, head_dim)
         self.limit = limit
         self.written = 0  # the most positions ever written: what the pages behind the cache hold
         self._itemsize = itemsize
-        self._upfront = upfront_positions(limit, 2 * layers * kv_heads * head_dim * itemsize, lazy)
+        per_position = 2 * max(1, len(self.full)) * kv_heads * head_dim * itemsize
+        self._upfront = upfront_positions(limit, per_position, lazy)
         self._no_huge_pages = lazy and huge_pages_always()
 
     @property
     def capacity(self) -> int:
         return self.v.shape[2]
 
-    def reserve(self, n: int) -> None:
-        """Make room for `n` positions in all (copying what is held only past the up-front size)."""
+    def part(self, layer: int) -> tuple[object, object, int]:
+        """Layer `layer`'s keys and values (`[KV, ...]` of `self.k` / `self.wk`) and the first position they hold."""
+        if layer in self.slid:
+            j = self.slid.index(layer)
+            return self.wk[j], self.wv[j], self.strip.base
+        j = self.full.index(layer)
+        return self.k[j], self.v[j], 0
+
+    def reserve(self, n: int, base: int | None = None) -> None:
+        """Make room for positions len(self.ids)..n in all (copying what is held only past the up-front
+        size; sliding the strip where it is full). `base`: an empty cache's strip is to hold positions
+        base..n (a fork's or a saved state's, copied in next)."""
         if n > self.capacity:
             self._resize(grown(n, self._upfront, self.limit))
         self.written = max(self.written, n)
+        if self.strip is None:
+            return
+        if base is not None:
+            assert not self.ids and n - base <= self.strip.size
+            self.strip.base = base
+            self.strip.written = max(self.strip.written, n - base)
+            return
+        held = len(self.ids)
+        shift = self.strip.slide(held, n)
+        if shift:
+            self._slide(shift, held - self.strip.base)
 
     def _resize(self, cap: int) -> None:
         raise NotImplementedError
 
-    def _crop(self, keep: int) -> None:
-        pass  # positions past `keep` are simply overwritten by the next forward
+    def _slide(self, shift: int, count: int) -> None:
+        """Move the strip's slots shift..shift+count to 0..count (the strip's base has moved on by `shift`)."""
+        raise NotImplementedError
 
-    def _fits(self, ids: list[int], k_shape, v_shape) -> bool:
-        """`restore`'s check: keys and values `[L, KV, len(ids), hd]` within the context limit."""
-        layers, kv_heads, head_dim = self._shape
-        want = (layers, kv_heads, len(ids), head_dim)
-        return tuple(k_shape) == want and tuple(v_shape) == want and len(ids) <= self.limit
+    def reachable(self, keep: int) -> int:
+        keep = super().reachable(keep)
+        if self.strip is not None and not self.strip.reaches(keep, len(self.ids)):
+            return 0
+        return keep
+
+    def _crop(self, keep: int) -> None:
+        if keep == 0 and self.strip is not None:
+            self.strip.base = 0
+        # positions past `keep` are simply overwritten by the next forward
+
+    def clone(self, keep: int) -> ReservedCache:
+        """A copy of the first `keep` positions (the pool's forks; an empty one where the strip no longer
+        holds the window of position `keep`)."""
+        keep = self.reachable(keep)
+        other = self._empty()
+        other.reserve(keep, self.strip.base if self.strip is not None and keep else None)
+        self._copy_to(other, keep)
+        other.ids = self.ids[:keep]
+        return other
+
+    def _empty(self) -> ReservedCache:
+        raise NotImplementedError
+
+    def _copy_to(self, other: ReservedCache, n: int) -> None:
+        raise NotImplementedError
+
+    def _fits(self, ids: list[int], shapes: dict) -> int | None:
+        """`restore`'s check of the shapes of `state()`'s arrays: keys and values `[Lf, KV, len(ids), hd]`
+        and, with a strip, `[Ls, KV, len(ids) - base, hd]`; the strip's base, or None where they do not fit."""
+        n = len(ids)
+        if n > self.limit:
+            return None
+        full, kv_heads, head_dim = self._shape
+        if shapes.get("k") != (full, kv_heads, n, head_dim) or shapes.get("v") != shapes["k"]:
+            return None
+        if self.strip is None:
+            return 0 if "wk" not in shapes else None
+        wk = shapes.get("wk")
+        if wk is None or shapes.get("wv") != wk or wk[:2] != (len(self.slid), kv_heads) or wk[3] != head_dim:
+            return None
+        base = n - wk[2]
+        if base < 0 or base % 16 or base > self.strip.first_read(n) or wk[2] > self.strip.size:
+            return None
+        return base
 
     @property
     def nbytes(self) -> int:
         """Bytes of the positions written so far (allocated but never written pages take no memory)."""
         layers, kv_heads, head_dim = self._shape
-        return 2 * layers * kv_heads * min(self.written, self.capacity) * head_dim * self._itemsize
+        per_position = 2 * kv_heads * head_dim * self._itemsize
+        held = layers * min(self.written, self.capacity) * per_position
+        if self.strip is not None:
+            held += len(self.slid) * min(self.strip.written, self.strip.size) * per_position
+        return held

@@ -140,7 +140,10 @@ class LeanRunner(ModelRunner):
         return [w.file.path for w in self._weights]
 
     def new_cache(self) -> LeanCache:
-        return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.context_limit, self.kv_dtype, self.device)
+        c = self.config
+        return LeanCache(
+            c.layers, c.kv_heads, c.head_dim, self.context_limit, self.kv_dtype, self.device, c.window, c.sliding
+        )
 
     @property
     def weight_bytes(self) -> int:
@@ -155,15 +158,16 @@ class LeanRunner(ModelRunner):
         assert isinstance(cache, LeanCache)
         if not ids:
             raise ValueError("forward needs at least one id")
-        start, length = len(cache.ids), len(ids)
-        end = start + length
+        end = len(cache.ids) + len(ids)
         if end > self.context_limit:
             raise ValueError(f"{end} positions exceed the context limit {self.context_limit}")
-        cache.reserve(end)
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
-        step = self.decode_one_token if length == 1 else self.prefill
-        logits = step(tokens, cache.k, cache.v, start)  # [V]
-        cache.ids.extend(ids)
+        for piece in _pieces(ids, cache):
+            start = len(cache.ids)
+            cache.reserve(start + len(piece))
+            tokens = torch.tensor(piece, dtype=torch.long, device=self.device)  # [S]
+            step = self.decode_one_token if len(piece) == 1 else self.prefill
+            logits = step(tokens, cache, start)  # [V]
+            cache.ids.extend(piece)
         return logits_out(logits)
 
     @torch.inference_mode()
@@ -173,60 +177,62 @@ class LeanRunner(ModelRunner):
         start, end = len(cache.ids), len(cache.ids) + len(ids)
         if not ids or end > self.context_limit:
             raise ValueError(f"verify needs 1..{self.context_limit - start} ids, got {len(ids)}")
-        cache.reserve(end)
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [S]
-        if len(ids) == 1:
-            logits = self.decode_one_token(tokens, cache.k, cache.v, start)[None]  # [1, V]
-        else:
-            logits = self.prefill(tokens, cache.k, cache.v, start, every=True)  # [S, V]
-        cache.ids.extend(ids)
-        return logits_out(logits)
+        rows = []
+        for piece in _pieces(ids, cache):
+            start = len(cache.ids)
+            cache.reserve(start + len(piece))
+            tokens = torch.tensor(piece, dtype=torch.long, device=self.device)  # [S]
+            if len(piece) == 1:
+                rows.append(self.decode_one_token(tokens, cache, start)[None])  # [1, V]
+            else:
+                rows.append(self.prefill(tokens, cache, start, every=True))  # [S, V]
+            cache.ids.extend(piece)
+        return logits_out(rows[0] if len(rows) == 1 else torch.cat(rows))
 
-    def prefill(
-        self, tokens: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, every: bool = False
-    ) -> torch.Tensor:
-        """tokens [S] at positions start.. (written into k_cache/v_cache [L, KV, cap, hd]) -> logits [V] of the
+    def prefill(self, tokens: torch.Tensor, cache: LeanCache, start: int, every: bool = False) -> torch.Tensor:
+        """tokens [S] at positions start.. (written into each layer's part of the cache) -> logits [V] of the
         last; `every`: logits [S, V] of each position."""
         length = tokens.shape[0]
         end = start + length
         x = self.embed[tokens].to(self.dtype)  # [S, D]
-        masks: dict[int, torch.Tensor | None] = {}  # by window: one mask for the layers that share it
+        masks: dict[tuple, torch.Tensor | None] = {}  # by window and first position held: shared by layers
         for i, layer in enumerate(self.layers):
-            if layer.window not in masks:
-                masks[layer.window] = self._mask(start, end, layer.window, k_cache.dtype)
-            h = self._attention(i, layer, self._norm(x), k_cache[i], v_cache[i], start, masks[layer.window])
+            k_cache, v_cache, base = cache.part(i)
+            if (layer.window, base) not in masks:
+                masks[layer.window, base] = self._mask(start, end, layer.window, k_cache.dtype, base)
+            h = self._attention(layer, self._norm(x), k_cache, v_cache, base, start, masks[layer.window, base])
             x = x + self._post(h, layer.post_attn_norm)  # [S, D]
             x = x + self._post(self._mlp(layer, x), layer.post_ffn_norm)  # [S, D]
         if every:
             return self._cap(self.head(self._norm(x)).float())  # [S, V]
         return self._cap(self.head(self._norm(x[-1:]))[0].float())  # [V]
 
-    def _mask(self, start: int, end: int, window: int, dtype) -> torch.Tensor | None:
-        """Rows start..end over columns 0..end: causal (None where SDPA's own causal mask is it), and
+    def _mask(self, start: int, end: int, window: int, dtype, base: int = 0) -> torch.Tensor | None:
+        """Rows start..end over columns base..end: causal (None where SDPA's own causal mask is it), and
         within the window; additive, in the cache's dtype (SDPA would convert a bool mask in every layer)."""
         if start == 0 and not window and not self.softcap:
             return None
-        cols = torch.arange(end, device=self.device)  # [T]
+        cols = torch.arange(base, end, device=self.device)  # [T]
         rows = torch.arange(start, end, device=self.device)[:, None]  # [S, 1]
         allowed = cols[None, :] <= rows  # [S, T]
         if window:
             allowed &= cols[None, :] > rows - window
         return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
 
-    def decode_one_token(
-        self, token: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int
-    ) -> torch.Tensor:
+    def decode_one_token(self, token: torch.Tensor, cache: LeanCache, pos: int) -> torch.Tensor:
         """token [1] at position pos -> logits [V]: `prefill` for one row, with no mask, transposes or copies."""
         heads, hd = self.heads, self.head_dim
         x = self.embed[token].to(self.dtype)  # [1, D]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x))  # [1, (H+2KV) hd]
             q, k, v = self._qkv(layer, qkv, layer.rope[pos : pos + 1])  # [1, H, hd], [1, KV, hd] x2
-            k_cache[i, :, pos] = k[0]  # [KV, hd]
-            v_cache[i, :, pos] = v[0]  # [KV, hd]
-            first = max(0, pos + 1 - layer.window) if layer.window else 0
+            k_cache, v_cache, base = cache.part(i)  # [KV, cap, hd] x2 holding positions base..
+            k_cache[:, pos - base] = k[0]  # [KV, hd]
+            v_cache[:, pos - base] = v[0]  # [KV, hd]
+            first = max(0, pos + 1 - layer.window) - base if layer.window else 0
+            last = pos + 1 - base
             out = self._attend(
-                q.view(1, heads, 1, hd), k_cache[i, None, :, first : pos + 1], v_cache[i, None, :, first : pos + 1]
+                q.view(1, heads, 1, hd), k_cache[None, :, first:last], v_cache[None, :, first:last]
             ).view(1, heads * hd)  # [1, H hd]
             if out.dtype != x.dtype:
                 out = out.to(x.dtype)
@@ -294,18 +300,24 @@ class LeanRunner(ModelRunner):
             scores = scores + mask.float()
         return torch.softmax(scores, -1).to(v.dtype) @ v
 
-    def _attention(self, i, layer: LeanLayer, h, k_cache, v_cache, start, mask):
-        """h [S, D] -> [S, D]; writes positions start.. of this layer's k_cache/v_cache [KV, cap, hd]."""
+    def _attention(self, layer: LeanLayer, h, k_cache, v_cache, base, start, mask):
+        """h [S, D] -> [S, D]; writes positions start.. of this layer's k_cache/v_cache [KV, cap, hd], which
+        hold positions base.. (0 but for a sliding layer's strip)."""
         length = h.shape[0]
         end = start + length
         heads, hd = self.heads, self.head_dim
         q, k, v = self._qkv(layer, layer.qkv(h), layer.rope[start:end])  # [S, H, hd], [S, KV, hd] x2
-        k_cache[:, start:end] = k.transpose(0, 1)
-        v_cache[:, start:end] = v.transpose(0, 1)
-        out = self._attend(
-            q.transpose(0, 1)[None], k_cache[None, :, :end], v_cache[None, :, :end], mask, causal=mask is None
-        )  # [1, H, S, hd]
+        k_cache[:, start - base : end - base] = k.transpose(0, 1)
+        v_cache[:, start - base : end - base] = v.transpose(0, 1)
+        keys, values = k_cache[None, :, : end - base], v_cache[None, :, : end - base]  # [1, KV, T, hd]
+        out = self._attend(q.transpose(0, 1)[None], keys, values, mask, causal=mask is None)  # [1, H, S, hd]
         return layer.out(out[0].transpose(0, 1).reshape(length, heads * hd).to(self.dtype))  # [S, D]
+
+
+def _pieces(ids: list[int], cache: LeanCache) -> list[list[int]]:
+    """ids in the pieces a forward takes: as many as a cache's sliding strip has room for."""
+    room = cache.strip.room if cache.strip is not None else len(ids)
+    return [ids[i : i + room] for i in range(0, len(ids), room)]
 
 
 def _rms_norm_times(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,8 +1,10 @@
-"""The torch lean runner's KV cache: two preallocated tensors per conversation, an explicit position.
+"""The torch lean runner's KV cache: preallocated tensors per conversation, an explicit position.
 
-`[L, KV, capacity, hd]` keys and values, written in place at position `len(cache.ids)`;
-cropping only moves the position. How it takes memory (reserved up front on the CPU, grown in
-blocks on GPUs): see `kv_memory`.
+`[Lf, KV, capacity, hd]` keys and values of the layers that attend to every position, and
+`[Ls, KV, strip.size, hd]` of a model's sliding layers where a strip is smaller than the
+context (`kv_memory.Strip`), written in place at position `len(cache.ids)`; cropping only moves
+the position. How it takes memory (reserved up front on the CPU, grown in blocks on GPUs): see
+`kv_memory`.
 """
 
 from __future__ import annotations
@@ -14,50 +16,77 @@ from chatcli.engine.torch_state import from_state, to_state
 
 
 class LeanCache(kv_memory.ReservedCache):
-    """Keys and values of every layer in two preallocated tensors; the position is `len(self.ids)`."""
+    """Keys and values in preallocated tensors; the position is `len(self.ids)`."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype, device) -> None:
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype, device, window: int = 0, sliding=()
+    ) -> None:
         lazy = torch.device(device).type == "cpu"  # GPU memory is committed at allocation: grow there
-        super().__init__(layers, kv_heads, head_dim, limit, torch.empty(0, dtype=dtype).element_size(), lazy)
-        self.k = torch.empty(layers, kv_heads, 0, head_dim, dtype=dtype, device=device)  # [L, KV, cap, hd]
-        self.v = torch.empty_like(self.k)  # [L, KV, cap, hd]
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        super().__init__(layers, kv_heads, head_dim, limit, itemsize, lazy, window, sliding)
+        self._layers = layers
+        self.k = torch.empty(len(self.full), kv_heads, 0, head_dim, dtype=dtype, device=device)  # [Lf, KV, cap, hd]
+        self.v = torch.empty_like(self.k)  # [Lf, KV, cap, hd]
+        if self.strip is not None:
+            self.wk = self._allocate(len(self.slid), self.strip.size)  # [Ls, KV, size, hd]
+            self.wv = self._allocate(len(self.slid), self.strip.size)
+
+    def _allocate(self, layers: int, cap: int) -> torch.Tensor:
+        _, kv_heads, head_dim = self._shape
+        new = torch.empty(layers, kv_heads, cap, head_dim, dtype=self.k.dtype, device=self.k.device)
+        if self._no_huge_pages and new.numel():
+            kv_memory.advise_no_huge_pages(new.data_ptr(), new.numel() * new.element_size())
+        return new
 
     def _resize(self, cap: int) -> None:
-        layers, kv_heads, head_dim = self._shape
         held = len(self.ids)
         for name in ("k", "v"):
             old = getattr(self, name)
-            new = torch.empty(layers, kv_heads, cap, head_dim, dtype=old.dtype, device=old.device)
-            if self._no_huge_pages:
-                kv_memory.advise_no_huge_pages(new.data_ptr(), new.numel() * new.element_size())
+            new = self._allocate(old.shape[0], cap)
             new[:, :, :held] = old[:, :, :held]
             setattr(self, name, new)
 
-    def clone(self, keep: int) -> LeanCache:
-        """A copy of the first `keep` positions (the pool's forks)."""
-        keep = max(0, min(keep, len(self.ids)))
-        layers, kv_heads, head_dim = self._shape
-        other = LeanCache(layers, kv_heads, head_dim, self.limit, self.k.dtype, self.k.device)
-        other.reserve(keep)
-        other.k[:, :, :keep] = self.k[:, :, :keep]
-        other.v[:, :, :keep] = self.v[:, :, :keep]
-        other.ids = self.ids[:keep]
-        return other
+    def _slide(self, shift: int, count: int) -> None:
+        for strip in (self.wk, self.wv):
+            strip[:, :, :count] = strip[:, :, shift : shift + count].clone()  # the parts overlap
+
+    def _empty(self) -> LeanCache:
+        _, kv_heads, head_dim = self._shape
+        return LeanCache(
+            self._layers, kv_heads, head_dim, self.limit, self.k.dtype, self.k.device, self.window, self.sliding_layers
+        )
+
+    def _copy_to(self, other: LeanCache, n: int) -> None:
+        other.k[:, :, :n] = self.k[:, :, :n]
+        other.v[:, :, :n] = self.v[:, :, :n]
+        if self.strip is not None:
+            held = max(0, n - self.strip.base)
+            other.wk[:, :, :held] = self.wk[:, :, :held]
+            other.wv[:, :, :held] = self.wv[:, :, :held]
 
     def state(self) -> dict:
         n = len(self.ids)
-        return {"k": to_state(self.k[:, :, :n]), "v": to_state(self.v[:, :, :n])}  # [L, KV, n, hd]
+        out = {"k": to_state(self.k[:, :, :n]), "v": to_state(self.v[:, :, :n])}  # [Lf, KV, n, hd]
+        if self.strip is not None:  # the sliding layers' positions base..n: [Ls, KV, n - base, hd]
+            held = n - self.strip.base
+            out["wk"], out["wv"] = to_state(self.wk[:, :, :held]), to_state(self.wv[:, :, :held])
+        return out
 
     def restore(self, ids: list[int], state: dict) -> bool:
         try:
-            k, v = (from_state(state[name], self.k.device) for name in ("k", "v"))
-        except (KeyError, ValueError):
+            arrays = {name: from_state(state[name], self.k.device) for name in state}
+            base = self._fits(ids, {name: tuple(a.shape) for name, a in arrays.items()})
+        except (KeyError, ValueError, TypeError):
             return False
-        if not self._fits(ids, k.shape, v.shape):
+        if base is None:
             return False
+        n = len(ids)
         self.ids = []
-        self.reserve(len(ids))
-        self.k[:, :, : len(ids)] = k.to(self.k.dtype)
-        self.v[:, :, : len(ids)] = v.to(self.v.dtype)
+        self.reserve(n, base if self.strip is not None else None)
+        self.k[:, :, :n] = arrays["k"].to(self.k.dtype)
+        self.v[:, :, :n] = arrays["v"].to(self.v.dtype)
+        if self.strip is not None:
+            self.wk[:, :, : n - base] = arrays["wk"].to(self.k.dtype)
+            self.wv[:, :, : n - base] = arrays["wv"].to(self.v.dtype)
         self.ids = list(ids)
         return True

@@ -67,71 +67,123 @@ def kernel_threads() -> int:
 KEY_BLOCK = 16  # decode.cpp keeps keys in blocks of 16 positions, transposed
 
 
+def _key_rows(kt: np.ndarray, n: int) -> np.ndarray:
+    """Transposed key blocks `[L, KV, blocks, hd, 16]` -> the first n keys as rows `[L, KV, n, hd]` (a copy)."""
+    blocks = -(-n // KEY_BLOCK)
+    rows = kt[:, :, :blocks].transpose(0, 1, 2, 4, 3)  # [L, KV, blocks, 16, hd]
+    return rows.reshape(*rows.shape[:2], blocks * KEY_BLOCK, rows.shape[-1])[:, :, :n]
+
+
+def _put_key_rows(kt: np.ndarray, rows: np.ndarray) -> None:
+    """Key rows `[L, KV, n, hd]` into the first blocks of `kt` `[L, KV, blocks, hd, 16]`."""
+    layers, kv_heads, n, head_dim = rows.shape
+    blocks, full = n // KEY_BLOCK, n // KEY_BLOCK * KEY_BLOCK
+    whole = rows[:, :, :full].reshape(layers, kv_heads, blocks, KEY_BLOCK, head_dim)
+    kt[:, :, :blocks] = whole.transpose(0, 1, 2, 4, 3)
+    if full < n:  # the last, partly filled block
+        kt[:, :, blocks, :, : n - full] = rows[:, :, full:].transpose(0, 1, 3, 2)
+
+
 class NativeCache(kv_memory.ReservedCache):
-    """Keys `[L, KV, capacity/16, hd, 16]` (blocks of 16 positions, transposed: one vector holds a
-    dimension of 16 keys) and values `[L, KV, capacity, hd]`, fp32 or bf16 held as uint16, in anonymous
-    memory. `keys(n)` and `state()` give the keys as rows `[L, KV, n, hd]`, like every other cache."""
+    """Keys `[Lf, KV, capacity/16, hd, 16]` (blocks of 16 positions, transposed: one vector holds a
+    dimension of 16 keys) and values `[Lf, KV, capacity, hd]`, fp32 or bf16 held as uint16, in anonymous
+    memory; a model's sliding layers, where a strip is smaller than the context, in `wk`, `wv` of the
+    same layout over `strip.size` positions (see `kv_memory.Strip`). `keys(n)` and `state()` give the
+    keys as rows `[L, KV, n, hd]`, like every other cache."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype: str) -> None:
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype: str, window: int = 0, sliding=()
+    ) -> None:
         self.kind, self._np, self._code = CACHE_DTYPES[dtype]
-        super().__init__(layers, kv_heads, head_dim, limit, np.dtype(self._np).itemsize, lazy=True)
+        itemsize = np.dtype(self._np).itemsize
+        super().__init__(layers, kv_heads, head_dim, limit, itemsize, lazy=True, window=window, sliding=sliding)
         self.dtype = dtype
-        self._map = None
-        self.k = np.empty((layers, kv_heads, 0, head_dim, KEY_BLOCK), self._np)
-        self.v = np.empty((layers, kv_heads, 0, head_dim), self._np)
+        self._view = None  # the kernel's Cache over these arrays, rebuilt when they move
+        self.k, self.v, self._map = self._allocate(len(self.full), 0)
+        if self.strip is not None:
+            self.wk, self.wv, self._wmap = self._allocate(len(self.slid), self.strip.size)
 
-    def _resize(self, cap: int) -> None:
+    def _allocate(self, layers: int, cap: int):
+        """Keys and values `[layers, KV, cap/16, hd, 16]`, `[layers, KV, cap, hd]` in anonymous memory."""
         cap = -(-cap // KEY_BLOCK) * KEY_BLOCK
-        layers, kv_heads, head_dim = self._shape
+        _, kv_heads, head_dim = self._shape
         count = layers * kv_heads * cap * head_dim
-        memory = mmap.mmap(-1, max(1, 2 * count * np.dtype(self._np).itemsize))  # pages backed when written
-        flat = np.frombuffer(memory, dtype=self._np)
-        if self._no_huge_pages:
+        memory = mmap.mmap(-1, 2 * count * np.dtype(self._np).itemsize) if count else None  # backed when written
+        flat = np.frombuffer(memory, dtype=self._np) if count else np.empty(0, self._np)
+        if self._no_huge_pages and count:
             kv_memory.advise_no_huge_pages(flat.ctypes.data, flat.nbytes)
         k = flat[:count].reshape(layers, kv_heads, cap // KEY_BLOCK, head_dim, KEY_BLOCK)
-        v = flat[count : 2 * count].reshape(layers, kv_heads, cap, head_dim)
-        self._copy_into(k, v, len(self.ids))
-        self.k, self.v, self._map = k, v, memory
+        return k, flat[count : 2 * count].reshape(layers, kv_heads, cap, head_dim), memory
 
-    def _copy_into(self, k: np.ndarray, v: np.ndarray, n: int) -> None:
-        blocks = -(-n // KEY_BLOCK)
-        k[:, :, :blocks], v[:, :, :n] = self.k[:, :, :blocks], self.v[:, :, :n]
+    def _resize(self, cap: int) -> None:
+        k, v, memory = self._allocate(len(self.full), cap)
+        blocks, held = -(-len(self.ids) // KEY_BLOCK), len(self.ids)
+        k[:, :, :blocks], v[:, :, :held] = self.k[:, :, :blocks], self.v[:, :, :held]
+        self.k, self.v, self._map, self._view = k, v, memory, None
+
+    def _slide(self, shift: int, count: int) -> None:
+        first, blocks = shift // KEY_BLOCK, -(-count // KEY_BLOCK)
+        self.wk[:, :, :blocks] = self.wk[:, :, first : first + blocks]  # numpy copies overlapping parts first
+        self.wv[:, :, :count] = self.wv[:, :, shift : shift + count]
+        self._view = None
+
+    def kernel_cache(self) -> Cache:
+        """The kernel's view: each layer's key and value arrays, capacity and first position."""
+        if self._view is None or (self.strip is not None and self._view.base[self.slid[0]] != self.strip.base):
+            layers = len(self.full) + len(self.slid)
+            k, v = (ctypes.c_void_p * layers)(), (ctypes.c_void_p * layers)()
+            capacity, base = (ctypes.c_int64 * layers)(), (ctypes.c_int64 * layers)()
+            for i in range(layers):
+                kl, vl, first = self.part(i)
+                k[i], v[i], capacity[i], base[i] = kl.ctypes.data, vl.ctypes.data, vl.shape[1], first
+            self._view = Cache(self.kind, k, v, capacity, base)
+            self._view.arrays = (k, v, capacity, base)  # kept alive with the view
+        return self._view
 
     def keys(self, n: int) -> np.ndarray:
-        """The first n keys as rows `[L, KV, n, hd]` (a copy)."""
-        blocks = -(-n // KEY_BLOCK)
-        rows = self.k[:, :, :blocks].transpose(0, 1, 2, 4, 3)  # [L, KV, blocks, 16, hd]
-        return rows.reshape(*rows.shape[:2], blocks * KEY_BLOCK, rows.shape[-1])[:, :, :n]
+        """The first n keys of the full-context layers as rows `[Lf, KV, n, hd]` (a copy)."""
+        return _key_rows(self.k, n)
 
-    def clone(self, keep: int) -> NativeCache:
-        keep = max(0, min(keep, len(self.ids)))
-        other = NativeCache(*self._shape, self.limit, self.dtype)
-        other.reserve(keep)
-        self._copy_into(other.k, other.v, keep)
-        other.ids = self.ids[:keep]
-        return other
+    def _empty(self) -> NativeCache:
+        layers = len(self.full) + len(self.slid)
+        return NativeCache(
+            layers, self._shape[1], self._shape[2], self.limit, self.dtype, self.window, self.sliding_layers
+        )
+
+    def _copy_to(self, other: NativeCache, n: int) -> None:
+        blocks = -(-n // KEY_BLOCK)
+        other.k[:, :, :blocks], other.v[:, :, :n] = self.k[:, :, :blocks], self.v[:, :, :n]
+        if self.strip is not None:
+            held = max(0, n - self.strip.base)
+            blocks = -(-held // KEY_BLOCK)
+            other.wk[:, :, :blocks], other.wv[:, :, :held] = self.wk[:, :, :blocks], self.wv[:, :, :held]
 
     def state(self) -> dict:
         n = len(self.ids)
-        return {"k": (self._code, self.keys(n)), "v": (self._code, self.v[:, :, :n])}  # [L, KV, n, hd]
+        out = {"k": (self._code, self.keys(n)), "v": (self._code, self.v[:, :, :n])}  # [Lf, KV, n, hd]
+        if self.strip is not None:  # the sliding layers' positions base..n: [Ls, KV, n - base, hd]
+            held = n - self.strip.base
+            out["wk"], out["wv"] = (self._code, _key_rows(self.wk, held)), (self._code, self.wv[:, :, :held])
+        return out
 
     def restore(self, ids: list[int], state: dict) -> bool:
         try:
-            (kc, k), (vc, v) = state["k"], state["v"]
-        except (KeyError, TypeError, ValueError):
+            if any(state[name][0] != self._code for name in state):
+                return False
+            arrays = {name: state[name][1] for name in state}
+            base = self._fits(ids, {name: tuple(a.shape) for name, a in arrays.items()})
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             return False
-        if kc != self._code or vc != self._code or not self._fits(ids, k.shape, v.shape):
+        if base is None:
             return False
         n = len(ids)
         self.ids = []
-        self.reserve(n)
-        blocks, full = n // KEY_BLOCK, n // KEY_BLOCK * KEY_BLOCK
-        layers, kv_heads, _, head_dim = k.shape
-        whole = k[:, :, :full].reshape(layers, kv_heads, blocks, KEY_BLOCK, head_dim)
-        self.k[:, :, :blocks] = whole.transpose(0, 1, 2, 4, 3)
-        if full < n:  # the last, partly filled block
-            self.k[:, :, blocks, :, : n - full] = k[:, :, full:].transpose(0, 1, 3, 2)
-        self.v[:, :, :n] = v
+        self.reserve(n, base if self.strip is not None else None)
+        _put_key_rows(self.k, arrays["k"])
+        self.v[:, :, :n] = arrays["v"]
+        if self.strip is not None:
+            _put_key_rows(self.wk, arrays["wk"])
+            self.wv[:, :, : n - base] = arrays["wv"]
         self.ids = list(ids)
         return True
 
@@ -243,7 +295,7 @@ class NativeRunner(ModelRunner):
 
     def new_cache(self) -> NativeCache:
         c = self.config
-        return NativeCache(c.layers, c.kv_heads, c.head_dim, self.context_limit, self.kv_dtype)
+        return NativeCache(c.layers, c.kv_heads, c.head_dim, self.context_limit, self.kv_dtype, c.window, c.sliding)
 
     def forward(self, ids: list[int], cache: KVCache) -> np.ndarray:
         return self._run(ids, cache, every=False)[0]  # [V]
@@ -252,7 +304,8 @@ class NativeRunner(ModelRunner):
         return self._run(ids, cache, every=True)  # [S, V]
 
     def _run(self, ids: list[int], cache: KVCache, every: bool) -> np.ndarray:
-        """ids at positions len(cache).. -> logits [S or 1, V]; writes their keys and values into `cache`."""
+        """ids at positions len(cache).. -> logits [S or 1, V]; writes their keys and values into `cache`
+        (in pieces a cache's sliding strip has room for: every row is computed alone, so the same bits)."""
         assert isinstance(cache, NativeCache) and cache.dtype == self.kv_dtype
         start, count = len(cache.ids), len(ids)
         if not ids:
@@ -261,18 +314,31 @@ class NativeRunner(ModelRunner):
             raise ValueError(f"{start + count} positions exceed the context limit {self.context_limit}")
         if min(ids) < 0 or max(ids) >= self.config.embed_rows:  # the kernel would read past the embedding
             raise IndexError(f"token id out of range for an embedding of {self.config.embed_rows} rows")
+        room = cache.strip.room if cache.strip is not None else count
+        pieces = [self._piece(ids[i : i + room], cache, every) for i in range(0, count, room)]
+        logits = pieces[-1] if len(pieces) == 1 or not every else np.concatenate(pieces)
+        if self.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
+            cap = np.float32(self.final_softcap)
+            np.multiply(np.tanh(logits / cap), cap, out=logits)
+        return logits
+
+    def _piece(self, ids: list[int], cache: NativeCache, every: bool) -> np.ndarray:
+        start, count = len(cache.ids), len(ids)
         cache.reserve(start + count)
         tokens = (ctypes.c_int64 * count)(*ids)
         rows = count if every else 1
         logits = np.empty((rows, self.config.vocab), dtype=np.float32)
-        c = Cache(cache.kind, cache.k.ctypes.data, cache.v.ctypes.data, cache.capacity)
         status = self._lib.chatcli_decode(
-            ctypes.byref(self._model), ctypes.byref(c), tokens, count, start, logits.ctypes.data, rows, self.threads
+            ctypes.byref(self._model),
+            ctypes.byref(cache.kernel_cache()),
+            tokens,
+            count,
+            start,
+            logits.ctypes.data,
+            rows,
+            self.threads,
         )
         if status:
             raise ValueError(f"the kernel refused {count} ids at position {start} (status {status})")
         cache.ids.extend(ids)
-        if self.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
-            cap = np.float32(self.final_softcap)
-            np.multiply(np.tanh(logits / cap), cap, out=logits)
         return logits

@@ -243,4 +243,4 @@ class SessionPool:
 
 def _usable(session: Session, ids: Sequence[int]) -> int:
     """The prefix of `ids` the engine will reuse from this session."""
-    return reusable_prefix(session.cache.ids, ids)
+    return session.cache.reachable(reusable_prefix(session.cache.ids, ids))

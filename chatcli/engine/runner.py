@@ -23,9 +23,14 @@ class KVCache(ABC):
     def __len__(self) -> int:
         return len(self.ids)
 
+    def reachable(self, keep: int) -> int:
+        """What `crop(keep)` keeps: `keep` (at most what is held), or 0 where the cache cannot go back
+        that far (sliding-window layers that have dropped the keys position `keep` would read)."""
+        return max(0, min(keep, len(self.ids)))
+
     def crop(self, keep: int) -> None:
-        """Forget everything after the first `keep` ids."""
-        keep = max(0, min(keep, len(self.ids)))
+        """Forget everything after the first `keep` ids (everything where it cannot keep those: `reachable`)."""
+        keep = self.reachable(keep)
         if keep < len(self.ids):
             self._crop(keep)
             del self.ids[keep:]

@@ -137,14 +137,15 @@ void weigh_any(int64_t rows, const float* w, int64_t lds, const T* v, int64_t le
 
 // A tile of `positions` consecutive query positions x `heads` heads of one KV group (rows p * heads + h,
 // at most kTileRows), the first position seeing `length` cached keys: q rows at q + p * ldq + h * hd,
-// outputs at out + p * ldo + h * hd. K (transposed blocks) and V are read once for the tile's rows.
+// outputs at out + p * ldo + h * hd. K (transposed blocks) and V are read once for the tile's rows; they
+// hold positions from `base` on (a multiple of 16, at most the first key a row reads).
 // With a window, a row sees only its last `window` keys: the tile starts at the key block of its
 // first row's first key. A row's weights outside its own keys are 0, and adding 0 * v leaves a sum's
 // bits as they are: each row sums in the same order whatever the rows around it, so a prefill and
 // the same tokens one at a time give the same bits. scratch: kTileRows * (2 hd + length + positions + 48) floats.
 template <typename T>
-void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t length,
-            int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo) {
+void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t base,
+            int64_t length, int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo) {
   const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
   const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
   const int64_t b0 = window ? std::max<int64_t>(0, length - window) / 16 : 0, u0 = b0 * 16;  // the first key read
@@ -152,7 +153,7 @@ void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const
   float* ot = scratch + kTileRows * hd;      // [rows, hd]
   float* scores = ot + kTileRows * hd;       // [rows, lds]
   for (int64_t p = 0; p < positions; p++) std::memcpy(qt + p * heads * hd, q + p * ldq, heads * hd * sizeof(float));
-  score_any<T>(rows, qt, kt + b0 * hd * 16, blocks - b0, hd, scores + u0, lds, scale);
+  score_any<T>(rows, qt, kt + (u0 - base) * hd, blocks - b0, hd, scores + u0, lds, scale);
   float inv[kTileRows];
   for (int64_t r = 0; r < rows; r++) {
     float* w = scores + r * lds;
@@ -162,7 +163,7 @@ void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const
     std::fill(w + u0, w + first, 0.f);
     std::fill(w + own, w + last, 0.f);
   }
-  weigh_any<T>(rows, scores + u0, lds, v + u0 * hd, last - u0, hd, inv, ot);
+  weigh_any<T>(rows, scores + u0, lds, v + (u0 - base) * hd, last - u0, hd, inv, ot);
   for (int64_t p = 0; p < positions; p++) std::memcpy(out + p * ldo, ot + p * heads * hd, heads * hd * sizeof(float));
 }
 

@@ -17,8 +17,10 @@
 // checking a draft gives the numbers that decoding its tokens one by one would give.
 //
 // Projections (fp32 panels, int8, q4 / q8 blocks) are in project.h.
-// The KV cache holds keys [L, KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and values
-// [L, KV, capacity, hd], in fp32 or bf16 (round to nearest even); capacity is a multiple of 16.
+// The KV cache holds, per layer, keys [KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and
+// values [KV, capacity, hd], in fp32 or bf16 (round to nearest even), of positions base..base+capacity-1;
+// capacity and base are multiples of 16. A layer that attends to every position has base 0; a sliding
+// layer's strip moves on (kv_memory.Strip) and holds at least its window.
 // Attention over that cache is in attention.h, the per-row stages in simd.h.
 
 #include <immintrin.h>
@@ -65,10 +67,11 @@ struct Model {
 };
 
 struct Cache {
-  int32_t kind;  // CACHE_F32 or CACHE_BF16
-  void* k;       // [L, KV, capacity/16, hd, 16]
-  void* v;       // [L, KV, capacity, hd]
-  int64_t capacity;
+  int32_t kind;             // CACHE_F32 or CACHE_BF16
+  void* const* k;           // per layer: [KV, capacity/16, hd, 16]
+  void* const* v;           // per layer: [KV, capacity, hd]
+  const int64_t* capacity;  // per layer: the positions it holds
+  const int64_t* base;      // per layer: the first of them
 };
 
 }  // extern "C"
@@ -164,8 +167,6 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
     else
       dequantize_row(*m.embed_rows, tokens[s], m.embed_scale, &sc.x[s * D]);
   }
-  T* k_cache = static_cast<T*>(c.k);
-  T* v_cache = static_cast<T*>(c.v);
 
   // Every stage splits its rows (or output blocks, or heads) over the team; a barrier ends each.
 #pragma omp parallel num_threads(threads)
@@ -173,8 +174,9 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
     float* scratch = sc.scores.data() + static_cast<size_t>(omp_get_thread_num()) * scratch_per_thread;
     for (int64_t l = 0; l < m.n_layers; l++) {
       const Layer& layer = m.layers[l];
-      T* kl = k_cache + l * KV * c.capacity * hd;  // [KV, capacity/16, hd, 16]
-      T* vl = v_cache + l * KV * c.capacity * hd;
+      T* kl = static_cast<T*>(c.k[l]);  // [KV, capacity/16, hd, 16]
+      T* vl = static_cast<T*>(c.v[l]);  // [KV, capacity, hd]
+      const int64_t cap = c.capacity[l], base = c.base[l];
       Rows rows = prepare(layer.qkv, sc.x.data(), D, S, true, m.eps, sc);
       project(layer.qkv, rows, sc.qkv.data(), n_qkv, false);
 #pragma omp for schedule(static)
@@ -186,8 +188,8 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
           for (int64_t h = 0; h < H + KV; h++) rms_norm_scaled(row + h * hd, h < H ? layer.q_norm : layer.k_norm, hd, m.eps);
         rope_row(row, layer.rope + (pos + s) * hd, H + KV, half);  // rope [hd/2, 2] of this position
         for (int64_t g = 0; g < KV; g++) {
-          store_key(kl + g * c.capacity * hd, pos + s, row + (H + g) * hd, hd);
-          store_value(vl + (g * c.capacity + pos + s) * hd, row + (H + KV + g) * hd, hd);
+          store_key(kl + g * cap * hd, pos + s - base, row + (H + g) * hd, hd);
+          store_value(vl + (g * cap + pos + s - base) * hd, row + (H + KV + g) * hd, hd);
         }
       }
 #pragma omp for schedule(static, 1)  // interleaved: a causal row's cost grows with its position
@@ -195,8 +197,8 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
         const int64_t s = task / (KV * tasks_per_group) * tile, g = task / tasks_per_group % KV;
         const int64_t head = g * group + task % tasks_per_group * per_task;
         const int64_t heads = std::min(per_task, (g + 1) * group - head);
-        attend(&sc.qkv[s * n_qkv + head * hd], n_qkv, std::min(tile, S - s), heads, kl + g * c.capacity * hd,
-               vl + g * c.capacity * hd, pos + s + 1, hd, layer.window, m.attn_scale, m.attn_softcap, scratch,
+        attend(&sc.qkv[s * n_qkv + head * hd], n_qkv, std::min(tile, S - s), heads, kl + g * cap * hd,
+               vl + g * cap * hd, base, pos + s + 1, hd, layer.window, m.attn_scale, m.attn_softcap, scratch,
                &sc.att[(s * H + head) * hd], H * hd);
       }
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
@@ -226,9 +228,15 @@ extern "C" {
 // S rows at positions pos.. -> logits [logit_rows, V] of the last logit_rows rows (1 or S)
 int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_t rows, int64_t pos, float* logits,
                    int64_t logit_rows, int32_t threads) {
-  if (rows < 1 || logit_rows < 1 || logit_rows > rows || pos + rows > c->capacity || c->capacity % 16 != 0 || m->head_dim % 16 != 0 ||
-      m->head_dim > kMaxHeadDim || (!m->embed && !m->embed_rows))
+  if (rows < 1 || logit_rows < 1 || logit_rows > rows || m->head_dim % 16 != 0 || m->head_dim > kMaxHeadDim ||
+      (!m->embed && !m->embed_rows))
     return 1;
+  for (int64_t l = 0; l < m->n_layers; l++) {  // each layer holds what its rows write and read
+    const int64_t base = c->base[l], window = m->layers[l].window;
+    const int64_t first = window ? std::max<int64_t>(0, pos + 1 - window) / 16 * 16 : 0;
+    if (c->capacity[l] % 16 != 0 || base % 16 != 0 || base < 0 || base > first || pos + rows - base > c->capacity[l])
+      return 1;
+  }
   try {  // no exception may cross into C (a failed allocation of the scratch space)
     if (c->kind == CACHE_BF16)
       forward<uint16_t>(*m, *c, tokens, rows, pos, logits, logit_rows, threads);

@@ -71,4 +71,12 @@ class Model(ctypes.Structure):
 
 
 class Cache(ctypes.Structure):
-    _fields_ = [("kind", _i32), ("k", _ptr), ("v", _ptr), ("capacity", _i64)]
+    """Per layer: its keys' and values' arrays, the positions they hold and the first of them."""
+
+    _fields_ = [
+        ("kind", _i32),
+        ("k", ctypes.POINTER(_ptr)),
+        ("v", ctypes.POINTER(_ptr)),
+        ("capacity", ctypes.POINTER(_i64)),
+        ("base", ctypes.POINTER(_i64)),
+    ]
