@@ -219,3 +219,46 @@ def test_greedy_replies_over_a_slid_strip_match_transformers(family, tokenizer, 
         if i == 1:  # an edit of the first message: the lean cache goes back where the strip can
             history[0] = {"role": "user", "content": "Hi there!"}
     assert slid
+
+
+@pytest.mark.parametrize("kind", ["torch", "native"])
+def test_the_pool_forks_only_what_the_strip_still_holds(family, kind):
+    from chatcli.engine.engine import Session
+    from chatcli.engine.pool import LeaseKind, SessionPool
+
+    _, _, files, _ = family
+    ours = runner_of(files, kind)
+    pool = SessionPool(lambda: Session(ours.new_cache()), budget_bytes=1 << 30)
+    rng = random.Random(5)
+    ids = [rng.randrange(50, 200) for _ in range(100)]
+    lease = pool.acquire(ids, key="a")
+    ours.forward(ids, lease.session.cache)
+    pool.release(lease)
+    assert lease.session.cache.strip.base > 0
+    near = pool.acquire([*ids[:96], 7, 8, 9], key="b")  # shares 96: within the strip's reach
+    assert near.how == LeaseKind.FORK and near.cached_tokens == 96 and len(near.session.cache) == 96
+    far = pool.acquire([*ids[:40], 7, 8, 9], key="c")  # shares 40, whose window is gone: nothing to fork
+    assert far.how == LeaseKind.NEW and far.cached_tokens == 0
+
+
+def test_a_saved_conversation_with_a_slid_strip_goes_on_where_it_was(family, tokenizer, tmp_path):
+    name, model, _, _ = family
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = LoadedModel(model, tokenizer, name, str(tmp_path), "cpu", "float32", folder=tmp_path)
+    engine = build_engine(loaded, runner="lean", kv_dtype="float32")
+    session = engine.new_session()
+    rng = random.Random(9)
+
+    def finish(target, s):
+        return [ev for ev in engine.complete(target, s, GREEDY) if isinstance(ev, Finished)][0]
+
+    finish([rng.randrange(50, 200) for _ in range(60)], session)  # raw ids: no template to re-encode them
+    assert session.cache.strip.base > 0
+    assert engine.save_session(session, tmp_path / "kv.safetensors")
+    restored = engine.new_session()
+    assert engine.restore_session(restored, tmp_path / "kv.safetensors")
+    assert restored.cache.ids == session.cache.ids and restored.cache.strip.base == session.cache.strip.base
+    more = [*session.cache.ids, 7, 8, 9]
+    a, b = finish(more, session), finish(list(more), restored)
+    assert b.reply == a.reply and b.stats.cached_tokens == a.stats.cached_tokens == len(more) - 3
