@@ -66,14 +66,17 @@ def tokenizer():
     return build_tokenizer()
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def family(request, tokenizer, tmp_path_factory):
-    """(name, model, its lean files, the reference) for one family."""
-    name = request.param
+def family_case(name: str, tokenizer, tmp_path_factory, kinds: tuple[str, ...]):
+    """(name, model, its lean files of each kind, the reference) for one family."""
     model = build_family(name, len(tokenizer))
     folder = tmp_path_factory.mktemp(name)
-    files = {kind: lean_weights(model, kind, folder, tokenizer) for kind in ("float32-dense", "float32-panels", "int8")}
+    files = {kind: lean_weights(model, kind, folder, tokenizer) for kind in kinds}
     return name, model, files, Recompute(model, context_limit(model.config, tokenizer))
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tokenizer, tmp_path_factory):
+    return family_case(request.param, tokenizer, tmp_path_factory, ("float32-dense", "float32-panels", "int8"))
 
 
 def test_each_family_takes_the_lean_path_with_its_extras(family):

@@ -22,12 +22,11 @@ from chatcli.engine import kv_memory
 from chatcli.engine.engine import Finished
 from chatcli.engine.hf_load import LoadedModel, build_engine
 from chatcli.engine.lean import LeanRunner
-from chatcli.engine.load import context_limit
 from chatcli.engine.sampling import SamplingParams
 from tests.conftest import require_kernel
-from tests.test_families import Recompute
+from tests.test_families import family_case
 from tests.test_lean import close
-from tests.tiny import build_family, build_tokenizer, lean_weights
+from tests.tiny import build_tokenizer
 
 SLIDING = ["mistral", "qwen2", "phi3", "gemma2", "gemma3_text"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
@@ -47,11 +46,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module", params=SLIDING)
 def family(request, tokenizer, tmp_path_factory):
-    name = request.param
-    model = build_family(name, len(tokenizer))
-    folder = tmp_path_factory.mktemp(name)
-    files = {kind: lean_weights(model, kind, folder, tokenizer) for kind in ("float32-dense", "float32-panels")}
-    return name, model, files, Recompute(model, context_limit(model.config, tokenizer))
+    return family_case(request.param, tokenizer, tmp_path_factory, ("float32-dense", "float32-panels"))
 
 
 def runner_of(files, kind: str):
