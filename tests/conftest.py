@@ -82,7 +82,7 @@ def real_loaded():
 
 @pytest.fixture
 def no_kernel(monkeypatch):
-    """The pure-torch decode path, as on a CPU without AVX-512 VNNI or a machine without g++."""
+    """The pure-torch decode path, as on a CPU without AVX2 or a machine without g++."""
     import chatcli.engine.kernels as kernels
 
     monkeypatch.setattr(kernels, "library", lambda: None)

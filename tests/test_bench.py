@@ -44,11 +44,12 @@ def test_json_has_the_contract_keys(bench_json, tiny_model_dir):
         assert key in bench_json
     assert bench_json["model"] == tiny_model_dir.name
     assert bench_json["device"] == "cpu" and bench_json["dtype"] == "float32"
-    from chatcli.engine.kernels import library, why_not
+    from chatcli.engine.kernels import BUILDS, build_name, library, why_not
 
     # the default for a Llama model: the lean path, in the compiled kernel where it runs
     assert bench_json["runner"] == ("native" if library() else "lean")
-    assert bench_json["decode_kernel"] == ("compiled" if library() else f"torch ({why_not()})")
+    assert bench_json["decode_kernel"] == (f"compiled ({build_name()})" if library() else f"torch ({why_not()})")
+    assert build_name() in (list(BUILDS) if library() else [""])
     assert bench_json["decode_tok_s"] > 0 and bench_json["prefill_tok_s"] > 0 and bench_json["ttft_s"] > 0
     assert bench_json["baseline"]["hf_generate_decode_tok_s"] > 0
     assert bench_json["repeat"] == 2

@@ -4,8 +4,9 @@ The torch lean runner over the same model is the reference: the kernel's fp32 lo
 logits within float rounding over prefills, decodes and crops. Its int8 projection is the
 textbook per-row quantization (int8 weights per output, uint8 activations per row, exact
 integer dots). A prefill, a draft checked in one call and the same tokens one at a time give
-exactly the same logits and cache contents, whatever the thread count. Skipped only on CPUs
-without AVX-512 VNNI or machines without a compiler (see the `kernel` fixture).
+exactly the same logits and cache contents, whatever the thread count. The best build this CPU
+runs (AVX-512 VNNI or AVX2; test_kernel_builds runs each); skipped only on CPUs without AVX2 or
+machines without a compiler (see the `kernel` fixture).
 """
 
 from __future__ import annotations

@@ -253,8 +253,9 @@ def run_bench(
         "runner": runner_name,
         "quantize": weights if weights != dtype_name else None,
         "kv_dtype": str(getattr(engine.runner, "kv_dtype", engine.runner.dtype)).removeprefix("torch."),
-        # "compiled" (kernels/decode.cpp, the native runner), else the torch path and why
-        "decode_kernel": "compiled" if native else f"torch ({_why_not_kernel(runner_name)})",
+        # "compiled (avx512)" or "compiled (avx2)" (kernels/decode.cpp's build, the native runner), else
+        # the torch path and why
+        "decode_kernel": f"compiled ({_kernel_build()})" if native else f"torch ({_why_not_kernel(runner_name)})",
         "threads": getattr(engine.runner, "threads", None) or torch.get_num_threads(),
         "repeat": repeat,
         "context_limit": engine.context_limit,
@@ -353,6 +354,12 @@ def _gguf_of(model: str | None) -> str | None:
         found = embedded_gguf()
         return str(found) if found else None
     return model if model.endswith(".gguf") else None
+
+
+def _kernel_build() -> str:
+    from chatcli.engine import kernels
+
+    return kernels.build_name()
 
 
 def _why_not_kernel(runner_name: str) -> str:

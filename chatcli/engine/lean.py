@@ -21,7 +21,7 @@ A family's extras (`LeanConfig`: q/k/v biases, q/k norms, sliding windows, a sec
 sandwich norms, GeGLU, soft-capped scores and logits) are a few more ops where the model has
 them and none where it has not.
 
-This is the path where the compiled kernel cannot run (no AVX-512 VNNI, no compiler, a GPU,
+This is the path where the compiled kernel cannot run (no AVX2, no compiler, a GPU,
 bf16 weights); where it can, `native.NativeRunner` runs the same lean tensors without torch.
 Models it cannot run exactly fall back to `HFRunner` (see `lean_weights.lean_support`).
 The tests check that it gives the HF reference's greedy tokens and logits within tolerance

@@ -12,7 +12,7 @@ and dtype their reader wants:
   blocks, packed for the kernel (`quant_blocks`): a GGUF's own blocks where it has them, the
   RMSNorm weights kept apart (`attn_norm`, `mlp_norm`, `final_norm`) since a block cannot take them;
   in `q4` the layers are 4-bit and the head 8-bit unless the GGUF's head is 4-bit;
-- `int8`: int8 weights packed for the kernel's VNNI dot products `[ceil(n/16), kp/4, 16, 4]`
+- `int8`: int8 weights packed for the kernel's dot products (VNNI's layout) `[ceil(n/16), kp/4, 16, 4]`
   with a scale and a row sum per output, SmoothQuant folded into gate/up and down;
 - `<dtype>-dense`: `w_t [k, n]` in that dtype for the torch lean runner (`lean.LeanRunner`).
 

@@ -8,8 +8,8 @@ included (activations get a scale per row). The weights are the lean file's (fp3
 packed int8: see `lean_weights`), read where they are mapped; the KV cache lives in anonymous
 memory that the OS backs as it is written. Logits come back as numpy arrays.
 
-`NativeRunner` is what a model of a lean family gets on a CPU where the kernel builds (AVX-512 VNNI and a
-C++ compiler): start-up is a file mapping, and a process that answers one prompt never
+`NativeRunner` is what a model of a lean family gets on a CPU where the kernel builds (AVX-512 VNNI or AVX2,
+and a C++ compiler): start-up is a file mapping, and a process that answers one prompt never
 imports torch. Elsewhere `lean.LeanRunner` runs the same lean tensors on torch.
 """
 

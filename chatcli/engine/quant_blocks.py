@@ -5,9 +5,9 @@ fp16 scale d (and, for Q4_1, an fp16 min m): w = d c + m, or d (c - 8) without m
 or d (c - 128) (Q8_0). These are exactly GGUF's Q4_0 / Q4_1 / Q8_0 blocks, so a GGUF's
 tensors are taken as they are (`gguf_codes`): no requantization, no fp32 copy at run time.
 Weights that come as floats are quantized here (`quantize_q4`: Q4_1's min/max scheme;
-`quantize_q8`: Q8_0's). `pack` lays codes out for the kernel's VNNI dot products
-(decode.cpp: `group_block`): `[ceil(n/16), kp/32, quads, 64]` bytes, 16 outputs a block, each
-64 bytes one quad of 4 inputs for 16 outputs; q4 puts quad 2j in the low nibble and 2j + 1 in
+`quantize_q8`: Q8_0's). `pack` lays codes out for the kernel's dot products (VNNI's, or
+AVX2's byte multiplies; project.h: `group_block`): `[ceil(n/16), kp/32, quads, 64]` bytes,
+16 outputs a block, each 64 bytes one quad of 4 inputs for 16 outputs; q4 puts quad 2j in the low nibble and 2j + 1 in
 the high one (4 quads of bytes a group), q8 has 8. Scales and mins: `[ceil(n/16), kp/32, 16]`.
 """
 

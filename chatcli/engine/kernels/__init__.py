@@ -1,16 +1,20 @@
 """The compiled decode step (`decode.cpp`), built once per machine and loaded with ctypes.
 
-The source (with `simd.h` beside it) is compiled with the system's C++ compiler into the
-user cache dir, named by a digest of the sources, the flags and the compiler, so an edit or
-a new compiler builds anew and a build is never half-written (a temporary file renamed into
-place). It is linked
+There are two builds of the same source: AVX-512 with VNNI (`simd.h`, `attention.h`,
+`project.h`) and AVX2 with FMA and F16C (their `_avx2` twins); a CPU gets the first it can
+run, and both compute every row alone with exact integer dots, so either keeps drafts exact.
+The source (with the headers beside it) is compiled with the system's C++ compiler into the
+user cache dir, named by the build, a digest of the sources, the flags and the compiler, so an
+edit or a new compiler builds anew and a build is never half-written (a temporary file renamed
+into place). It is linked
 against OpenMP by soname (`libgomp.so.1`): in a process that has torch, the kernel shares
 torch's runtime; in one that has not, the system's, which a torch imported later then
 shares too (the loader reuses a loaded soname). Two runtimes would fight over the cores.
 
 `library()` returns the loaded library, or None with `why_not()` saying why in one line:
-no AVX-512 VNNI, no compiler, a failed build, a second OpenMP runtime (a torch whose libgomp
-has another name), or `CHATCLI_KERNEL=off` in the environment.
+no AVX2 (or FMA, F16C), no compiler, a failed build, a second OpenMP runtime (a torch whose
+libgomp has another name), or `CHATCLI_KERNEL=off` in the environment (`CHATCLI_KERNEL=avx2`
+takes the AVX2 build on a CPU that could run the AVX-512 one).
 Callers then keep the pure-torch path, which stays the reference.
 """
 
@@ -24,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("decode.cpp")
@@ -35,17 +39,18 @@ FLAGS = [
     "-shared",
     "-fopenmp",
     "-ffp-contract=off",  # no implicit FMAs: a row's sums round the same in every template instance
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512dq",
-    "-mavx512vnni",
-    "-mfma",
 ]
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma")  # /proc/cpuinfo names
-ENV = "CHATCLI_KERNEL"  # "off": never build or load; the torch path runs
+BUILDS = {  # best first: each build's compiler flags and the /proc/cpuinfo names it needs
+    "avx512": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma"],
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma"),
+    ),
+    "avx2": (["-mavx2", "-mfma", "-mf16c"], ("avx2", "fma", "f16c")),
+}
+ENV = "CHATCLI_KERNEL"  # "off": never build or load (the torch path runs); a build's name: that build
 
 _reason = ""
+_build = ""
 
 
 def why_not() -> str:
@@ -53,11 +58,23 @@ def why_not() -> str:
     return _reason
 
 
-def missing_cpu_flags() -> list[str]:
-    """What the kernel needs that this CPU lacks (empty where it can run)."""
+def build_name() -> str:
+    """The build `library()` loaded ("avx512" or "avx2"; empty when it gave None)."""
+    return _build if library() is not None else ""
+
+
+def runnable() -> list[str]:
+    """The builds this CPU can run, best first."""
     from chatcli.engine.cpu import cpu_flags
 
-    return [f for f in CPU_FLAGS if f not in cpu_flags()]
+    return [name for name, (_, needs) in BUILDS.items() if set(needs) <= cpu_flags()]
+
+
+def missing_cpu_flags() -> list[str]:
+    """What the kernel needs that this CPU lacks (empty where a build can run): the AVX2 build's needs."""
+    from chatcli.engine.cpu import cpu_flags
+
+    return [f for f in BUILDS["avx2"][1] if f not in cpu_flags()]
 
 
 STALE_S = 7 * 86400  # other builds unused this long are removed (another install may still use a newer one)
@@ -71,9 +88,10 @@ def compiler() -> list[str] | None:
     return [found] if found else None
 
 
-def library_path(cxx: list[str]) -> Path:
-    """Where the build for these sources, flags and compiler lives. The compiler is named by its
-    command and its binary's path, size and mtime (a stat, not a `--version` run at each start)."""
+def library_path(cxx: list[str], build_name: str | None = None) -> Path:
+    """Where the build (this CPU's best by default) for these sources, flags and compiler lives. The
+    compiler is named by its command and its binary's path, size and mtime (a stat, not a `--version`
+    run at each start)."""
     from chatcli.paths import cache_dir
 
     binary = shutil.which(cxx[0]) or cxx[0]
@@ -83,17 +101,26 @@ def library_path(cxx: list[str]) -> Path:
     except OSError:
         compiler_id = " ".join(cxx)
     sources = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in sorted(SOURCE.parent.glob("*.h")))
-    digest = hashlib.sha256(sources + " ".join(FLAGS).encode() + compiler_id.encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"decode-{digest}.so"
+    name = build_name or _best()
+    flags = " ".join(FLAGS + BUILDS[name][0])
+    digest = hashlib.sha256(sources + flags.encode() + compiler_id.encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"decode-{name}-{digest}.so"
 
 
-def build(cxx: list[str], target: Path) -> None:
-    """Compile the source into `target` (about 2 s); raises RuntimeError with the compiler's first error."""
+def _best() -> str:
+    builds = runnable()
+    return builds[0] if builds else "avx2"
+
+
+def build(cxx: list[str], target: Path, build_name: str | None = None) -> None:
+    """Compile the source into `target` (seconds; the build is this CPU's best by default); raises
+    RuntimeError with the compiler's first error."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([*cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        flags = FLAGS + BUILDS[build_name or _best()][0]
+        done = subprocess.run([*cxx, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
             raise RuntimeError(f"{Path(cxx[0]).name} failed: {errors[0] if errors else 'exit ' + str(done.returncode)}")
@@ -126,38 +153,52 @@ def openmp_runtimes() -> set[str]:
 
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
-    """The compiled decode step, built first if need be; None where it cannot run here."""
-    global _reason
-    if os.environ.get(ENV, "").lower() in ("off", "0", "no", "false"):
+    """The compiled decode step (the best build this CPU runs, or `CHATCLI_KERNEL`'s), built first if
+    need be; None where it cannot run here."""
+    global _reason, _build
+    wanted = os.environ.get(ENV, "").lower()
+    if wanted in ("off", "0", "no", "false"):
         _reason = f"{ENV}=off"
         return None
     missing = missing_cpu_flags()
     if missing:
         _reason = f"the CPU lacks {', '.join(missing)}"
         return None
+    name = wanted if wanted in BUILDS else _best()
+    if name not in runnable():
+        from chatcli.engine.cpu import cpu_flags
+
+        _reason = f"{ENV}={wanted}: the CPU lacks {', '.join(f for f in BUILDS[name][1] if f not in cpu_flags())}"
+        return None
+    lib, _reason = load(name)
+    _build = name
+    if lib is not None and len(openmp_runtimes()) > 1:  # torch's libgomp has another soname: a second runtime
+        _reason = "the kernel would run a second OpenMP runtime beside torch's"
+        return None
+    return lib
+
+
+@cache
+def load(name: str) -> tuple[ctypes.CDLL | None, str]:
+    """Build `name` (a key of BUILDS) where need be and load it: (the library, "") or (None, why not in
+    one line). Loading it with another OpenMP runtime mapped is `library()`'s check."""
     cxx = compiler()
     if cxx is None:
-        _reason = "no C++ compiler (g++) found"
-        return None
+        return None, "no C++ compiler (g++) found"
     try:
-        target = library_path(cxx)
+        target = library_path(cxx, name)
         if not target.exists():
-            build(cxx, target)
+            build(cxx, target, name)
         try:
             lib = ctypes.CDLL(str(target))
         except OSError:  # removed or broken in between: build it once more
-            build(cxx, target)
+            build(cxx, target, name)
             lib = ctypes.CDLL(str(target))
         os.utime(target)  # in use: not stale
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        _reason = f"the decode kernel did not build: {exc}"
-        return None
-    if len(openmp_runtimes()) > 1:  # torch's libgomp has another soname: the kernel would bring its own
-        _reason = "the kernel would run a second OpenMP runtime beside torch's"
-        return None
+        return None, f"the decode kernel did not build: {exc}"
     _declare(lib)
-    _reason = ""
-    return lib
+    return lib, ""
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common.h"
 #include "simd.h"
 
 namespace {
@@ -18,10 +19,6 @@ namespace {
 // that one vector holds one dimension of 16 keys: a score is then one chain of FMAs over the
 // dimensions in order, for any number of query rows, with no horizontal sum. Values stay
 // [capacity, hd] (a softmax weight broadcast against a value row).
-
-constexpr int kMaxGroup = 8;      // query heads attended together over one read of their K and V
-constexpr int kMaxHeadDim = 256;  // the largest head the kernel takes
-constexpr int kTileRows = 12;     // query rows (positions x heads) scored together against each key block
 
 // scores [R, lds] of R query rows q [R, hd] against key blocks b0..b0+KB of the transposed keys kt:
 // each score one chain over i, so the same bits whatever R, KB and the blocks around it.
@@ -132,59 +129,6 @@ void weigh_any(int64_t rows, const float* w, int64_t lds, const T* v, int64_t le
       weigh_rows<R>(w, lds, v, length, hd, inv, out);
     else
       weigh_any<T, R - 1>(rows, w, lds, v, length, hd, inv, out);
-  }
-}
-
-// A tile of `positions` consecutive query positions x `heads` heads of one KV group (rows p * heads + h,
-// at most kTileRows), the first position seeing `length` cached keys: q rows at q + p * ldq + h * hd,
-// outputs at out + p * ldo + h * hd. K (transposed blocks) and V are read once for the tile's rows; they
-// hold positions from `base` on (a multiple of 16, at most the first key a row reads).
-// With a window, a row sees only its last `window` keys: the tile starts at the key block of its
-// first row's first key. A row's weights outside its own keys are 0, and adding 0 * v leaves a sum's
-// bits as they are: each row sums in the same order whatever the rows around it, so a prefill and
-// the same tokens one at a time give the same bits. scratch: kTileRows * (2 hd + length + positions + 48) floats.
-template <typename T>
-void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t base,
-            int64_t length, int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo) {
-  const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
-  const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
-  const int64_t b0 = window ? std::max<int64_t>(0, length - window) / 16 : 0, u0 = b0 * 16;  // the first key read
-  float* qt = scratch;                       // [rows, hd]
-  float* ot = scratch + kTileRows * hd;      // [rows, hd]
-  float* scores = ot + kTileRows * hd;       // [rows, lds]
-  for (int64_t p = 0; p < positions; p++) std::memcpy(qt + p * heads * hd, q + p * ldq, heads * hd * sizeof(float));
-  score_any<T>(rows, qt, kt + (u0 - base) * hd, blocks - b0, hd, scores + u0, lds, scale);
-  float inv[kTileRows];
-  for (int64_t r = 0; r < rows; r++) {
-    float* w = scores + r * lds;
-    const int64_t own = length + r / heads, first = window ? std::max<int64_t>(0, own - window) : 0;
-    if (softcap > 0.f) softcap_row(w + first, own - first, softcap);
-    inv[r] = softmax_row(w + first, own - first);
-    std::fill(w + u0, w + first, 0.f);
-    std::fill(w + own, w + last, 0.f);
-  }
-  weigh_any<T>(rows, scores + u0, lds, v + (u0 - base) * hd, last - u0, hd, inv, ot);
-  for (int64_t p = 0; p < positions; p++) std::memcpy(out + p * ldo, ot + p * heads * hd, heads * hd * sizeof(float));
-}
-
-// a key row into its transposed block (kt: one KV head's [capacity/16, hd, 16]); a value row as it is
-template <typename T>
-void store_value(T* dst, const float* src, int64_t n) {
-  if constexpr (sizeof(T) == 4) {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    for (int64_t i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
-  }
-}
-
-template <typename T>
-void store_key(T* kt, int64_t position, const float* src, int64_t hd) {
-  T* dst = kt + (position / 16) * hd * 16 + position % 16;
-  for (int64_t i = 0; i < hd; i++) {
-    if constexpr (sizeof(T) == 4)
-      dst[i * 16] = src[i];
-    else
-      dst[i * 16] = float_to_bf16(src[i]);
   }
 }
 

@@ -1,4 +1,5 @@
-// The lean runner's decode step in one call, on AVX-512 (VNNI for int8, q4 and q8 weights).
+// The lean runner's decode step in one call, built for AVX-512 with VNNI or for AVX2 with FMA and
+// F16C (kernels/__init__.py: BUILDS), the same stages on 16- or 8-lane vectors.
 //
 // `chatcli_decode` runs S rows (a sampled token, or a token and the draft that follows it)
 // through every layer of a decoder of a lean family (Llama, and the extras of Mistral, Qwen2/3,
@@ -32,9 +33,17 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX512F__)
 #include "attention.h"
 #include "project.h"
 #include "simd.h"
+#else  // AVX2, FMA and F16C: the same stages on 8-lane vectors
+#include "attention_avx2.h"
+#include "project_avx2.h"
+#include "simd_avx2.h"
+#endif
+#include "common.h"
+#include "steps.h"
 
 extern "C" {
 

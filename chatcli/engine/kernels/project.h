@@ -1,5 +1,5 @@
 // The decode step's projections (see decode.cpp), AVX-512 with VNNI: y [S, n] = x [S, k] W^T
-// for each weight kind, split over an OpenMP team by output blocks and rows.
+// for each weight kind (project_avx2.h: the same on AVX2), split over an OpenMP team by steps.h.
 //
 //   int8: W packed as [ceil(n/16)][kp/4][16][4] int8 (16 outputs a block, 4 consecutive k
 //     per 32-bit lane, as VPDPBUSD wants), symmetric per output row, scale [n], row sums
@@ -22,41 +22,12 @@
 #include <cstdint>
 #include <type_traits>
 
-extern "C" {
-
-enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3 };
-
-struct Matrix {
-  int32_t kind;      // WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4 or WEIGHT_Q8
-  int64_t n, k, kp;  // outputs, inputs, inputs padded to a multiple of 4 (int8) or 32 (q4, q8)
-  const void* w;     // fp32: panels; int8, q4, q8: packed as above
-  const float* scale;  // int8: [n]
-  const int32_t* wsum;  // int8: [n]
-  const uint16_t* d;    // q4, q8: fp16 scales
-  const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d)
-  const float* norm;    // q4, q8: [k] the RMSNorm weight its normalised inputs take, or null
-};
-
-}  // extern "C"
+#include "common.h"
 
 namespace {
 
 constexpr int kRowsPerPass = 4;  // int8: activation rows that share one read of a weight block (at most)
 constexpr int kF32Rows = 6;      // fp32: rows a pass over a panel computes (6 x 4 accumulators)
-constexpr int64_t kPanel = 64;   // fp32 weights: panels of 64 outputs, [ceil(n/64)][k][64]
-
-// ---- projections, run inside an OpenMP team (each splits its output blocks) ---------------
-
-struct Rows {  // the activation rows a projection reads
-  int64_t count;
-  const float* x;     // fp32: [count, ldx]
-  int64_t ldx;
-  const uint8_t* xq;  // int8: [count, kp]
-  const float* xs;
-  const int32_t* xz;
-  const float* gs;    // q4, q8: [count, kp/32] each group's scale (xq then holds int8)
-  const float* gsum;  // q4, q8: [count, kp/32] each group's sum, gs * sum xq
-};
 
 // y[s, n0..n0+16) for rows s0..s0+R, int8 block b; accumulate: y += instead of y =
 template <int R>
@@ -149,26 +120,6 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
   }
 }
 
-// row r of a q4 / q8 matrix, dequantized into out [k], times `scale`: the embedding of a grouped
-// file, read from its blocks (a tied model's head), so that a lookup touches no other copy
-inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) {
-  const int64_t groups = m.kp / 32, b = r / 16, o = r % 16;
-  const int quads = m.kind == WEIGHT_Q8 ? 8 : 4;
-  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * quads * 64;
-  auto half = [](uint16_t h) { return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)))); };
-  for (int64_t g = 0; g < groups; g++) {
-    const int64_t at = (b * groups + g) * 16 + o;
-    const float d = half(m.d[at]), mn = m.mins ? half(m.mins[at]) : 0.f;
-    const int zero = m.mins ? 0 : (quads == 8 ? 128 : 8);
-    for (int64_t i = 0; i < 32 && g * 32 + i < m.k; i++) {
-      const int64_t quad = i / 4, lane = o * 4 + i % 4;
-      const int code = quads == 8 ? w[(g * 8 + quad) * 64 + lane] : (w[(g * 4 + quad / 2) * 64 + lane] >> (4 * (quad % 2))) & 15;
-      const float v = m.mins ? d * static_cast<float>(code) + mn : static_cast<float>(code - zero) * d;
-      out[g * 32 + i] = v * scale;
-    }
-  }
-}
-
 // y[s, p*64..p*64+64) for rows s0..s0+R from fp32 panel p ([k][64], zero past n)
 template <int R>
 void f32_panel(const Matrix& m, int64_t p, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
@@ -202,74 +153,6 @@ void f32_panel(const Matrix& m, int64_t p, const Rows& in, int64_t s0, float* y,
       _mm512_mask_storeu_ps(out, mask, val);
     }
   }
-}
-
-// the last pass: `left` (< R) rows from s
-template <int R, typename Block>
-void tail_pass(int64_t left, int64_t s, Block& block) {
-  if constexpr (R > 0) {
-    if (left == R)
-      block(std::integral_constant<int, R>{}, s);
-    else
-      tail_pass<R - 1>(left, s, block);
-  }
-}
-
-// block(integral_constant<int, R>, s0) over the rows, in passes of kRows and one shorter last pass
-template <int kRows, typename Block>
-void each_row_pass(const Rows& in, Block block) {
-  int64_t s = 0;
-  for (; s + kRows <= in.count; s += kRows) block(std::integral_constant<int, kRows>{}, s);
-  tail_pass<kRows - 1>(in.count - s, s, block);
-}
-
-// Row blocks to split a projection's rows into, beside its `units` output blocks, so that the team's
-// threads get equal shares: a few wide rows of units (9 fp32 panels for 2 threads) would leave one idle.
-int64_t row_blocks(int64_t units, int64_t rows, int64_t pass) {
-  const int64_t threads = omp_get_num_threads();
-  int64_t best = 1;
-  double best_cost = 2.0;
-  for (int64_t rb = 1; rb <= 8 && (rb == 1 || rb * pass <= rows); rb++) {
-    const int64_t items = units * rb;
-    const double cost = static_cast<double>((items + threads - 1) / threads) * threads / items;  // 1: even
-    if (cost < best_cost - 1e-9) best = rb, best_cost = cost;
-  }
-  return best;
-}
-
-// every (unit, row block) pair once over the team: work(unit, rows) with a view of the rows
-template <int kRows, typename Work>
-void split(const Rows& in, int64_t units, Work work) {
-  const int64_t rb = row_blocks(units, in.count, kRows);
-  const int64_t per = ((in.count + rb - 1) / rb + kRows - 1) / kRows * kRows;  // rows a block, whole passes
-#pragma omp for schedule(static)
-  for (int64_t item = 0; item < units * rb; item++) {
-    const int64_t unit = item / rb, first = (item % rb) * per;
-    if (first >= in.count) continue;
-    Rows part = in;
-    part.count = std::min(per, in.count - first);
-    each_row_pass<kRows>(part, [&](auto r, int64_t s) { work(unit, r, first + s); });
-  }
-}
-
-// y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team
-void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-  if (m.kind == WEIGHT_Q4)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_Q8)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      group_block<decltype(r)::value, 8>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_I8)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      int8_block<decltype(r)::value>(m, b, in, s, y, ldy, accumulate);
-    });
-  else
-    split<kF32Rows>(in, (m.n + kPanel - 1) / kPanel, [&](int64_t p, auto r, int64_t s) {
-      f32_panel<decltype(r)::value>(m, p, in, s, y, ldy, accumulate);
-    });
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common.h"
+
 namespace {
 
 // ---- small vector helpers ---------------------------------------------------------------
@@ -31,20 +33,7 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch does
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+inline float half_to_float(uint16_t h) { return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)))); }
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
@@ -65,12 +54,6 @@ void rms_norm(const float* x, int64_t d, float eps, float* out) {
   const __m512 vinv = _mm512_set1_ps(inv);
   for (i = 0; i + 16 <= d; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(load16(x + i), vinv));
   for (; i < d; i++) out[i] = x[i] * inv;
-}
-
-// x [d] <- x / rms(x) * w, in place (q/k norms, sandwich norms: weights that cannot be folded)
-void rms_norm_scaled(float* x, const float* w, int64_t d, float eps) {
-  rms_norm(x, d, eps, x);
-  for (int64_t i = 0; i < d; i++) x[i] *= w[i];
 }
 
 // x [k] -> xq [kp] uint8 (padding holds the zero point: the padded weights are 0 anyway)
@@ -121,17 +104,6 @@ void quantize_groups(const float* x, int64_t k, int64_t kp, int8_t* xq, float* s
     scale[g] = step;
     sum[g] = step * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
   }
-}
-
-// rope on `heads` heads of a row in adjacent pairs (2i, 2i + 1): rope [hd/2, 2] holds cos, sin
-void rope_row(float* row, const float* rope, int64_t heads, int64_t half) {
-  for (int64_t head = 0; head < heads; head++)
-    for (int64_t i = 0; i < half; i++) {
-      float* p = row + head * 2 * half + 2 * i;
-      const float a = p[0], b = p[1], cs = rope[2 * i], sn = rope[2 * i + 1];
-      p[0] = a * cs - b * sn;
-      p[1] = a * sn + b * cs;
-    }
 }
 
 // tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|) (exp where it is accurate), with x's sign

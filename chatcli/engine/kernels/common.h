@@ -1,0 +1,146 @@
+// What every build of the decode step shares (see decode.cpp): the weight and row layouts, the
+// bf16 cache's conversions, rope, the split of a projection over an OpenMP team and the cache stores.
+// The vector code is per instruction set: simd.h, attention.h, project.h (AVX-512) or their
+// _avx2 twins; steps.h builds the stages on either.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+extern "C" {
+
+enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3 };
+
+struct Matrix {
+  int32_t kind;      // WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4 or WEIGHT_Q8
+  int64_t n, k, kp;  // outputs, inputs, inputs padded to a multiple of 4 (int8) or 32 (q4, q8)
+  const void* w;     // fp32: panels; int8, q4, q8: packed as above
+  const float* scale;  // int8: [n]
+  const int32_t* wsum;  // int8: [n]
+  const uint16_t* d;    // q4, q8: fp16 scales
+  const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d)
+  const float* norm;    // q4, q8: [k] the RMSNorm weight its normalised inputs take, or null
+};
+
+}  // extern "C"
+
+namespace {
+
+constexpr int64_t kPanel = 64;   // fp32 weights: panels of 64 outputs, [ceil(n/64)][k][64]
+constexpr int kMaxGroup = 8;      // query heads attended together over one read of their K and V
+constexpr int kMaxHeadDim = 256;  // the largest head the kernel takes
+constexpr int kTileRows = 12;     // query rows (positions x heads) scored together against each key block
+
+// ---- projections, run inside an OpenMP team (each splits its output blocks) ---------------
+
+struct Rows {  // the activation rows a projection reads
+  int64_t count;
+  const float* x;     // fp32: [count, ldx]
+  int64_t ldx;
+  const uint8_t* xq;  // int8: [count, kp]
+  const float* xs;
+  const int32_t* xz;
+  const float* gs;    // q4, q8: [count, kp/32] each group's scale (xq then holds int8)
+  const float* gsum;  // q4, q8: [count, kp/32] each group's sum, gs * sum xq
+};
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch does
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// rope on `heads` heads of a row in adjacent pairs (2i, 2i + 1): rope [hd/2, 2] holds cos, sin
+void rope_row(float* row, const float* rope, int64_t heads, int64_t half) {
+  for (int64_t head = 0; head < heads; head++)
+    for (int64_t i = 0; i < half; i++) {
+      float* p = row + head * 2 * half + 2 * i;
+      const float a = p[0], b = p[1], cs = rope[2 * i], sn = rope[2 * i + 1];
+      p[0] = a * cs - b * sn;
+      p[1] = a * sn + b * cs;
+    }
+}
+
+// the last pass: `left` (< R) rows from s
+template <int R, typename Block>
+void tail_pass(int64_t left, int64_t s, Block& block) {
+  if constexpr (R > 0) {
+    if (left == R)
+      block(std::integral_constant<int, R>{}, s);
+    else
+      tail_pass<R - 1>(left, s, block);
+  }
+}
+
+// block(integral_constant<int, R>, s0) over the rows, in passes of kRows and one shorter last pass
+template <int kRows, typename Block>
+void each_row_pass(const Rows& in, Block block) {
+  int64_t s = 0;
+  for (; s + kRows <= in.count; s += kRows) block(std::integral_constant<int, kRows>{}, s);
+  tail_pass<kRows - 1>(in.count - s, s, block);
+}
+
+// Row blocks to split a projection's rows into, beside its `units` output blocks, so that the team's
+// threads get equal shares: a few wide rows of units (9 fp32 panels for 2 threads) would leave one idle.
+int64_t row_blocks(int64_t units, int64_t rows, int64_t pass) {
+  const int64_t threads = omp_get_num_threads();
+  int64_t best = 1;
+  double best_cost = 2.0;
+  for (int64_t rb = 1; rb <= 8 && (rb == 1 || rb * pass <= rows); rb++) {
+    const int64_t items = units * rb;
+    const double cost = static_cast<double>((items + threads - 1) / threads) * threads / items;  // 1: even
+    if (cost < best_cost - 1e-9) best = rb, best_cost = cost;
+  }
+  return best;
+}
+
+// every (unit, row block) pair once over the team: work(unit, rows) with a view of the rows
+template <int kRows, typename Work>
+void split(const Rows& in, int64_t units, Work work) {
+  const int64_t rb = row_blocks(units, in.count, kRows);
+  const int64_t per = ((in.count + rb - 1) / rb + kRows - 1) / kRows * kRows;  // rows a block, whole passes
+#pragma omp for schedule(static)
+  for (int64_t item = 0; item < units * rb; item++) {
+    const int64_t unit = item / rb, first = (item % rb) * per;
+    if (first >= in.count) continue;
+    Rows part = in;
+    part.count = std::min(per, in.count - first);
+    each_row_pass<kRows>(part, [&](auto r, int64_t s) { work(unit, r, first + s); });
+  }
+}
+
+// a key row into its transposed block (kt: one KV head's [capacity/16, hd, 16]); a value row as it is
+template <typename T>
+void store_value(T* dst, const float* src, int64_t n) {
+  if constexpr (sizeof(T) == 4) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    for (int64_t i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
+  }
+}
+
+template <typename T>
+void store_key(T* kt, int64_t position, const float* src, int64_t hd) {
+  T* dst = kt + (position / 16) * hd * 16 + position % 16;
+  for (int64_t i = 0; i < hd; i++) {
+    if constexpr (sizeof(T) == 4)
+      dst[i * 16] = src[i];
+    else
+      dst[i * 16] = float_to_bf16(src[i]);
+  }
+}
+
+}  // namespace

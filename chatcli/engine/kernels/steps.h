@@ -1,0 +1,90 @@
+// The stages built on an instruction set's vector code (included after it, see decode.cpp):
+// a projection of any weight kind, a grouped embedding row, a sandwich norm, attention of a tile.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "common.h"
+
+namespace {
+
+// x [d] <- x / rms(x) * w, in place (q/k norms, sandwich norms: weights that cannot be folded)
+void rms_norm_scaled(float* x, const float* w, int64_t d, float eps) {
+  rms_norm(x, d, eps, x);
+  for (int64_t i = 0; i < d; i++) x[i] *= w[i];
+}
+
+// y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team
+void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
+  if (m.kind == WEIGHT_Q4)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q8)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      group_block<decltype(r)::value, 8>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_I8)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      int8_block<decltype(r)::value>(m, b, in, s, y, ldy, accumulate);
+    });
+  else
+    split<kF32Rows>(in, (m.n + kPanel - 1) / kPanel, [&](int64_t p, auto r, int64_t s) {
+      f32_panel<decltype(r)::value>(m, p, in, s, y, ldy, accumulate);
+    });
+}
+
+// row r of a q4 / q8 matrix, dequantized into out [k], times `scale`: the embedding of a grouped
+// file, read from its blocks (a tied model's head), so that a lookup touches no other copy
+inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) {
+  const int64_t groups = m.kp / 32, b = r / 16, o = r % 16;
+  const int quads = m.kind == WEIGHT_Q8 ? 8 : 4;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * quads * 64;
+  for (int64_t g = 0; g < groups; g++) {
+    const int64_t at = (b * groups + g) * 16 + o;
+    const float d = half_to_float(m.d[at]), mn = m.mins ? half_to_float(m.mins[at]) : 0.f;
+    const int zero = m.mins ? 0 : (quads == 8 ? 128 : 8);
+    for (int64_t i = 0; i < 32 && g * 32 + i < m.k; i++) {
+      const int64_t quad = i / 4, lane = o * 4 + i % 4;
+      const int code = quads == 8 ? w[(g * 8 + quad) * 64 + lane] : (w[(g * 4 + quad / 2) * 64 + lane] >> (4 * (quad % 2))) & 15;
+      const float v = m.mins ? d * static_cast<float>(code) + mn : static_cast<float>(code - zero) * d;
+      out[g * 32 + i] = v * scale;
+    }
+  }
+}
+
+// A tile of `positions` consecutive query positions x `heads` heads of one KV group (rows p * heads + h,
+// at most kTileRows), the first position seeing `length` cached keys: q rows at q + p * ldq + h * hd,
+// outputs at out + p * ldo + h * hd. K (transposed blocks) and V are read once for the tile's rows; they
+// hold positions from `base` on (a multiple of 16, at most the first key a row reads).
+// With a window, a row sees only its last `window` keys: the tile starts at the key block of its
+// first row's first key. A row's weights outside its own keys are 0, and adding 0 * v leaves a sum's
+// bits as they are: each row sums in the same order whatever the rows around it, so a prefill and
+// the same tokens one at a time give the same bits. scratch: kTileRows * (2 hd + length + positions + 48) floats.
+template <typename T>
+void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t base,
+            int64_t length, int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo) {
+  const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
+  const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
+  const int64_t b0 = window ? std::max<int64_t>(0, length - window) / 16 : 0, u0 = b0 * 16;  // the first key read
+  float* qt = scratch;                       // [rows, hd]
+  float* ot = scratch + kTileRows * hd;      // [rows, hd]
+  float* scores = ot + kTileRows * hd;       // [rows, lds]
+  for (int64_t p = 0; p < positions; p++) std::memcpy(qt + p * heads * hd, q + p * ldq, heads * hd * sizeof(float));
+  score_any<T>(rows, qt, kt + (u0 - base) * hd, blocks - b0, hd, scores + u0, lds, scale);
+  float inv[kTileRows];
+  for (int64_t r = 0; r < rows; r++) {
+    float* w = scores + r * lds;
+    const int64_t own = length + r / heads, first = window ? std::max<int64_t>(0, own - window) : 0;
+    if (softcap > 0.f) softcap_row(w + first, own - first, softcap);
+    inv[r] = softmax_row(w + first, own - first);
+    std::fill(w + u0, w + first, 0.f);
+    std::fill(w + own, w + last, 0.f);
+  }
+  weigh_any<T>(rows, scores + u0, lds, v + (u0 - base) * hd, last - u0, hd, inv, ot);
+  for (int64_t p = 0; p < positions; p++) std::memcpy(out + p * ldo, ot + p * heads * hd, heads * hd * sizeof(float));
+}
+
+}  // namespace
