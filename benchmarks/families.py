@@ -59,10 +59,10 @@ def main() -> None:
 
     from chatcli.bench import _cpu_name as cpu_name
     from chatcli.bench.baseline import hf_generate
-    from chatcli.engine import kernels
-    from chatcli.engine.lean import LeanRunner
-    from chatcli.engine.lean_convert import convert_lean
-    from chatcli.engine.lean_weights import LeanWeights
+    from chatcli.engine.runners import kernels
+    from chatcli.engine.runners.lean import LeanRunner
+    from chatcli.engine.weights.lean_convert import convert_lean
+    from chatcli.engine.weights.lean_file import LeanWeights
 
     native = kernels.library() is not None
     print(f"# {cpu_name()}; decode tok/s after a {args.context}-token prefill (median step)")
@@ -79,7 +79,7 @@ def main() -> None:
             files[kind] = LeanWeights(path, kind, family)
         rates = {"lean": 1 / median_step(LeanRunner(files["float32-dense"]), args.context, args.steps)}
         if native:
-            from chatcli.engine.native import NativeRunner
+            from chatcli.engine.runners.native import NativeRunner
 
             for name, kind in (("native", "float32-panels"), ("native-int8", "int8"), ("native-q4", "q4")):
                 rates[name] = 1 / median_step(NativeRunner(files[kind]), args.context, args.steps)

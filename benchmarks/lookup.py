@@ -15,8 +15,9 @@ import statistics
 from chatcli.bench.measure import warm_up
 from chatcli.bench.prompts import DECODE_PROMPT, EDIT_PROMPT
 from chatcli.engine.engine import Finished
-from chatcli.engine.load import LoadOptions, load_engine
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.load.build import load_engine
+from chatcli.engine.load.options import LoadOptions
+from chatcli.engine.sample.sampling import SamplingParams
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--runners", default="native,native-int8,lean,lean-int8,hf")
     args = ap.parse_args()
     engines = {name: engine_named(name, args.model) for name in args.runners.split(",")}
-    from chatcli.engine.hf_load import load
+    from chatcli.engine.load.hf import load
 
     config = load(args.model).model.config
     ids = [(i * 7919) % config.vocab_size for i in range(args.tokens)]

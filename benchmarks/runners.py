@@ -4,7 +4,8 @@ kernel over lean files), `lean`, `lean-int8` (the torch lean runner over the sam
 
 from __future__ import annotations
 
-from chatcli.engine.load import LoadOptions, load_engine
+from chatcli.engine.load.build import load_engine
+from chatcli.engine.load.options import LoadOptions
 
 NAMES = ("native", "native-int8", "native-q4", "native-q8", "lean", "lean-int8", "hf")
 
@@ -13,7 +14,7 @@ def engine_named(name: str, model: str | None = None):
     if name not in NAMES:
         raise SystemExit(f"unknown runner {name!r}: one of {', '.join(NAMES)}")
     if name == "hf":
-        from chatcli.engine.hf_load import build_engine, load
+        from chatcli.engine.load.hf import build_engine, load
 
         return build_engine(load(model, LoadOptions(device="cpu")), runner="hf")
     kind, _, quant = name.partition("-")

@@ -57,11 +57,11 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 a = json.loads(sys.argv[1])
-from chatcli.engine import kv_memory
+from chatcli.engine.kv import memory as kv_memory
 if a["variant"] == "whole":
     kv_memory.strip_for = lambda *args: None  # every layer for the whole context
-from chatcli.engine.lean_weights import LeanWeights
-from chatcli.engine.native import NativeRunner
+from chatcli.engine.weights.lean_file import LeanWeights
+from chatcli.engine.runners.native import NativeRunner
 runner = NativeRunner(LeanWeights(a["path"], a["kind"], "sliding"))
 cache = runner.new_cache()
 rng = np.random.default_rng(0)
@@ -92,8 +92,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from chatcli.bench import _cpu_name as cpu_name
-    from chatcli.engine import kernels
-    from chatcli.engine.lean_convert import convert_lean
+    from chatcli.engine.runners import kernels
+    from chatcli.engine.weights.lean_convert import convert_lean
 
     if kernels.library() is None:
         sys.exit(f"the compiled kernel is not available: {kernels.why_not()}")

@@ -53,8 +53,7 @@ def loading_status():
 
 
 def load_engine(start: StartOptions):
-    from chatcli.engine.load import LoadError
-    from chatcli.engine.remote import RemoteError
+    from chatcli.engine import LoadError, RemoteError
 
     try:
         with loading_status() as status:
@@ -65,14 +64,12 @@ def load_engine(start: StartOptions):
 
 def check_format(engine, params) -> None:
     """A --json-schema the engine cannot hold the reply to: one line, before the turn starts."""
-    from chatcli.engine.grammar import GrammarError
+    from chatcli.engine import GrammarError
 
-    check = getattr(engine, "check_format", None)  # a remote engine leaves it to its server
-    if check is not None:
-        try:
-            check(params)
-        except GrammarError as exc:
-            raise UserError(f"--json-schema: {exc}", 2) from None
+    try:
+        engine.check_format(params)  # a remote engine leaves it to its server
+    except GrammarError as exc:
+        raise UserError(f"--json-schema: {exc}", 2) from None
 
 
 def open_conversation(store, start: StartOptions, resume: str | None, continue_last: bool):
@@ -110,16 +107,14 @@ def stream_reply(engine, conversation, session, params, out, scored: list | None
 
     Returns (Finished, pieces), or (None, pieces) when Ctrl+C stopped it.
     """
-    from chatcli.engine.engine import ContextOverflow
-    from chatcli.engine.events import Finished, Token
-    from chatcli.engine.remote import RemoteError
+    from chatcli.engine import ContextOverflow, Finished, RemoteError, Token
 
     pieces: list[str] = []
     cancel = threading.Event()
     try:
         for event in engine.generate(conversation.for_template(), session, params, cancel):
             if isinstance(event, Token) and scored is not None:
-                from chatcli.engine.logprobs import token_entry
+                from chatcli.engine import token_entry
 
                 found = token_entry(engine.tokenizer, event, top_key="top", with_id=True)
                 if found is not None:
@@ -145,7 +140,7 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
 
     from chatcli.chat.saved import kv_path, save_kv
     from chatcli.chat.store import Store, StoreError
-    from chatcli.engine.events import FinishReason
+    from chatcli.engine import FinishReason
 
     try:
         store = Store()

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.server.app import create_app
 
 TIMEOUT = 60.0

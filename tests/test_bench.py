@@ -44,7 +44,7 @@ def test_json_has_the_contract_keys(bench_json, tiny_model_dir):
         assert key in bench_json
     assert bench_json["model"] == tiny_model_dir.name
     assert bench_json["device"] == "cpu" and bench_json["dtype"] == "float32"
-    from chatcli.engine.kernels import BUILDS, build_name, library, why_not
+    from chatcli.engine.runners.kernels import BUILDS, build_name, library, why_not
 
     # the default for a Llama model: the lean path, in the compiled kernel where it runs
     assert bench_json["runner"] == ("native" if library() else "lean")

@@ -38,9 +38,9 @@ def test_a_shape_runs_each_kind(kernel, quantize):
 def test_the_lean_file_holds_the_gguf_blocks(kernel, tmp_path):
     gguf = pytest.importorskip("gguf")
     from chatcli.bench.gguf_write import write_llama_gguf
-    from chatcli.engine.lean_convert import convert_lean
-    from chatcli.engine.lean_weights import LeanWeights
-    from chatcli.engine.native import NativeRunner
+    from chatcli.engine.runners.native import NativeRunner
+    from chatcli.engine.weights.lean_convert import convert_lean
+    from chatcli.engine.weights.lean_file import LeanWeights
 
     model = sh.build(TINY)
     sh.round_to(model, "Q4_0")

@@ -9,7 +9,7 @@ import pytest
 from chatcli.chat.conversation import Conversation
 from chatcli.chat.manager import Chats, ChatsError
 from chatcli.chat.store import Store
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from tests.ui.fake import FakeEngine
 
 

@@ -2,7 +2,7 @@ import pytest
 
 from chatcli.chat import commands
 from chatcli.chat.commands import Command, CommandError, apply_setting, common_completion, complete, parse
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from chatcli.engine import convert
+from chatcli.engine.weights import gguf_convert as convert
 
 
 @pytest.fixture

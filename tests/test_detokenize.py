@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
+from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
 from tests.tiny import build_tokenizer
 
 TOKENIZER = build_tokenizer()

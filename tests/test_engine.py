@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from chatcli.engine.engine import ContextOverflow, Finished, Prefilled, Token, common_prefix
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 

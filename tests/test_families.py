@@ -1,6 +1,6 @@
 """Every lean family on the lean path, against transformers on the same tiny random weights.
 
-For each family (chatcli.engine.families) a tiny random model built from its config with each of
+For each family (chatcli.engine.weights.families) a tiny random model built from its config with each of
 the family's extras switched on (tests.tiny.family_config: q/k/v biases, q/k norms, windows shorter
 than the sequences, partial rotary, longrope, soft-capping, sandwich norms, a second rope base):
 the torch lean runner and the kernel give transformers' logits within float rounding over random
@@ -19,11 +19,10 @@ import pytest
 import torch
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.hf_load import LoadedModel, build_engine
-from chatcli.engine.lean import LeanRunner
-from chatcli.engine.lean_weights import lean_support
-from chatcli.engine.load import context_limit
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.load.hf import LoadedModel, build_engine
+from chatcli.engine.runners.lean import LeanRunner
+from chatcli.engine.sample.sampling import SamplingParams
+from chatcli.engine.weights.families import context_limit, lean_support
 from tests.conftest import require_kernel
 from tests.test_lean import close, drive
 from tests.tiny import WINDOW, build_family, build_tokenizer, lean_weights
@@ -132,7 +131,7 @@ def test_drafts_are_checked_as_steps(family, tokenizer, runner):
     _, _, files, ref = family
     if runner == "native":
         require_kernel()
-        from chatcli.engine.native import NativeRunner
+        from chatcli.engine.runners.native import NativeRunner
 
         ours = NativeRunner(files["float32-panels"])
     else:
@@ -155,7 +154,7 @@ def test_drafts_are_checked_as_steps(family, tokenizer, runner):
 @pytest.mark.parametrize("kv_dtype, rel", [("float32", 1e-4), ("bfloat16", 2e-2)])
 def test_the_kernel_matches_transformers(family, tokenizer, kv_dtype, rel):
     require_kernel()
-    from chatcli.engine.native import NativeRunner
+    from chatcli.engine.runners.native import NativeRunner
 
     _, _, files, ref = family
     native = NativeRunner(files["float32-panels"], kv_dtype=kv_dtype)
@@ -164,7 +163,7 @@ def test_the_kernel_matches_transformers(family, tokenizer, kv_dtype, rel):
 
 def test_the_kernels_int8_tracks_its_fp32(family):
     require_kernel()
-    from chatcli.engine.native import NativeRunner
+    from chatcli.engine.runners.native import NativeRunner
 
     _, _, files, _ = family
     fp32, int8 = NativeRunner(files["float32-panels"]), NativeRunner(files["int8"])

@@ -1,4 +1,4 @@
-"""The native runner (chatcli/engine/kernels/decode.cpp over a memory-mapped lean file).
+"""The native runner (chatcli/engine/runners/kernels/decode.cpp over a memory-mapped lean file).
 
 The torch lean runner over the same model is the reference: the kernel's fp32 logits are its
 logits within float rounding over prefills, decodes and crops. Its int8 projection is the
@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-from chatcli.engine import kernels
 from chatcli.engine.engine import Finished
-from chatcli.engine.kernels.structs import WEIGHT_F32, WEIGHT_I8, Matrix
-from chatcli.engine.lean import LeanRunner
-from chatcli.engine.lean_convert import pack_int8, panels, unpack_int8
-from chatcli.engine.native import NativeCache, NativeRunner
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.runners import kernels
+from chatcli.engine.runners.kernels.structs import WEIGHT_F32, WEIGHT_I8, Matrix
+from chatcli.engine.runners.lean import LeanRunner
+from chatcli.engine.runners.native import NativeCache, NativeRunner
+from chatcli.engine.sample.sampling import SamplingParams
+from chatcli.engine.weights.layouts import pack_int8, panels, unpack_int8
 from tests.test_lean import close, drive
 from tests.tiny import build_model, lean_weights
 
@@ -194,7 +194,7 @@ def test_the_cache_crops_clones_and_round_trips_its_state(files, kernel):
 def test_int8_drafts_keep_greedy_replies(files, tiny_model_dir, kernel):
     """Through the kernel, int8 drafts too: a greedy reply is the one it is without them."""
     from chatcli.engine.engine import Engine
-    from chatcli.engine.load import folder_tokenizer
+    from chatcli.engine.load.lean import folder_tokenizer
 
     engine = Engine(NativeRunner(files["int8"]), folder_tokenizer(tiny_model_dir), "tiny")
     assert engine.lookup_for(SamplingParams(lookup=4)) == 4
@@ -252,7 +252,8 @@ def test_the_cache_type_is_checked(files, kernel):
 
 
 def test_without_the_kernel_the_torch_path_runs(tiny_model_dir, no_kernel):
-    from chatcli.engine.load import LoadOptions, load_engine
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
 
     engine = load_engine(str(tiny_model_dir), LoadOptions(device="cpu"))
     assert isinstance(engine.runner, LeanRunner)
@@ -314,7 +315,7 @@ def test_the_kernel_runs_without_torch_and_shares_one_runtime_with_a_later_torch
     bench), its OpenMP is the one the kernel loaded, not a second one."""
     code = (
         "import sys\n"
-        "from chatcli.engine import kernels\n"
+        "from chatcli.engine.runners import kernels\n"
         "assert kernels.library() is not None, kernels.why_not()\n"
         "assert 'torch' not in sys.modules\n"
         "import torch\n"

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from chatcli.engine import kernels
-from chatcli.engine.kernels.structs import WEIGHT_Q4, WEIGHT_Q8, Matrix
-from chatcli.engine.lean import LeanRunner
-from chatcli.engine.native import NativeRunner
-from chatcli.engine.quant_blocks import pack
+from chatcli.engine.runners import kernels
+from chatcli.engine.runners.kernels.structs import WEIGHT_Q4, WEIGHT_Q8, Matrix
+from chatcli.engine.runners.lean import LeanRunner
+from chatcli.engine.runners.native import NativeRunner
+from chatcli.engine.weights.quant_blocks import pack
 from tests.test_families import family_case
 from tests.test_kernel import project as project_int8_or_f32
 from tests.test_kernel import reference_int8

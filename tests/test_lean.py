@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from chatcli.engine import kv_memory
 from chatcli.engine.engine import Engine, Finished
-from chatcli.engine.hf_load import LoadedModel, build_engine, make_hf_runner
-from chatcli.engine.hf_runner import HFRunner
-from chatcli.engine.lean import LeanRunner
-from chatcli.engine.lean_cache import LeanCache
-from chatcli.engine.lean_convert import fused_transposed, head_rows, projections
-from chatcli.engine.lean_weights import lean_support
-from chatcli.engine.load import LoadError, check_quantize, context_limit, pick_kv_dtype
-from chatcli.engine.quantize import Int8Dense, calibration_ids, down_smoothing, quantize_hf_model
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.kv import memory as kv_memory
+from chatcli.engine.load.hf import LoadedModel, build_engine, make_hf_runner
+from chatcli.engine.load.options import LoadError, check_quantize, pick_kv_dtype
+from chatcli.engine.runners.hf import HFRunner
+from chatcli.engine.runners.lean import LeanRunner
+from chatcli.engine.runners.lean_cache import LeanCache
+from chatcli.engine.sample.sampling import SamplingParams
+from chatcli.engine.weights.families import context_limit, lean_support
+from chatcli.engine.weights.lean_convert import fused_transposed, head_rows, projections
+from chatcli.engine.weights.quantize import Int8Dense, calibration_ids, down_smoothing, quantize_hf_model
 from tests.conftest import require_kernel
 from tests.tiny import build_tokenizer, lean_weights
 
@@ -198,7 +198,7 @@ def test_context_limit_is_enforced(tiny_loaded, dense):
 
 
 def test_front_ends_hold_no_transformers_model(tiny_model_dir, no_kernel):
-    from chatcli.engine.load import LoadOptions
+    from chatcli.engine.load.options import LoadOptions
     from chatcli.options import StartOptions
 
     engine = StartOptions(model=str(tiny_model_dir), load=LoadOptions(device="cpu")).load_engine()
@@ -394,7 +394,7 @@ def exact_engines(loaded):
         "hf": build_engine(loaded, runner="hf"),
         "lean": build_engine(loaded, runner="lean", kv_dtype="float32", kernel=False),
     }
-    from chatcli.engine import kernels
+    from chatcli.engine.runners import kernels
 
     if kernels.library() is not None:  # the weights as transformers has them, not a GGUF's blocks (auto)
         engines["native"] = build_engine(loaded, runner="lean", quantize="none", kv_dtype="float32")

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from chatcli.engine import load as load_mod
-from chatcli.engine.hf_load import load
-from chatcli.engine.load import FALLBACK_HUB_ID, LoadError, LoadOptions, candidates, load_engine
+from chatcli.engine.load import build, sources
+from chatcli.engine.load.build import load_engine
+from chatcli.engine.load.hf import load
+from chatcli.engine.load.options import LoadError, LoadOptions
+from chatcli.engine.load.sources import FALLBACK_HUB_ID, candidates
 
 
 def test_candidates_order(monkeypatch, tmp_path):
     gguf = tmp_path / "m.gguf"
-    monkeypatch.setattr(load_mod, "embedded_gguf", lambda: gguf)
+    monkeypatch.setattr(sources, "embedded_gguf", lambda: gguf)
     assert candidates("x/y", "cfg") == [("x/y", True)]
     assert candidates(None, "cfg") == [("cfg", True)]
     assert candidates(None, None) == [(str(gguf), False), (FALLBACK_HUB_ID, False)]
@@ -19,7 +21,7 @@ def test_candidates_order(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("loader", [load, load_engine])
 def test_nothing_loads_says_what_was_tried_and_the_fix(monkeypatch, tmp_path, loader):
-    monkeypatch.setattr(load_mod, "embedded_gguf", lambda: None)
+    monkeypatch.setattr(sources, "embedded_gguf", lambda: None)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty hub cache: the fallback id is not there
     with pytest.raises(LoadError) as err:
         loader(None, LoadOptions(device="cpu"))
@@ -71,8 +73,7 @@ def test_the_fast_path_needs_neither_torch_nor_transformers(tiny_model_dir, tmp_
     load_engine(str(tiny_model_dir), LoadOptions(device="cpu"))  # converts the lean file once, here
     script = (
         "import sys\n"
-        "from chatcli.engine.load import load_engine\n"
-        "from chatcli.engine.sampling import SamplingParams\n"
+        "from chatcli.engine import SamplingParams, load_engine\n"
         f"engine = load_engine({str(tiny_model_dir)!r})\n"
         "events = list(engine.generate([{'role': 'user', 'content': 'Hi'}], engine.new_session(),"
         " SamplingParams(temperature=0, max_tokens=4)))\n"
@@ -95,8 +96,8 @@ def test_runner_choice_follows_the_options(tiny_model_dir, no_kernel):
 
 
 def test_an_implicit_hub_id_is_never_fetched(monkeypatch, tmp_path):
-    monkeypatch.setattr(load_mod, "embedded_gguf", lambda: None)
+    monkeypatch.setattr(sources, "embedded_gguf", lambda: None)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr(load_mod, "resolve", lambda name, explicit, status: load_mod.Source(None, name, name, name))
+    monkeypatch.setattr(build, "resolve", lambda name, explicit, status: sources.Source(None, name, name, name))
     with pytest.raises(LoadError, match="not in the local Hugging Face cache"):
         load_engine(None, LoadOptions(device="cpu"))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from chatcli.engine.events import Finished, Token
-from chatcli.engine.sampling import SamplingParams, token_logprobs
+from chatcli.engine.sample.sampling import SamplingParams, token_logprobs
 from tests.servers import USER
 
 

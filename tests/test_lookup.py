@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.hf_load import build_engine
-from chatcli.engine.lookup import PromptLookup
+from chatcli.engine.load.hf import build_engine
 from chatcli.engine.params import InvalidParameter
-from chatcli.engine.sampling import SamplingParams, accept_draft, logits_to_probs, new_generator
+from chatcli.engine.sample.lookup import PromptLookup
+from chatcli.engine.sample.sampling import SamplingParams, accept_draft, logits_to_probs, new_generator
 from chatcli.engine.stats import TurnStats
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, lookup=0)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from chatcli.engine.engine import common_prefix
-from chatcli.engine.persist import fingerprint, load_cache, save_cache, trim_folder
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.kv.persist import fingerprint, load_cache, save_cache, trim_folder
+from chatcli.engine.sample.sampling import SamplingParams
 from tests.conftest import require_kernel
 
 
@@ -59,7 +59,7 @@ def test_foreign_or_damaged_files_are_ignored(tiny_engine, tmp_path):
 
 @pytest.mark.parametrize("kernel", [False, True])
 def test_file_from_the_other_runner_is_ignored(tiny_loaded, tmp_path, kernel):
-    from chatcli.engine.hf_load import build_engine
+    from chatcli.engine.load.hf import build_engine
 
     if kernel:
         require_kernel()
@@ -76,7 +76,7 @@ def test_file_from_the_other_runner_is_ignored(tiny_loaded, tmp_path, kernel):
 
 @pytest.mark.parametrize("kernel", [False, True])
 def test_file_from_another_cache_dtype_or_quantization_is_ignored(tiny_loaded, tmp_path, kernel):
-    from chatcli.engine.hf_load import build_engine
+    from chatcli.engine.load.hf import build_engine
 
     if kernel:
         require_kernel()

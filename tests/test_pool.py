@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.pool import SessionPool, fork_session
-from chatcli.engine.prefix import common_prefix
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.kv.pool import SessionPool, fork_session
+from chatcli.engine.kv.prefix import common_prefix
+from chatcli.engine.sample.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from chatcli.engine import kernels
-from chatcli.engine import quant_blocks as qb
-from chatcli.engine.kernels.structs import WEIGHT_Q4, WEIGHT_Q8, Matrix
-from chatcli.engine.native import NativeRunner
+from chatcli.engine.runners import kernels
+from chatcli.engine.runners.kernels.structs import WEIGHT_Q4, WEIGHT_Q8, Matrix
+from chatcli.engine.runners.native import NativeRunner
+from chatcli.engine.weights import quant_blocks as qb
 from tests.tiny import lean_weights
 
 
@@ -209,9 +209,10 @@ def test_the_norms_kept_apart_are_applied(kernel, tmp_path):
 
 
 def test_q4_and_q8_load_on_the_kernel_and_are_refused_elsewhere(tiny_model_dir, tiny_loaded, kernel, monkeypatch):
-    from chatcli.engine import persist
-    from chatcli.engine.hf_load import build_engine
-    from chatcli.engine.load import LoadError, LoadOptions, load_engine
+    from chatcli.engine.kv import persist
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.hf import build_engine
+    from chatcli.engine.load.options import LoadError, LoadOptions
 
     prints = set()
     for quantize in ("q4", "q8", "int8"):
@@ -232,7 +233,8 @@ def test_the_embedded_gguf_runs_on_its_own_blocks(kernel):
     and its perplexity is fp32's (the same weights; only the activations are rounded to int8)."""
     gguf = pytest.importorskip("gguf")
     from chatcli.bench.measure import perplexity
-    from chatcli.engine.load import LoadOptions, load_engine
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
     from tests.conftest import embedded_path
 
     path = embedded_path()
@@ -268,25 +270,25 @@ def test_the_embedded_gguf_runs_on_its_own_blocks(kernel):
 def test_auto_reads_a_q4_gguf_as_its_blocks_where_the_kernel_runs(kernel, real_default, monkeypatch):
     """The default (`--quantize auto`) on the embedded Q4_1 file is its own blocks; without the
     kernel, and for a model that is no GGUF, auto is none."""
-    from chatcli.engine import kernels
-    from chatcli.engine.convert import gguf_file_type
-    from chatcli.engine.load import LoadOptions, load_engine
-    from chatcli.engine.runner import weights_dtype
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from chatcli.engine.runners import kernels
+    from chatcli.engine.weights.gguf_convert import gguf_file_type
     from tests.conftest import embedded_path
 
     assert gguf_file_type(embedded_path()) == 3  # LLAMA_FTYPE_MOSTLY_Q4_1, as the file says
-    assert weights_dtype(real_default.runner) == "q4" and real_default.runner.exact_verify
+    assert real_default.runner.weights_dtype == "q4" and real_default.runner.exact_verify
     monkeypatch.setattr(kernels, "library", lambda: None)
     monkeypatch.setattr(kernels, "_reason", "switched off for this test")
-    assert weights_dtype(load_engine(embedded_path(), LoadOptions(quantize="auto")).runner) == "float32"
+    assert load_engine(embedded_path(), LoadOptions(quantize="auto")).runner.weights_dtype == "float32"
 
 
 @pytest.mark.parametrize("file_type,kind", [(2, "q4"), (3, "q4"), (7, "q8"), (15, None), (0, None), (None, None)])
 def test_a_ggufs_file_type_is_read_from_its_header(tmp_path, file_type, kind):
     """`general.file_type` after a long array (a vocabulary) and strings, as writers lay it out."""
     gguf = pytest.importorskip("gguf")
-    from chatcli.engine.convert import gguf_file_type
-    from chatcli.engine.load import GGUF_KINDS
+    from chatcli.engine.load.options import GGUF_KINDS
+    from chatcli.engine.weights.gguf_convert import gguf_file_type
 
     path = tmp_path / "m.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -307,7 +309,8 @@ def test_a_ggufs_file_type_is_read_from_its_header(tmp_path, file_type, kind):
 
 
 def test_the_header_names_the_weights(tiny_model_dir, kernel):
-    from chatcli.engine.load import LoadOptions, load_engine
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
     from chatcli.ui.screens.conversations import engine_label
 
     for quantize, label in (("none", "float32"), ("auto", "float32"), ("int8", "int8"), ("q4", "q4")):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 
 pytestmark = pytest.mark.real_model
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
@@ -42,9 +42,9 @@ def test_second_turn_reuses_first_turn_cache(real_engine):
 def test_conversion_cache_round_trip_and_rebuild(real_engine, tmp_path, monkeypatch):
     from safetensors.numpy import load_file
 
-    from chatcli.engine import convert
-    from chatcli.engine.hf_load import load
-    from chatcli.engine.load import embedded_gguf
+    from chatcli.engine.load.hf import load
+    from chatcli.engine.load.sources import embedded_gguf
+    from chatcli.engine.weights import gguf_convert as convert
 
     gguf = embedded_gguf()
     original = load_file(
@@ -74,7 +74,9 @@ def test_conversion_cache_round_trip_and_rebuild(real_engine, tmp_path, monkeypa
 def test_a_corrupt_lean_file_is_converted_again(real_engine, tmp_path, monkeypatch):
     """The lean file is memory-mapped at each start: a corrupt one (same size, in place) is
     found by its sidecar and converted again, and the reply is today's."""
-    from chatcli.engine.load import LoadOptions, embedded_gguf, load_engine
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from chatcli.engine.load.sources import embedded_gguf
 
     monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path))
     messages = [{"role": "user", "content": "What is the capital of France?"}]

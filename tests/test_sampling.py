@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chatcli.engine.sampling import (
+from chatcli.engine.sample.sampling import (
     InvalidParameter,
     SamplingParams,
     apply_repetition_penalty,
@@ -153,7 +153,7 @@ def test_draws_follow_the_probabilities():
 
 
 def test_presence_and_frequency_penalties_are_openais():
-    from chatcli.engine.sampling import apply_presence_frequency
+    from chatcli.engine.sample.sampling import apply_presence_frequency
 
     logits = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
     out = apply_presence_frequency(logits, [3, 3, 1], presence=0.5, frequency=0.25)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from tests.servers import TIMEOUT, USER, alone, free_port, slow, slow_endless
 
 
@@ -364,7 +364,7 @@ def test_a_full_queue_answers_503_and_recovers(tiny_engine, serve):
 
 
 def test_closing_the_worker_finishes_the_running_job_and_refuses_the_queued_ones(tiny_engine):
-    from chatcli.engine.pool import SessionPool
+    from chatcli.engine.kv.pool import SessionPool
     from chatcli.server.worker import Failed, GenerationWorker, Job
 
     engine = slow_endless(tiny_engine, 0.01)

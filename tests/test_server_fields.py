@@ -59,7 +59,7 @@ def reply_ids(engine, params) -> list[int]:
 def test_a_logit_bias_of_minus_100_bans_a_token(tiny_engine, serve):
     from openai import BadRequestError
 
-    from chatcli.engine.sampling import SamplingParams
+    from chatcli.engine.sample.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0, max_tokens=12, lookup=0)
     ids = reply_ids(tiny_engine, greedy)

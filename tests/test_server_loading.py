@@ -39,7 +39,7 @@ def test_health_says_loading_until_the_model_is_there(tiny_lean, serve):
 
 
 def test_a_failed_load_is_reported_and_calls_back(serve):
-    from chatcli.engine.load import LoadError
+    from chatcli.engine.load.options import LoadError
 
     failed = []
     done = threading.Event()

@@ -18,11 +18,11 @@ import random
 import numpy as np
 import pytest
 
-from chatcli.engine import kv_memory
 from chatcli.engine.engine import Finished
-from chatcli.engine.hf_load import LoadedModel, build_engine
-from chatcli.engine.lean import LeanRunner
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.kv import memory as kv_memory
+from chatcli.engine.load.hf import LoadedModel, build_engine
+from chatcli.engine.runners.lean import LeanRunner
+from chatcli.engine.sample.sampling import SamplingParams
 from tests.conftest import require_kernel
 from tests.test_families import family_case
 from tests.test_lean import close
@@ -52,7 +52,7 @@ def family(request, tokenizer, tmp_path_factory):
 def runner_of(files, kind: str):
     if kind == "native":
         require_kernel()
-        from chatcli.engine.native import NativeRunner
+        from chatcli.engine.runners.native import NativeRunner
 
         return NativeRunner(files["float32-panels"])
     return LeanRunner(files["float32-dense"])
@@ -120,8 +120,8 @@ def test_a_slid_strip_gives_transformers_logits(family, tokenizer, kind):
 
 def whole_context_cache(runner):
     """A cache of the runner's kind that keeps every layer for the whole context (no strip)."""
-    from chatcli.engine.lean_cache import LeanCache
-    from chatcli.engine.native import NativeCache
+    from chatcli.engine.runners.lean_cache import LeanCache
+    from chatcli.engine.runners.native import NativeCache
 
     c = runner.config
     if isinstance(runner, LeanRunner):
@@ -132,7 +132,7 @@ def whole_context_cache(runner):
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
 def test_the_kernel_on_a_strip_gives_the_bits_of_a_whole_cache(family, kv_dtype):
     require_kernel()
-    from chatcli.engine.native import NativeRunner
+    from chatcli.engine.runners.native import NativeRunner
 
     _, _, files, _ = family
     native = NativeRunner(files["float32-panels"], kv_dtype=kv_dtype)
@@ -218,8 +218,8 @@ def test_greedy_replies_over_a_slid_strip_match_transformers(family, tokenizer, 
 
 @pytest.mark.parametrize("kind", ["torch", "native"])
 def test_the_pool_forks_only_what_the_strip_still_holds(family, kind):
-    from chatcli.engine.engine import Session
-    from chatcli.engine.pool import LeaseKind, SessionPool
+    from chatcli.engine.kv.pool import LeaseKind, SessionPool
+    from chatcli.engine.kv.session import Session
 
     _, _, files, _ = family
     ours = runner_of(files, kind)

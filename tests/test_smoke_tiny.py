@@ -1,5 +1,5 @@
 from chatcli.engine.engine import Finished
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 
 
 def test_tiny_engine_generates(tiny_engine):

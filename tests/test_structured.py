@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from chatcli.engine.events import Finished, Token
-from chatcli.engine.grammar import GrammarError, TokenGrammar
 from chatcli.engine.params import ResponseFormat, SamplingParams
+from chatcli.engine.sample.grammar import GrammarError, TokenGrammar
 from tests.servers import USER
 
 # Bounded, so even the tiny random model's reply completes within max_tokens.

@@ -1,4 +1,4 @@
-"""A thread that is done with torch ends its OpenMP team (see chatcli/engine/threads.py)."""
+"""A thread that is done with torch ends its OpenMP team (see chatcli/engine/runners/threads.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from chatcli.engine.threads import release_cpu_threads
+from chatcli.engine.runners.threads import release_cpu_threads
 
 
 def threads_now() -> int:
@@ -42,9 +42,9 @@ def test_a_thread_ends_its_openmp_team():
 NATIVE_TEAM = """
 import ctypes, os, sys, threading, time
 import numpy as np
-from chatcli.engine import kernels
-from chatcli.engine.kernels.structs import WEIGHT_F32, Matrix
-from chatcli.engine.threads import release_cpu_threads
+from chatcli.engine.runners import kernels
+from chatcli.engine.runners.kernels.structs import WEIGHT_F32, Matrix
+from chatcli.engine.runners.threads import release_cpu_threads
 
 lib = kernels.library()
 w = np.ones((16, 1024, 64), np.float32)  # 1024 outputs in fp32 panels

@@ -77,8 +77,8 @@ def build_tiny_model_dir(folder: Path, max_positions: int = 256) -> Path:
 
 def lean_weights(model, kind: str, folder: Path, tokenizer=None):
     """`model` converted into a lean file of `kind` in `folder` (no cache involved), opened."""
-    from chatcli.engine.lean_convert import convert_lean
-    from chatcli.engine.lean_weights import LeanWeights
+    from chatcli.engine.weights.lean_convert import convert_lean
+    from chatcli.engine.weights.lean_file import LeanWeights
 
     path = folder / f"{kind}.safetensors"
     convert_lean(folder, path, kind, "test", model_loader=lambda: (model, tokenizer))
@@ -89,7 +89,7 @@ WINDOW = 8  # the tiny families' sliding window: short enough that the tests' se
 
 
 def family_config(family: str, vocab_size: int, max_positions: int = 128):
-    """A tiny config of a lean family with each of its extras switched on (see chatcli.engine.families)."""
+    """A tiny config of a lean family with each of its extras switched on (see chatcli.engine.weights.families)."""
     import transformers as t
 
     common = dict(

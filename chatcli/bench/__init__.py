@@ -163,9 +163,9 @@ def bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, t
     """`--shape`: a random model of that shape on the compiled kernel, beside llama.cpp (bench/shapes.py)."""
     from chatcli.bench import baseline as ref
     from chatcli.bench.shapes import run_shape
-    from chatcli.engine import kernels
-    from chatcli.engine.load import QUANTIZE_CHOICES, explicit_quantize
-    from chatcli.engine.native import kernel_threads
+    from chatcli.engine.load.options import QUANTIZE_CHOICES, explicit_quantize
+    from chatcli.engine.runners import kernels
+    from chatcli.engine.runners.native import kernel_threads
 
     if model:
         raise BenchError("--shape builds its own random model: leave out --model")
@@ -216,8 +216,8 @@ def run_bench(
     from chatcli.bench import baseline as ref
     from chatcli.bench import measure
     from chatcli.engine.engine import PREFILL_CHUNK, ContextOverflow
-    from chatcli.engine.load import LoadError, LoadOptions, load_engine
-    from chatcli.engine.runner import weights_dtype
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadError, LoadOptions
 
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel's team; torch's below
@@ -228,12 +228,12 @@ def run_bench(
         engine = load_engine(model, options, status=report)
         kv_name = str(getattr(engine.runner, "kv_dtype", engine.runner.dtype)).removeprefix("torch.")
         dtype_name = str(engine.runner.dtype).removeprefix("torch.")
-        weights = weights_dtype(engine.runner)  # what --quantize resolved to: int8 / q4 / q8, or the dtype
+        weights = engine.runner.weights_dtype  # what --quantize resolved to: int8 / q4 / q8, or the dtype
         if quality is None:
             quality = weights != dtype_name or kv_name != dtype_name
         hf = None
         if baseline or ceiling or quality:
-            from chatcli.engine.hf_load import load
+            from chatcli.engine.load.hf import load
 
             progress("loading the transformers reference")
             hf = load(model, LoadOptions(device=device, dtype=dtype), status=report)
@@ -319,13 +319,13 @@ def run_bench(
         )
     result["quality"] = None
     if quality:
-        from chatcli.engine.hf_load import build_engine
+        from chatcli.engine.load.hf import build_engine
 
         progress("quality against the unquantized reference with a cache in the model's dtype")
         runner_kind = "hf" if runner_name == "hf" else "lean"  # the weights as transformers has them: no blocks
         reference = build_engine(hf, runner=runner_kind, quantize="none", kv_dtype=result["dtype"], kernel=native)
         result["quality"] = measure.quality(engine, reference, 32)
-        result["quality"]["reference_weights"] = weights_dtype(reference.runner)
+        result["quality"]["reference_weights"] = reference.runner.weights_dtype
         del reference
     gguf = _gguf_of(model)
     result["llama_cpp"] = None
@@ -348,7 +348,7 @@ def run_bench(
 
 def _gguf_of(model: str | None) -> str | None:
     """The GGUF file the model comes from (the embedded one by default), for llama.cpp."""
-    from chatcli.engine.load import embedded_gguf
+    from chatcli.engine.load.sources import embedded_gguf
 
     if model is None:
         found = embedded_gguf()
@@ -357,13 +357,13 @@ def _gguf_of(model: str | None) -> str | None:
 
 
 def _kernel_build() -> str:
-    from chatcli.engine import kernels
+    from chatcli.engine.runners import kernels
 
     return kernels.build_name()
 
 
 def _why_not_kernel(runner_name: str) -> str:
-    from chatcli.engine import kernels
+    from chatcli.engine.runners import kernels
 
     if runner_name == "hf":
         return "not the lean runner"

@@ -17,8 +17,8 @@ import numpy as np
 def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
     import gguf
 
-    from chatcli.engine.lean_convert import head_rows
-    from chatcli.engine.load import embedded_gguf
+    from chatcli.engine.load.sources import embedded_gguf
+    from chatcli.engine.weights.lean_convert import head_rows
 
     c = model.config
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads

@@ -8,8 +8,8 @@ import time
 from chatcli.bench.prompts import DECODE_PROMPT, EDIT_PROMPT, QUALITY_PROMPTS, TEXT, filler
 from chatcli.engine.engine import Engine
 from chatcli.engine.events import Finished, Token
-from chatcli.engine.prefix import reusable_prefix
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.kv.prefix import reusable_prefix
+from chatcli.engine.sample.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, lookup=0)  # plain decode steps
 

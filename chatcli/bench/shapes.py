@@ -89,8 +89,8 @@ def round_to(model, qtype: str) -> None:
 _CHATCLI = r"""
 import json, statistics, sys, time
 a = json.loads(sys.argv[1])
-from chatcli.engine.lean_weights import LeanWeights
-from chatcli.engine.native import NativeRunner
+from chatcli.engine.weights.lean_file import LeanWeights
+from chatcli.engine.runners.native import NativeRunner
 runner = NativeRunner(LeanWeights(a["path"], a["kind"], a["source"]), kv_dtype="float32", threads=a["threads"])
 cache = runner.new_cache()
 t0 = time.perf_counter()
@@ -123,7 +123,7 @@ def run_shape(
     `shape` (a name in SHAPES, or a config's fields), as `chatcli bench --shape --json` prints."""
     from chatcli.bench.baseline import llama_cpp
     from chatcli.bench.gguf_write import write_llama_gguf
-    from chatcli.engine.lean_convert import convert_lean
+    from chatcli.engine.weights.lean_convert import convert_lean
 
     name = shape if isinstance(shape, str) else "custom"
     fields = SHAPES[shape] if isinstance(shape, str) else shape

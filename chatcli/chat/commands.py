@@ -18,7 +18,7 @@ import os.path
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from chatcli.engine.params import BIAS, FLOAT, INT, SEED, settings
+from chatcli.engine import BIAS, FLOAT, INT, SEED, settings
 
 
 class CommandError(ValueError):

@@ -121,7 +121,7 @@ class Chats:
     # -- sessions --------------------------------------------------------------
 
     def start_pool(self, engine) -> None:
-        from chatcli.engine.pool import SessionPool, default_budget_bytes
+        from chatcli.engine import SessionPool, default_budget_bytes
 
         self.engine = engine
         budget = self.budget if self.budget is not None else default_budget_bytes()
@@ -142,7 +142,7 @@ class Chats:
         return session
 
     def _restore(self, session, path: Path) -> None:
-        from chatcli.engine.threads import release_cpu_threads
+        from chatcli.engine import release_cpu_threads
 
         try:
             self.engine.restore_session(session, path)  # no usable file: the next turn prefills as usual
@@ -196,7 +196,7 @@ class Chats:
         """A branch of `conv` sharing its first `at` messages (`/edit`), saved with its first message.
         Its session starts as a copy of `conv`'s cache where that is resident, so the next turn
         prefills only what differs from the shared prefix (the engine crops the copy to it)."""
-        from chatcli.engine.pool import fork_session
+        from chatcli.engine import fork_session
 
         new = conv.branch(at)
         self.opened[new.id] = new

@@ -6,7 +6,7 @@ generator. Each turn it templates the *whole* conversation into target ids, keep
 the longest common prefix of those ids with what the cache already holds, prefills
 only the rest, then runs the decode loop — sample, detokenize, feed back — until an
 end-of-turn id, `max_tokens`, a stop string, the context limit, a completed structured
-reply (`params.response_format`: a token mask each step, `chatcli.engine.grammar`), or a cancel.
+reply (`params.response_format`: a token mask each step, `chatcli.engine.sample.grammar`), or a cancel.
 
 It yields the events of `chatcli.engine.events`: `Prefilled` once, a `Token` per sampled
 token (its `text` may be '' while a multi-byte character or a possible stop string is held
@@ -28,46 +28,29 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from chatcli.engine.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
-from chatcli.engine.grammar import Constraint, TokenGrammar
-from chatcli.engine.lookup import PromptLookup
-from chatcli.engine.prefix import common_prefix, reusable_prefix
-from chatcli.engine.runner import KVCache, ModelRunner
-from chatcli.engine.sampling import (
+from chatcli.engine.kv.cache import KVCache
+from chatcli.engine.kv.prefix import common_prefix, reusable_prefix
+from chatcli.engine.kv.session import Session
+from chatcli.engine.runners.base import ModelRunner
+from chatcli.engine.sample.grammar import Constraint, TokenGrammar
+from chatcli.engine.sample.lookup import PromptLookup
+from chatcli.engine.sample.sampling import (
     SamplingParams,
     accept_draft,
     needs_recent_ids,
-    new_generator,
     sample,
     token_logprobs,
 )
 from chatcli.engine.stats import TurnStats
-from chatcli.engine.tokenize import ChatTokenizer
+from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
+from chatcli.engine.text.tokenize import ChatTokenizer
 
 PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets cancel land
 
 
 class ContextOverflow(ValueError):
     """The newest message alone does not fit the model's context."""
-
-
-class Session:
-    """The engine's state for one conversation: its KV cache and its random generator."""
-
-    def __init__(self, cache: KVCache) -> None:
-        self.cache = cache
-        self.generator = new_generator()
-        self._seeded = False
-
-    def generator_for(self, params: SamplingParams):
-        """A seed makes each turn reproducible on its own: the generator restarts from it every turn."""
-        if params.seed is not None:
-            self.generator = new_generator(params.seed)
-        elif self._seeded:
-            self.generator = new_generator()  # seeding switched off: back to fresh randomness
-        self._seeded = params.seed is not None
-        return self.generator
 
 
 class Engine:
@@ -81,6 +64,16 @@ class Engine:
     @property
     def context_limit(self) -> int:
         return self.runner.context_limit
+
+    @property
+    def device(self) -> str:
+        """Where the forward runs: cpu, cuda, mps."""
+        return str(getattr(self.runner.device, "type", self.runner.device))
+
+    @property
+    def weights(self) -> str:
+        """What the weights are: int8, q4 or q8 where quantized, else their dtype (`ModelRunner.weights_dtype`)."""
+        return self.runner.weights_dtype
 
     @property
     def backend(self) -> str:
@@ -112,7 +105,7 @@ class Engine:
         """Write the session's KV cache to `path` (atomically; the folder is kept within its
         budget), for a later start to restore. False when there is nothing worth saving (an
         empty or too large cache); OSError when the disk refuses."""
-        from chatcli.engine.persist import fingerprint, save_cache, trim_folder
+        from chatcli.engine.kv.persist import fingerprint, save_cache, trim_folder
 
         saved = save_cache(session.cache, path, fingerprint(self.runner, self.name))
         trim_folder(path.parent)
@@ -121,7 +114,7 @@ class Engine:
     def restore_session(self, session: Session, path: Path) -> bool:
         """Give `session` the KV cache saved at `path` when it was made by this model, runner and
         dtypes; False (the session unchanged) for a missing, foreign or damaged file."""
-        from chatcli.engine.persist import fingerprint, load_cache
+        from chatcli.engine.kv.persist import fingerprint, load_cache
 
         cache = load_cache(self.runner, path, fingerprint(self.runner, self.name))
         if cache is None:

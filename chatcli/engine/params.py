@@ -67,7 +67,7 @@ class Setting:
 class ResponseFormat:
     """What a reply must be: any JSON object (`json_object`), or JSON valid against a JSON schema
     (`json_schema`; `schema` is its JSON text, `name` and `strict` what the client sent). The engine
-    holds the reply to it by constrained decoding (`chatcli.engine.grammar`), strict or not."""
+    holds the reply to it by constrained decoding (`chatcli.engine.sample.grammar`), strict or not."""
 
     kind: str
     schema: str = ""

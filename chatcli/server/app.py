@@ -35,10 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from chatcli.engine.engine import Engine
-from chatcli.engine.grammar import GrammarError
-from chatcli.engine.pool import SessionPool
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine import Engine, GrammarError, SamplingParams, SessionPool
 from chatcli.errors import one_line
 from chatcli.server import schema
 from chatcli.server.legacy import TextCompletionResponse, parse_completion
@@ -218,13 +215,8 @@ def create_app(
         the first one builds the tokenizer's grammar side, ~0.2 s)."""
         if params.response_format is None:
             return
-        check = getattr(engine, "check_format", None)
-        if check is None:
-            raise APIError(
-                400, "response_format needs the in-process engine", "response_format", "unsupported_parameter"
-            )
         try:
-            await anyio.to_thread.run_sync(check, params)
+            await anyio.to_thread.run_sync(engine.check_format, params)
         except GrammarError as exc:
             raise APIError(400, str(exc), "response_format", "invalid_value") from None
 

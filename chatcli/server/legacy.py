@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatcli.engine.events import Finished, Prefilled
-from chatcli.engine.logprobs import token_entry
-from chatcli.engine.params import MAX_TOP_LOGPROBS, SamplingParams
+from chatcli.engine import MAX_TOP_LOGPROBS, Finished, Prefilled, SamplingParams, token_entry
 from chatcli.server import schema
 from chatcli.server.respond import CompletionResponse
 from chatcli.server.schema import bad, number

@@ -18,8 +18,7 @@ import time
 import anyio
 from starlette.responses import Response
 
-from chatcli.engine.events import Finished, Prefilled, Token
-from chatcli.engine.logprobs import token_entry
+from chatcli.engine import Finished, Prefilled, Token, token_entry
 from chatcli.server import schema
 from chatcli.server.schema import APIError, ChatRequest
 from chatcli.server.worker import Failed, GenerationWorker, Job

@@ -13,9 +13,18 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from chatcli.engine.events import FinishReason
-from chatcli.engine.params import BIAS, FLOAT, MAX_TOP_LOGPROBS, SEED, STRINGS, ResponseFormat, settings
-from chatcli.engine.sampling import InvalidParameter, SamplingParams
+from chatcli.engine import (
+    BIAS,
+    FLOAT,
+    MAX_TOP_LOGPROBS,
+    SEED,
+    STRINGS,
+    FinishReason,
+    InvalidParameter,
+    ResponseFormat,
+    SamplingParams,
+    settings,
+)
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 4

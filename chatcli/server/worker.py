@@ -22,10 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from chatcli.engine.engine import ContextOverflow, Engine
-from chatcli.engine.events import Finished, FinishReason
-from chatcli.engine.pool import LeaseKind, SessionPool
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine import ContextOverflow, Engine, Finished, FinishReason, LeaseKind, SamplingParams, SessionPool
 from chatcli.errors import one_line
 from chatcli.server.schema import APIError
 

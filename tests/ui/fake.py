@@ -13,7 +13,7 @@ import time
 from types import SimpleNamespace
 
 from chatcli.engine.events import Finished, FinishReason, Prefilled, Token
-from chatcli.engine.prefix import common_prefix
+from chatcli.engine.kv.prefix import common_prefix
 from chatcli.engine.stats import TurnStats
 
 ROLE = {"system": 1, "user": 2, "assistant": 3}
@@ -74,6 +74,7 @@ class FakeEngine:
         self.context_limit = context_limit
         self.name = "fake-model"
         self.runner = SimpleNamespace(device="cpu", dtype="float32")
+        self.device, self.weights = "cpu", "float32"  # the header's "fake-model · cpu · float32"
         self.tokenizer = FakeTokenizer()
         self.calls: list[dict] = []  # per turn: messages, params, cached tokens
         self.finished = threading.Event()
@@ -81,6 +82,9 @@ class FakeEngine:
 
     def lookup_for(self, params) -> int:
         return params.lookup
+
+    def check_format(self, params) -> None:
+        pass  # no grammar: the real engine's checks are tested with the tiny model
 
     backend = "fake"
 

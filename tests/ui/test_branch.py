@@ -1,8 +1,8 @@
 """/edit N and F9: an earlier message edited becomes a new branch; the old one stays, and the
 shared prefix comes from the KV cache (the tiny real engine)."""
 
-from chatcli.engine.prefix import common_prefix
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.kv.prefix import common_prefix
+from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from tests.ui.conftest import command, make_app, ready, send
 

@@ -1,6 +1,6 @@
 import threading
 
-from chatcli.engine.load import LoadError
+from chatcli.engine.load.options import LoadError
 from chatcli.options import StartOptions
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import LoadingLine, ReplyBox, UserMessage

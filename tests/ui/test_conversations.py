@@ -5,7 +5,7 @@ import sqlite3
 
 from chatcli.chat.conversation import Conversation
 from chatcli.chat.store import Store
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from chatcli.ui.format import human_bytes
 from chatcli.ui.screens.confirm import Confirm

@@ -3,7 +3,7 @@
 import pytest
 
 from chatcli.engine.engine import common_prefix
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from tests.ui.conftest import command, make_app, ready, send
 

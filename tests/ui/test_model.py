@@ -1,6 +1,6 @@
 """/model NAME in the TUI: another engine loads in the background; the conversation remembers it."""
 
-from chatcli.engine.load import LoadError
+from chatcli.engine.load.options import LoadError
 from tests.ui.conftest import command, make_app, ready, send, wait_for
 from tests.ui.fake import FakeEngine
 

@@ -2,7 +2,7 @@ import json
 import tomllib
 
 from chatcli.config import load_config
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.engine.stats import TurnStats
 from chatcli.ui.format import human_bytes, sampling_line, stats_lines
 from chatcli.ui.persist import PromptHistory, data_dir, remember_theme

@@ -3,7 +3,7 @@ import tomllib
 import pytest
 
 from chatcli.chat.commands import COMMANDS
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from chatcli.ui.format import sampling_line
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage

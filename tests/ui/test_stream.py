@@ -3,7 +3,7 @@
 
 import asyncio
 
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from chatcli.ui.widgets.chat_pane import ReplyBox
 from tests.ui.conftest import make_app, press_now, ready, wait_for

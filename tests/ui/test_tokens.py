@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from chatcli.engine.sampling import SamplingParams
+from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from chatcli.ui.widgets.tokens import Piece, TokenInspector, shade
 from tests.ui.conftest import command, make_app, ready, send

@@ -98,3 +98,14 @@ def original_context(config) -> int | None:
 
 def softcap(config, name: str) -> float:
     return float(getattr(config, name, None) or 0.0)
+
+
+def context_limit(config, tokenizer) -> int:
+    """The model's context: max_position_embeddings (2048 if unset), or the tokenizer's smaller limit
+    (or a longrope model's pretraining context: see `families.original_context`)."""
+    limit = getattr(config, "max_position_embeddings", None) or 2048
+    limit = min(limit, original_context(config) or limit)
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < limit:
+        limit = tok_max
+    return int(limit)

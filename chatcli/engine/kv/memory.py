@@ -18,7 +18,7 @@ import mmap
 from collections.abc import Sequence
 from functools import lru_cache
 
-from chatcli.engine.runner import KVCache
+from chatcli.engine.kv.cache import KVCache
 
 CACHE_BLOCK = 512  # past the up-front size, a KV cache grows in steps of this many positions
 RESERVE_BYTES = 1 << 30  # address space a cache takes up front (only written pages use memory)
@@ -130,8 +130,8 @@ class ReservedCache(KVCache):
     attend to every position in `self.k`, `self.v`, reserved by the policy above, and those of the
     sliding layers (where a `Strip` is smaller than the context) `[Ls, KV, strip.size, hd]` in
     `self.wk`, `self.wv`; crops only move the position (`len(self.ids)`). A subclass allocates
-    (`_resize`, `_allocate_strip`), moves the strip (`_slide`), copies (`_copy_to`) and
-    (de)serialises (`state`, `restore`)."""
+    (`_resize`, `_allocate_strip`), moves the strip (`_slide`), copies (`_copy_to`) and turns its
+    arrays into rows and back for `state` and `restore` (`_rows_out`, `_rows_in`, `_put_rows`)."""
 
     def __init__(
         self,
@@ -221,6 +221,46 @@ class ReservedCache(KVCache):
         raise NotImplementedError
 
     def _copy_to(self, other: ReservedCache, n: int) -> None:
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        """Keys and values `[Lf, KV, n, hd]` as rows ("k", "v") and, with a strip, the sliding layers'
+        positions base..n `[Ls, KV, n - base, hd]` ("wk", "wv"): (safetensors dtype code, array) each."""
+        n = len(self.ids)
+        out = {"k": self._rows_out(self.k, n, keys=True), "v": self._rows_out(self.v, n, keys=False)}
+        if self.strip is not None:
+            held = n - self.strip.base
+            out["wk"], out["wv"] = self._rows_out(self.wk, held, keys=True), self._rows_out(self.wv, held, keys=False)
+        return out
+
+    def restore(self, ids: list[int], state: dict) -> bool:
+        try:
+            arrays = {name: self._rows_in(value) for name, value in state.items()}
+            base = self._fits(ids, {name: tuple(a.shape) for name, a in arrays.items()})
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            return False
+        if base is None:
+            return False
+        self.ids = []
+        self.reserve(len(ids), base if self.strip is not None else None)
+        self._put_rows(self.k, arrays["k"], keys=True)
+        self._put_rows(self.v, arrays["v"], keys=False)
+        if self.strip is not None:
+            self._put_rows(self.wk, arrays["wk"], keys=True)
+            self._put_rows(self.wv, arrays["wv"], keys=False)
+        self.ids = list(ids)
+        return True
+
+    def _rows_out(self, held, n: int, keys: bool) -> tuple[str, object]:
+        """The first n positions of `held` (self.k, self.v, self.wk or self.wv) as (code, rows `[L, KV, n, hd]`)."""
+        raise NotImplementedError
+
+    def _rows_in(self, value: tuple[str, object]):
+        """A saved (code, rows) pair as this cache's array type; ValueError where it is not one of its own."""
+        raise NotImplementedError
+
+    def _put_rows(self, held, rows, keys: bool) -> None:
+        """Rows `[L, KV, n, hd]` into the first n positions of `held`."""
         raise NotImplementedError
 
     def _fits(self, ids: list[int], shapes: dict) -> int | None:

@@ -21,8 +21,11 @@ import os
 
 import numpy as np
 
-from chatcli.engine import kernels, kv_memory
-from chatcli.engine.kernels.structs import (
+from chatcli.engine.kv import memory as kv_memory
+from chatcli.engine.kv.cache import KVCache
+from chatcli.engine.runners import kernels
+from chatcli.engine.runners.base import ModelRunner
+from chatcli.engine.runners.kernels.structs import (
     ACT_GELU_TANH,
     ACT_SILU,
     CACHE_BF16,
@@ -36,8 +39,7 @@ from chatcli.engine.kernels.structs import (
     Matrix,
     Model,
 )
-from chatcli.engine.lean_weights import GROUP, GROUPED, INT8, PROJECTIONS, VECTORS, LeanWeights, norm_before
-from chatcli.engine.runner import KVCache, ModelRunner
+from chatcli.engine.weights.lean_file import GROUP, GROUPED, INT8, PROJECTIONS, VECTORS, LeanWeights, norm_before
 
 CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
 
@@ -158,34 +160,20 @@ class NativeCache(kv_memory.ReservedCache):
             blocks = -(-held // KEY_BLOCK)
             other.wk[:, :, :blocks], other.wv[:, :, :held] = self.wk[:, :, :blocks], self.wv[:, :, :held]
 
-    def state(self) -> dict:
-        n = len(self.ids)
-        out = {"k": (self._code, self.keys(n)), "v": (self._code, self.v[:, :, :n])}  # [Lf, KV, n, hd]
-        if self.strip is not None:  # the sliding layers' positions base..n: [Ls, KV, n - base, hd]
-            held = n - self.strip.base
-            out["wk"], out["wv"] = (self._code, _key_rows(self.wk, held)), (self._code, self.wv[:, :, :held])
-        return out
+    def _rows_out(self, held, n: int, keys: bool) -> tuple[str, np.ndarray]:
+        return self._code, _key_rows(held, n) if keys else held[:, :, :n]
 
-    def restore(self, ids: list[int], state: dict) -> bool:
-        try:
-            if any(state[name][0] != self._code for name in state):
-                return False
-            arrays = {name: state[name][1] for name in state}
-            base = self._fits(ids, {name: tuple(a.shape) for name, a in arrays.items()})
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
-            return False
-        if base is None:
-            return False
-        n = len(ids)
-        self.ids = []
-        self.reserve(n, base if self.strip is not None else None)
-        _put_key_rows(self.k, arrays["k"])
-        self.v[:, :, :n] = arrays["v"]
-        if self.strip is not None:
-            _put_key_rows(self.wk, arrays["wk"])
-            self.wv[:, :, : n - base] = arrays["wv"]
-        self.ids = list(ids)
-        return True
+    def _rows_in(self, value: tuple[str, np.ndarray]) -> np.ndarray:
+        code, rows = value
+        if code != self._code:
+            raise ValueError(f"a {code} cache, not {self._code}")
+        return rows
+
+    def _put_rows(self, held, rows, keys: bool) -> None:
+        if keys:
+            _put_key_rows(held, rows)
+        else:
+            held[:, :, : rows.shape[2]] = rows
 
 
 class NativeRunner(ModelRunner):

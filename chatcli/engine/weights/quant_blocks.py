@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chatcli.engine.lean_weights import GROUP, scales_length  # GROUP: GGUF's block size for Q4_0, Q4_1, Q8_0
+from chatcli.engine.weights.lean_file import GROUP, scales_length  # GROUP: GGUF's block size for Q4_0, Q4_1, Q8_0
 
 
 @dataclass
@@ -175,30 +175,3 @@ class GGUFBlocks:
                 per_head = np.concatenate([np.arange(half) * 2, np.arange(half) * 2 + 1])
                 orders.append((np.arange(heads)[:, None] * 2 * half + per_head[None]).ravel())
         return orders
-
-
-def grouped_arrays(parts_of: dict, names: dict, kind: str, gguf: GGUFBlocks | None = None, status=None) -> dict:
-    """A `q4` / `q8` lean file's projections (`<name>.w/.d/.m`, see `pack`) and the RMSNorm weights kept
-    apart, from `lean_convert.projection_parts` (`names`: parameter name by data pointer): each weight as
-    the GGUF's own blocks where `gguf` has them exactly, else quantized here (q4: layers 4-bit, head 8-bit)."""
-    from chatcli.engine.lean_convert import padded_vector
-    from chatcli.engine.lean_weights import norm_before
-
-    status = status or (lambda *_a, **_k: None)
-    arrays = {}
-    for i, (name, (parts, norm)) in enumerate(parts_of.items()):
-        status("Writing the lean weights", i, len(parts_of))
-        outer = name in ("head", "embed")
-        bits = 8 if kind == "q8" or outer else 4
-        codes = [gguf.codes(names.get(w.data_ptr()), w, rows) if gguf else None for w, rows in parts]
-        if outer and kind == "q4" and all(c is not None and c.bits == 4 for c in codes):
-            bits = 4  # the GGUF's 4-bit head (or embedding) as it is
-        if not all(c is not None and c.bits == bits for c in codes):
-            quantize = quantize_q4 if bits == 4 else quantize_q8
-            codes = [quantize((w if rows is None else w[rows]).detach().float().numpy()) for w, rows in parts]
-        for key, value in pack(concat(codes)).items():
-            arrays[f"{name}.{key}"] = value
-        if norm is not None:
-            arrays[norm_before(name)] = padded_vector(norm).numpy()
-    status("Writing the lean weights", len(parts_of), len(parts_of))
-    return arrays

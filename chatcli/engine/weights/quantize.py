@@ -1,6 +1,6 @@
 """`--quantize int8`: dynamic int8 on CPU (int8 weights, int8 activations per call).
 
-Weights are quantized once, at conversion (`lean_convert.pack_int8`), symmetric per output
+Weights are quantized once, at conversion (`layouts.pack_int8`), symmetric per output
 row, after SmoothQuant moved half the range of the MLP down projection's outlier input
 channels into its weight (`down_smoothing`: silu(gate) * up has a few channels far larger
 than the rest, which one activation scale would lose). The compiled kernel (`native`)

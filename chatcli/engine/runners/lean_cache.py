@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from chatcli.engine import kv_memory
-from chatcli.engine.torch_state import from_state, to_state
+from chatcli.engine.kv import memory as kv_memory
+from chatcli.engine.runners.torch_state import from_state, to_state
 
 
 class LeanCache(kv_memory.ReservedCache):
@@ -64,29 +64,11 @@ class LeanCache(kv_memory.ReservedCache):
             other.wk[:, :, :held] = self.wk[:, :, :held]
             other.wv[:, :, :held] = self.wv[:, :, :held]
 
-    def state(self) -> dict:
-        n = len(self.ids)
-        out = {"k": to_state(self.k[:, :, :n]), "v": to_state(self.v[:, :, :n])}  # [Lf, KV, n, hd]
-        if self.strip is not None:  # the sliding layers' positions base..n: [Ls, KV, n - base, hd]
-            held = n - self.strip.base
-            out["wk"], out["wv"] = to_state(self.wk[:, :, :held]), to_state(self.wv[:, :, :held])
-        return out
+    def _rows_out(self, held, n: int, keys: bool) -> tuple[str, object]:
+        return to_state(held[:, :, :n])
 
-    def restore(self, ids: list[int], state: dict) -> bool:
-        try:
-            arrays = {name: from_state(state[name], self.k.device) for name in state}
-            base = self._fits(ids, {name: tuple(a.shape) for name, a in arrays.items()})
-        except (KeyError, ValueError, TypeError):
-            return False
-        if base is None:
-            return False
-        n = len(ids)
-        self.ids = []
-        self.reserve(n, base if self.strip is not None else None)
-        self.k[:, :, :n] = arrays["k"].to(self.k.dtype)
-        self.v[:, :, :n] = arrays["v"].to(self.v.dtype)
-        if self.strip is not None:
-            self.wk[:, :, : n - base] = arrays["wk"].to(self.k.dtype)
-            self.wv[:, :, : n - base] = arrays["wv"].to(self.v.dtype)
-        self.ids = list(ids)
-        return True
+    def _rows_in(self, value: tuple[str, object]) -> torch.Tensor:
+        return from_state(value, self.k.device)
+
+    def _put_rows(self, held, rows, keys: bool) -> None:
+        held[:, :, : rows.shape[2]] = rows.to(held.dtype)

@@ -33,12 +33,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
-from chatcli.engine.prefix import reusable_prefix
-
-if TYPE_CHECKING:
-    from chatcli.engine.engine import Session
+from chatcli.engine.kv.prefix import reusable_prefix
+from chatcli.engine.kv.session import Session
 
 MIN_FORK_TOKENS = 32  # a shorter shared prefix is cheaper to prefill again than to copy
 
@@ -56,8 +53,6 @@ def default_budget_bytes() -> int:
 
 def fork_session(session: Session, keep: int) -> Session:
     """A new session whose cache holds a copy of the first `keep` ids of `session`'s cache."""
-    from chatcli.engine.engine import Session
-
     cache = session.cache
     if hasattr(cache, "clone"):  # a runner's own cheap copy, where it has one
         clone = cache.clone(keep)

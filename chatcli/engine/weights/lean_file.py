@@ -24,8 +24,9 @@ base, as Gemma 3's do) and, where the family has them, fp32 vectors per layer: `
 `q_norm`/`k_norm` (Qwen3, Gemma 3) and `post_attn_norm`/`post_ffn_norm` (Gemma's sandwich
 norms), each padded to a multiple of 16. The file's metadata holds the architecture and a fingerprint (format
 version, kind, the source's identity); a sidecar JSON records the file's size, mtime and
-SHA-256. A file that does not match, cannot be parsed, is truncated or changed is converted
-again (`lean_file`), never read. This module imports neither torch nor numpy.
+SHA-256. A file that does not match, cannot be parsed, is truncated or changed is not read
+(`LeanFileError`): the loader converts again (`load.lean.lean_weights`). This module only
+describes and opens the files; it imports neither torch nor numpy and starts no conversion.
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from chatcli.engine.convert import file_sha256
+from chatcli.engine.weights.gguf_convert import file_sha256
 
 FORMAT = 2  # 2: the families' fields and vectors
 PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
@@ -47,8 +47,6 @@ GROUPED = ("q4", "q8")  # group-wise kinds (quant_blocks)
 GROUP = 32
 VECTORS = ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # per layer, where a family has them
 SOURCE_FILE = "source.txt"  # in each lean folder of the cache: the model folder it was converted from
-
-Status = Callable[..., None]  # status(text, done=None, total=None)
 
 
 class LeanFileError(ValueError):
@@ -164,13 +162,6 @@ def padded16(n: int) -> int:
     return -(-n // 16) * 16
 
 
-def lean_support(config) -> str | None:
-    """None if the lean runners compute this model exactly, else why not (one line); see `families`."""
-    from chatcli.engine.families import lean_support as support
-
-    return support(config)
-
-
 def source_key(folder: Path) -> str:
     """The identity of a model folder's weights and config: names, sizes and mtimes (stat only)."""
     h = hashlib.sha256(f"{FORMAT}".encode())
@@ -219,7 +210,7 @@ class LeanWeights:
     """An opened lean file: its config and the tensors' addresses (see `tensorfile.MappedTensors`)."""
 
     def __init__(self, path: Path, expect_kind: str | None = None, expect_source: str | None = None) -> None:
-        from chatcli.engine.tensorfile import MappedTensors, TensorFileError
+        from chatcli.engine.weights.tensorfile import MappedTensors, TensorFileError
 
         try:
             self.file = MappedTensors(path)
@@ -280,24 +271,6 @@ class LeanWeights:
 
     def array(self, name: str):
         return self.file.array(name)
-
-
-def lean_file(folder: Path, kind: str, status: Status | None = None, model_loader=None) -> LeanWeights:
-    """The lean file of `kind` for the model in `folder`, converted first where there is none
-    that matches (`model_loader()` gives the transformers model to convert; see lean_convert)."""
-    path = lean_path(folder, kind)
-    source = f"{path.parent.name}/{path.stem.rsplit('-', 1)[1]}"
-    if path.is_file() and unchanged(path):
-        try:
-            return LeanWeights(path, kind, source)
-        except LeanFileError:
-            pass  # converted again below
-    from chatcli.engine.lean_convert import convert_lean
-
-    convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
-    (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))
-    prune(path, kind)
-    return LeanWeights(path, kind, source)
 
 
 def prune(keep: Path, kind: str) -> None:

@@ -1,6 +1,6 @@
 """Loading through transformers: `AutoModelForCausalLM` and its tokenizer (imports torch and transformers).
 
-What `load.load_engine` falls back to for models the lean runners do not cover, `--runner hf`
+What `build.load_engine` falls back to for models the lean runners do not cover, `--runner hf`
 and `--device-map`; also the bench's `generate()` baseline and the tests' reference model.
 `build_engine` wraps a loaded model in an engine: the HF runner, or a lean runner over lean
 files converted from the loaded model itself.
@@ -13,19 +13,13 @@ from pathlib import Path
 
 import torch
 
-from chatcli.engine.load import (
-    LoadError,
-    LoadOptions,
-    Source,
-    Status,
-    check_quantize,
-    context_limit,
-    each_candidate,
-    explicit_quantize,
-    pick_device,
-    pick_dtype,
-    resolve,
-)
+from chatcli.engine.engine import Engine
+from chatcli.engine.load.lean import lean_engine
+from chatcli.engine.load.options import LoadError, LoadOptions, check_quantize, explicit_quantize, placement
+from chatcli.engine.load.sources import Source, each_candidate, hub_folder, resolve
+from chatcli.engine.text.tokenize import TransformersTokenizer
+from chatcli.engine.weights import Status
+from chatcli.engine.weights.families import context_limit, lean_support
 
 
 @dataclass
@@ -46,11 +40,10 @@ def load(
     config_default: str | None = None,
     status: Status | None = None,
 ) -> LoadedModel:
-    """The transformers model and tokenizer for `model` (see `load.candidates`)."""
+    """The transformers model and tokenizer for `model` (see `sources.candidates`)."""
     options = options or LoadOptions()
     status = status or (lambda *_a, **_k: None)
-    device = pick_device(options.device)
-    dtype = pick_dtype(options.dtype, device)
+    device, dtype = placement(options)
     return each_candidate(
         model,
         config_default,
@@ -80,9 +73,7 @@ def load_source(
     extra = {"runner": options.runner, "quantize": options.quantize, "kv_dtype": options.kv_dtype}
     folder = source.folder
     if folder is None and source.hub_id:
-        from chatcli.engine.load import _hub_folder
-
-        folder = _hub_folder(source.hub_id)  # fetched now
+        folder = hub_folder(source.hub_id)  # fetched now
     return LoadedModel(model, tokenizer, source.name, source.where, str(model.device.type), dtype, folder, extra)
 
 
@@ -96,14 +87,10 @@ def build_engine(
     """Wrap a loaded model in the engine.
 
     `runner`: "auto" (a lean runner for models of the lean families, else HF), "hf" or "lean";
-    `quantize`: a --quantize value (auto: see `load.resolve_quantize`); `kv_dtype`: see
-    `load.pick_kv_dtype`; `kernel`: the lean runner may be the native one (the compiled kernel)
+    `quantize`: a --quantize value (auto: see `options.resolve_quantize`); `kv_dtype`: see
+    `options.pick_kv_dtype`; `kernel`: the lean runner may be the native one (the compiled kernel)
     where it runs. Each defaults to what `LoadOptions` asked for at load.
     """
-    from chatcli.engine.engine import Engine
-    from chatcli.engine.lean_weights import lean_support
-    from chatcli.engine.tokenize import TransformersTokenizer
-
     model = loaded.model
     runner = runner or loaded.extra.get("runner") or "auto"
     quantize = quantize or loaded.extra.get("quantize")
@@ -124,8 +111,6 @@ def build_engine(
             tokenizer,
             loaded.name,
         )
-    from chatcli.engine.load import lean_engine
-
     folder = loaded.folder
     if folder is None:
         raise LoadError(f"{loaded.name}: the lean runner needs the model's files on disk (use --runner hf)")
@@ -145,7 +130,7 @@ def build_engine(
 
 def make_hf_runner(model, limit: int, quantize: str | None = None, kv_dtype: str = "auto"):
     """The transformers runner for `model`; a LoadError (one line) for a choice that cannot work."""
-    from chatcli.engine.hf_runner import HFRunner
+    from chatcli.engine.runners.hf import HFRunner
 
     if kv_dtype not in ("auto", str(model.dtype).removeprefix("torch.")):
         raise LoadError(
@@ -157,7 +142,7 @@ def make_hf_runner(model, limit: int, quantize: str | None = None, kv_dtype: str
             f"--quantize {quantize} runs on the lean path in the compiled kernel; this model takes the HF runner"
         )
     if quantize == "int8":
-        from chatcli.engine.quantize import QuantizeError, pick_engine, quantize_hf_model
+        from chatcli.engine.weights.quantize import QuantizeError, pick_engine, quantize_hf_model
 
         try:
             pick_engine()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from chatcli.engine.runner import KVCache, ModelRunner
-from chatcli.engine.torch_state import from_state, logits_out, to_state
+from chatcli.engine.kv.cache import KVCache
+from chatcli.engine.runners.base import ModelRunner
+from chatcli.engine.runners.torch_state import from_state, logits_out, to_state
 
 
 class HFCache(KVCache):

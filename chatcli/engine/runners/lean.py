@@ -37,10 +37,11 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from chatcli.engine.lean_cache import LeanCache
-from chatcli.engine.lean_weights import PROJECTIONS, VECTORS, LeanWeights
-from chatcli.engine.runner import KVCache, ModelRunner
-from chatcli.engine.torch_state import logits_out
+from chatcli.engine.kv.cache import KVCache
+from chatcli.engine.runners.base import ModelRunner
+from chatcli.engine.runners.lean_cache import LeanCache
+from chatcli.engine.runners.torch_state import logits_out
+from chatcli.engine.weights.lean_file import PROJECTIONS, VECTORS, LeanWeights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -155,39 +156,38 @@ class LeanRunner(ModelRunner):
 
     @torch.inference_mode()  # thread-local: entered in whichever thread runs the step
     def forward(self, ids: list[int], cache: KVCache):
-        assert isinstance(cache, LeanCache)
         if not ids:
             raise ValueError("forward needs at least one id")
         end = len(cache.ids) + len(ids)
         if end > self.context_limit:
             raise ValueError(f"{end} positions exceed the context limit {self.context_limit}")
-        for piece in _pieces(ids, cache):
-            start = len(cache.ids)
-            cache.reserve(start + len(piece))
-            tokens = torch.tensor(piece, dtype=torch.long, device=self.device)  # [S]
-            step = self.decode_one_token if len(piece) == 1 else self.prefill
-            logits = step(tokens, cache, start)  # [V]
-            cache.ids.extend(piece)
-        return logits_out(logits)
+        return logits_out(self._run(ids, cache, every=False)[-1])  # [V]
 
     @torch.inference_mode()
     def verify(self, ids: list[int], cache: KVCache):
         """A few ids -> logits [S, V] of each (a draft to check; see `ModelRunner.verify`)."""
-        assert isinstance(cache, LeanCache)
         start, end = len(cache.ids), len(cache.ids) + len(ids)
         if not ids or end > self.context_limit:
             raise ValueError(f"verify needs 1..{self.context_limit - start} ids, got {len(ids)}")
-        rows = []
+        rows = self._run(ids, cache, every=True)
+        return logits_out(rows[0] if len(rows) == 1 else torch.cat(rows))  # [S, V]
+
+    def _run(self, ids: list[int], cache: KVCache, every: bool) -> list[torch.Tensor]:
+        """Feed `ids` in pieces (`_pieces`), each written into the cache at its position: per piece, the
+        logits `[S, V]` of each of its positions (`every`), else `[V]` of its last."""
+        assert isinstance(cache, LeanCache)
+        out = []
         for piece in _pieces(ids, cache):
             start = len(cache.ids)
             cache.reserve(start + len(piece))
             tokens = torch.tensor(piece, dtype=torch.long, device=self.device)  # [S]
             if len(piece) == 1:
-                rows.append(self.decode_one_token(tokens, cache, start)[None])  # [1, V]
+                logits = self.decode_one_token(tokens, cache, start)  # [V]
+                out.append(logits[None] if every else logits)  # [1, V] or [V]
             else:
-                rows.append(self.prefill(tokens, cache, start, every=True))  # [S, V]
+                out.append(self.prefill(tokens, cache, start, every=every))  # [S, V] or [V]
             cache.ids.extend(piece)
-        return logits_out(rows[0] if len(rows) == 1 else torch.cat(rows))
+        return out
 
     def prefill(self, tokens: torch.Tensor, cache: LeanCache, start: int, every: bool = False) -> torch.Tensor:
         """tokens [S] at positions start.. (written into each layer's part of the cache) -> logits [V] of the
@@ -328,8 +328,8 @@ def _rms_norm_times(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 def _int8_projections(int8: LeanWeights) -> dict:
     """Every projection of an int8 lean file as torch's fbgemm int8 linear (`quantize.Int8Dense`)."""
-    from chatcli.engine.lean_convert import unpack_int8
-    from chatcli.engine.quantize import Int8Dense
+    from chatcli.engine.weights.layouts import unpack_int8
+    from chatcli.engine.weights.quantize import Int8Dense
 
     out = {}
     for name, (k, n) in int8.config.shapes().items():

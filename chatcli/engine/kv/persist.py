@@ -11,17 +11,19 @@ written files. No torch here: the arrays are numpy (`tensorfile` reads and write
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from chatcli.engine.runner import KVCache, ModelRunner, weights_dtype
+if TYPE_CHECKING:
+    from chatcli.engine.kv.cache import KVCache
 
 MAX_FILE_BYTES = 256 << 20
 FOLDER_BUDGET = 2 << 30
 
 
-def fingerprint(runner: ModelRunner, model_name: str) -> str:
-    """What a saved cache must match: the same model, forward, weights' and cache's dtypes."""
+def fingerprint(runner, model_name: str) -> str:
+    """What a saved cache must match: the same model, forward (a `ModelRunner`), weights' and cache's dtypes."""
     kv = str(getattr(runner, "kv_dtype", runner.dtype)).removeprefix("torch.")
-    weights = weights_dtype(runner)
+    weights = runner.weights_dtype
     return f"{model_name}|{type(runner).__name__}|{weights}|kv {kv}|{runner.context_limit}"
 
 
@@ -29,7 +31,7 @@ def save_cache(cache: KVCache, path: Path, fp: str, max_bytes: int = MAX_FILE_BY
     """Write the cache atomically; False when it is empty, unsupported or too large."""
     import numpy as np
 
-    from chatcli.engine.tensorfile import write_tensors
+    from chatcli.engine.weights.tensorfile import write_tensors
 
     state = cache.state()
     size = sum(array.nbytes for _, array in state.values())
@@ -42,9 +44,9 @@ def save_cache(cache: KVCache, path: Path, fp: str, max_bytes: int = MAX_FILE_BY
     return True
 
 
-def load_cache(runner: ModelRunner, path: Path, fp: str) -> KVCache | None:
-    """A cache restored from `path`, or None when there is none that fits this runner."""
-    from chatcli.engine.tensorfile import MappedTensors
+def load_cache(runner, path: Path, fp: str) -> KVCache | None:
+    """A cache restored from `path`, or None when there is none that fits this runner (its `new_cache()`)."""
+    from chatcli.engine.weights.tensorfile import MappedTensors
 
     if not path.is_file():
         return None

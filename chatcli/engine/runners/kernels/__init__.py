@@ -202,7 +202,7 @@ def load(name: str) -> tuple[ctypes.CDLL | None, str]:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    from chatcli.engine.kernels.structs import Cache, Matrix, Model
+    from chatcli.engine.runners.kernels.structs import Cache, Matrix, Model
 
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.chatcli_decode.argtypes = [

@@ -41,7 +41,7 @@ def _pause():
         import torch
 
         names += glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))
-    from chatcli.engine.kernels import openmp_runtimes
+    from chatcli.engine.runners.kernels import openmp_runtimes
 
     names += sorted(openmp_runtimes())  # already mapped: opening them loads nothing new
     for name in names:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from chatcli.engine.params import ResponseFormat
-from chatcli.engine.tokenize import ChatTokenizer
+from chatcli.engine.text.tokenize import ChatTokenizer
 
 # Compact JSON, the way `json.dumps` writes it: with free whitespace a small model can pad a reply
 # with newlines until max_tokens. A schema's own "x-guidance" options still win.

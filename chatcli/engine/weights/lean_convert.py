@@ -15,8 +15,11 @@ from pathlib import Path
 
 import torch
 
-from chatcli.engine.families import GEMMA, sliding_layers, softcap
-from chatcli.engine.lean_weights import GROUPED, INT8, PANEL, LeanConfig, Status, lean_support, padded16, record
+from chatcli.engine.weights import Status
+from chatcli.engine.weights.families import GEMMA, context_limit, lean_support, sliding_layers, softcap
+from chatcli.engine.weights.layouts import dense, grouped_arrays, pack_int8, padded_vector, panels
+from chatcli.engine.weights.lean_file import GROUPED, INT8, LeanConfig, record
+from chatcli.engine.weights.quant_blocks import GGUFBlocks
 
 
 def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:
@@ -50,36 +53,6 @@ def head_rows(n: int, heads: int, rotary=None) -> torch.Tensor:
     hd = n // heads
     order = torch.tensor(rope_order(hd, rotary))
     return (torch.arange(heads)[:, None] * hd + order[None, :]).flatten()
-
-
-def panels(w_t: torch.Tensor) -> torch.Tensor:
-    """`w_t [k, n]` → `[ceil(n/64), k, 64]` fp32, zero past n: the kernel's fp32 layout."""
-    k, n = w_t.shape
-    count = -(-n // PANEL)
-    out = torch.zeros(count * PANEL, k, dtype=torch.float32)
-    out[:n] = w_t.t()
-    return out.view(count, PANEL, k).transpose(1, 2).contiguous()
-
-
-def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`weight [n, k]` → (packed `[ceil(n/16), kp/4, 16, 4]` int8, scale `[ceil16(n)]`, row sums
-    `[ceil16(n)]` int32): symmetric per row, 16 outputs' 4 consecutive inputs per 64 bytes."""
-    w = weight.detach().float()
-    n, k = w.shape
-    kp, blocks = -(-k // 4) * 4, -(-n // 16)
-    scale = torch.ones(blocks * 16)
-    scale[:n] = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-8)
-    q = torch.zeros(blocks * 16, kp, dtype=torch.int8)
-    q[:n, :k] = torch.round(w / scale[:n, None]).clamp_(-127, 127).to(torch.int8)
-    wsum = q.sum(dim=1, dtype=torch.int32)
-    packed = q.view(blocks, 16, kp // 4, 4).transpose(1, 2).contiguous()
-    return packed, scale, wsum
-
-
-def unpack_int8(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """`pack_int8`'s packed weights back to `[n, k]` int8."""
-    blocks, quads = packed.shape[0], packed.shape[1]
-    return packed.transpose(1, 2).reshape(blocks * 16, quads * 4)[:n, :k]
 
 
 @dataclass
@@ -191,11 +164,6 @@ def vectors(model, config: LeanConfig, rotary: int | None = None) -> dict[str, t
     return {name: padded_vector(v) for name, v in out.items()}
 
 
-def padded_vector(v: torch.Tensor) -> torch.Tensor:
-    """A stored fp32 vector: zero past its length up to `padded16` (the file's 64-byte alignment)."""
-    return torch.nn.functional.pad(v.detach().float(), (0, padded16(len(v)) - len(v)))
-
-
 def rope_table(model, limit: int, layer_type: str | None = None) -> tuple[torch.Tensor, int]:
     """(`[T, hd/2, 2]` cos, sin per position, the rotated dims): the model's own rotary embedding
     over positions 0..limit-1 (rope scaling and attention scaling as transformers computes them),
@@ -286,7 +254,7 @@ def lean_arrays(
     dtype = config.weights
     smooth = None
     if dtype == INT8:
-        from chatcli.engine.quantize import down_smoothing
+        from chatcli.engine.weights.quantize import down_smoothing
 
         if calibration_ids is None:
             raise ValueError("an int8 lean file needs calibration ids (quantize.CALIBRATION_TEXT, tokenized)")
@@ -301,8 +269,6 @@ def lean_arrays(
         arrays["rope_sliding"] = rope_table(model, limit, "sliding_attention")[0].numpy()
     arrays.update({name: v.numpy() for name, v in vectors(model, config, rotary).items()})
     if kind in GROUPED:
-        from chatcli.engine.quant_blocks import grouped_arrays
-
         names = {p.data_ptr(): name for name, p in model.named_parameters()}
         parts = projection_parts(model, None, rotary)
         embed, head = model.model.embed_tokens.weight, model.get_output_embeddings().weight
@@ -326,16 +292,9 @@ def lean_arrays(
         elif kind.endswith("-panels"):
             arrays[name] = panels(w_t).numpy()
         else:
-            arrays[name] = _dense(w_t, dtype)
+            arrays[name] = dense(w_t, dtype)
     status("Writing the lean weights", len(weights), len(weights))
     return config, arrays
-
-
-def _dense(w_t: torch.Tensor, dtype: str):
-    tensor = w_t.to(getattr(torch, dtype)).contiguous()
-    if tensor.dtype == torch.bfloat16:
-        return ("BF16", tensor.view(torch.int16).numpy().view("uint16"))
-    return tensor.numpy()
 
 
 def convert_lean(
@@ -349,23 +308,20 @@ def convert_lean(
 ) -> None:
     """Write the lean file of `kind` for the model in `folder` at `path` (see `lean_weights.lean_file`);
     a grouped kind takes the blocks of `gguf_file`, or of the GGUF `folder` was converted from."""
-    from chatcli.engine.tensorfile import write_tensors
+    from chatcli.engine.weights.tensorfile import write_tensors
 
     status = status or (lambda *_a, **_k: None)
     status(f"Converting {folder.name} for the lean runner (once)")
     model, tokenizer = (model_loader or (lambda: _load(folder)))()
-    from chatcli.engine.load import context_limit
-
     limit = context_limit(model.config, tokenizer)
     ids = None
     if kind == INT8:
-        from chatcli.engine.quantize import calibration_ids
+        from chatcli.engine.weights.quantize import calibration_ids
 
         ids = calibration_ids(tokenizer)
     gguf = None
     if kind in GROUPED:
-        from chatcli.engine.convert import source_gguf
-        from chatcli.engine.quant_blocks import GGUFBlocks
+        from chatcli.engine.weights.gguf_convert import source_gguf
 
         path_gguf = gguf_file or source_gguf(folder)
         gguf = GGUFBlocks(path_gguf, model) if path_gguf else None
@@ -381,7 +337,7 @@ def convert_lean(
 
 def _pad_all(arrays: dict) -> None:
     """Every tensor's byte size a multiple of 64 (the file aligns each tensor; see tensorfile)."""
-    from chatcli.engine.tensorfile import ALIGN
+    from chatcli.engine.weights.tensorfile import ALIGN
 
     for name, value in arrays.items():
         array = value[1] if isinstance(value, tuple) else value

@@ -1,0 +1,52 @@
+"""Loading: a model name → a ready `Engine`, on the fastest path that computes the model exactly here.
+
+The model's files come from `sources` (a hub id, a folder, a `.gguf` file, or the embedded
+model); then, for a model folder:
+
+- a model of a lean family (`weights.families`): a lean runner over its lean files (`load.lean`):
+  the native one where the compiled kernel runs (no torch, no transformers imported), else torch's;
+- anything else, `--runner hf` or `--device-map`: transformers' own model (`load.hf`).
+
+This module imports neither torch nor transformers at the top.
+"""
+
+from __future__ import annotations
+
+from chatcli.engine.load.lean import lean_engine
+from chatcli.engine.load.options import LoadError, LoadOptions, placement
+from chatcli.engine.load.sources import each_candidate, read_config, resolve
+from chatcli.engine.weights import Status
+from chatcli.engine.weights.families import lean_support
+
+
+def load_engine(
+    model: str | None = None,
+    options: LoadOptions | None = None,
+    config_default: str | None = None,
+    status: Status | None = None,
+    kernel: bool = True,
+):
+    """The engine for `model` (see the module docstring for which runner it gets); `kernel=False`
+    keeps the torch lean runner where the native one would run (benchmarks, tests)."""
+    options = options or LoadOptions()
+    status = status or (lambda *_a, **_k: None)
+    device, dtype = placement(options)
+
+    def attempt(name: str, explicit: bool):
+        source = resolve(name, explicit, status)
+        if source.folder is None and not explicit:
+            raise FileNotFoundError("not in the local Hugging Face cache")  # implicit ids are never fetched
+        reason = "--runner hf" if options.runner == "hf" else "--device-map" if options.device_map else None
+        if source.folder is None:
+            reason = reason or "not in the local Hugging Face cache"
+        else:
+            reason = reason or lean_support(read_config(source.folder))
+        if reason is None:
+            return lean_engine(source, device, dtype, options.kv_dtype, options.quantize, status, kernel=kernel)
+        if options.runner == "lean":
+            raise LoadError(f"--runner lean: {reason} (use --runner hf)")
+        from chatcli.engine.load.hf import build_engine, load_source  # torch and transformers
+
+        return build_engine(load_source(source, options, device, dtype, status), runner="hf", kv_dtype=options.kv_dtype)
+
+    return each_candidate(model, config_default, attempt)

@@ -1,0 +1,127 @@
+"""A model of a lean family → an engine on a lean runner, over its lean files (converted here once).
+
+Where the compiled kernel runs (the CPU, float32 weights, an fp32 or bf16 cache, attention shapes
+it takes): `runners.native.NativeRunner`, and neither torch nor transformers is imported — start-up
+is a file mapping. Elsewhere (no kernel, a GPU, bf16 weights, an fp16 cache): `runners.lean.LeanRunner`
+on torch over the dense lean file. `lean_weights` is where a missing or stale lean file is converted
+(`weights.lean_convert`); the file format itself (`weights.lean_file`) only opens files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chatcli.engine.engine import Engine
+from chatcli.engine.load.options import LoadError, pick_kv_dtype, resolve_quantize
+from chatcli.engine.load.sources import Source, read_config
+from chatcli.engine.runners import kernels
+from chatcli.engine.weights import Status
+from chatcli.engine.weights.lean_file import (
+    GROUPED,
+    INT8,
+    SOURCE_FILE,
+    LeanFileError,
+    LeanWeights,
+    lean_path,
+    prune,
+    unchanged,
+)
+
+
+def lean_weights(folder: Path, kind: str, status: Status | None = None, model_loader=None) -> LeanWeights:
+    """The lean file of `kind` for the model in `folder`, converted first where there is none
+    that matches (`model_loader()` gives the transformers model to convert; see `weights.lean_convert`)."""
+    path = lean_path(folder, kind)
+    source = f"{path.parent.name}/{path.stem.rsplit('-', 1)[1]}"
+    if path.is_file() and unchanged(path):
+        try:
+            return LeanWeights(path, kind, source)
+        except LeanFileError:
+            pass  # converted again below
+    from chatcli.engine.weights.lean_convert import convert_lean  # torch and transformers: only to convert
+
+    convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
+    (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))
+    prune(path, kind)
+    return LeanWeights(path, kind, source)
+
+
+def lean_engine(
+    source: Source,
+    device: str,
+    dtype: str,
+    kv: str,
+    quantize: str | None,
+    status: Status,
+    model_loader=None,
+    kernel: bool = True,
+    tokenizer=None,
+):
+    """A lean runner (native where the kernel runs, else torch) over `source`'s lean files;
+    `model_loader()` gives the transformers model and tokenizer to convert where a file is missing.
+    `kv`: the --kv-dtype (auto: see `pick_kv_dtype`); `quantize`: the --quantize (auto: `resolve_quantize`)."""
+    native = (
+        kernel
+        and device == "cpu"
+        and dtype == "float32"
+        and kv in ("auto", "float32", "bfloat16")
+        and _native_shapes(read_config(source.folder))
+        and _kernel()
+    )
+    quantize = resolve_quantize(quantize, source.folder, bool(native))
+    kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32 or bfloat16 where native: dtype is float32
+    status(f"Loading {source.name}")
+    if native:
+        from chatcli.engine.runners.native import NativeRunner
+
+        kind = quantize if quantize in GROUPED else INT8 if quantize else "float32-panels"
+        runner = NativeRunner(lean_weights(source.folder, kind, status, model_loader), kv_dtype=kv)
+    else:
+        if quantize in GROUPED:
+            raise LoadError(
+                f"--quantize {quantize} needs the compiled kernel: {_why_no_kernel(kernel, device, dtype, kv)}"
+            )
+        import torch
+
+        from chatcli.engine.runners.lean import DTYPES, LeanRunner
+
+        dense = lean_weights(source.folder, f"{dtype}-dense", status, model_loader)
+        int8 = lean_weights(source.folder, INT8, status, model_loader) if quantize else None
+        runner = LeanRunner(dense, device=torch.device(device), kv_dtype=DTYPES[kv], int8=int8)
+    return Engine(runner, tokenizer or folder_tokenizer(source.folder), source.name)
+
+
+def _native_shapes(config: dict) -> bool:
+    """The kernel takes this model's attention shapes (else the torch lean runner runs it)."""
+    from chatcli.engine.runners.native import shape_reason
+
+    heads = config.get("num_attention_heads") or 1
+    head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // heads
+    return shape_reason(head_dim, heads, config.get("num_key_value_heads") or heads) is None
+
+
+def _why_no_kernel(kernel: bool, device: str, dtype: str, kv: str) -> str:
+    if not kernel or device != "cpu":
+        return "it runs on the CPU only"
+    if dtype != "float32" or kv not in ("float32", "bfloat16"):
+        return "it takes float32 weights and a float32 or bfloat16 KV cache"
+    return kernels.why_not() or "the model's attention shapes are not the kernel's; use --quantize int8"
+
+
+def _kernel() -> bool:
+    return kernels.library() is not None
+
+
+def folder_tokenizer(folder: Path):
+    """The folder's tokenizer without transformers where it can be read so, else transformers'."""
+    from chatcli.engine.text.tokenize import FolderTokenizer, TransformersTokenizer, UnsupportedTokenizer
+
+    try:
+        return FolderTokenizer(folder)
+    except UnsupportedTokenizer:
+        from transformers import AutoConfig, AutoTokenizer
+
+        return TransformersTokenizer(
+            AutoTokenizer.from_pretrained(str(folder), local_files_only=True),
+            AutoConfig.from_pretrained(str(folder), local_files_only=True),
+        )

