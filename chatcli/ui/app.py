@@ -114,7 +114,7 @@ class ChatApp(App):
 
     def _load(self, screen: ChatScreen) -> None:
         """Load thread: never touches a widget, only posts messages."""
-        from chatcli.engine.threads import release_cpu_threads
+        from chatcli.engine import release_cpu_threads
 
         try:
             engine = self.engine_factory(status=lambda *step: screen.post_message(LoadStatus(*step)))
@@ -129,7 +129,7 @@ class ChatApp(App):
         """`/model NAME`: load it in a daemon thread (as at start), then post `ModelLoaded`."""
 
         def run() -> None:
-            from chatcli.engine.threads import release_cpu_threads
+            from chatcli.engine import release_cpu_threads
 
             try:
                 engine = self.model_factory(name, lambda *step: screen.post_message(LoadStatus(*step)))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from chatcli.engine.events import FinishReason
-from chatcli.engine.params import settings
-from chatcli.engine.stats import TurnStats
+from chatcli.engine import FinishReason, TurnStats, settings
 
 
 def human_bytes(n: int | None) -> str:

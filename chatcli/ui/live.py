@@ -1,14 +1,14 @@
 """The numbers of the reply that is streaming, as the live panels show them. Pure (no Textual).
 
 The chat screen feeds it the turn's events and the cache's size after each; `values()` gives
-the panels' text. TTFT is the first token's `elapsed_s`, the same reading as the finished
-turn's `TurnStats.ttft_s`, so the figure does not jump when the reply ends.
+the panels' text, `final_values` their text once the turn is done. TTFT is the first token's
+`elapsed_s`, the same reading as the finished turn's `TurnStats.ttft_s`, so the figure does not
+jump when the reply ends. `prompt_opens_thinking` says whether a reply starts in its reasoning.
 """
 
 from __future__ import annotations
 
-from chatcli.engine.events import Prefilled, Token
-from chatcli.engine.stats import known
+from chatcli.engine import Prefilled, Token, TurnStats, known
 from chatcli.ui.format import human_bytes
 
 SPARK_SAMPLES = 128  # decode-rate points kept per reply
@@ -83,3 +83,29 @@ def prefill_rate(tokens: int | None, seconds: float | None) -> str:
 def prompt_text(cached: int | None, prefilled: int | None) -> str:
     """The prompt row: tokens read from the cache and computed anew ("n/a" where a server does not say)."""
     return f"{known(cached)} cached · {known(prefilled)} new"
+
+
+def final_values(stats: TurnStats, drafts: str) -> dict[str, str]:
+    """The panels' rows for a finished turn (`drafts`: its drafts row, "n/a" where a server answered)."""
+    return {
+        "ttft": f"{stats.ttft_s * 1000:.0f} ms",
+        "prefill": "n/a" if stats.prefill_tok_s is None else f"{stats.prefill_tok_s:.0f} tok/s",
+        "decode": f"{stats.decode_tok_s:.1f} tok/s",
+        "tokens": str(stats.completion_tokens),
+        "prompt": prompt_text(stats.cached_tokens, stats.prefill_tokens),
+        "kv": human_bytes(stats.kv_cache_bytes),
+        "drafts": drafts,
+    }
+
+
+def prompt_opens_thinking(engine) -> bool:
+    """The chat template ends the prompt inside `<think>` (DeepSeek-R1 style): the reply then
+    begins with reasoning and has no opening tag of its own. The generation prompt is the
+    template's, whatever the conversation: a one-message one shows it."""
+    render = getattr(getattr(engine, "tokenizer", None), "render", None)
+    if render is None:
+        return False
+    try:
+        return render([{"role": "user", "content": "Hi"}]).rstrip().endswith("<think>")
+    except Exception:  # noqa: BLE001 - a template that cannot render fails the turn itself, visibly
+        return False

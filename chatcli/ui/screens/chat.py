@@ -3,7 +3,8 @@
 
 The screens draw; the rest is elsewhere: `Chats` (`chat/manager.py`) holds the store, the
 session pool and the list of conversations, `LiveTurn` (`ui/live.py`) the numbers of the
-streaming reply, and `slash.HANDLERS` what each command does.
+streaming reply, and `slash.HANDLERS` what each command does: a handler sees this screen only
+as a `SlashTarget` (`slash_target.py`), which the two screens implement between them.
 
 Turns run in a Textual thread worker that iterates `engine.generate(...)` and posts each
 event as a `TurnEvent`; the handlers only buffer text and numbers. A UI tick (10 Hz, only
@@ -20,16 +21,16 @@ from textual.binding import Binding
 
 from chatcli.chat.commands import is_command
 from chatcli.chat.saved import save_kv
-from chatcli.engine.events import Finished, FinishReason, Prefilled, Token
-from chatcli.engine.stats import TurnStats
+from chatcli.engine import Finished, FinishReason, Prefilled, Token, TurnStats
 from chatcli.errors import one_line
-from chatcli.ui.format import drafts_text, human_bytes, reply_note, turn_line
-from chatcli.ui.live import LiveTurn, prompt_text
+from chatcli.ui.format import drafts_text, reply_note, turn_line
+from chatcli.ui.live import LiveTurn, final_values, prompt_opens_thinking
 from chatcli.ui.messages import CacheNotSaved, EngineReady, ModelLoaded, TurnEvent, TurnFailed
+from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
-from chatcli.ui.screens.slash import run_command
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
+from chatcli.ui.widgets.tokens import turn_pieces
 
 TICK_S = 1 / 10  # UI refresh while a reply streams: smooth enough, and leaves the GIL to the decode loop
 # The live panels refresh every PANEL_EVERY ticks: a number that changes 10 times a second is
@@ -63,7 +64,6 @@ class ChatScreen(ConversationScreen):
         self._reply: ReplyBox | None = None
         self._buffer: list[str] = []  # text not yet written to the reply widget
         self.top_logprobs = 5  # alternatives the token inspector records (/top-logprobs N)
-        self.switching: str | None = None  # the model /model is loading
         self.editing: int | None = None  # /edit: the index of the user message the prompt replaces
         self._prompt_ids: tuple[list[int], int] = ([], 0)  # this turn's prompt ids, and how many were cached
         self._reply_tokens: list[Token] = []  # this turn's reply tokens, for the inspector
@@ -104,10 +104,15 @@ class ChatScreen(ConversationScreen):
 
     # -- sending ---------------------------------------------------------------
 
+    async def run_command(self, text: str) -> None:
+        """A slash command: `slash.py` carries it out through `SlashTarget`; the chat follows again."""
+        await slash.run_command(self, text)
+        self.pane.follow()
+
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
         if is_command(text):
-            await run_command(self, text)
+            await self.run_command(text)
             return
         if self.load_error is not None:
             nothing = "No server answers" if self.remote else "No model is loaded"
@@ -124,18 +129,6 @@ class ChatScreen(ConversationScreen):
         self.queue.append(widget)
         if not waiting:
             self._next_in_queue()
-
-    def _prompt_opens_thinking(self) -> bool:
-        """The chat template ends the prompt inside `<think>` (DeepSeek-R1 style): the reply then
-        begins with reasoning and has no opening tag of its own. The generation prompt is the
-        template's, whatever the conversation: a one-message one shows it."""
-        render = getattr(getattr(self.engine, "tokenizer", None), "render", None)
-        if render is None:
-            return False
-        try:
-            return render([{"role": "user", "content": "Hi"}]).rstrip().endswith("<think>")
-        except Exception:  # noqa: BLE001 - a template that cannot render fails the turn itself, visibly
-            return False
 
     def _next_in_queue(self) -> None:
         if self.busy or self.engine is None or not self.queue:
@@ -159,7 +152,7 @@ class ChatScreen(ConversationScreen):
         self.busy = True
         self.cancel = threading.Event()
         self._reply = self.pane.add_reply()
-        self._reply.start_stream(thinking=self._prompt_opens_thinking())
+        self._reply.start_stream(thinking=prompt_opens_thinking(self.engine))
         self._reply.set_note("…")
         self._buffer.clear()
         self._streamed = []
@@ -181,7 +174,7 @@ class ChatScreen(ConversationScreen):
         """Worker thread: drive the engine and post every event; never touch a widget.
         The KV cache goes to `kv` (when given) before `Finished` is posted, so no next turn
         can change the cache while it is written."""
-        from chatcli.engine.threads import release_cpu_threads
+        from chatcli.engine import release_cpu_threads
 
         try:
             for event in engine.generate(messages, session, params, cancel):
@@ -280,12 +273,12 @@ class ChatScreen(ConversationScreen):
         boxes[-1].fold.collapsed = not boxes[-1].fold.collapsed
 
     async def action_copy_reply(self) -> None:
-        await run_command(self, "/copy")
+        await self.run_command("/copy")
 
     # -- edit and branch -----------------------------------------------------------
 
     async def action_edit_last(self) -> None:
-        await run_command(self, "/edit")
+        await self.run_command("/edit")
 
     def start_edit(self, number: int | None) -> None:
         """/edit [N]: your Nth message (the last by default) into the prompt; Enter sends it as a branch."""
@@ -331,32 +324,13 @@ class ChatScreen(ConversationScreen):
 
     def show_tokens(self) -> None:
         """The last turn's tokens in the inspector (names decoded now, not while the reply streamed)."""
-        from chatcli.ui.widgets.tokens import Piece
-
-        tokenizer = getattr(self.engine, "tokenizer", None)
-        decode = getattr(tokenizer, "decode", None)
-
-        def name(token_id: int, fallback: str = "") -> str:
-            return decode([token_id], skip_special_tokens=False) if decode else fallback
-
-        ids, cached = self._prompt_ids
-        pieces = [Piece(t, name(t), "cached" if i < cached else "prefilled") for i, t in enumerate(ids)]
-        recorded = any(t.logprob is not None for t in self._reply_tokens)
-        for t in self._reply_tokens:
-            top = [(i, name(i), lp) for i, lp in t.top_logprobs or ()]
-            pieces.append(Piece(t.token_id, name(t.token_id, t.text), "reply", t.logprob, top))
-        self.tokens.show_turn(pieces, recorded)
+        decode = getattr(getattr(self.engine, "tokenizer", None), "decode", None)
+        pieces = turn_pieces(*self._prompt_ids, self._reply_tokens, decode)
+        self.tokens.show_turn(pieces, recorded=any(t.logprob is not None for t in self._reply_tokens))
 
     def _show_final(self, stats: TurnStats) -> None:
-        self.panels.show(
-            ttft=f"{stats.ttft_s * 1000:.0f} ms",
-            prefill="n/a" if stats.prefill_tok_s is None else f"{stats.prefill_tok_s:.0f} tok/s",
-            decode=f"{stats.decode_tok_s:.1f} tok/s",
-            tokens=str(stats.completion_tokens),
-            prompt=prompt_text(stats.cached_tokens, stats.prefill_tokens),
-            kv=human_bytes(stats.kv_cache_bytes),
-            drafts=drafts_text(stats, self.engine.lookup_for(self._turn_params)) if self.engine.keeps_cache else "n/a",
-        )
+        drafts = drafts_text(stats, self.engine.lookup_for(self._turn_params)) if self.engine.keeps_cache else "n/a"
+        self.panels.show(**final_values(stats, drafts))
         self.panels.set_context(stats.context_tokens, stats.context_limit or self.engine.context_limit)
 
     async def on_turn_failed(self, message: TurnFailed) -> None:

@@ -3,10 +3,13 @@ the sidebar, and opening, switching, deleting conversations through `Chats`.
 
 `ChatScreen` (`chat.py`) builds on it with what a turn needs (sending, streaming, stopping);
 this class calls nothing of it: `busy` and `queue` are the only turn state it reads, to refuse
-a switch while a reply streams or prompts wait.
+a switch while a reply streams or prompts wait. Most of `SlashTarget` (what a slash command may
+do) is here: notes, the app's clipboard, screens, theme and config, `/model`'s loading line.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
@@ -16,7 +19,7 @@ from textual.widgets import Footer, Static
 from chatcli.chat.conversation import Conversation
 from chatcli.chat.manager import Chats, ChatsError
 from chatcli.chat.saved import NoSuchConversation
-from chatcli.engine.stats import TurnStats
+from chatcli.engine import TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import human_bytes, reply_note, sampling_line
 from chatcli.ui.messages import LoadFailed, LoadStatus
@@ -26,6 +29,9 @@ from chatcli.ui.widgets.panels import StatsPanel
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.sidebar import Sidebar
 from chatcli.ui.widgets.tokens import TokenInspector
+
+if TYPE_CHECKING:
+    from chatcli.config import Config
 
 NARROW_BELOW = 80  # columns
 BUSY_SWITCH = "a reply is streaming: press Esc to stop it before leaving this conversation"
@@ -37,13 +43,10 @@ class InfoBar(Static):
 
 
 def engine_label(engine) -> str:
-    runner = getattr(engine, "runner", None)
-    if runner is None:  # a server: its model and where it is
+    weights = getattr(engine, "weights", None)
+    if weights is None:  # a server: its model and where it is
         return f"{engine.name} · {engine.backend}"
-    device = getattr(getattr(runner, "device", None), "type", getattr(runner, "device", "?"))
-    from chatcli.engine.runner import weights_dtype
-
-    return f"{getattr(engine, 'name', 'model')} · {device} · {weights_dtype(runner)}"
+    return f"{engine.name} · {engine.device} · {weights}"
 
 
 def saved_stats(stats: dict | None) -> TurnStats | None:
@@ -81,6 +84,7 @@ class ConversationScreen(Screen):
         self.queue: list[UserMessage] = []  # prompts sent while the model loads or a reply streams
         self.last_stats: TurnStats | None = None
         self.loading_line: LoadingLine | None = None
+        self.switching: str | None = None  # the model /model is loading
         self.load_status = "Loading the model…"  # the latest LoadStatus (one may come before on_mount)
         self.pane = ChatPane()
         self.panels = StatsPanel()
@@ -110,6 +114,36 @@ class ConversationScreen(Screen):
 
     def note(self, text: str, error: bool = False) -> None:
         self.pane.add_note(text, error=error)
+
+    def copy_text(self, text: str, what: str) -> None:
+        self.app.copy_to_clipboard(text)  # through the terminal (OSC 52: works over ssh too)
+        self.app.notify(f"Copied {what}: {len(text)} characters.", title="Copied", timeout=3)
+
+    def open_screen(self, screen: Screen, answered) -> None:
+        self.app.push_screen(screen, answered)
+
+    def quit_app(self) -> None:
+        self.app.action_quit_clean()
+
+    # -- settings ------------------------------------------------------------------
+
+    @property
+    def config(self) -> Config:
+        return self.app.start.config
+
+    @property
+    def chat_theme(self) -> str:
+        return self.app.chat_theme
+
+    def theme_names(self) -> list[str]:
+        return self.app.theme_names()
+
+    def set_theme(self, name: str) -> str | None:
+        return self.app.set_chat_theme(name, remember=True)
+
+    def set_params(self, params) -> None:
+        self.params = params
+        self.refresh_info()  # the header shows them
 
     def _store_failed(self, exc: BaseException) -> None:
         self.app.notify(
@@ -143,6 +177,14 @@ class ConversationScreen(Screen):
         """The engine is (to be) a server's: `--api` or the config's `api`."""
         return bool(getattr(self.app.start, "api", None))
 
+    def load_model(self, name: str) -> None:
+        """`/model NAME`: the app loads it in the background; `ModelLoaded` comes when it is done."""
+        self.switching = name
+        self.load_status = f"Loading {name}"
+        self.loading_line = LoadingLine(self.load_status)
+        self.pane.mount(self.loading_line)
+        self.app.load_model(name, self)
+
     def drop_loading(self) -> None:
         if self.loading_line is not None:
             self.loading_line.remove()
@@ -166,10 +208,12 @@ class ConversationScreen(Screen):
         self.panels.set_context(kept, self.engine.context_limit)
         return kept
 
-    async def remove_widgets_of(self, messages: list) -> None:
+    async def forget(self, messages: list) -> None:
+        """The conversation's last `messages` (already dropped from it) leave the screen and the store."""
         doomed = [w for w in self.pane.children if any(getattr(w, "message", None) is m for m in messages)]
         for widget in doomed:
             await widget.remove()
+        self.chats.forget_last(self.conversation, len(messages))
 
     async def show_conversation(self, conv: Conversation) -> None:
         """Make `conv` the current conversation: its messages on screen, its session ready."""

@@ -1,8 +1,9 @@
 """What each slash command does on the chat screen (the parsing lives in `chatcli.chat.commands`).
 
-`HANDLERS` maps every command that is not a setting to a function of the screen and the
-command's argument; a test checks that each command `chat.commands` knows has one. The
-handlers use the screen's public methods and its `Chats`; they never reach into widgets.
+`HANDLERS` maps every command that is not a setting to a function of a `SlashTarget` (the chat
+screen, seen through `slash_target.py`) and the command's argument; a test checks that each
+command `chat.commands` knows has one. A handler uses nothing of the screen but that Protocol:
+it mounts no widget, and asks the screen for what it shows (a note, a loading line, a screen).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse
 from chatcli.chat.manager import ChatsError
-from chatcli.engine.params import setting_of
+from chatcli.engine import setting_of
 from chatcli.errors import one_line
 from chatcli.ui.format import settings_lines, stats_lines
 
 if TYPE_CHECKING:
-    from chatcli.ui.screens.chat import ChatScreen
+    from chatcli.ui.screens.slash_target import SlashTarget
 
 BUSY = "a reply is streaming: press Esc to stop it first"
 KEYS = (
@@ -27,10 +28,10 @@ KEYS = (
     " · Ctrl+N new conversation · Ctrl+Q quit"
 )
 
-Handler = Callable[["ChatScreen", str], Awaitable[None]]
+Handler = Callable[["SlashTarget", str], Awaitable[None]]
 
 
-async def run_command(screen: ChatScreen, text: str) -> None:
+async def run_command(screen: SlashTarget, text: str) -> None:
     """Parse and carry out one command line; every problem is an inline note."""
     try:
         command = parse(text)
@@ -41,31 +42,30 @@ async def run_command(screen: ChatScreen, text: str) -> None:
         set_value(screen, command)
     else:
         await HANDLERS[command.name](screen, command.arg)
-    screen.pane.follow()
 
 
-def set_value(screen: ChatScreen, command: Command) -> None:
+def set_value(screen: SlashTarget, command: Command) -> None:
     try:
-        screen.params = apply_setting(screen.params, command)
+        params = apply_setting(screen.params, command)
     except ValueError as exc:
         screen.note(f"/{command.name}: {exc} (unchanged)", error=True)
         return
+    screen.set_params(params)
     field, _value = command.setting
     setting = setting_of(field)
-    screen.note(f"{setting.name} = {setting.show(getattr(screen.params, field))}")  # as checked (a bias as pairs)
-    screen.refresh_info()
+    screen.note(f"{setting.name} = {setting.show(getattr(params, field))}")  # as checked (a bias as pairs)
 
 
 # -- showing -------------------------------------------------------------------
 
 
-async def show_help(screen: ChatScreen, _arg: str) -> None:
+async def show_help(screen: SlashTarget, _arg: str) -> None:
     rows = help_lines()
     width = max(len(usage) for usage, _ in rows)
     screen.note("\n".join([f"{usage:<{width}}  {desc}" for usage, desc in rows] + ["", KEYS]))
 
 
-async def system(screen: ChatScreen, arg: str) -> None:
+async def system(screen: SlashTarget, arg: str) -> None:
     conv = screen.conversation
     if not arg:
         screen.note(f"system prompt: {conv.system}" if conv.system else "no system prompt (set one with /system TEXT)")
@@ -75,12 +75,12 @@ async def system(screen: ChatScreen, arg: str) -> None:
     screen.note(f"system prompt set: {arg}")
 
 
-async def preset(screen: ChatScreen, arg: str) -> None:
+async def preset(screen: SlashTarget, arg: str) -> None:
     """/preset NAME: the config file's [presets.NAME] — its system prompt for this conversation and its
     sampling values from now on; bare: list them."""
     from chatcli.config import ConfigError
 
-    config = screen.app.start.config
+    config = screen.config
     if not arg:
         names = ", ".join(sorted(config.presets))
         screen.note(f"presets: {names}" if names else f"no presets: add [presets.NAME] tables to {config.path}")
@@ -91,17 +91,16 @@ async def preset(screen: ChatScreen, arg: str) -> None:
     except ConfigError as exc:
         screen.note(f"/preset: {exc}", error=True)
         return
-    screen.params = params
+    screen.set_params(params)
     changed = [f"{k} = {v}" for k, v in chosen.sampling.items()]
     if chosen.system is not None:
         screen.conversation.system = chosen.system
         screen.chats.save_system(screen.conversation)
         changed.insert(0, f"system prompt: {chosen.system}")
-    screen.refresh_info()
     screen.note(f"preset {arg}: " + ("; ".join(changed) or "nothing to set"))
 
 
-async def copy(screen: ChatScreen, arg: str) -> None:
+async def copy(screen: SlashTarget, arg: str) -> None:
     """/copy [code [N] | N] to the clipboard through the terminal (OSC 52: works over ssh too)."""
     from chatcli.chat.copying import CopyError, pick
 
@@ -110,15 +109,12 @@ async def copy(screen: ChatScreen, arg: str) -> None:
     except CopyError as exc:
         screen.note(f"/copy: {exc}", error=True)
         return
-    screen.app.copy_to_clipboard(text)
-    screen.app.notify(f"Copied {what}: {len(text)} characters.", title="Copied", timeout=3)
+    screen.copy_text(text, what)
 
 
-async def model(screen: ChatScreen, arg: str) -> None:
+async def model(screen: SlashTarget, arg: str) -> None:
     """/model NAME: load another model (hub id, folder, .gguf, or the server's model with --api) in
     the background; the current one answers until it is ready. Bare: what answers now."""
-    from chatcli.ui.widgets.chat_pane import LoadingLine
-
     name = arg.strip()
     if not name:
         current = getattr(screen.engine, "name", None) or "(loading)"
@@ -130,14 +126,10 @@ async def model(screen: ChatScreen, arg: str) -> None:
     if screen.busy:
         screen.note("/model: a reply is streaming; press Esc to stop it first", error=True)
         return
-    screen.switching = name
-    screen.load_status = f"Loading {name}"
-    screen.loading_line = LoadingLine(screen.load_status)
-    screen.pane.mount(screen.loading_line)
-    screen.app.load_model(name, screen)
+    screen.load_model(name)
 
 
-async def edit(screen: ChatScreen, arg: str) -> None:
+async def edit(screen: SlashTarget, arg: str) -> None:
     arg = arg.strip()
     if arg and not arg.isdigit():
         screen.note(f"/edit takes the number of one of your messages (1 = the first), got {arg!r}", error=True)
@@ -145,7 +137,7 @@ async def edit(screen: ChatScreen, arg: str) -> None:
     screen.start_edit(int(arg) if arg else None)
 
 
-async def branches(screen: ChatScreen, _arg: str) -> None:
+async def branches(screen: SlashTarget, _arg: str) -> None:
     """/branches: the conversation's tree, numbered as the sidebar and /switch N take them."""
     rows = screen.chats.rows()
     number = {r.id: i for i, r in enumerate(rows, 1)}
@@ -161,7 +153,7 @@ async def branches(screen: ChatScreen, _arg: str) -> None:
     screen.note("\n".join(lines))
 
 
-async def search(screen: ChatScreen, arg: str) -> None:
+async def search(screen: SlashTarget, arg: str) -> None:
     """/search TEXT: every saved message with those words, ranked; Enter opens one."""
     from chatcli.ui.screens.search import SearchResults
 
@@ -181,23 +173,23 @@ async def search(screen: ChatScreen, arg: str) -> None:
         if hit is not None:
             await screen.open_hit(hit.conversation_id, hit.index)
 
-    screen.app.push_screen(SearchResults(arg, hits), opened)
+    screen.open_screen(SearchResults(arg, hits), opened)
 
 
-async def settings(screen: ChatScreen, _arg: str) -> None:
+async def settings(screen: SlashTarget, _arg: str) -> None:
     model = getattr(screen.engine, "name", None) or "(loading)"
-    lines = settings_lines(screen.params, screen.conversation.system, screen.app.chat_theme, model)
+    lines = settings_lines(screen.params, screen.conversation.system, screen.chat_theme, model)
     screen.note("\n".join(lines))
 
 
-async def stats(screen: ChatScreen, _arg: str) -> None:
+async def stats(screen: SlashTarget, _arg: str) -> None:
     if screen.last_stats is None:
         screen.note("no turn yet", error=True)
         return
     screen.note("\n".join(stats_lines(screen.last_stats)))
 
 
-async def backend(screen: ChatScreen, _arg: str) -> None:
+async def backend(screen: SlashTarget, _arg: str) -> None:
     engine = screen.engine
     if engine is None:
         screen.note("the backend is not ready yet", error=True)
@@ -206,7 +198,7 @@ async def backend(screen: ChatScreen, _arg: str) -> None:
     screen.note(f"backend: {engine.backend} · model {engine.name} · context {limit}")
 
 
-async def models(screen: ChatScreen, _arg: str) -> None:
+async def models(screen: SlashTarget, _arg: str) -> None:
     engine = screen.engine
     if engine is None:
         screen.note("the backend is not ready yet", error=True)
@@ -220,19 +212,19 @@ async def models(screen: ChatScreen, _arg: str) -> None:
     screen.note("models: " + (", ".join(shown) if shown else "(none listed)"))
 
 
-async def theme(screen: ChatScreen, arg: str) -> None:
-    app = screen.app
+async def theme(screen: SlashTarget, arg: str) -> None:
     if not arg:
-        screen.note("themes: " + ", ".join(f"[{n}]" if n == app.chat_theme else n for n in app.theme_names()))
+        current = screen.chat_theme
+        screen.note("themes: " + ", ".join(f"[{n}]" if n == current else n for n in screen.theme_names()))
         return
-    error = app.set_chat_theme(arg, remember=True)
+    error = screen.set_theme(arg)
     screen.note(error or f"theme = {arg}", error=bool(error))
 
 
 # -- the conversation ------------------------------------------------------------
 
 
-async def clear(screen: ChatScreen, _arg: str) -> None:
+async def clear(screen: SlashTarget, _arg: str) -> None:
     """A new, empty conversation with the current system prompt; the old one stays in the sidebar."""
     if screen.busy:
         screen.note(BUSY, error=True)
@@ -242,7 +234,7 @@ async def clear(screen: ChatScreen, _arg: str) -> None:
         screen.note("new conversation")
 
 
-async def retry(screen: ChatScreen, _arg: str) -> None:
+async def retry(screen: SlashTarget, _arg: str) -> None:
     if screen.busy:
         screen.note(BUSY, error=True)
         return
@@ -253,12 +245,11 @@ async def retry(screen: ChatScreen, _arg: str) -> None:
     if popped is None:
         screen.note("nothing to retry", error=True)
         return
-    await screen.remove_widgets_of([popped])
-    screen.chats.forget_last(screen.conversation, 1)
+    await screen.forget([popped])
     screen.begin_turn()
 
 
-async def undo(screen: ChatScreen, _arg: str) -> None:
+async def undo(screen: SlashTarget, _arg: str) -> None:
     if screen.busy:
         screen.note(BUSY, error=True)
         return
@@ -266,8 +257,7 @@ async def undo(screen: ChatScreen, _arg: str) -> None:
     if not removed:
         screen.note("nothing to undo", error=True)
         return
-    await screen.remove_widgets_of(removed)
-    screen.chats.forget_last(screen.conversation, len(removed))
+    await screen.forget(removed)
     kept = screen.crop_cache()
     screen.note(f"removed the last exchange ({len(removed)} messages); cache keeps {kept} tokens")
 
@@ -275,21 +265,21 @@ async def undo(screen: ChatScreen, _arg: str) -> None:
 # -- the conversations -------------------------------------------------------------
 
 
-async def new(screen: ChatScreen, _arg: str) -> None:
+async def new(screen: SlashTarget, _arg: str) -> None:
     await screen.action_new_conversation()
 
 
-async def switch(screen: ChatScreen, arg: str) -> None:
+async def switch(screen: SlashTarget, arg: str) -> None:
     await screen.switch_to(int(arg))
 
 
-async def rename(screen: ChatScreen, arg: str) -> None:
+async def rename(screen: SlashTarget, arg: str) -> None:
     screen.chats.rename(screen.conversation, arg)
     screen.refresh_sidebar()
     screen.note(f"renamed: {arg}")
 
 
-async def delete(screen: ChatScreen, _arg: str) -> None:
+async def delete(screen: SlashTarget, _arg: str) -> None:
     if screen.refuse_switch():
         return
     from chatcli.ui.screens.confirm import Confirm
@@ -303,10 +293,10 @@ async def delete(screen: ChatScreen, _arg: str) -> None:
         else:
             screen.note("kept the conversation")
 
-    screen.app.push_screen(Confirm(question), answered)
+    screen.open_screen(Confirm(question), answered)
 
 
-async def save(screen: ChatScreen, arg: str) -> None:
+async def save(screen: SlashTarget, arg: str) -> None:
     try:
         path = screen.chats.export(screen.conversation, arg)
     except ChatsError as exc:
@@ -315,7 +305,7 @@ async def save(screen: ChatScreen, arg: str) -> None:
     screen.note(f"saved {len(screen.conversation.messages)} messages to {path}")
 
 
-async def load(screen: ChatScreen, arg: str) -> None:
+async def load(screen: SlashTarget, arg: str) -> None:
     if screen.refuse_switch():
         return
     try:
@@ -327,12 +317,12 @@ async def load(screen: ChatScreen, arg: str) -> None:
     screen.note(f"loaded {len(conv.messages)} messages from {arg} as a new conversation")
 
 
-async def tokens(screen: ChatScreen, _arg: str) -> None:
+async def tokens(screen: SlashTarget, _arg: str) -> None:
     screen.action_toggle_tokens()
 
 
-async def top_logprobs(screen: ChatScreen, arg: str) -> None:
-    from chatcli.engine.params import MAX_TOP_LOGPROBS
+async def top_logprobs(screen: SlashTarget, arg: str) -> None:
+    from chatcli.engine import MAX_TOP_LOGPROBS
 
     try:
         n = int(arg)
@@ -345,8 +335,8 @@ async def top_logprobs(screen: ChatScreen, arg: str) -> None:
     screen.note(f"The token inspector records the {n} most likely alternatives of each reply token from now on.")
 
 
-async def quit_(screen: ChatScreen, _arg: str) -> None:
-    screen.app.action_quit_clean()
+async def quit_(screen: SlashTarget, _arg: str) -> None:
+    screen.quit_app()
 
 
 HANDLERS: dict[str, Handler] = {

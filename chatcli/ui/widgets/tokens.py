@@ -37,6 +37,20 @@ class Piece:
     top: list[tuple[int, str, float]] = field(default_factory=list)
 
 
+def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=None) -> list[Piece]:
+    """A turn's pieces: its prompt ids (the first `cached` read from the KV cache), then its reply's
+    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text."""
+
+    def name(token_id: int, fallback: str = "") -> str:
+        return decode([token_id], skip_special_tokens=False) if decode else fallback
+
+    pieces = [Piece(t, name(t), "cached" if i < cached else "prefilled") for i, t in enumerate(prompt_ids)]
+    for t in reply_tokens:
+        top = [(i, name(i), lp) for i, lp in t.top_logprobs or ()]
+        pieces.append(Piece(t.token_id, name(t.token_id, t.text), "reply", t.logprob, top))
+    return pieces
+
+
 def _visible(text: str) -> str:
     return text.replace("\n", "⏎\n").replace("\t", "⇥") or "∅"
 
