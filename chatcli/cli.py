@@ -13,13 +13,21 @@ import sys
 import click
 
 from chatcli.config import ConfigError, load_config
-from chatcli.engine.load import LoadError
-from chatcli.engine.params import InvalidParameter
+from chatcli.engine import InvalidParameter, LoadError
 from chatcli.errors import UserError
-from chatcli.flags import LOAD_FIELDS, given_sampling, load_options, model_options, sampling_options
+from chatcli.flags import (
+    API_KEY,
+    CACHE_BUDGET,
+    CONTEXT,
+    JSON,
+    LOAD_FIELDS,
+    given_sampling,
+    load_options,
+    model_options,
+    run_command,
+    sampling_options,
+)
 from chatcli.options import StartOptions
-
-CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 class LazyGroup(click.Group):
@@ -44,7 +52,7 @@ def read_json_schema(value: str):
     """--json-schema's value: a file holding a JSON schema, or the schema's own JSON text."""
     from pathlib import Path
 
-    from chatcli.engine.params import ResponseFormat
+    from chatcli.engine import ResponseFormat
 
     text, name = value, ""
     path = Path(value).expanduser()
@@ -104,7 +112,7 @@ def start_options(
 @model_options()
 @sampling_options()
 @click.option("--api", default=None, metavar="URL", help="Answer from this OpenAI-compatible server (…/v1).")
-@click.option("--api-key", envvar="CHATCLI_API_KEY", default=None, help="The --api server's key ($CHATCLI_API_KEY).")
+@API_KEY.option(help="The --api server's key.")
 @click.option("--system", default=None, help="System prompt.")
 @click.option(
     "--preset",
@@ -113,7 +121,7 @@ def start_options(
     help="A [presets.NAME] of the config file: its system prompt and sampling.",
 )
 @click.option("--theme", default=None, help="TUI theme.")
-@click.option("--json", "json_out", is_flag=True, help="One-shot: print one JSON object.")
+@JSON.option(help="One-shot: print one JSON object.")
 @click.option(
     "--json-schema",
     default=None,
@@ -123,12 +131,7 @@ def start_options(
 @click.option("--stats", is_flag=True, help="One-shot: a stats line on stderr.")
 @click.option("--continue", "-c", "continue_last", is_flag=True, help="Continue the most recent conversation.")
 @click.option("--conversation", default=None, help="Continue this conversation (an id from 'chatcli history').")
-@click.option(
-    "--cache-budget",
-    type=click.IntRange(min=0),
-    default=None,
-    help="MiB of KV caches kept in memory across conversations (default: RAM/8).",
-)
+@CACHE_BUDGET.option()
 @click.pass_context
 def app(
     ctx,
@@ -160,7 +163,7 @@ def app(
         **flags,
     )
     start.continue_last, start.conversation = continue_last, conversation
-    start.cache_budget_bytes = cache_budget * (1 << 20) if cache_budget is not None else None
+    start.cache_budget_bytes = cache_budget  # bytes (flags.Size); None: the pool's default
     piped = not sys.stdin.isatty()
     if prompt is None and not piped:
         if not (sys.stdout.isatty() and sys.stderr.isatty()):  # Textual draws on stderr
@@ -198,7 +201,7 @@ def pull(model, **load) -> None:
 
 
 @app.command(context_settings=CONTEXT)
-@click.option("--json", "json_out", is_flag=True, help="A JSON list.")
+@JSON.option(help="A JSON list.")
 @click.option("--search", "text", default=None, metavar="TEXT", help="Saved messages with these words, best first.")
 def history(json_out, text) -> None:
     """List saved conversations, most recent first (or, with --search, the messages that match)."""
@@ -251,23 +254,7 @@ def _store():
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the click app, turning every user error into one line."""
-    try:
-        code = app.main(args=argv, prog_name="chatcli", standalone_mode=False)
-    except UserError as exc:
-        _fail(str(exc), exc.code)
-    except click.exceptions.Exit as exc:
-        code = exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        sys.stderr.write("\n")
-        sys.exit(130)
-    except click.ClickException as exc:  # unknown option, bad value, missing argument
-        _fail(f"{exc.format_message()} (see 'chatcli --help')", exc.exit_code)
-    sys.exit(code if isinstance(code, int) else 0)
-
-
-def _fail(message: str, code: int) -> None:
-    sys.stderr.write(f"chatcli: error: {message}\n")
-    sys.exit(code)
+    run_command(app, argv, prog_name="chatcli")
 
 
 __all__ = ["app", "main", "UserError", "start_options", "LoadError"]

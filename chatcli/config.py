@@ -24,7 +24,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatcli.engine.params import (
+from chatcli.engine import (
     BIAS,
     FLOAT,
     INT,

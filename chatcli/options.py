@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chatcli.config import Config
-from chatcli.engine.load import LoadOptions
-from chatcli.engine.params import SamplingParams
+from chatcli.engine import LoadOptions, SamplingParams
 
 
 @dataclass
@@ -24,7 +23,7 @@ class StartOptions:
     config: Config = field(default_factory=Config)
     continue_last: bool = False  # -c: reopen the most recent saved conversation
     conversation: str | None = None  # --conversation ID (or a unique prefix)
-    cache_budget_bytes: int | None = None  # --cache-budget; None: chatcli.engine.pool.default_budget_bytes()
+    cache_budget_bytes: int | None = None  # --cache-budget; None: chatcli.engine.kv.pool.default_budget_bytes()
     api: str | None = None  # --api URL (or the config's `api`): a remote engine instead of a model here
     api_key: str | None = None
 
@@ -32,13 +31,13 @@ class StartOptions:
         """The engine to answer with: a remote one over `api`, else the model loaded here (slow the
         first time: call it off the UI thread). Raises LoadError (or RemoteError) in one line."""
         if self.api:
-            from chatcli.engine.remote import RemoteEngine
+            from chatcli.engine import RemoteEngine
 
             if status:
                 status(f"Connecting to {self.api}")
             # --model names the server's model; the config's `model` only goes with the config's `api`
             model = self.model or (self.config.model if self.api == self.config.api else None)
             return RemoteEngine(self.api, self.api_key, model).connect()
-        from chatcli.engine.load import load_engine
+        from chatcli.engine import load_engine
 
         return load_engine(self.model, self.load, config_default=self.config.model, status=status)

@@ -14,7 +14,7 @@ import pytest
 from chatcli.chat import commands
 from chatcli.cli import app, pull, start_options
 from chatcli.config import ConfigError, load_config
-from chatcli.engine.load import LoadOptions
+from chatcli.engine.load.options import LoadOptions
 from chatcli.engine.params import STRINGS, ResponseFormat, SamplingParams, Setting, collect, setting_of, settings
 from chatcli.server.schema import parse_request
 from chatcli.ui.format import sampling_line, settings_lines
@@ -278,7 +278,7 @@ def test_the_model_flags_reach_load_options():
 def test_serve_passes_every_model_flag_to_load_options(monkeypatch):
     from click.testing import CliRunner
 
-    from chatcli.engine.load import LoadError
+    from chatcli.engine.load.options import LoadError
     from chatcli.options import StartOptions
     from chatcli.server.cli import serve_command
     from tests.servers import free_port
@@ -312,3 +312,166 @@ def test_the_flags_module_imports_nothing_heavy():
 def test_repeatable_flags_gather_a_tuple():
     assert STRINGS == setting_of("stop").kind
     assert from_flags(app, ["--stop", "a", "--stop", "b"]).params.stop == ("a", "b")
+
+
+# -- options on several commands: declared once (chatcli.flags) ----------------------------------
+
+# Options of `chatcli bench` that share a name with another command's but are its own declaration
+# (chatcli/bench: the benchmark's run sizes and its JSON report); the test below fails once they fold.
+NOT_FOLDED = {("bench", "--json"), ("bench", "--max-tokens"), ("bench", "--lookup")}
+
+
+def every_command() -> dict[str, click.Command]:
+    ctx = click.Context(app)
+    return {"app": app, **{name: app.get_command(ctx, name) for name in app.list_commands(ctx)}}
+
+
+def test_an_option_on_several_commands_comes_from_one_declaration():
+    from chatcli.flags import Declared
+
+    by_name: dict[str, list[tuple[str, click.Parameter]]] = {}
+    for which, command in every_command().items():
+        for param in command.params:
+            for name in {*param.opts, *param.secondary_opts}:
+                by_name.setdefault(name, []).append((which, param))
+    shared = {name: uses for name, uses in by_name.items() if len(uses) > 1}
+    assert {"--cache-budget", "--api-key", "--json", "--model", "-m", "--device", "--max-tokens"} <= set(shared)
+    left = set()
+    for name, uses in shared.items():
+        own = {(which, name) for which, param in uses if not isinstance(param, Declared)}
+        left |= own
+        declared = [param.source for which, param in uses if (which, name) not in own]
+        assert all(source is declared[0] for source in declared), f"{name}: more than one declaration"
+    assert left == NOT_FOLDED
+
+
+def option_names_written(tree) -> list[str]:
+    """The option names written as strings in calls to click.option(...) or Shared(...)."""
+    import ast
+
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+            "option",
+            "Shared",
+        ):
+            for arg in node.args:
+                for item in arg.elts if isinstance(arg, ast.Tuple) else [arg]:
+                    if isinstance(item, ast.Constant) and isinstance(item.value, str) and item.value.startswith("-"):
+                        names.extend(n for n in item.value.split("/") if n)  # --baseline/--no-baseline
+    return names
+
+
+def test_no_option_name_is_written_twice_in_the_code():
+    import ast
+    from collections import Counter
+    from pathlib import Path
+
+    import chatcli
+
+    written = Counter()
+    for path in Path(chatcli.__file__).parent.rglob("*.py"):
+        written.update(option_names_written(ast.parse(path.read_text(encoding="utf-8"))))
+    assert {"--cache-budget", "--api-key", "--json", "--model", "--host"} <= set(written)  # the scan reads them
+    assert {name: n for name, n in written.items() if n > 1} == {"--json": 2}  # flags.JSON and bench's own
+
+
+SIZES = [("1024", 1 << 30), ("0", 0), ("64M", 64 << 20), ("64mib", 64 << 20), ("1.5G", 3 << 29), ("2GiB", 2 << 30)]
+SIZES += [("512K", 512 << 10), ("4096B", 4096), (" 8 M ", 8 << 20), ("1T", 1 << 40)]
+NOT_SIZES = ["bad", "-1", "64X", "1e3", "", "M", "1.", "2 GB B"]
+
+
+@pytest.mark.parametrize("which", ["app", "serve"])
+def test_cache_budget_parses_the_same_on_each_command(which):
+    command = every_command()[which]
+    assert command.make_context("chatcli", []).params["cache_budget"] is None  # the pool's default: RAM/8
+    for text, size in SIZES:
+        assert command.make_context("chatcli", ["--cache-budget", text]).params["cache_budget"] == size, text
+    for text in NOT_SIZES:
+        with pytest.raises(click.BadParameter) as info:
+            command.make_context("chatcli", ["--cache-budget", text])
+        assert info.value.exit_code == 2
+        assert info.value.format_message() == (
+            f"Invalid value for '--cache-budget': {text!r} is not a size: MiB (1024) or a number with a unit (512M, 2G)"
+        )
+
+
+@pytest.mark.parametrize("which", ["app", "serve"])
+def test_api_key_is_read_and_checked_the_same_on_each_command(which, monkeypatch):
+    command = every_command()[which]
+    monkeypatch.delenv("CHATCLI_API_KEY", raising=False)
+    assert command.make_context("chatcli", []).params["api_key"] is None
+    assert command.make_context("chatcli", ["--api-key", "sk-1 2"]).params["api_key"] == "sk-1 2"
+    monkeypatch.setenv("CHATCLI_API_KEY", "from-env")
+    assert command.make_context("chatcli", []).params["api_key"] == "from-env"
+    assert command.make_context("chatcli", ["--api-key", "given"]).params["api_key"] == "given"
+    for bad in (" s3cret", "s3cret\n", "s3\x7fcret"):
+        with pytest.raises(click.BadParameter) as info:
+            command.make_context("chatcli", ["--api-key", bad])
+        message = info.value.format_message()
+        assert message.startswith("Invalid value for '--api-key': the key holds a control character")
+        assert "s3" not in message  # the key is never shown
+    monkeypatch.setenv("CHATCLI_API_KEY", "k\r")
+    with pytest.raises(click.BadParameter) as info:
+        command.make_context("chatcli", [])
+    assert info.value.format_message().startswith("Invalid value for '--api-key' (from $CHATCLI_API_KEY): the key")
+
+
+def test_help_shows_the_shared_options_with_each_commands_meaning():
+    from click.testing import CliRunner
+
+    from chatcli.flags import CACHE_BUDGET
+
+    tops, serves = (
+        " ".join(CliRunner().invoke(app, args).output.split()) for args in (["--help"], ["serve", "--help"])
+    )
+    budget = " ".join(CACHE_BUDGET.help.split())
+    for shown in (tops, serves):
+        assert "--cache-budget SIZE" in shown and budget in shown
+        assert "--api-key KEY" in shown and "[env var: CHATCLI_API_KEY]" in shown
+        assert "-m, --model TEXT" in shown
+    assert "The --api server's key." in tops and "Require 'Authorization: Bearer KEY'" not in tops
+    assert "Require 'Authorization: Bearer KEY' on every request." in serves and "The --api server's key" not in serves
+    history = " ".join(CliRunner().invoke(app, ["history", "--help"]).output.split())
+    assert "--json A JSON list." in history and "--json One-shot: print one JSON object." in tops
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["-m", "chatcli", "-p", "hi"], "chatcli"),
+        (["-m", "chatcli", "serve"], "chatcli serve"),
+        (["-m", "chatcli.server"], "python -m chatcli.server"),
+    ],
+)
+def test_a_bad_cache_budget_is_one_line_and_exit_2_everywhere(argv, hint, tmp_path):
+    env = {"CHATCLI_CONFIG": str(tmp_path / "none.toml"), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, *argv, "--cache-budget", "64X"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "chatcli: error: Invalid value for '--cache-budget': '64X' is not a size: MiB (1024) or a number with a unit"
+        f" (512M, 2G) (see '{hint} --help')\n"
+    )
+
+
+def test_serve_passes_the_budget_and_its_default_is_the_pools(monkeypatch):
+    """serve's pool: the --cache-budget given, else default_budget_bytes() (an eighth of RAM, as the TUI's)."""
+    from click.testing import CliRunner
+
+    import chatcli.server.app
+    from chatcli.engine import default_budget_bytes
+    from chatcli.server import cli as server_cli
+
+    seen = []
+
+    def create_app(engine, **kwargs):
+        seen.append(kwargs["cache_budget_bytes"])
+        raise click.exceptions.Exit(0)  # no server
+
+    monkeypatch.setattr(chatcli.server.app, "create_app", create_app)
+    for args in ([], ["--cache-budget", "64M"], ["--cache-budget", "0"]):
+        result = CliRunner().invoke(server_cli.serve_command, args)
+        assert result.exit_code == 0, result.output
+    assert seen == [default_budget_bytes(), 64 << 20, 0]

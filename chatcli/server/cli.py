@@ -1,11 +1,11 @@
 """`chatcli serve`: serve the OpenAI-compatible API with uvicorn, loading the model meanwhile.
 
-`serve_command` is a click command; `chatcli.cli` adds it with
-`app.add_command(serve_command)`. Also runnable alone:
-`python -m chatcli.server --port 8000`.
+`serve_command` is a click command; `chatcli.cli` names it as a lazy subcommand. Also runnable
+alone: `python -m chatcli.server --port 8000`.
 
 Imported at CLI start-up, so nothing heavy (torch, transformers, starlette,
-uvicorn) is imported at module level. The model flags are those of `chatcli` (`chatcli.flags`).
+uvicorn) is imported at module level. The model flags, --api-key and --cache-budget are declared
+once, for `chatcli` too, in `chatcli.flags`; the options below are serve's own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 import click
 
-from chatcli.flags import load_options, model_options
+from chatcli.flags import API_KEY, CACHE_BUDGET, CONTEXT, load_options, model_options, run_command
 
 MIB = 1 << 20
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -46,12 +46,10 @@ def _fail(message: str, code: int = 1):
     raise click.exceptions.Exit(code)
 
 
-@click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("serve", context_settings=CONTEXT)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; loopback by default.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port.")
-@click.option(
-    "--api-key", envvar="CHATCLI_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on every request."
-)
+@API_KEY.option(help="Require 'Authorization: Bearer KEY' on every request.")
 @model_options()
 @click.option(
     "--max-body-bytes",
@@ -60,13 +58,7 @@ def _fail(message: str, code: int = 1):
     show_default=True,
     help="Largest request body accepted (413 past it).",
 )
-@click.option(
-    "--cache-budget",
-    type=click.IntRange(min=0),
-    default=1024,
-    show_default=True,
-    help="MiB of KV cache kept across requests for prefix reuse (0 keeps none).",
-)
+@CACHE_BUDGET.option()
 @click.option(
     "--max-queue",
     type=click.IntRange(min=1),
@@ -104,7 +96,7 @@ def serve_command(
 
     def load_model():
         """In the app's loading thread, while /health says loading; a LoadError stops the server in one line."""
-        from chatcli.engine.threads import release_cpu_threads
+        from chatcli.engine import release_cpu_threads
 
         engine = start.load_engine(status=_status_lines())
         release_cpu_threads()  # requests run in the generation thread: see engine/threads.py
@@ -117,7 +109,7 @@ def serve_command(
         port=port,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
-        cache_budget_bytes=cache_budget * MIB,
+        cache_budget_bytes=cache_budget,
         defaults=start.params,
         max_queue=max_queue,
         log_level=log_level,
@@ -155,17 +147,22 @@ def serve(
     port: int,
     api_key: str | None = None,
     max_body_bytes: int = MIB,
-    cache_budget_bytes: int = 1024 * MIB,
+    cache_budget_bytes: int | None = None,
     defaults=None,
     max_queue: int = 64,
     log_level: str = "info",
     cors_origins: tuple[str, ...] = (),
 ) -> None:
     """Run the server in this thread until Ctrl-C: it listens at once and loads the model (`load()`)
-    in a thread meanwhile; a failed load stops it with that one line and exit 1."""
+    in a thread meanwhile; a failed load stops it with that one line and exit 1. `cache_budget_bytes`
+    None: the pool's default (an eighth of RAM, as the TUI's)."""
     import uvicorn
 
+    from chatcli.engine import default_budget_bytes
     from chatcli.server.app import create_app
+
+    if cache_budget_bytes is None:
+        cache_budget_bytes = default_budget_bytes()
 
     failed: list[str] = []
 
@@ -201,7 +198,8 @@ def serve(
 
 
 def main() -> None:
-    serve_command(prog_name="python -m chatcli.server")
+    """`python -m chatcli.server`: serve alone, with chatcli's one-line errors."""
+    run_command(serve_command, prog_name="python -m chatcli.server")
 
 
 if __name__ == "__main__":
