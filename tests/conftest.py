@@ -1,13 +1,61 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+from platformdirs import user_cache_dir, user_config_dir, user_data_dir
 
 from tests.servers import serve  # noqa: F401 - a fixture, shared by the server and remote tests
 from tests.tiny import build_tiny_model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The user's own chatcli dirs (platformdirs, as chatcli.paths finds them without its overrides): no
+# test may write there. Every test gets its own data dir and config file, and the session one cache
+# dir (converted models, lean files, compiled kernels: made once per session, as a user's are once
+# per machine); subprocesses inherit them through the environment.
+USER_DIRS = [Path(user_cache_dir("chatcli")), Path(user_data_dir("chatcli")), Path(user_config_dir("chatcli"))]
+
+
+def snapshot(dirs: list[Path]) -> dict[str, tuple[int, int]]:
+    """Every file under `dirs`: path -> (size, mtime)."""
+    seen = {}
+    for top in dirs:
+        for folder, _subdirs, files in os.walk(top):
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                seen[path] = (st.st_size, st.st_mtime_ns)
+    return seen
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory):
+    """One cache dir for the session, in pytest's tmp dir, in place of the user's."""
+    folder = tmp_path_factory.mktemp("cache")
+    before = os.environ.get("CHATCLI_CACHE_DIR")
+    os.environ["CHATCLI_CACHE_DIR"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("CHATCLI_CACHE_DIR", None)
+    else:
+        os.environ["CHATCLI_CACHE_DIR"] = before
+
+
+@pytest.fixture(autouse=True)
+def user_dirs_untouched(tmp_path, monkeypatch, session_cache):
+    """Each test's own data dir and config file; the test fails if it left anything in the user's dirs."""
+    monkeypatch.setenv("CHATCLI_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "config.toml"))
+    before = snapshot(USER_DIRS)
+    yield
+    after = snapshot(USER_DIRS)
+    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    assert not changed, f"the test wrote into the user's own dirs: {changed[:5]}"
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +65,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_dir):
-    from chatcli.engine.hf_load import LoadOptions, load
+    from chatcli.engine.load.hf import LoadOptions, load
 
     return load(str(tiny_model_dir), LoadOptions(device="cpu"))
 
@@ -27,7 +75,7 @@ def tiny_engine(request, tiny_loaded):
     """The tiny model behind each runner: the transformers reference, the lean path on torch and
     the lean path in the compiled kernel (skipped where it cannot run), each with an fp32 cache,
     so all compute the same numbers (test_lean covers the bf16 cache)."""
-    from chatcli.engine.hf_load import build_engine
+    from chatcli.engine.load.hf import build_engine
 
     if request.param == "native":
         require_kernel()
@@ -39,13 +87,13 @@ def tiny_engine(request, tiny_loaded):
 def tiny_lean(tiny_loaded):
     """The tiny model on one runner (the lean path on torch, fp32 cache): for tests about what is
     around the engine (a server, a remote client), where one runner is enough."""
-    from chatcli.engine.hf_load import build_engine
+    from chatcli.engine.load.hf import build_engine
 
     return build_engine(tiny_loaded, runner="lean", kv_dtype="float32", kernel=False)
 
 
 def embedded_path():
-    from chatcli.engine.load import embedded_gguf
+    from chatcli.engine.load.sources import embedded_gguf
 
     path = embedded_gguf()
     if path is None:
@@ -57,8 +105,9 @@ def embedded_path():
 def real_engine():
     """The embedded SmolLM2-135M on the runner a user gets (the native one where the kernel runs),
     its weights dequantized to fp32 (`--quantize none`): the reference the replies are checked on.
-    From the user's conversion cache (converted there on first use)."""
-    from chatcli.engine.load import LoadOptions, load_engine
+    From the session's cache (converted there on first use, as a user's is)."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
 
     return load_engine(embedded_path(), LoadOptions(quantize="none"))
 
@@ -67,7 +116,7 @@ def real_engine():
 def real_default():
     """The embedded SmolLM2-135M exactly as a user gets it: where the kernel runs, its own Q4_1
     blocks (`--quantize auto`)."""
-    from chatcli.engine.load import load_engine
+    from chatcli.engine.load.build import load_engine
 
     return load_engine(embedded_path())
 
@@ -75,7 +124,7 @@ def real_default():
 @pytest.fixture(scope="session")
 def real_loaded():
     """The embedded SmolLM2-135M as a transformers model: the reference."""
-    from chatcli.engine.hf_load import load
+    from chatcli.engine.load.hf import load
 
     return load(embedded_path())
 
@@ -83,7 +132,7 @@ def real_loaded():
 @pytest.fixture
 def no_kernel(monkeypatch):
     """The pure-torch decode path, as on a CPU without AVX2 or a machine without g++."""
-    import chatcli.engine.kernels as kernels
+    import chatcli.engine.runners.kernels as kernels
 
     monkeypatch.setattr(kernels, "library", lambda: None)
     monkeypatch.setattr(kernels, "_reason", "switched off for this test")
@@ -97,7 +146,7 @@ def kernel():
 def require_kernel():
     """The compiled kernel. Skipped only where the CPU cannot run it or there is no compiler:
     where both are there, a failed build fails the test instead of hiding behind a skip."""
-    from chatcli.engine import kernels
+    from chatcli.engine.runners import kernels
 
     missing = kernels.missing_cpu_flags()
     if missing:

@@ -12,12 +12,9 @@ import pytest
 
 @pytest.fixture
 def cli(tiny_model_dir, tmp_path):
-    env = {
-        **os.environ,
-        "CHATCLI_CONFIG": str(tmp_path / "config.toml"),
-        "CHATCLI_CACHE_DIR": str(tmp_path / "cache"),
-        "CHATCLI_DATA_DIR": str(tmp_path / "data"),  # not the user's own history
-    }
+    # the test's own config and history, the session's cache (the tiny model's lean file, converted
+    # once): tests/conftest.py points them into pytest's tmp dirs, never the user's
+    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "config.toml"), "CHATCLI_DATA_DIR": str(tmp_path / "data")}
 
     def run(*args, stdin: bytes | None = b"", model=True, python=()):
         argv = [sys.executable, *python, "-m", "chatcli", *args]

@@ -11,10 +11,9 @@ from chatcli.ui.persist import PromptHistory
 from tests.ui.fake import FakeEngine
 
 
-@pytest.fixture(autouse=True)
-def isolated_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHATCLI_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "config.toml"))
+@pytest.fixture
+def isolated_dirs(tmp_path, user_dirs_untouched):
+    """The test's own folder, where tests/conftest.py points the data dir (`data/`) and config file."""
     return tmp_path
 
 
