@@ -5,7 +5,8 @@ takes from a `Shared` below (`--cache-budget`, `--api-key`, `--json`). A flag's 
 its field's name. Every option made here is a `Declared`, naming the declaration it came from: a
 test checks that an option on several commands comes from one (tests/test_params.py).
 
-Imported at every start, one-shots included: click and those two pure modules only.
+Imported at every start, one-shots included: click and the engine's public surface (its data types,
+stdlib only; no numpy, no torch: a test checks it).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Shared:
 
 
 # `chatcli` (the TUI's conversations) and `chatcli serve` (the requests' prefixes) keep KV caches in one
-# SessionPool each; None: chatcli.engine.kv.pool.default_budget_bytes().
+# SessionPool each; None: chatcli.engine.default_budget_bytes().
 CACHE_BUDGET = Shared(
     ("--cache-budget",),
     "cache_budget",

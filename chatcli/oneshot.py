@@ -103,7 +103,7 @@ def run_oneshot(
 
 def stream_reply(engine, conversation, session, params, out, scored: list | None = None):
     """Run one turn, writing text pieces to `out` (None: don't) as they come, and each token's
-    log-probabilities into `scored` (where the params ask for them; see `engine.logprobs`).
+    log-probabilities into `scored` (where the params ask for them; see `engine.sample.logprobs`).
 
     Returns (Finished, pieces), or (None, pieces) when Ctrl+C stopped it.
     """

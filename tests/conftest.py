@@ -35,15 +35,27 @@ def snapshot(dirs: list[Path]) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
-    """One cache dir for the session, in pytest's tmp dir, in place of the user's."""
-    folder = tmp_path_factory.mktemp("cache")
-    before = os.environ.get("CHATCLI_CACHE_DIR")
-    os.environ["CHATCLI_CACHE_DIR"] = str(folder)
-    yield folder
-    if before is None:
-        os.environ.pop("CHATCLI_CACHE_DIR", None)
-    else:
-        os.environ["CHATCLI_CACHE_DIR"] = before
+    """The session's cache dir, data dir and config file, in pytest's tmp dir, in place of the user's
+    (set before any other fixture: module and session fixtures see them too; each test then gets
+    its own data dir and config file). The session fails if the user's dirs changed all the same."""
+    folder = tmp_path_factory.mktemp("session")
+    names = {"CHATCLI_CACHE_DIR": folder / "cache", "CHATCLI_DATA_DIR": folder / "data"}
+    names["CHATCLI_CONFIG"] = folder / "config.toml"
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(path) for name, path in names.items()})
+    before = snapshot(USER_DIRS)
+    yield names["CHATCLI_CACHE_DIR"]
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    changed = changed_files(before, snapshot(USER_DIRS))
+    assert not changed, f"the test session wrote into the user's own dirs: {changed[:5]}"
+
+
+def changed_files(before: dict, after: dict) -> list[str]:
+    return sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
 
 
 @pytest.fixture(autouse=True)
@@ -53,8 +65,7 @@ def user_dirs_untouched(tmp_path, monkeypatch, session_cache):
     monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "config.toml"))
     before = snapshot(USER_DIRS)
     yield
-    after = snapshot(USER_DIRS)
-    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    changed = changed_files(before, snapshot(USER_DIRS))
     assert not changed, f"the test wrote into the user's own dirs: {changed[:5]}"
 
 

@@ -1,6 +1,6 @@
 """A conversation: the system prompt and the messages, as the user sees them.
 
-Pure data: the engine's KV cache for it lives in an `engine.Session` beside it.
+Pure data: the engine's KV cache for it lives in an `engine.kv.session.Session` beside it.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class Row:
 class Chats:
     def __init__(self, store, budget: int | None = None, on_store_failed: Callable[[BaseException], None] = print):
         self.store = store  # chatcli.chat.store.Store, or None: nothing is saved
-        self.budget = budget  # bytes of KV cache the pool keeps; None: pool.default_budget_bytes()
+        self.budget = budget  # bytes of KV cache the pool keeps; None: chatcli.engine.default_budget_bytes()
         self.on_store_failed = on_store_failed
         self.engine = None
         self.pool = None  # SessionPool, once the engine is loaded
@@ -147,7 +147,7 @@ class Chats:
         try:
             self.engine.restore_session(session, path)  # no usable file: the next turn prefills as usual
         finally:
-            release_cpu_threads()  # restoring may run torch on the UI thread: see engine/threads.py
+            release_cpu_threads()  # restoring may run torch on the UI thread: see engine/runners/threads.py
 
     def keep(self, conv: Conversation, session) -> None:
         """After a turn: put the session back at its new size (the pool may evict others)."""

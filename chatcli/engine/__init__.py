@@ -17,16 +17,19 @@ The stages live in a folder each, one layer above the next (each imports only th
     text/      tokenize (chat template + BPE) and detokenize
     events.py, params.py, stats.py, cpu.py: what every stage shares
 
-No UI imports anywhere below this package. Importing it is cheap: torch and transformers are
-imported by the modules that need them, when they run.
+No UI imports anywhere below this package. Importing it is cheap (`chatcli --help` pays for it):
+the data types are imported at once, stdlib only; the names that bring numpy, the turn loop or the
+loader are imported on first use (PEP 562 `__getattr__`), and torch and transformers only by the
+modules that run them.
 """
 
 from __future__ import annotations
 
-from chatcli.engine.engine import ContextOverflow, Engine
+import importlib
+from typing import TYPE_CHECKING
+
 from chatcli.engine.events import ChatEngine, Event, Finished, FinishReason, Prefilled, Token
-from chatcli.engine.kv.pool import LeaseKind, SessionPool, default_budget_bytes, fork_session
-from chatcli.engine.load.build import load_engine
+from chatcli.engine.kv.memory import default_budget_bytes
 from chatcli.engine.load.options import MODEL_HELP, LoadError, LoadOptions
 from chatcli.engine.params import (
     BIAS,
@@ -45,9 +48,33 @@ from chatcli.engine.params import (
 )
 from chatcli.engine.remote import RemoteEngine, RemoteError
 from chatcli.engine.runners.threads import release_cpu_threads
-from chatcli.engine.sample.grammar import GrammarError
 from chatcli.engine.sample.logprobs import token_entry
 from chatcli.engine.stats import TurnStats, known
+
+if TYPE_CHECKING:
+    from chatcli.engine.engine import ContextOverflow, Engine
+    from chatcli.engine.kv.pool import LeaseKind, SessionPool, fork_session
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.sample.grammar import GrammarError
+
+_LAZY = {  # name -> the module that defines it, imported on first use (these bring numpy)
+    "ContextOverflow": "chatcli.engine.engine",
+    "Engine": "chatcli.engine.engine",
+    "LeaseKind": "chatcli.engine.kv.pool",
+    "SessionPool": "chatcli.engine.kv.pool",
+    "fork_session": "chatcli.engine.kv.pool",
+    "load_engine": "chatcli.engine.load.build",
+    "GrammarError": "chatcli.engine.sample.grammar",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BIAS",

@@ -99,7 +99,7 @@ def serve_command(
         from chatcli.engine import release_cpu_threads
 
         engine = start.load_engine(status=_status_lines())
-        release_cpu_threads()  # requests run in the generation thread: see engine/threads.py
+        release_cpu_threads()  # requests run in the generation thread: see engine/runners/threads.py
         click.echo(f"Ready: {engine.name}", err=True)
         return engine
 

@@ -122,7 +122,7 @@ class ChatApp(App):
             screen.post_message(LoadFailed(one_line(exc)))
             return
         finally:
-            release_cpu_threads()  # turns run in other threads: see engine/threads.py
+            release_cpu_threads()  # turns run in other threads: see engine/runners/threads.py
         screen.post_message(EngineReady(engine))
 
     def load_model(self, name: str, screen: ChatScreen) -> None:

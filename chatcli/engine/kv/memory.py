@@ -291,3 +291,14 @@ class ReservedCache(KVCache):
         if self.strip is not None:
             held += len(self.slid) * min(self.strip.written, self.strip.size) * per_position
         return held
+
+
+def default_budget_bytes() -> int:
+    """An eighth of the machine's memory, between 256 MiB and 4 GiB (1 GiB where it cannot be read)."""
+    import os
+
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 30
+    return max(256 << 20, min(4 << 30, total // 8))

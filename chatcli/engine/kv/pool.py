@@ -40,17 +40,6 @@ from chatcli.engine.kv.session import Session
 MIN_FORK_TOKENS = 32  # a shorter shared prefix is cheaper to prefill again than to copy
 
 
-def default_budget_bytes() -> int:
-    """An eighth of the machine's memory, between 256 MiB and 4 GiB (1 GiB where it cannot be read)."""
-    import os
-
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return 1 << 30
-    return max(256 << 20, min(4 << 30, total // 8))
-
-
 def fork_session(session: Session, keep: int) -> Session:
     """A new session whose cache holds a copy of the first `keep` ids of `session`'s cache."""
     cache = session.cache

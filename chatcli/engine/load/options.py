@@ -12,8 +12,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatcli.engine.weights.gguf_convert import gguf_file_type, source_gguf
-
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
@@ -122,6 +120,8 @@ def resolve_quantize(quantize: str | None, folder: Path | None, native: bool) ->
         return explicit_quantize(quantize)
     if not native or folder is None:
         return None
+    from chatcli.engine.weights.gguf_convert import gguf_file_type, source_gguf  # hashlib, tempfile: not at start-up
+
     gguf = source_gguf(folder)
     return GGUF_KINDS.get(gguf_file_type(gguf)) if gguf is not None else None
 

@@ -4,7 +4,7 @@ on torch: the same weights, less machinery.
 transformers' forward is general. On two CPU cores its per-step overhead (module
 calls, cache bookkeeping, mask building, unfused projections) was about a quarter of
 a SmolLM2-135M decode step. This runner does only what a Llama decoder needs, in the
-style of gpt-fast, over a lean file's tensors (`lean_weights`: fused, transposed,
+style of gpt-fast, over a lean file's tensors (`weights.lean_file`: fused, transposed,
 norm-folded, rope-ordered, memory-mapped; torch views of the mapping, no copies on the CPU):
 
 - a preallocated KV cache per conversation, `[L, KV, capacity, hd]`, written in place
@@ -23,7 +23,7 @@ them and none where it has not.
 
 This is the path where the compiled kernel cannot run (no AVX2, no compiler, a GPU,
 bf16 weights); where it can, `native.NativeRunner` runs the same lean tensors without torch.
-Models it cannot run exactly fall back to `HFRunner` (see `lean_weights.lean_support`).
+Models it cannot run exactly fall back to `HFRunner` (see `weights.families.lean_support`).
 The tests check that it gives the HF reference's greedy tokens and logits within tolerance
 over multi-turn conversations with crops.
 """

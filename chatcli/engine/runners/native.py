@@ -5,7 +5,7 @@ after it) through every layer, the KV cache writes and the head in one call and 
 team. It computes each row exactly as it would alone, in a fixed order: prefill gives the
 numbers that decoding the same tokens one by one gives, and a draft is checked exactly, int8
 included (activations get a scale per row). The weights are the lean file's (fp32 panels or
-packed int8: see `lean_weights`), read where they are mapped; the KV cache lives in anonymous
+packed int8: see `weights.lean_file`), read where they are mapped; the KV cache lives in anonymous
 memory that the OS backs as it is written. Logits come back as numpy arrays.
 
 `NativeRunner` is what a model of a lean family gets on a CPU where the kernel builds (AVX-512 VNNI or AVX2,
@@ -90,7 +90,7 @@ class NativeCache(kv_memory.ReservedCache):
     """Keys `[Lf, KV, capacity/16, hd, 16]` (blocks of 16 positions, transposed: one vector holds a
     dimension of 16 keys) and values `[Lf, KV, capacity, hd]`, fp32 or bf16 held as uint16, in anonymous
     memory; a model's sliding layers, where a strip is smaller than the context, in `wk`, `wv` of the
-    same layout over `strip.size` positions (see `kv_memory.Strip`). `keys(n)` and `state()` give the
+    same layout over `strip.size` positions (see `kv.memory.Strip`). `keys(n)` and `state()` give the
     keys as rows `[L, KV, n, hd]`, like every other cache."""
 
     def __init__(

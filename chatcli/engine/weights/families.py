@@ -1,7 +1,7 @@
 """The decoder families the lean path runs, and what each needs beyond a Llama block.
 
 Every family here is a pre-norm decoder with rotary attention and a gated MLP; they differ in a
-few places, each a field of `lean_weights.LeanConfig` that the torch runner (`lean`) and the
+few places, each a field of `lean_file.LeanConfig` that the torch runner (`lean`) and the
 kernel (`kernels/decode.cpp`) both follow:
 
 | family | beyond Llama |
@@ -15,7 +15,7 @@ kernel (`kernels/decode.cpp`) both follow:
 | gemma3_text (Gemma 3 1B, the text model) | Gemma 2's, with q/k norms and a second rope base for sliding layers |
 
 A sliding layer's keys and values are kept for its window (and a margin for crops), not the whole
-context: `kv_memory.Strip`.
+context: `kv.memory.Strip`.
 
 What a family's model does that the lean path does not compute is refused with one line
 (`lean_support`), and that model runs on transformers (`HFRunner`). This module reads a

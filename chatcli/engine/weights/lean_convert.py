@@ -1,4 +1,4 @@
-"""Converting a transformers decoder of a lean family into a lean file (see `lean_weights` for the format).
+"""Converting a transformers decoder of a lean family into a lean file (see `lean_file` for the format).
 
 Runs once per model and kind, with torch and transformers: the weights are fused, transposed,
 norm-folded and rope-ordered (`fused_transposed`), then written in the kind's layout. For
@@ -306,7 +306,7 @@ def convert_lean(
     model_loader=None,
     gguf_file: Path | None = None,
 ) -> None:
-    """Write the lean file of `kind` for the model in `folder` at `path` (see `lean_weights.lean_file`);
+    """Write the lean file of `kind` for the model in `folder` at `path` (see `load.lean.lean_weights`);
     a grouped kind takes the blocks of `gguf_file`, or of the GGUF `folder` was converted from."""
     from chatcli.engine.weights.tensorfile import write_tensors
 

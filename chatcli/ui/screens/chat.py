@@ -188,7 +188,7 @@ class ChatScreen(ConversationScreen):
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
             self.post_message(TurnFailed(turn, one_line(exc)))
         finally:
-            release_cpu_threads()  # the next turn may run in another pool thread: see engine/threads.py
+            release_cpu_threads()  # the next turn may run in another pool thread: see engine/runners/threads.py
 
     def on_cache_not_saved(self, message: CacheNotSaved) -> None:
         if not self._cache_warned:  # once a run: a full disk would say it every turn
