@@ -172,11 +172,6 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
             return 130
         reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
         store.add_message(conversation.id, reply, asdict(start.params))
-        not_saved = save_kv(engine, session, kv)
-        if not_saved:
-            sys.stderr.write(
-                f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n"
-            )
         if json_out:
             record = {
                 "model": engine.name,
@@ -193,6 +188,13 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
         elif pieces and not pieces[-1].endswith("\n"):
             out.write("\n")
         out.flush()
+        # After the reply's last line (a warning must not run on from it in a terminal); the reply
+        # is in the store already, so a cache that cannot be written costs only the next -c a prefill.
+        not_saved = save_kv(engine, session, kv)
+        if not_saved:
+            sys.stderr.write(
+                f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n"
+            )
         if show_stats:
             sys.stderr.write(done.stats.summary() + "\n")
         if start.params.response_format is not None and done.finish_reason == FinishReason.LENGTH:

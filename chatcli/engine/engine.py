@@ -102,21 +102,31 @@ class Engine:
     # -- sessions on disk and cropped ------------------------------------------
 
     def save_session(self, session: Session, path: Path) -> bool:
-        """Write the session's KV cache to `path` (atomically; the folder is kept within its
-        budget), for a later start to restore. False when there is nothing worth saving (an
-        empty or too large cache); OSError when the disk refuses."""
-        from chatcli.engine.kv.persist import fingerprint, save_cache, trim_folder
+        """Write the session's KV cache to `path` (atomically: a failed write leaves no partial
+        file; the folder is kept within its budget), for a later start to restore. False when
+        there is nothing worth saving (an empty or too large cache); OSError, with a one-line
+        message, whatever made the write fail (a full disk: the safetensors writer raises its own
+        error type, turned into OSError here)."""
+        from chatcli.engine.kv.persist import fingerprint, save_cache, trim_folder, write_error
 
-        saved = save_cache(session.cache, path, fingerprint(self.runner, self.name))
+        try:
+            saved = save_cache(session.cache, path, fingerprint(self.runner, self.name))
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. SafetensorError on ENOSPC: one kind of error for callers
+            raise write_error(exc) from exc
         trim_folder(path.parent)
         return saved
 
     def restore_session(self, session: Session, path: Path) -> bool:
         """Give `session` the KV cache saved at `path` when it was made by this model, runner and
-        dtypes; False (the session unchanged) for a missing, foreign or damaged file."""
-        from chatcli.engine.kv.persist import fingerprint, load_cache
+        dtypes; False (the session unchanged) for a missing, foreign, older-format or damaged file.
+        A damaged one leaves a note (`Session.note`) that the session's next turn's stats carry."""
+        from chatcli.engine.kv.persist import fingerprint, read_cache
 
-        cache = load_cache(self.runner, path, fingerprint(self.runner, self.name))
+        cache, note = read_cache(self.runner, path, fingerprint(self.runner, self.name))
+        if note:
+            session.note = note
         if cache is None:
             return False
         session.cache = cache
@@ -227,6 +237,7 @@ class Engine:
             prefill_tokens=len(target) - cached,
             context_limit=self.context_limit,
             truncated_turns=truncated,
+            note=session.take_note(),
         )
         logits = self.prefill(target, cache, cancel)
         t_prefilled = time.perf_counter()

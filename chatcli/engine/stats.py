@@ -21,13 +21,15 @@ class TurnStats:
     truncated_turns: int = 0  # earlier turns dropped to fit the context
     draft_tokens: int = 0  # ids proposed by prompt lookup (--lookup) and verified
     accepted_tokens: int = 0  # of those, the ones the model agreed with
+    note: str = ""  # what the user should know about this turn, e.g. a damaged saved KV cache ("" none)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> TurnStats:
-        """Stats saved with a reply (`to_dict`), by any version: unknown keys are left out, missing ones are 0."""
+        """Stats saved with a reply (`to_dict`), by any version: unknown keys are left out, missing ones
+        take their defaults (0, the note "")."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -40,6 +42,7 @@ class TurnStats:
             f"· cached {known(self.cached_tokens)}/{self.prompt_tokens} prefilled {known(self.prefill_tokens)}"
             + (f" · drafts kept {self.accepted_tokens}/{self.draft_tokens}" if self.draft_tokens else "")
             + (f" · dropped {self.truncated_turns} turns" if self.truncated_turns else "")
+            + (f" · {self.note}" if self.note else "")
         )
 
 

@@ -1,15 +1,24 @@
 """A conversation's KV cache on disk, so `chatcli -c` after a restart skips the prefill.
 
 One safetensors file per conversation: the cache's named arrays (`KVCache.state()`), the
-ids they hold, and metadata naming the model, runner and dtype that made them. Loading
-checks all of that: a file from another model or runner, a damaged file, or ids that do not
-match are ignored (the engine then prefills as usual), never trusted. Files over `max_bytes`
-are not written; the folder is kept under `folder_budget` by deleting the least recently
-written files. No torch here: the arrays are numpy (`tensorfile` reads and writes them).
+ids they hold, and metadata naming the model, runner and dtype that made them, with a SHA-256
+of the contents (`checksum`: every array's name, dtype, shape and bytes, ids included, names in
+sorted order). Loading checks all of that: a file from another model or runner, one without a
+checksum (an older chatcli's), or ids that do not match are ignored (the engine then prefills
+as usual), never trusted; a damaged one (unreadable, or its contents not matching the
+checksum) is ignored too, and `read_cache` says so (`DAMAGED`), so the front ends can tell the
+user. Files over `max_bytes` are not written; the folder is kept under `folder_budget` by
+deleting the least recently written files. No torch here: the arrays are numpy (`tensorfile`
+reads and writes them). The checksum costs one pass over the bytes at save and at load: ~70 ms
+for 100 MiB on a CPU with SHA instructions (OpenSSL's SHA-256, ~1.5 GB/s), a few times that without.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +27,8 @@ if TYPE_CHECKING:
 
 MAX_FILE_BYTES = 256 << 20
 FOLDER_BUDGET = 2 << 30
+CHECKSUM_KEY = "sha256"  # the metadata key of `checksum`; a file without it is not used
+DAMAGED = "saved KV cache was damaged, prefilled again"  # the note a damaged file leaves (TurnStats.note)
 
 
 def fingerprint(runner, model_name: str) -> str:
@@ -27,39 +38,86 @@ def fingerprint(runner, model_name: str) -> str:
     return f"{model_name}|{type(runner).__name__}|{weights}|kv {kv}|{runner.context_limit}"
 
 
-def save_cache(cache: KVCache, path: Path, fp: str, max_bytes: int = MAX_FILE_BYTES) -> bool:
-    """Write the cache atomically; False when it is empty, unsupported or too large."""
+def checksum(tensors: dict[str, tuple[str, object]]) -> str:
+    """SHA-256 (hex) of `tensors` ({name: (safetensors dtype code, numpy array)}): each name, dtype,
+    shape and the array's bytes, in sorted name order, so that any flipped byte changes it."""
     import numpy as np
 
-    from chatcli.engine.weights.tensorfile import write_tensors
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        code, array = tensors[name]
+        array = np.ascontiguousarray(array)
+        digest.update(f"{name}\0{code}\0{','.join(map(str, array.shape))}\0".encode())
+        digest.update(array.reshape(-1).view(np.uint8))  # hashlib reads the buffer in place, GIL released
+    return digest.hexdigest()
+
+
+def save_cache(cache: KVCache, path: Path, fp: str, max_bytes: int = MAX_FILE_BYTES) -> bool:
+    """Write the cache atomically, with its `checksum`; False when it is empty, unsupported or too large.
+    A failed write raises what the writer raised (OSError, or the safetensors library's own error)."""
+    import numpy as np
+
+    from chatcli.engine.weights.tensorfile import CODES, write_tensors
 
     state = cache.state()
     size = sum(array.nbytes for _, array in state.values())
     if not state or not cache.ids or size > max_bytes:
         path.unlink(missing_ok=True)  # a stale file would no longer match
         return False
+    ids = np.asarray(cache.ids, dtype=np.int64)
     tensors = {name: value for name, value in state.items()}
-    tensors["ids"] = np.asarray(cache.ids, dtype=np.int64)
-    write_tensors(path, tensors, {"fingerprint": fp}, align=False)
+    tensors["ids"] = (CODES[ids.dtype.name], ids)
+    write_tensors(path, tensors, {"fingerprint": fp, CHECKSUM_KEY: checksum(tensors)}, align=False)
     return True
 
 
-def load_cache(runner, path: Path, fp: str) -> KVCache | None:
-    """A cache restored from `path`, or None when there is none that fits this runner (its `new_cache()`)."""
-    from chatcli.engine.weights.tensorfile import MappedTensors
+def read_cache(runner, path: Path, fp: str) -> tuple[KVCache | None, str]:
+    """A cache restored from `path` (None when there is none that fits this runner: its
+    `new_cache()`), and a note for the user: `DAMAGED` where the file was there but unreadable or
+    its contents do not match its checksum, else "" (no file, another model's or runner's, or an
+    older chatcli's without a checksum: ignored silently)."""
+    from chatcli.engine.weights.tensorfile import MappedTensors, TensorFileError
 
     if not path.is_file():
-        return None
+        return None, ""
     try:
         f = MappedTensors(path)
-        if f.metadata.get("fingerprint") != fp or "ids" not in f or f.tensors["ids"].dtype != "I64":
-            return None
-        ids = [int(i) for i in f.array("ids")]
-        state = {name: (info.dtype, f.array(name)) for name, info in f.tensors.items() if name != "ids"}
+    except (TensorFileError, ValueError):
+        return None, DAMAGED  # written atomically by chatcli, so not a safetensors file any more
+    except OSError:
+        return None, ""  # unreadable (permissions): nothing to say about its contents
+    try:
+        if f.metadata.get("fingerprint") != fp:
+            return None, ""
+        expected = f.metadata.get(CHECKSUM_KEY)
+        if not expected:
+            return None, ""
+        tensors = {name: (info.dtype, f.array(name)) for name, info in f.tensors.items()}
+        if checksum(tensors) != expected:
+            return None, DAMAGED
+        if "ids" not in f or f.tensors["ids"].dtype != "I64":
+            return None, ""
+        ids = [int(i) for i in tensors.pop("ids")[1]]
         cache = runner.new_cache()
-        return cache if cache.restore(ids, state) else None
-    except Exception:  # noqa: BLE001 - a damaged or foreign file is ignored, not trusted
-        return None
+        return (cache if cache.restore(ids, tensors) else None), ""
+    except Exception:  # noqa: BLE001 - a file that does not fit is ignored, not trusted
+        return None, ""
+
+
+def load_cache(runner, path: Path, fp: str) -> KVCache | None:
+    """A cache restored from `path`, or None when there is none that fits this runner (`read_cache`)."""
+    return read_cache(runner, path, fp)[0]
+
+
+def write_error(exc: Exception) -> OSError:
+    """A failed cache write as an OSError with one line: the errno where the message names one (the
+    safetensors writer says "... (os error 28)"), so a full disk reads "[Errno 28] No space left on device"."""
+    lines = str(exc).strip().splitlines()
+    found = re.search(r"os error (\d+)", lines[0] if lines else "")
+    if found and int(found.group(1)) in errno.errorcode:
+        code = int(found.group(1))
+        return OSError(code, os.strerror(code))
+    return OSError(f"cannot write the KV cache: {lines[0] if lines else type(exc).__name__}")
 
 
 def trim_folder(folder: Path, budget: int = FOLDER_BUDGET) -> None:

@@ -12,12 +12,19 @@ from chatcli.engine.sample.sampling import new_generator
 
 
 class Session:
-    """The engine's state for one conversation: its KV cache and its random generator."""
+    """The engine's state for one conversation: its KV cache and its random generator, and a note
+    for the user that its next turn's stats carry (`TurnStats.note`: e.g. a damaged saved cache)."""
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
         self.generator = new_generator()
         self._seeded = False
+        self.note = ""
+
+    def take_note(self) -> str:
+        """The note for this turn's stats, once: the turn after it carries none."""
+        note, self.note = self.note, ""
+        return note
 
     def generator_for(self, params: SamplingParams):
         """A seed makes each turn reproducible on its own: the generator restarts from it every turn."""

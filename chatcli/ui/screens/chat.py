@@ -252,6 +252,8 @@ class ChatScreen(ConversationScreen):
         self.chats.save_reply(self.conversation, reply_msg, self._turn_params)
         self.last_stats = stats
         self.turns_done += 1
+        if stats.note:  # e.g. the saved KV cache was damaged: this turn prefilled the whole history
+            self.app.notify(stats.note[:1].upper() + stats.note[1:] + ".", severity="warning", timeout=8)
         if reply is not None:
             reply.message = reply_msg
             reply.set_note(reply_note(done.finish_reason, stats, done.error))
