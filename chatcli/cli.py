@@ -187,17 +187,47 @@ def app(
 
 @app.command(context_settings=CONTEXT)
 @model_options(device="cpu", without=("device_map", "runner", "kv_dtype"))
-def pull(model, **load) -> None:
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="First rehash every cached file a start reads (a start checks only sizes and mtimes); "
+    "a damaged one is removed and converted again.",
+)
+def pull(model, verify, **load) -> None:
     """Make a model ready: convert a GGUF into the cache and write the lean file(s) a start
     memory-maps (by default a Q4/Q8 GGUF's own blocks where the kernel runs, else fp32; --quantize
-    picks another), then say where they are."""
+    picks another), then say where they are. With --verify, each cached file is rehashed first and
+    said ok or damaged; a damaged one is converted again (exit 0 once all are good)."""
     from chatcli.oneshot import load_engine
 
     start = start_options(model=model, **load)
+    damaged = _verify(start) if verify else 0
     engine = load_engine(start)
     click.echo(f"ready: {engine.name} ({engine.context_limit} tokens of context, {type(engine.runner).__name__})")
     for path in engine.runner.files():
         click.echo(f"  {path} ({path.stat().st_size / 2**20:,.0f} MiB, memory-mapped at each start)")
+    if damaged:
+        click.echo(f"{damaged} damaged file{'s' if damaged > 1 else ''} converted again: all good now")
+
+
+def _verify(start) -> int:
+    """`pull --verify`: one line per cached file the start reads, ok or damaged (then removed)."""
+    from chatcli.engine import verify_model_files
+    from chatcli.oneshot import loading_status
+
+    try:
+        with loading_status() as status:
+            checks = verify_model_files(start.model, start.load, config_default=start.config.model, status=status)
+    except LoadError as exc:
+        raise UserError(str(exc)) from None
+    for check in checks:
+        if check.ok:
+            click.echo(f"ok       {check.path}")
+        else:
+            click.echo(f"damaged  {check.path}: {check.problem}; removed, converting it again")
+    if not checks:
+        click.echo("nothing to verify yet: the files are converted now")
+    return sum(not check.ok for check in checks)
 
 
 @app.command(context_settings=CONTEXT)

@@ -89,3 +89,19 @@ def test_key_follows_file_identity(fake_gguf):
     with open(path, "r+b") as f:
         f.write(b"changed")
     assert convert.gguf_key(path) != before
+
+
+def test_flipped_bytes_with_the_mtime_put_back_pass_a_start_but_not_verify(fake_gguf):
+    from chatcli.engine import verify_model_files
+
+    path, calls = fake_gguf
+    folder = convert.converted_folder(path)
+    target = folder / "model.safetensors"
+    st = target.stat()
+    target.write_bytes(b"x" * 4096)  # same size, other bytes, the mtime put back
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert convert.is_valid(folder)  # the start's rule: size and mtime
+    checks = {c.path.name: c.problem for c in verify_model_files(str(path))}
+    assert checks["config.json"] == "" and "SHA-256" in checks["model.safetensors"]
+    assert len(calls) == 2 and convert.is_valid(folder) and target.read_bytes() == b"w" * 4096
+    assert [c.problem for c in verify_model_files(str(path))] == ["", ""] and len(calls) == 2

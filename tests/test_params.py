@@ -56,7 +56,7 @@ SURFACES = {
 }
 FIELDS = SamplingParams.field_names()
 # app's own flags
-NOT_START = ("prompt", "json_out", "json_schema", "stats", "continue_last", "conversation", "cache_budget")
+NOT_START = ("prompt", "json_out", "json_schema", "stats", "continue_last", "conversation", "cache_budget", "verify")
 USER = [{"role": "user", "content": "hi"}]
 
 

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from chatcli.engine.engine import ContextOverflow, Engine
     from chatcli.engine.kv.pool import LeaseKind, SessionPool, fork_session
     from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.verify import verify_model_files
     from chatcli.engine.sample.grammar import GrammarError
 
 _LAZY = {  # name -> the module that defines it, imported on first use (these bring numpy)
@@ -64,6 +65,7 @@ _LAZY = {  # name -> the module that defines it, imported on first use (these br
     "SessionPool": "chatcli.engine.kv.pool",
     "fork_session": "chatcli.engine.kv.pool",
     "load_engine": "chatcli.engine.load.build",
+    "verify_model_files": "chatcli.engine.load.verify",
     "GrammarError": "chatcli.engine.sample.grammar",
 }
 
@@ -113,4 +115,5 @@ __all__ = [
     "setting_of",
     "settings",
     "token_entry",
+    "verify_model_files",
 ]

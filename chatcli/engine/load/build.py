@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from chatcli.engine.load.lean import lean_engine
 from chatcli.engine.load.options import LoadError, LoadOptions, placement
-from chatcli.engine.load.sources import each_candidate, read_config, resolve
+from chatcli.engine.load.sources import Source, each_candidate, read_config, resolve
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.families import lean_support
 
@@ -36,11 +36,7 @@ def load_engine(
         source = resolve(name, explicit, status)
         if source.folder is None and not explicit:
             raise FileNotFoundError("not in the local Hugging Face cache")  # implicit ids are never fetched
-        reason = "--runner hf" if options.runner == "hf" else "--device-map" if options.device_map else None
-        if source.folder is None:
-            reason = reason or "not in the local Hugging Face cache"
-        else:
-            reason = reason or lean_support(read_config(source.folder))
+        reason = why_not_lean(options, source)
         if reason is None:
             return lean_engine(source, device, dtype, options.kv_dtype, options.quantize, status, kernel=kernel)
         if options.runner == "lean":
@@ -50,3 +46,11 @@ def load_engine(
         return build_engine(load_source(source, options, device, dtype, status), runner="hf", kv_dtype=options.kv_dtype)
 
     return each_candidate(model, config_default, attempt)
+
+
+def why_not_lean(options: LoadOptions, source: Source) -> str | None:
+    """Why `source` takes transformers' runner (one line), or None where a lean runner runs it."""
+    reason = "--runner hf" if options.runner == "hf" else "--device-map" if options.device_map else None
+    if source.folder is None:
+        return reason or "not in the local Hugging Face cache"
+    return reason or lean_support(read_config(source.folder))

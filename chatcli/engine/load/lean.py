@@ -60,21 +60,13 @@ def lean_engine(
     """A lean runner (native where the kernel runs, else torch) over `source`'s lean files;
     `model_loader()` gives the transformers model and tokenizer to convert where a file is missing.
     `kv`: the --kv-dtype (auto: see `pick_kv_dtype`); `quantize`: the --quantize (auto: `resolve_quantize`)."""
-    native = (
-        kernel
-        and device == "cpu"
-        and dtype == "float32"
-        and kv in ("auto", "float32", "bfloat16")
-        and _native_shapes(read_config(source.folder))
-        and _kernel()
-    )
-    quantize = resolve_quantize(quantize, source.folder, bool(native))
+    native, quantize = plan(source.folder, device, dtype, kv, quantize, kernel)
     kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32 or bfloat16 where native: dtype is float32
     status(f"Loading {source.name}")
     if native:
         from chatcli.engine.runners.native import NativeRunner
 
-        kind = quantize if quantize in GROUPED else INT8 if quantize else "float32-panels"
+        (kind,) = kinds(native, quantize, dtype)
         runner = NativeRunner(lean_weights(source.folder, kind, status, model_loader), kv_dtype=kv)
     else:
         if quantize in GROUPED:
@@ -89,6 +81,28 @@ def lean_engine(
         int8 = lean_weights(source.folder, INT8, status, model_loader) if quantize else None
         runner = LeanRunner(dense, device=torch.device(device), kv_dtype=DTYPES[kv], int8=int8)
     return Engine(runner, tokenizer or folder_tokenizer(source.folder), source.name)
+
+
+def plan(folder: Path, device: str, dtype: str, kv: str, quantize: str | None, kernel: bool):
+    """(whether the native runner runs it, the resolved --quantize)."""
+    native = (
+        kernel
+        and device == "cpu"
+        and dtype == "float32"
+        and kv in ("auto", "float32", "bfloat16")
+        and _native_shapes(read_config(folder))
+        and _kernel()
+    )
+    return bool(native), resolve_quantize(quantize, folder, bool(native))
+
+
+def kinds(native: bool, quantize: str | None, dtype: str) -> list[str]:
+    """The lean files' kinds a runner opens (none where `lean_engine` refuses the combination)."""
+    if native:
+        return [quantize if quantize in GROUPED else INT8 if quantize else "float32-panels"]
+    if quantize in GROUPED:
+        return []
+    return [f"{dtype}-dense", *([INT8] if quantize else [])]
 
 
 def _native_shapes(config: dict) -> bool:

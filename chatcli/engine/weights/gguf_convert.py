@@ -9,8 +9,9 @@ path, so every virtualenv's copy of the same wheel shares one conversion).
 Writes are atomic: the model is saved into a temporary folder beside the final one,
 which is renamed into place only when complete, so a run killed mid-conversion
 leaves no broken cache. A manifest records each file's size, mtime and SHA-256. On
-load every size is checked; a file whose mtime changed is re-hashed. Anything that
-does not match is rebuilt.
+load every size is checked; a file whose mtime changed is re-hashed (the lean files' rule:
+a start hashes nothing it need not). Anything that does not match is rebuilt. `check_folder`
+rehashes every file whatever its mtime (`chatcli pull --verify`).
 """
 
 from __future__ import annotations
@@ -127,6 +128,37 @@ def is_valid(folder: Path) -> bool:
         return bool(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def check_folder(folder: Path) -> list[tuple[Path, str]]:
+    """Rehash every file of a converted folder against its manifest, whatever its mtime: (path, what
+    is wrong in a few words, or "") per file; the manifest itself where it cannot be read."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = dict(manifest["files"])
+        if manifest.get("format") != FORMAT:
+            return [(folder / MANIFEST, f"format {manifest.get('format')}, not {FORMAT}")]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [(folder / MANIFEST, "missing or unreadable")]
+    out = []
+    for name, want in sorted(files.items()):
+        path = folder / name
+        try:
+            size = path.stat().st_size
+            if size != want["size"]:
+                problem = f"{size:,} bytes where {want['size']:,} were written"
+            elif file_sha256(path) != want["sha256"]:
+                problem = "its SHA-256 differs from the one recorded when it was written"
+            else:
+                problem = ""
+        except FileNotFoundError:
+            problem = "missing"
+        except OSError as exc:
+            problem = f"unreadable: {exc.strerror or exc}"
+        except (KeyError, TypeError):
+            problem = "no readable record of its hash in the manifest"
+        out.append((path, problem))
+    return out
 
 
 def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m: None) -> None:

@@ -25,7 +25,10 @@ base, as Gemma 3's do) and, where the family has them, fp32 vectors per layer: `
 norms), each padded to a multiple of 16. The file's metadata holds the architecture and a fingerprint (format
 version, kind, the source's identity); a sidecar JSON records the file's size, mtime and
 SHA-256. A file that does not match, cannot be parsed, is truncated or changed is not read
-(`LeanFileError`): the loader converts again (`load.lean.lean_weights`). This module only
+(`LeanFileError`): the loader converts again (`load.lean.lean_weights`). The trust rule at each
+start (`unchanged`) is the size and the mtime: the hash is computed only where the mtime changed
+(hashing a 600 MB file at each start would cost seconds), so bytes changed in place with the
+mtime put back are only found by `check`, which always rehashes (`chatcli pull --verify`). This module only
 describes and opens the files; it imports neither torch nor numpy and starts no conversion.
 """
 
@@ -204,6 +207,31 @@ def unchanged(path: Path) -> bool:
         return st.st_mtime_ns == want["mtime_ns"] or file_sha256(path) == want["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def check(path: Path) -> str:
+    """Rehash the file whatever its mtime: "" where it is the one its sidecar recorded, else what
+    is wrong in a few words."""
+    try:
+        want = json.loads(_sidecar(path).read_text())
+        size, digest = int(want["size"]), str(want["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no readable record of its hash (its sidecar is missing or damaged)"
+    try:
+        got = path.stat().st_size
+        if got != size:
+            return f"{got:,} bytes where {size:,} were written"
+        if file_sha256(path) != digest:
+            return "its SHA-256 differs from the one recorded when it was written"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    return ""
+
+
+def remove(path: Path) -> None:
+    """Remove a lean file and its sidecar: the next load converts it again."""
+    path.unlink(missing_ok=True)
+    _sidecar(path).unlink(missing_ok=True)
 
 
 class LeanWeights:

@@ -1,0 +1,77 @@
+"""`chatcli pull --verify`: rehash every cached file a model's start reads.
+
+A start trusts a cached file (a lean file, against its sidecar; a GGUF's converted folder, against
+its manifest) whose size and mtime are the ones recorded when it was written, and rehashes only a
+file whose mtime changed: hashing hundreds of MB at each start would cost seconds. Bytes changed in
+place with the mtime put back thus pass a start; `verify_model_files` rehashes them all, says which
+are damaged, and removes those so that they are converted again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatcli.engine.load.build import why_not_lean
+from chatcli.engine.load.lean import kinds, plan
+from chatcli.engine.load.options import LoadOptions, placement
+from chatcli.engine.load.sources import each_candidate, resolve
+from chatcli.engine.weights import Status, gguf_convert, lean_file
+from chatcli.engine.weights.lean_file import lean_path
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file of the cache, rehashed: `problem` says what is wrong ("" where it is intact)."""
+
+    path: Path
+    problem: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem
+
+
+def verify_model_files(
+    model: str | None = None,
+    options: LoadOptions | None = None,
+    config_default: str | None = None,
+    status: Status | None = None,
+    kernel: bool = True,
+) -> list[FileCheck]:
+    """Rehash every file of the cache that loading `model` (as `load_engine` would, same arguments)
+    reads: a GGUF's converted folder, against its manifest, and the lean file(s), against their
+    sidecars, whatever their mtime (a start trusts a file whose size and mtime are as recorded).
+    A damaged file is removed: a converted folder is converted again here, a lean file by the next
+    load. Files not made yet are not listed. Raises LoadError where the model cannot be found."""
+    options = options or LoadOptions()
+    status = status or (lambda *_a, **_k: None)
+    device, dtype = placement(options)
+
+    def attempt(name: str, explicit: bool) -> list[FileCheck]:
+        checks = []
+        gguf = Path(os.path.expanduser(name))
+        if name.endswith(".gguf") and gguf.is_file():
+            for path, problem in gguf_convert.check_folder(gguf_convert.folder_for(gguf)):
+                if path.parent.is_dir():  # a folder not converted yet is not a damaged one
+                    checks.append(FileCheck(path, problem))
+                if problem:
+                    path.unlink(missing_ok=True)  # the folder is then not valid: resolve converts it again
+        source = resolve(name, explicit, status)
+        if source.folder is None:
+            if not explicit:
+                raise FileNotFoundError("not in the local Hugging Face cache")  # as load_engine says
+            return checks
+        if why_not_lean(options, source) is not None:
+            return checks  # transformers' runner: no lean file
+        native, quantize = plan(source.folder, device, dtype, options.kv_dtype, options.quantize, kernel)
+        for kind in kinds(native, quantize, dtype):
+            path = lean_path(source.folder, kind)
+            if path.is_file():
+                checks.append(FileCheck(path, lean_file.check(path)))
+                if checks[-1].problem:
+                    lean_file.remove(path)
+        return checks
+
+    return each_candidate(model, config_default, attempt)
