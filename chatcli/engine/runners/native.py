@@ -39,6 +39,7 @@ from chatcli.engine.runners.kernels.structs import (
     Matrix,
     Model,
 )
+from chatcli.engine.runners.team import TeamWidth
 from chatcli.engine.weights.lean_file import GROUP, GROUPED, INT8, PROJECTIONS, VECTORS, LeanWeights, norm_before
 
 CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
@@ -200,6 +201,8 @@ class NativeRunner(ModelRunner):
         self.quantized = c.weights in (INT8, *GROUPED)
         self.kv_dtype = kv_dtype
         self.threads = threads or kernel_threads()
+        # the team's width per call, learned (runners/team.py); a fixed `threads` (tests, benchmarks) is kept
+        self.team = TeamWidth(self.threads) if threads is None and self.threads > 1 else None
         shapes, vectors = c.shapes(), c.vectors()
 
         def vector(name: str):  # a family's vector, or null where it has none
@@ -316,16 +319,12 @@ class NativeRunner(ModelRunner):
         tokens = (ctypes.c_int64 * count)(*ids)
         rows = count if every else 1
         logits = np.empty((rows, self.config.vocab), dtype=np.float32)
-        status = self._lib.chatcli_decode(
-            ctypes.byref(self._model),
-            ctypes.byref(cache.kernel_cache()),
-            tokens,
-            count,
-            start,
-            logits.ctypes.data,
-            rows,
-            self.threads,
-        )
+        model, view = ctypes.byref(self._model), ctypes.byref(cache.kernel_cache())
+
+        def call(threads: int) -> int:
+            return self._lib.chatcli_decode(model, view, tokens, count, start, logits.ctypes.data, rows, threads)
+
+        status = self.team.timed(count, call) if self.team is not None else call(self.threads)
         if status:
             raise ValueError(f"the kernel refused {count} ids at position {start} (status {status})")
         cache.ids.extend(ids)

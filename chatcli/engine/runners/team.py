@@ -1,0 +1,102 @@
+"""How many threads the compiled kernel's team gets for a call, learned from the decode steps' times.
+
+A forward is one OpenMP parallel region in which every stage ends at a barrier: about eight a
+layer, some 250 a decode step of a 30-layer model. On an idle machine every core is ours and a
+team as wide as the machine is fastest. When another process keeps a core busy (a browser, a
+build), the scheduler takes one of our threads off its core for a time slice now and then, and
+the whole team waits at the next barrier until it is back: decode fell from ~300 to 1-22 tok/s on
+2 cores. One thread fewer runs on the cores that are free and never waits.
+
+So the decode steps (calls of a few rows: many, alike, and cheap to try another width on) keep a
+moving average of the seconds a row took at each width tried, run at the fastest, and try another
+width now and then: at the second step (a process starts knowing nothing), then after 1 s, 2 s,
+4 s … up to 8 s while the others keep losing (contention comes and goes on a person's time scale;
+a try of the whole team under contention costs a slow step, so tries are spaced in time, not in
+steps), and at the next step when the current width slows down past 1.5x its best. A prefill (many
+rows) runs at the width the decode steps found: what holds for one holds for the other, and a
+prefill's time varies too much with its length to learn from. (A one-shot's prefill comes before
+any step: it runs at the whole team's width.)
+
+A row's numbers do not depend on the width (the kernel computes every row alone, in a fixed
+order), so switching changes the speed, never a reply.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+FIRST_TRY = 2  # the decode step that first tries another width
+FIRST_WAIT_S = 1.0  # seconds to the next try after a width takes over, or the current one slows
+LAST_WAIT_S = 8.0  # the longest wait between tries while the other widths keep losing
+SLOWER = 1.5  # the current width this much slower than its own best: try the others at once
+CLEARLY = 0.9  # a tried width takes over when it ran a row in this fraction of the current's time
+DECODE_ROWS = 16  # calls of at most this many rows are decode steps (and drafts); more: prefill
+SMOOTH = 0.25  # weight of a step's time in the moving average of its width
+
+
+def widths(most: int) -> list[int]:
+    """The widths worth trying on `most` threads, widest first: all of them, one fewer (one core
+    busy elsewhere), half, and one."""
+    return sorted({most, max(1, most - 1), max(1, most // 2), 1}, reverse=True)
+
+
+class TeamWidth:
+    """`width(rows)` before a call, `record(rows, width, seconds)` after it (or `timed`). Thread-safe."""
+
+    def __init__(self, most: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.most = max(1, most)
+        self.widths = widths(self.most)
+        self.clock = clock
+        self.current = self.most
+        self.per_row: dict[int, float] = {}  # width -> moving average of a decode step's seconds a row
+        self.best = float("inf")  # the current width's best average since it took over or slowed
+        self.steps = 0
+        self.wait_s = FIRST_WAIT_S
+        self.next_try: float | None = None  # clock time of the next try (None: at step FIRST_TRY)
+        self._turn = 0  # which other width the next try takes (round robin)
+        self._lock = threading.Lock()
+
+    def width(self, rows: int) -> int:
+        """The width for a call of `rows` rows: the fastest known, or, for a decode step, another to try."""
+        with self._lock:
+            if rows > DECODE_ROWS:
+                return self.current
+            self.steps += 1
+            others = [w for w in self.widths if w != self.current]
+            due = self.steps >= FIRST_TRY if self.next_try is None else self.clock() >= self.next_try
+            if others and due:
+                self._turn = (self._turn + 1) % len(others)
+                self.next_try = self.clock() + self.wait_s  # unless record() decides sooner
+                return others[self._turn]
+            return self.current
+
+    def record(self, rows: int, width: int, seconds: float) -> None:
+        """What a call of `rows` rows at `width` took (a prefill's time teaches nothing: see above)."""
+        if rows > DECODE_ROWS:
+            return
+        per = seconds / max(1, rows)
+        with self._lock:
+            if width != self.current:  # a try: its own time now, not an average of old ones
+                self.per_row[width] = per
+                if per < CLEARLY * self.per_row.get(self.current, float("inf")):
+                    self.current, self.best, self.wait_s = width, per, FIRST_WAIT_S
+                else:
+                    self.wait_s = min(2 * self.wait_s, LAST_WAIT_S)
+                self.next_try = self.clock() + self.wait_s
+                return
+            old = self.per_row.get(width)
+            self.per_row[width] = average = per if old is None else old + SMOOTH * (per - old)
+            self.best = min(self.best, average)
+            if average > SLOWER * self.best:  # slowed down: another process came? try the others now
+                self.best, self.wait_s = average, FIRST_WAIT_S
+                self.next_try = self.clock()
+
+    def timed(self, rows: int, call: Callable[[int], int]) -> int:
+        """`call(width)` at the width for `rows` rows, its time recorded; returns what it returned."""
+        width = self.width(rows)
+        start = self.clock()
+        status = call(width)
+        self.record(rows, width, self.clock() - start)
+        return status

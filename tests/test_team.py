@@ -1,0 +1,118 @@
+"""The kernel team's width per call (runners/team.py): learned from the decode steps' times, so a busy
+core elsewhere costs one thread, not the whole team's speed; and never a different reply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chatcli.engine.runners.team import FIRST_TRY, FIRST_WAIT_S, LAST_WAIT_S, TeamWidth, widths
+
+IDLE = {2: 0.005, 1: 0.0085}  # seconds a step: two cores free, the whole team is fastest
+BUSY = {2: 0.060, 1: 0.0085}  # a core busy elsewhere: the team waits at its barriers
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def drive(team: TeamWidth, clock: Clock, cost: dict, seconds: float, rows: int = 1) -> list[tuple[float, int]]:
+    """Decode steps for `seconds` of the clock, each taking `cost[width]` a row: (start, width) of each."""
+    ran = []
+    end = clock.now + seconds
+    while clock.now < end:
+        width = team.width(rows)
+        ran.append((clock.now, width))
+        clock.now += cost[width] * rows
+        team.record(rows, width, cost[width] * rows)
+    return ran
+
+
+def tries(ran, width):
+    return [t for t, w in ran if w == width]
+
+
+def test_the_widths_tried():
+    assert widths(1) == [1] and widths(2) == [2, 1] and widths(4) == [4, 3, 2, 1] and widths(16) == [16, 15, 8, 1]
+
+
+def test_an_idle_machine_keeps_the_whole_team_and_tries_less_and_less():
+    clock = Clock()
+    team = TeamWidth(2, clock)
+    ran = drive(team, clock, IDLE, 60.0)
+    assert team.current == 2 and ran[0][1] == 2 and ran[FIRST_TRY - 1][1] == 1  # the second step tries one thread
+    at = tries(ran, 1)
+    gaps = np.diff(at)
+    assert 8 <= len(at) <= 12  # 1 s, 2, 4, 8, 8 … apart: a dozen slower steps in a minute of decoding
+    assert gaps[0] == pytest.approx(2 * FIRST_WAIT_S, abs=0.02) and max(gaps) == pytest.approx(LAST_WAIT_S, abs=0.02)
+    assert len(at) / len(ran) < 0.002
+
+
+def test_a_busy_core_moves_decode_to_one_thread_at_once_and_back_when_it_is_free():
+    clock = Clock()
+    team = TeamWidth(2, clock)
+    drive(team, clock, IDLE, 30.0)
+    busy = drive(team, clock, BUSY, 30.0)
+    assert busy[2][1] == 1 and team.current == 1  # slowed past 1.5x: one thread from the next steps on
+    slow = tries(busy, 2)
+    assert len(slow) <= 8  # the whole team tried again 1, 2, 4, 8, 8 … s apart
+    spent = sum(BUSY[w] for _, w in busy)
+    assert sum(BUSY[2] for _ in slow) / spent < 0.02  # the tries cost under 2 % of the time
+    free = drive(team, clock, IDLE, 20.0)
+    back = next(t for t, w in free if w == 2) - free[0][0]
+    assert back <= LAST_WAIT_S + 0.1 and team.current == 2  # the core is free again: the whole team
+
+
+def test_a_process_started_on_a_busy_machine_learns_at_its_second_step():
+    clock = Clock()
+    team = TeamWidth(2, clock)
+    ran = drive(team, clock, BUSY, 10.0)
+    assert [w for _, w in ran[:3]] == [2, 1, 1] and len(tries(ran, 2)) <= 4
+
+
+def test_a_prefill_runs_at_the_decode_steps_width_and_teaches_nothing():
+    clock = Clock()
+    team = TeamWidth(2, clock)
+    assert team.width(512) == 2  # before any step: the whole team
+    drive(team, clock, BUSY, 5.0)
+    assert team.width(512) == 1
+    team.record(512, 1, 100.0)  # a slow prefill
+    assert team.current == 1 and team.per_row[1] == pytest.approx(BUSY[1])
+
+
+def test_one_thread_has_nothing_to_learn():
+    clock = Clock()
+    team = TeamWidth(1, clock)
+    assert {w for _, w in drive(team, clock, {1: 0.01}, 5.0)} == {1}
+
+
+@pytest.fixture
+def native_files(tiny_loaded, tmp_path_factory):
+    from tests.tiny import lean_weights
+
+    folder = tmp_path_factory.mktemp("team")
+    return {kind: lean_weights(tiny_loaded.model, kind, folder, tiny_loaded.tokenizer) for kind in ("q4", "int8")}
+
+
+@pytest.mark.parametrize("kind", ["q4", "int8"])
+def test_the_runner_learns_its_width_and_the_bits_do_not_change(kernel, native_files, kind, monkeypatch):
+    """A runner without a fixed thread count learns its width; whatever widths its calls ran at
+    (forced here to alternate), prefills and decode steps give the bits of a fixed two-thread team."""
+    from chatcli.engine.runners import native
+
+    monkeypatch.setattr(native, "kernel_threads", lambda: 2)
+    learning = native.NativeRunner(native_files[kind])
+    fixed = native.NativeRunner(native_files[kind], threads=2)
+    assert learning.team is not None and learning.team.most == 2 and fixed.team is None
+    turns = iter([1, 2] * 100)
+    monkeypatch.setattr(learning.team, "width", lambda rows: next(turns))
+    ids = list(range(3, 40))
+    a, b = learning.new_cache(), fixed.new_cache()
+    assert np.array_equal(learning.forward(ids, a), fixed.forward(ids, b))
+    for token in (5, 9, 200, 7):
+        assert np.array_equal(learning.forward([token], a), fixed.forward([token], b))
+    assert np.array_equal(learning.verify([4, 4, 31], a), fixed.verify([4, 4, 31], b))
