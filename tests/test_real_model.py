@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,12 +48,12 @@ def test_conversion_cache_round_trip_and_rebuild(real_engine, tmp_path, monkeypa
     from chatcli.engine.weights import gguf_convert as convert
 
     gguf = embedded_gguf()
-    original = load_file(
-        convert.converted_folder(gguf) / "model.safetensors"
-    )  # the user cache's, as the engine read it
+    session = convert.converted_folder(gguf)  # converted into the session's fresh cache, as the engine read it
+    original = load_file(session / "model.safetensors")
     monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path))
+    shutil.copytree(session, convert.folder_for(gguf), copy_function=shutil.copy2)  # a copy to damage
     folder = convert.converted_folder(gguf)
-    assert convert.is_valid(folder)
+    assert folder == convert.folder_for(gguf) and convert.is_valid(folder)
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
     assert (folder / "chat_template.jinja").is_file() or "chat_template" in (
         folder / "tokenizer_config.json"
@@ -78,7 +79,11 @@ def test_a_corrupt_lean_file_is_converted_again(real_engine, tmp_path, monkeypat
     from chatcli.engine.load.options import LoadOptions
     from chatcli.engine.load.sources import embedded_gguf
 
+    from chatcli.engine.weights import gguf_convert as convert
+
+    converted = convert.converted_folder(embedded_gguf())  # the session cache's: the GGUF is not what is tested
     monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path))
+    shutil.copytree(converted, convert.folder_for(embedded_gguf()), copy_function=shutil.copy2)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     want = reply(real_engine, messages).reply
     first = load_engine(str(embedded_gguf()), LoadOptions(device="cpu", quantize="none"))
