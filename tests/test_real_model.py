@@ -78,7 +78,6 @@ def test_a_corrupt_lean_file_is_converted_again(real_engine, tmp_path, monkeypat
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.options import LoadOptions
     from chatcli.engine.load.sources import embedded_gguf
-
     from chatcli.engine.weights import gguf_convert as convert
 
     converted = convert.converted_folder(embedded_gguf())  # the session cache's: the GGUF is not what is tested
