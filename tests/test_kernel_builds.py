@@ -16,15 +16,14 @@ import pytest
 import torch
 
 from chatcli.engine.runners import kernels
-from chatcli.engine.runners.kernels.structs import WEIGHT_Q4, WEIGHT_Q8, Matrix
 from chatcli.engine.runners.lean import LeanRunner
 from chatcli.engine.runners.native import NativeRunner
-from chatcli.engine.weights.quant_blocks import pack
 from tests.test_families import family_case
 from tests.test_kernel import project as project_int8_or_f32
 from tests.test_kernel import reference_int8
 from tests.test_lean import drive
 from tests.test_quant_blocks import codes_of
+from tests.test_quant_blocks import project as project_grouped
 from tests.test_quant_blocks import reference as reference_grouped
 from tests.tiny import build_tokenizer, lean_weights
 
@@ -69,30 +68,9 @@ def extreme_inputs(shape: tuple[int, int], seed: int) -> tuple[np.ndarray, np.nd
     return weight, x
 
 
-def grouped(codes, n: int, k: int, x: np.ndarray, lib: ctypes.CDLL) -> np.ndarray:
-    arrays = pack(codes)
-    m = Matrix(
-        WEIGHT_Q4 if codes.bits == 4 else WEIGHT_Q8,
-        n,
-        k,
-        -(-k // 32) * 32,
-        arrays["w"].ctypes.data,
-        None,
-        None,
-        arrays["d"].ctypes.data,
-        arrays["m"].ctypes.data if "m" in arrays else None,
-        None,
-    )
-    x = np.ascontiguousarray(x, np.float32)
-    y = np.zeros((len(x), n), np.float32)
-    assert lib.chatcli_project(ctypes.byref(m), x.ctypes.data, len(x), y.ctypes.data, 2) == 0
-    return y
-
-
 @pytest.mark.parametrize("shape", [(37, 50), (48, 96), (5, 200)])
 def test_each_projection_is_the_textbook_at_the_extremes(build, shape):
     weight, x = extreme_inputs(shape, 4)
-    lib = kernels.library()
     ours = project_int8_or_f32(weight, x, int8=True)
     assert np.allclose(ours, reference_int8(x, weight), rtol=1e-5, atol=1e-5)
     assert np.allclose(
@@ -101,7 +79,7 @@ def test_each_projection_is_the_textbook_at_the_extremes(build, shape):
     for bits, mins in [(4, True), (4, False), (8, False)]:
         codes = codes_of(weight, bits, mins)
         assert codes.codes.max() == (15 if bits == 4 else 255)  # the extremes are there
-        ours = grouped(codes, *shape, x, lib)
+        ours = project_grouped(codes, *shape, x)  # through kernels.library(): this build
         want = reference_grouped(codes, shape[1], x)
         assert np.allclose(ours, want, rtol=1e-4, atol=1e-4 * np.abs(want).max()), (bits, mins)
 
@@ -115,7 +93,7 @@ def test_the_builds_give_the_same_projection_bits():
             patch.setattr(kernels, "library", lambda lib=lib: lib)
             outputs[name] = [project_int8_or_f32(weight, x, int8=True), project_int8_or_f32(weight, x, int8=False)]
             outputs[name] += [
-                grouped(codes_of(weight, b, mn), 70, 160, x, lib) for b, mn in [(4, True), (4, False), (8, False)]
+                project_grouped(codes_of(weight, b, mn), 70, 160, x) for b, mn in [(4, True), (4, False), (8, False)]
             ]
     first, second = outputs.values()
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
