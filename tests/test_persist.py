@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from chatcli.engine.engine import common_prefix
-from chatcli.engine.kv.persist import fingerprint, load_cache, save_cache, trim_folder
+from chatcli.engine.kv.persist import fingerprint, read_cache, save_cache, trim_folder
 from chatcli.engine.sample.sampling import SamplingParams
 from tests.conftest import require_kernel
 
@@ -26,7 +26,7 @@ def test_saved_cache_continues_exactly(tiny_engine, tmp_path):
     assert save_cache(session.cache, path, fp)
 
     restored = tiny_engine.new_session()
-    restored.cache = load_cache(tiny_engine.runner, path, fp)
+    restored.cache = read_cache(tiny_engine.runner, path, fp)[0]
     assert restored.cache is not None and restored.cache.ids == session.cache.ids
     messages += [{"role": "assistant", "content": done.reply}, {"role": "user", "content": "again"}]
     a = turn(tiny_engine, restored, messages)
@@ -46,15 +46,15 @@ def test_foreign_or_damaged_files_are_ignored(tiny_engine, tmp_path):
     turn(tiny_engine, session, [{"role": "user", "content": "Hi"}])
     path = tmp_path / "c.safetensors"
     save_cache(session.cache, path, fp)
-    assert load_cache(tiny_engine.runner, path, fingerprint(tiny_engine.runner, "other-model")) is None
+    assert read_cache(tiny_engine.runner, path, fingerprint(tiny_engine.runner, "other-model"))[0] is None
     data = bytearray(path.read_bytes())
     data[:64] = b"\xff" * 64
     path.write_bytes(bytes(data))
-    assert load_cache(tiny_engine.runner, path, fp) is None
+    assert read_cache(tiny_engine.runner, path, fp)[0] is None
     save_cache(session.cache, path, fp)
     path.write_bytes(path.read_bytes()[:-100])  # truncated
-    assert load_cache(tiny_engine.runner, path, fp) is None
-    assert load_cache(tiny_engine.runner, tmp_path / "missing.safetensors", fp) is None
+    assert read_cache(tiny_engine.runner, path, fp)[0] is None
+    assert read_cache(tiny_engine.runner, tmp_path / "missing.safetensors", fp)[0] is None
 
 
 @pytest.mark.parametrize("kernel", [False, True])
@@ -71,7 +71,7 @@ def test_file_from_the_other_runner_is_ignored(tiny_loaded, tmp_path, kernel):
         path = tmp_path / "c.safetensors"
         save_cache(session.cache, path, fingerprint(a.runner, "tiny"))
         assert fingerprint(a.runner, "tiny") != fingerprint(b.runner, "tiny")
-        assert load_cache(b.runner, path, fingerprint(b.runner, "tiny")) is None
+        assert read_cache(b.runner, path, fingerprint(b.runner, "tiny"))[0] is None
 
 
 @pytest.mark.parametrize("kernel", [False, True])
@@ -90,8 +90,8 @@ def test_file_from_another_cache_dtype_or_quantization_is_ignored(tiny_loaded, t
         build_engine(tiny_loaded, runner="lean", quantize="int8", kv_dtype="float32", kernel=kernel),
     ):
         assert fingerprint(other.runner, "tiny") != fingerprint(fp32.runner, "tiny")
-        assert load_cache(other.runner, path, fingerprint(other.runner, "tiny")) is None
-    assert load_cache(fp32.runner, path, fingerprint(fp32.runner, "tiny")) is not None
+        assert read_cache(other.runner, path, fingerprint(other.runner, "tiny"))[0] is None
+    assert read_cache(fp32.runner, path, fingerprint(fp32.runner, "tiny"))[0] is not None
 
 
 def test_too_large_is_not_written(tiny_engine, tmp_path):

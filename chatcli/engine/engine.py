@@ -45,6 +45,7 @@ from chatcli.engine.sample.sampling import (
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.text.tokenize import ChatTokenizer
+from chatcli.errors import one_line
 
 PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets cancel land
 
@@ -105,16 +106,16 @@ class Engine:
         """Write the session's KV cache to `path` (atomically: a failed write leaves no partial
         file; the folder is kept within its budget), for a later start to restore. False when
         there is nothing worth saving (an empty or too large cache); OSError, with a one-line
-        message, whatever made the write fail (a full disk: the safetensors writer raises its own
-        error type, turned into OSError here)."""
-        from chatcli.engine.kv.persist import fingerprint, save_cache, trim_folder, write_error
+        message, whatever made the write fail (a full disk: "[Errno 28] No space left on device",
+        from the writer, `tensorfile.write_tensors`)."""
+        from chatcli.engine.kv.persist import fingerprint, save_cache, trim_folder
 
         try:
             saved = save_cache(session.cache, path, fingerprint(self.runner, self.name))
         except OSError:
             raise
-        except Exception as exc:  # noqa: BLE001 - e.g. SafetensorError on ENOSPC: one kind of error for callers
-            raise write_error(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - one kind of error for callers, in one line
+            raise OSError(f"cannot write the KV cache: {one_line(exc)}") from exc
         trim_folder(path.parent)
         return saved
 

@@ -15,10 +15,7 @@ for 100 MiB on a CPU with SHA instructions (OpenSSL's SHA-256, ~1.5 GB/s), a few
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,7 +51,7 @@ def checksum(tensors: dict[str, tuple[str, object]]) -> str:
 
 def save_cache(cache: KVCache, path: Path, fp: str, max_bytes: int = MAX_FILE_BYTES) -> bool:
     """Write the cache atomically, with its `checksum`; False when it is empty, unsupported or too large.
-    A failed write raises what the writer raised (OSError, or the safetensors library's own error)."""
+    A failed write raises what the writer raised (an OSError for an I/O error: `tensorfile`)."""
     import numpy as np
 
     from chatcli.engine.weights.tensorfile import CODES, write_tensors
@@ -102,22 +99,6 @@ def read_cache(runner, path: Path, fp: str) -> tuple[KVCache | None, str]:
         return (cache if cache.restore(ids, tensors) else None), ""
     except Exception:  # noqa: BLE001 - a file that does not fit is ignored, not trusted
         return None, ""
-
-
-def load_cache(runner, path: Path, fp: str) -> KVCache | None:
-    """A cache restored from `path`, or None when there is none that fits this runner (`read_cache`)."""
-    return read_cache(runner, path, fp)[0]
-
-
-def write_error(exc: Exception) -> OSError:
-    """A failed cache write as an OSError with one line: the errno where the message names one (the
-    safetensors writer says "... (os error 28)"), so a full disk reads "[Errno 28] No space left on device"."""
-    lines = str(exc).strip().splitlines()
-    found = re.search(r"os error (\d+)", lines[0] if lines else "")
-    if found and int(found.group(1)) in errno.errorcode:
-        code = int(found.group(1))
-        return OSError(code, os.strerror(code))
-    return OSError(f"cannot write the KV cache: {lines[0] if lines else type(exc).__name__}")
 
 
 def trim_folder(folder: Path, budget: int = FOLDER_BUDGET) -> None:

@@ -15,9 +15,11 @@ caller pads) and the header is padded so the data starts on one.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
+import re
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -163,20 +165,35 @@ def write_tensors(
     os.close(fd)
     try:
         meta = {**(metadata or {}), "pad": ""}
-        serialize_file(specs, tmp, metadata=meta)
+        _serialize(serialize_file, specs, tmp, meta)
         json_length = _header_json_length(tmp)
         if align and (8 + _header_length(tmp)) % ALIGN:
             # The data starts right after the header: lengthen the header (the library pads it to a
             # multiple of 8 with spaces) so that it ends on a multiple of 64. Offsets are relative to
             # the data, so nothing else in it moves.
             meta["pad"] = " " * ((ALIGN - 8 - json_length) % ALIGN)
-            serialize_file(specs, tmp, metadata=meta)
+            _serialize(serialize_file, specs, tmp, meta)
             if (8 + _header_length(tmp)) % ALIGN:
                 raise RuntimeError("could not align the tensors of the file")  # a changed library layout
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _serialize(serialize_file, specs: dict, tmp: str, meta: dict) -> None:
+    """The library's write; an I/O error it reports as its own error type ("... (os error 28)") is
+    raised as the OSError it is, so a full disk reads "[Errno 28] No space left on device"."""
+    try:
+        serialize_file(specs, tmp, metadata=meta)
+    except OSError:
+        raise
+    except Exception as exc:
+        found = re.search(r"os error (\d+)", str(exc))
+        if found and int(found.group(1)) in errno.errorcode:
+            code = int(found.group(1))
+            raise OSError(code, os.strerror(code)) from exc
+        raise
 
 
 def _header_length(path: str) -> int:
