@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from chatcli.cli import app
 from chatcli.engine.runners import kernels
-from chatcli.engine.weights import lean_file
+from chatcli.engine.weights import sidecar
 from chatcli.engine.weights.tensorfile import MappedTensors
 
 # -- the compiled kernel ----------------------------------------------------------------------
@@ -38,7 +38,7 @@ def own_kernel_cache(kernel, tmp_path, monkeypatch):
     copy = kernels.library_path(kernels.compiler(), name)
     copy.parent.mkdir(parents=True)
     shutil.copy2(built, copy)
-    shutil.copy2(kernels.sidecar(built), kernels.sidecar(copy))
+    shutil.copy2(sidecar.path_of(built), sidecar.path_of(copy))
     monkeypatch.setattr(kernels, "load", functools.cache(kernels.load.__wrapped__))
     monkeypatch.setattr(kernels, "library", functools.lru_cache(maxsize=1)(kernels.library.__wrapped__))
     monkeypatch.setattr(kernels, "_reason", "")
@@ -112,7 +112,7 @@ def fake_compiler(own_kernel_cache, mapped, monkeypatch):
 def test_a_build_that_does_not_match_its_sidecar_is_built_again_once(own_kernel_cache, fake_compiler, mapped, damage):
     copy, good, name = own_kernel_cache
     if damage == "no sidecar":  # a build from a chatcli that wrote none
-        kernels.sidecar(copy).unlink()
+        sidecar.path_of(copy).unlink()
     elif damage == "truncated":
         truncate_to_half(copy)
     elif damage == "flipped bytes":  # same size, and the mtime put back
@@ -120,12 +120,14 @@ def test_a_build_that_does_not_match_its_sidecar_is_built_again_once(own_kernel_
         copy.write_bytes(good[:4096] + bytes(b ^ 0xFF for b in good[4096:4160]) + good[4160:])
         os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
     else:
-        kernels.sidecar(copy).write_text("{not json")
+        sidecar.path_of(copy).write_text("{not json")
     assert not kernels.intact(copy)
     lib, why = kernels.load(name)
     assert lib is not None, why
     assert len(fake_compiler) == 1 and copy.read_bytes() == good and kernels.intact(copy)
-    assert json.loads(kernels.sidecar(copy).read_text()) == {"size": len(good), "sha256": kernels._sha256(copy)}
+    record = json.loads(sidecar.path_of(copy).read_text())  # its mtime moves on with each use (not stale)
+    assert set(record) == {"size", "mtime_ns", "sha256"}
+    assert (record["size"], record["sha256"]) == (len(good), sidecar.file_sha256(copy))
     kernels.load.cache_clear()  # the next start: nothing to build
     assert kernels.load(name)[0] is not None and len(fake_compiler) == 1
     assert mapped == [(copy, True), (copy, True)]  # only ever the intact build
@@ -195,7 +197,7 @@ def test_pull_verify_finds_flipped_bytes_with_the_mtime_put_back_and_converts_ag
     ]
 
     damage_keeping_mtime(files[0], "head")
-    assert lean_file.unchanged(files[0])  # a start trusts it: same size, same mtime
+    assert sidecar.unchanged(files[0])  # a start trusts it: same size, same mtime
     assert not np.array_equal(logits_of(model), before)  # and answers wrongly
 
     verified = cli.invoke(app, ["pull", "--verify", "-m", model])
@@ -203,7 +205,7 @@ def test_pull_verify_finds_flipped_bytes_with_the_mtime_put_back_and_converts_ag
     damaged = [line for line in verified.output.splitlines() if line.startswith("damaged")]
     assert len(damaged) == 1 and str(files[0]) in damaged[0] and "SHA-256" in damaged[0]
     assert "converted again" in verified.output
-    assert lean_file.check(files[0]) == ""  # converted again, recorded again
+    assert sidecar.check(files[0]) == ""  # converted again, recorded again
     np.testing.assert_array_equal(logits_of(model), before)
 
     again = cli.invoke(app, ["pull", "--verify", "-m", model])

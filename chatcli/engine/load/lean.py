@@ -24,8 +24,8 @@ from chatcli.engine.weights.lean_file import (
     LeanWeights,
     lean_path,
     prune,
-    unchanged,
 )
+from chatcli.engine.weights.sidecar import unchanged
 
 
 def lean_weights(folder: Path, kind: str, status: Status | None = None, model_loader=None) -> LeanWeights:

@@ -17,7 +17,7 @@ from chatcli.engine.load.build import why_not_lean
 from chatcli.engine.load.lean import kinds, plan
 from chatcli.engine.load.options import LoadOptions, placement
 from chatcli.engine.load.sources import each_candidate, resolve
-from chatcli.engine.weights import Status, gguf_convert, lean_file
+from chatcli.engine.weights import Status, gguf_convert, sidecar
 from chatcli.engine.weights.lean_file import lean_path
 
 
@@ -69,9 +69,9 @@ def verify_model_files(
         for kind in kinds(native, quantize, dtype):
             path = lean_path(source.folder, kind)
             if path.is_file():
-                checks.append(FileCheck(path, lean_file.check(path)))
+                checks.append(FileCheck(path, sidecar.check(path)))
                 if checks[-1].problem:
-                    lean_file.remove(path)
+                    sidecar.remove(path)
         return checks
 
     return each_candidate(model, config_default, attempt)

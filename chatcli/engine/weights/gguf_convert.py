@@ -24,6 +24,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from chatcli.engine.weights.sidecar import file_sha256
+
 MANIFEST = "chatcli-manifest.json"
 FORMAT = 1
 _EDGE = 1 << 20
@@ -212,11 +214,3 @@ def save_converted(path: Path, out: Path, status: Callable[[str], None] = lambda
         del model.config.quantization_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -18,8 +18,9 @@ import torch
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.families import GEMMA, context_limit, lean_support, sliding_layers, softcap
 from chatcli.engine.weights.layouts import dense, grouped_arrays, pack_int8, padded_vector, panels
-from chatcli.engine.weights.lean_file import GROUPED, INT8, LeanConfig, record
+from chatcli.engine.weights.lean_file import GROUPED, INT8, LeanConfig
 from chatcli.engine.weights.quant_blocks import GGUFBlocks
+from chatcli.engine.weights.sidecar import record
 
 
 def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:

@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from chatcli.engine.weights.gguf_convert import file_sha256
+from chatcli.engine.weights import sidecar
 
 FORMAT = 2  # 2: the families' fields and vectors
 PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
@@ -184,56 +183,6 @@ def lean_path(folder: Path, kind: str) -> Path:
     return cache_dir() / "lean" / f"{folder.name}-{where}" / f"{kind}-{source_key(folder)}.safetensors"
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_suffix(".json")
-
-
-def record(path: Path) -> None:
-    """Write the sidecar of a finished lean file: its size, mtime and hash (atomically)."""
-    st = path.stat()
-    side = _sidecar(path)
-    tmp = side.with_name(f".{side.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}))
-    os.replace(tmp, side)
-
-
-def unchanged(path: Path) -> bool:
-    """The file is the one its sidecar recorded: same size, and same mtime or same hash."""
-    try:
-        want = json.loads(_sidecar(path).read_text())
-        st = path.stat()
-        if st.st_size != want["size"]:
-            return False
-        return st.st_mtime_ns == want["mtime_ns"] or file_sha256(path) == want["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def check(path: Path) -> str:
-    """Rehash the file whatever its mtime: "" where it is the one its sidecar recorded, else what
-    is wrong in a few words."""
-    try:
-        want = json.loads(_sidecar(path).read_text())
-        size, digest = int(want["size"]), str(want["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return "no readable record of its hash (its sidecar is missing or damaged)"
-    try:
-        got = path.stat().st_size
-        if got != size:
-            return f"{got:,} bytes where {size:,} were written"
-        if file_sha256(path) != digest:
-            return "its SHA-256 differs from the one recorded when it was written"
-    except OSError as exc:
-        return f"unreadable: {exc.strerror or exc}"
-    return ""
-
-
-def remove(path: Path) -> None:
-    """Remove a lean file and its sidecar: the next load converts it again."""
-    path.unlink(missing_ok=True)
-    _sidecar(path).unlink(missing_ok=True)
-
-
 class LeanWeights:
     """An opened lean file: its config and the tensors' addresses (see `tensorfile.MappedTensors`)."""
 
@@ -308,8 +257,7 @@ def prune(keep: Path, kind: str) -> None:
 
     for other in keep.parent.glob(f"{kind}-*.safetensors"):
         if other != keep:
-            other.unlink(missing_ok=True)
-            _sidecar(other).unlink(missing_ok=True)
+            sidecar.remove(other)
     for folder in keep.parent.parent.iterdir():
         try:
             source = Path((folder / SOURCE_FILE).read_text())

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -35,6 +34,8 @@ import tempfile
 import time
 from functools import cache, lru_cache
 from pathlib import Path
+
+from chatcli.engine.weights import sidecar
 
 SOURCE = Path(__file__).with_name("decode.cpp")
 FLAGS = [
@@ -129,34 +130,17 @@ def build(cxx: list[str], target: Path, build_name: str | None = None) -> None:
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
             raise RuntimeError(f"{Path(cxx[0]).name} failed: {errors[0] if errors else 'exit ' + str(done.returncode)}")
-        record = {"size": os.path.getsize(tmp), "sha256": _sha256(Path(tmp))}  # what was built, before the rename
         os.replace(tmp, target)
-        side = sidecar(target)
-        side_tmp = side.with_name(f".{side.name}.{os.getpid()}")
-        side_tmp.write_text(json.dumps(record))
-        os.replace(side_tmp, side)
+        sidecar.record(target)
         _prune(target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def sidecar(target: Path) -> Path:
-    """The record of a build: its size and SHA-256, written after the build is renamed into place."""
-    return target.with_suffix(".json")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()  # a build is ~100-300 KB
-
-
 def intact(target: Path) -> bool:
-    """The build is the one its sidecar recorded (size and SHA-256); False where either is missing."""
-    try:
-        want = json.loads(sidecar(target).read_text())
-        return os.path.getsize(target) == want["size"] and _sha256(target) == want["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    """The build is the one its sidecar recorded (size and SHA-256, rehashed); False where either is missing."""
+    return not sidecar.check(target)
 
 
 def _prune(keep: Path) -> None:
@@ -166,9 +150,7 @@ def _prune(keep: Path) -> None:
     for old in [*keep.parent.glob("decode-*.so"), *keep.parent.glob("decode-*.tmp")]:
         try:
             if old != keep and now - old.stat().st_mtime > STALE_S:
-                old.unlink()
-                if old.suffix == ".so":
-                    sidecar(old).unlink(missing_ok=True)
+                sidecar.remove(old)
         except OSError:
             pass
     for side in keep.parent.glob("decode-*.json"):
