@@ -21,7 +21,12 @@ def fake_gguf(tmp_path, monkeypatch):
         (out / "model.safetensors").write_bytes(b"w" * 4096)
         (out / "config.json").write_text("{}")
 
+    def fake_metadata(src, out, status=lambda _m: None):
+        (out / "config.json").write_text("{}")
+        return {"direct": "a stand-in"}
+
     monkeypatch.setattr(convert, "save_converted", fake_save)
+    monkeypatch.setattr(convert, "save_metadata", fake_metadata)
     return path, calls
 
 
@@ -95,13 +100,16 @@ def test_flipped_bytes_with_the_mtime_put_back_pass_a_start_but_not_verify(fake_
     from chatcli.engine import verify_model_files
 
     path, calls = fake_gguf
+    convert.meta_folder(path)
     folder = convert.converted_folder(path)
     target = folder / "model.safetensors"
     st = target.stat()
     target.write_bytes(b"x" * 4096)  # same size, other bytes, the mtime put back
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert convert.is_valid(folder)  # the start's rule: size and mtime
-    checks = {c.path.name: c.problem for c in verify_model_files(str(path))}
-    assert checks["config.json"] == "" and "SHA-256" in checks["model.safetensors"]
-    assert len(calls) == 2 and convert.is_valid(folder) and target.read_bytes() == b"w" * 4096
-    assert [c.problem for c in verify_model_files(str(path))] == ["", ""] and len(calls) == 2
+    checks = {c.path.relative_to(folder.parent.parent).as_posix(): c.problem for c in verify_model_files(str(path))}
+    assert checks[f"converted/{folder.name}/config.json"] == "" and checks[f"gguf/{folder.name}/config.json"] == ""
+    assert "SHA-256" in checks[f"converted/{folder.name}/model.safetensors"]
+    assert not folder.exists()  # removed: converted again when a load needs it
+    assert convert.converted_folder(path) == folder and len(calls) == 2 and target.read_bytes() == b"w" * 4096
+    assert all(c.ok for c in verify_model_files(str(path))) and len(calls) == 2

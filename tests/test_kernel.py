@@ -243,7 +243,7 @@ def test_the_cache_type_is_checked(files, kernel):
     runner = NativeRunner(files["float32-panels"], kv_dtype="float32")
     with pytest.raises(ValueError, match="bfloat16"):
         NativeRunner(files["float32-panels"], kv_dtype="float16")
-    with pytest.raises(ValueError, match="float32-panels, int8, q4 or q8"):
+    with pytest.raises(ValueError, match="float32-panels, int8, q4, q8 or gguf"):
         NativeRunner(files["float32-dense"])
     c = files["float32-panels"].config
     other = NativeCache(c.layers, c.kv_heads, c.head_dim, 64, "bfloat16")

@@ -84,6 +84,23 @@ def test_each_projection_is_the_textbook_at_the_extremes(build, shape):
         assert np.allclose(ours, want, rtol=1e-4, atol=1e-4 * np.abs(want).max()), (bits, mins)
 
 
+def project_k(type_name: str, x: np.ndarray) -> np.ndarray:
+    """`x`'s first 512 inputs (tiled) through random K-quant blocks, the first rows at their largest
+    codes and scales (the AVX2 build's int16 sums at their bound)."""
+    from tests.test_kquant_blocks import matrix, project, random_blocks
+
+    raw = random_blocks(40, 512, type_name, np.random.default_rng(11))
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]
+    blocks = raw.reshape(40, 2, size)
+    if type_name == "Q6_K":  # codes at their largest, scales 127 (d, the last two bytes, kept)
+        blocks[:4, :, :192], blocks[:4, :, 192:208] = 0xFF, 0x7F
+    else:  # codes, scales and mins at their largest (d and dmin, the first four bytes, kept)
+        blocks[:4, :, 4:] = 0xFF
+    m, _arrays = matrix(type_name, raw, 512)
+    wide = np.tile(x, (1, -(-512 // x.shape[1])))[:, :512]
+    return project(m, wide, 40)
+
+
 def test_the_builds_give_the_same_projection_bits():
     libs = {name: loaded_build(name) for name in kernels.BUILDS}
     weight, x = extreme_inputs((70, 160), 5)
@@ -95,6 +112,7 @@ def test_the_builds_give_the_same_projection_bits():
             outputs[name] += [
                 project_grouped(codes_of(weight, b, mn), 70, 160, x) for b, mn in [(4, True), (4, False), (8, False)]
             ]
+            outputs[name] += [project_k(type_name, x) for type_name in ("Q4_K", "Q5_K", "Q6_K")]
     first, second = outputs.values()
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
 

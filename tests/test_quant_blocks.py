@@ -268,8 +268,9 @@ def test_the_embedded_gguf_runs_on_its_own_blocks(kernel):
 
 
 def test_auto_reads_a_q4_gguf_as_its_blocks_where_the_kernel_runs(kernel, real_default, monkeypatch):
-    """The default (`--quantize auto`) on the embedded Q4_1 file is its own blocks; without the
-    kernel, and for a model that is no GGUF, auto is none."""
+    """The default (`--quantize auto`) on the embedded Q4_1 file is its own blocks, each tensor in its
+    own type (the file holds its embedding in Q8_0), read from the file itself; without the kernel,
+    and for a model that is no GGUF, auto is none."""
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.options import LoadOptions
     from chatcli.engine.runners import kernels
@@ -277,7 +278,7 @@ def test_auto_reads_a_q4_gguf_as_its_blocks_where_the_kernel_runs(kernel, real_d
     from tests.conftest import embedded_path
 
     assert gguf_file_type(embedded_path()) == 3  # LLAMA_FTYPE_MOSTLY_Q4_1, as the file says
-    assert real_default.runner.weights_dtype == "q4" and real_default.runner.exact_verify
+    assert real_default.runner.weights_dtype == "gguf Q4_1+Q8_0" and real_default.runner.exact_verify
     monkeypatch.setattr(kernels, "library", lambda: None)
     monkeypatch.setattr(kernels, "_reason", "switched off for this test")
     assert load_engine(embedded_path(), LoadOptions(quantize="auto")).runner.weights_dtype == "float32"

@@ -59,7 +59,8 @@ def load_source(
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    where = str(source.folder) if source.folder is not None else source.hub_id
+    weights = source.weights(status)
+    where = str(weights) if weights is not None else source.hub_id
     kwargs = dict(
         trust_remote_code=options.trust_remote_code, local_files_only=source.folder is not None or not explicit
     )
@@ -71,7 +72,7 @@ def load_source(
         model.to(device)
     model.eval()
     extra = {"runner": options.runner, "quantize": options.quantize, "kv_dtype": options.kv_dtype}
-    folder = source.folder
+    folder = weights
     if folder is None and source.hub_id:
         folder = hub_folder(source.hub_id)  # fetched now
     return LoadedModel(model, tokenizer, source.name, source.where, str(model.device.type), dtype, folder, extra)

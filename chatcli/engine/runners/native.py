@@ -32,7 +32,11 @@ from chatcli.engine.runners.kernels.structs import (
     CACHE_F32,
     WEIGHT_F32,
     WEIGHT_I8,
+    WEIGHT_PARTS,
     WEIGHT_Q4,
+    WEIGHT_Q4K,
+    WEIGHT_Q5K,
+    WEIGHT_Q6K,
     WEIGHT_Q8,
     Cache,
     Layer,
@@ -40,7 +44,17 @@ from chatcli.engine.runners.kernels.structs import (
     Model,
 )
 from chatcli.engine.runners.team import TeamWidth
-from chatcli.engine.weights.lean_file import GROUP, GROUPED, INT8, PROJECTIONS, VECTORS, LeanWeights, norm_before
+from chatcli.engine.weights.lean_file import (
+    BLOCKS,
+    GGUF,
+    GROUP,
+    GROUPED,
+    INT8,
+    PROJECTIONS,
+    VECTORS,
+    LeanWeights,
+    norm_before,
+)
 
 CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
 
@@ -85,6 +99,43 @@ def _put_key_rows(kt: np.ndarray, rows: np.ndarray) -> None:
     kt[:, :, :blocks] = whole.transpose(0, 1, 2, 4, 3)
     if full < n:  # the last, partly filled block
         kt[:, :, blocks, :, : n - full] = rows[:, :, full:].transpose(0, 1, 3, 2)
+
+
+BLOCK_KINDS = {"q4": WEIGHT_Q4, "q8": WEIGHT_Q8, "q4k": WEIGHT_Q4K, "q5k": WEIGHT_Q5K, "q6k": WEIGHT_Q6K}
+
+
+def block_matrix(kind: str, n: int, k: int, kp: int, address, norm=None) -> Matrix:
+    """The kernel's Matrix of one block type (`BLOCK_KINDS`) over arrays named as `quant_blocks.pack` /
+    `kquant_blocks.pack_k` name them, `address(key)` giving each one's address or None."""
+    return Matrix(
+        BLOCK_KINDS[kind],
+        n,
+        k,
+        kp,
+        address("w"),
+        None,
+        None,
+        address("d"),
+        address("m"),
+        norm,
+        address("sc"),
+        address("sm"),
+        address("hi"),
+    )
+
+
+def parts_matrix(parts: list[Matrix], k: int, kp: int, norm=None) -> Matrix:
+    """Matrices stacked along the outputs (a fused projection whose tensors have several types); the
+    array of parts is kept alive on the result."""
+    if len(parts) == 1:
+        whole = parts[0]
+        whole.norm = norm
+        return whole
+    array = (Matrix * len(parts))(*parts)
+    whole = Matrix(WEIGHT_PARTS, sum(p.n for p in parts), k, kp, None, None, None, None, None, norm)
+    whole.parts, whole.n_parts = ctypes.cast(array, ctypes.POINTER(Matrix)), len(parts)
+    whole.keep = array
+    return whole
 
 
 class NativeCache(kv_memory.ReservedCache):
@@ -185,8 +236,8 @@ class NativeRunner(ModelRunner):
         if lib is None:
             raise RuntimeError(f"the compiled kernel is not available: {kernels.why_not()}")
         c = weights.config
-        if c.kind not in ("float32-panels", INT8, *GROUPED):
-            raise ValueError(f"the native runner reads float32-panels, int8, q4 or q8 lean files, not {c.kind}")
+        if c.kind not in ("float32-panels", INT8, *BLOCKS):
+            raise ValueError(f"the native runner reads float32-panels, int8, q4, q8 or gguf lean files, not {c.kind}")
         if kv_dtype not in CACHE_DTYPES:
             raise ValueError(f"the native runner keeps a float32 or bfloat16 KV cache, not {kv_dtype}")
         reason = shape_reason(c.head_dim, c.heads, c.kv_heads)
@@ -198,7 +249,8 @@ class NativeRunner(ModelRunner):
         self.context_limit = c.positions
         self.device = "cpu"
         self.dtype = "float32"  # activations; the weights are `c.weights`
-        self.quantized = c.weights in (INT8, *GROUPED)
+        self.quantized = c.weights in (INT8, *BLOCKS)
+        self._keep = []  # the matrices whose parts the kernel's structs point to
         self.kv_dtype = kv_dtype
         self.threads = threads or kernel_threads()
         # the team's width per call, learned (runners/team.py); a fixed `threads` (tests, benchmarks) is kept
@@ -230,11 +282,11 @@ class NativeRunner(ModelRunner):
             c.scale,
             c.attn_softcap,
             ACT_GELU_TANH if c.act == "gelu_tanh" else ACT_SILU,
-            None if c.kind in GROUPED else weights.address("embed"),
+            None if c.kind in BLOCKS else weights.address("embed"),
             self._layers,
             self._matrix("head", shapes),
         )
-        if c.kind in GROUPED:  # the embedding from its blocks: the head's where tied
+        if c.kind in BLOCKS:  # the embedding from its blocks: the head's where tied
             self._embed = self._model.head if c.tied else self._matrix("embed", {"embed": (c.hidden, c.embed_rows)})
             self._model.embed_rows = ctypes.pointer(self._embed)
             self._model.embed_scale = c.embed_scale
@@ -249,6 +301,22 @@ class NativeRunner(ModelRunner):
     def _matrix(self, name: str, shapes: dict) -> Matrix:
         k, n = shapes[name]
         w = self.weights
+        if self.config.kind == GGUF:  # parts, each in its own type
+            has = w.file.tensors
+            norm = norm_before(name)
+
+            def part(i: int, kind: str, size: int) -> Matrix:
+                key = f"{name}.{i}."
+                return block_matrix(kind, size, k, k, lambda a: w.address(key + a) if key + a in has else None)
+
+            whole = parts_matrix(
+                [part(i, kind, size) for i, (kind, size) in enumerate(self.config.parts[name])],
+                k,
+                k,
+                w.address(norm) if norm in has else None,
+            )
+            self._keep.append(whole)
+            return whole
         if self.config.kind in GROUPED:  # each projection q4 or q8 by its packing (quant_blocks)
             bits = WEIGHT_Q8 if w.file.tensors[f"{name}.w"].shape[2] == 8 else WEIGHT_Q4
             has = w.file.tensors

@@ -63,10 +63,10 @@ def converted_folder(path: Path, status: Callable[[str], None] = lambda _m: None
 
 
 def source_gguf(folder: Path) -> Path | None:
-    """The GGUF file a converted folder was made from, where it is still there and unchanged."""
+    """The GGUF file a converted (or meta) folder was made from, where it is still there and unchanged."""
     try:
         path = Path(json.loads((folder / MANIFEST).read_text())["source"])
-        return path if path.is_file() and folder_for(path).name == folder.name else None
+        return path if path.is_file() and folder.name == f"{path.stem}-{gguf_key(path)}" else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -163,17 +163,64 @@ def check_folder(folder: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m: None) -> None:
-    """Convert into a temporary folder beside `folder`, then rename it into place."""
+def meta_folder_for(path: Path) -> Path:
+    return cache_root() / "gguf" / f"{path.stem}-{gguf_key(path)}"
+
+
+def meta_folder(path: Path, status: Callable[[str], None] = lambda _m: None) -> Path:
+    """A folder holding the GGUF's config, tokenizer and chat template but no weights (made once, from
+    its metadata): what a model read from the file itself needs (`gguf_lean`). Its manifest says
+    whether the file is read so (`direct`: null) or why not."""
+    folder = meta_folder_for(path)
+    if is_valid(folder):
+        return folder
+    status(f"Reading {path.name}'s tokenizer and config (first run only)")
+    convert(path, folder, status, save=save_metadata)
+    return folder
+
+
+def direct_reason(folder: Path) -> str | None:
+    """Why a `meta_folder`'s GGUF is not read directly by the kernel (None: it is), as recorded."""
+    try:
+        return json.loads((folder / MANIFEST).read_text()).get("direct", "not recorded")
+    except (OSError, ValueError, AttributeError):
+        return "not recorded"
+
+
+def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda _m: None) -> dict:
+    """The config, generation config, tokenizer and chat template from the GGUF's metadata (no tensor is
+    read): written here (`gguf_meta`) for the files it knows, else by transformers' GGUF converter; and
+    whether `gguf_lean` reads the file directly (`direct`: null, or why not)."""
+    from chatcli.engine.weights import gguf_meta
+    from chatcli.engine.weights.gguf_file import GGUFFile
+    from chatcli.engine.weights.gguf_lean import direct_reason
+
+    header = GGUFFile(path)
+    try:
+        if not gguf_meta.save(header, out):
+            from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            config.save_pretrained(out)
+            GenerationConfig.from_model_config(config).save_pretrained(out)
+            AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
+        return {"direct": direct_reason(header)}
+    finally:
+        header.close()
+
+
+def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m: None, save=None) -> None:
+    """Convert into a temporary folder beside `folder`, then rename it into place (`save`: what writes
+    the folder, `save_converted` by default; a dict it returns goes into the manifest)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        save_converted(path, tmp, status)
+        extra = (save or save_converted)(path, tmp, status) or {}
         files = {}
         for p in sorted(tmp.iterdir()):
             st = p.stat()
             files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(p)}
-        manifest = {"format": FORMAT, "source": str(path.resolve()), "files": files}
+        manifest = {"format": FORMAT, "source": str(path.resolve()), "files": files, **extra}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if folder.exists() and not is_valid(folder):
             shutil.rmtree(folder, ignore_errors=True)  # an invalid cache from an earlier run

@@ -12,6 +12,10 @@ and dtype their reader wants:
   blocks, packed for the kernel (`quant_blocks`): a GGUF's own blocks where it has them, the
   RMSNorm weights kept apart (`attn_norm`, `mlp_norm`, `final_norm`) since a block cannot take them;
   in `q4` the layers are 4-bit and the head 8-bit unless the GGUF's head is 4-bit;
+- `gguf`: a GGUF's tensors each in the type the file holds it (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0,
+  Q5_1, Q8_0), repacked for the kernel without changing a value (`kquant_blocks`); a fused projection
+  whose tensors have several types is stored as parts (`<name>.<i>.w`, …, their types and sizes in the
+  config's `parts`); written from the GGUF alone, with neither torch nor transformers (`gguf_lean`);
 - `int8`: int8 weights packed for the kernel's dot products (VNNI's layout) `[ceil(n/16), kp/4, 16, 4]`
   with a scale and a row sum per output, SmoothQuant folded into gate/up and down;
 - `<dtype>-dense`: `w_t [k, n]` in that dtype for the torch lean runner (`lean.LeanRunner`).
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from chatcli.engine.weights import sidecar
@@ -46,6 +50,8 @@ PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
 PROJECTIONS = ("qkv", "out", "gate_up", "down")
 INT8 = "int8"
 GROUPED = ("q4", "q8")  # group-wise kinds (quant_blocks)
+GGUF = "gguf"  # a GGUF's own types, per tensor (kquant_blocks)
+BLOCKS = (*GROUPED, GGUF)  # the kinds whose RMSNorm weights are kept apart and whose embedding is blocks
 GROUP = 32
 VECTORS = ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # per layer, where a family has them
 SOURCE_FILE = "source.txt"  # in each lean folder of the cache: the model folder it was converted from
@@ -85,6 +91,8 @@ class LeanConfig:
     sliding_rope: bool = False  # sliding layers read `rope_sliding` (Gemma 3's local base)
     tied: bool = False  # q4 / q8: the embedding is read from the head's blocks (no embed tensor)
     embed_scale: float = 1.0  # q4 / q8: what each embedding row is multiplied by (Gemma: sqrt(D))
+    parts: dict = field(default_factory=dict)  # gguf: per projection, its parts' [type, outputs] in order
+    types: str = ""  # gguf: the file's tensor types, as llama.cpp names them ("Q4_K+Q6_K")
 
     def layer_window(self, i: int) -> int:
         """The positions layer i attends to at most (0: all of them)."""
@@ -115,7 +123,7 @@ class LeanConfig:
 
     def norms(self) -> dict[str, int]:
         """The RMSNorm weights a grouped kind keeps apart (length each), by name: none for the others."""
-        if self.kind not in GROUPED:
+        if self.kind not in BLOCKS:
             return {}
         out = {f"layers.{i}.{n}": self.hidden for i in range(self.layers) for n in ("attn_norm", "mlp_norm")}
         return {**out, "final_norm": self.hidden}
@@ -157,6 +165,23 @@ def scales_length(n: int, k: int) -> int:
     """The stored length of a q4 / q8 projection's fp16 scales (or mins): `[ceil(n/16), ceil(k/32), 16]`
     flat, rounded up to 64 bytes."""
     return -(-(-(-n // 16) * -(-k // GROUP) * 16) // 32) * 32
+
+
+def block_arrays(kind: str, n: int, k: int) -> dict[str, tuple[str, tuple]]:
+    """The arrays (dtype, shape) of one projection `[n, k]` of a block type: q4 / q8 (`quant_blocks.pack`;
+    the mins `m` only where the type has them is left out here) or a K-quant (`kquant_blocks.pack_k`)."""
+    blocks, groups = -(-n // 16), -(-k // GROUP)
+    if kind in GROUPED:
+        return {"w": ("U8", (blocks, groups, 4 if kind == "q4" else 8, 64)), "d": ("F16", (scales_length(n, k),))}
+    if kind not in ("q4k", "q5k", "q6k"):
+        raise LeanFileError(f"unknown block type {kind!r}")
+    supers = -(-k // 256)
+    per_super = (-(-blocks * supers * 16 // 32) * 32,)  # fp16, padded to 64 bytes
+    out = {"w": ("U8", (blocks, groups, 4, 64)), "d": ("F16", per_super)}
+    if kind == "q6k":
+        return {**out, "hi": ("U8", (blocks, groups, 2, 64)), "sc": ("U8", (blocks * groups * 32,))}
+    out.update({"m": ("F16", per_super), "sc": ("U8", (blocks * groups * 16,)), "sm": ("U8", (blocks * groups * 16,))})
+    return {**out, "hi": ("U8", (blocks, groups, 64))} if kind == "q5k" else out
 
 
 def padded16(n: int) -> int:
@@ -209,7 +234,7 @@ class LeanWeights:
         table = ("F32", (c.positions, c.head_dim // 2, 2))
         want = {"rope": table}
         matrices = dict(c.shapes())
-        if c.kind not in GROUPED:
+        if c.kind not in BLOCKS:
             want["embed"] = ("F32", (c.embed_rows, c.hidden))
         elif not c.tied:  # q4 / q8: the embedding as blocks of its own where it is not the head
             matrices["embed"] = (c.hidden, c.embed_rows)
@@ -219,7 +244,13 @@ class LeanWeights:
             want[name] = ("F32", (padded16(n),))
         code = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(c.weights)
         for name, (k, n) in matrices.items():
-            if c.kind in GROUPED:
+            if c.kind == GGUF:
+                parts = c.parts.get(name) or []
+                if sum(size for _, size in parts) != n:
+                    raise LeanFileError(f"{self.file.path.name}: {name}'s parts do not make its {n} outputs")
+                for i, (kind, size) in enumerate(parts):
+                    want.update({f"{name}.{i}.{key}": spec for key, spec in block_arrays(kind, size, k).items()})
+            elif c.kind in GROUPED:
                 blocks, groups = -(-n // 16), -(-k // GROUP)
                 w = self.file.tensors.get(f"{name}.w")
                 quads = w.shape[2] if w is not None and len(w.shape) == 4 and w.shape[2] in (4, 8) else 4

@@ -181,6 +181,69 @@ def write_tensors(
             os.unlink(tmp)
 
 
+class StreamedTensors:
+    """A safetensors file written a piece at a time, for tensors too many to hold at once: every tensor
+    is declared first (`declare`: dtype code and shape, its place fixed, 64-byte aligned), its bytes
+    written where they go as they are made (`write`, any order), and the header last (`close`). The data
+    starts after a reserved header space, the header's JSON padded with spaces to fill it (safetensors
+    allows trailing spaces); the file is a temporary one beside `path`, renamed into place by `close`."""
+
+    def __init__(self, path: str | os.PathLike, header_bytes: int = 1 << 20) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        self._start = padded(header_bytes + 8) if header_bytes else 0
+        self._entries: dict[str, dict] = {}
+        self._end = 0
+
+    def declare(self, name: str, code: str, shape: tuple) -> None:
+        count = 1
+        for d in shape:
+            count *= int(d)
+        nbytes = count * DTYPES[code][1]
+        if nbytes % ALIGN:
+            raise ValueError(f"tensor {name!r} is {nbytes} bytes, not a multiple of {ALIGN}: pad it")
+        self._entries[name] = {
+            "dtype": code,
+            "shape": [int(d) for d in shape],
+            "data_offsets": [self._end, self._end + nbytes],
+        }
+        self._end += nbytes
+
+    def write(self, name: str, at: int, data) -> None:
+        """`data` (bytes or a contiguous array) into tensor `name` from its byte `at` on."""
+        begin, end = self._entries[name]["data_offsets"]
+        view = memoryview(data).cast("B")
+        if at < 0 or begin + at + len(view) > end:
+            raise ValueError(f"{len(view)} bytes at {at} run past tensor {name!r} ({end - begin} bytes)")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], self._start + begin + at + done)
+
+    def close(self, metadata: dict[str, str] | None = None) -> None:
+        """Write the header, make the file its full length, and rename it into place."""
+        try:
+            header = json.dumps({"__metadata__": metadata or {}, **self._entries}, separators=(",", ":")).encode()
+            if len(header) > self._start - 8:
+                raise ValueError(f"the header ({len(header)} bytes) does not fit its {self._start - 8} reserved bytes")
+            header += b" " * (self._start - 8 - len(header))
+            os.pwrite(self._fd, struct.pack("<Q", len(header)) + header, 0)
+            os.ftruncate(self._fd, self._start + self._end)
+            os.close(self._fd)
+            self._fd = -1
+            os.replace(self._tmp, self.path)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Remove the temporary file (after `close`, nothing is left to remove)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+
+
 def _serialize(serialize_file, specs: dict, tmp: str, meta: dict) -> None:
     """The library's write; an I/O error it reports as its own error type ("... (os error 28)") is
     raised as the OSError it is, so a full disk reads "[Errno 28] No space left on device"."""

@@ -244,3 +244,5 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.chatcli_decode.restype = ctypes.c_int
     lib.chatcli_project.argtypes = [ctypes.POINTER(Matrix), ptr, i64, ptr, ctypes.c_int32]
     lib.chatcli_project.restype = ctypes.c_int
+    lib.chatcli_pack.argtypes = [ctypes.c_int32, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.chatcli_pack.restype = ctypes.c_int

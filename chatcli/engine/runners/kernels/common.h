@@ -13,17 +13,25 @@
 
 extern "C" {
 
-enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3 };
+// WEIGHT_Q4K, _Q5K, _Q6K: GGUF's K-quants (project.h: kquant_block); WEIGHT_PARTS: outputs stacked
+// from parts of those or of q4 / q8 (a fused projection whose tensors the file holds in several types)
+enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3, WEIGHT_Q4K = 4, WEIGHT_Q5K = 5, WEIGHT_Q6K = 6,
+       WEIGHT_PARTS = 7 };
 
 struct Matrix {
-  int32_t kind;      // WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4 or WEIGHT_Q8
-  int64_t n, k, kp;  // outputs, inputs, inputs padded to a multiple of 4 (int8) or 32 (q4, q8)
-  const void* w;     // fp32: panels; int8, q4, q8: packed as above
+  int32_t kind;      // a WEIGHT_ kind
+  int64_t n, k, kp;  // outputs, inputs, inputs padded to a multiple of 4 (int8), 32 (q4, q8) or 256 (K-quants)
+  const void* w;     // fp32: panels; int8, q4, q8, K-quants: codes packed as in project.h
   const float* scale;  // int8: [n]
   const int32_t* wsum;  // int8: [n]
-  const uint16_t* d;    // q4, q8: fp16 scales
-  const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d)
-  const float* norm;    // q4, q8: [k] the RMSNorm weight its normalised inputs take, or null
+  const uint16_t* d;    // q4, q8: fp16 scales per group; K-quants: per super-block of 256
+  const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d); Q4_K / Q5_K: fp16 dmin per super-block
+  const float* norm;    // grouped kinds: [k] the RMSNorm weight its normalised inputs take, or null
+  const uint8_t* sc;    // Q4_K / Q5_K: 6-bit scales per group; Q6_K: int8 scales per 16 inputs
+  const uint8_t* sm;    // Q4_K / Q5_K: 6-bit mins per group
+  const uint8_t* hi;    // Q5_K: the codes' 5th bits; Q6_K: their 5th and 6th
+  const struct Matrix* parts;  // WEIGHT_PARTS: the parts, outputs in order (same k, kp, norm)
+  int64_t n_parts;
 };
 
 }  // extern "C"
@@ -46,7 +54,11 @@ struct Rows {  // the activation rows a projection reads
   const int32_t* xz;
   const float* gs;    // q4, q8: [count, kp/32] each group's scale (xq then holds int8)
   const float* gsum;  // q4, q8: [count, kp/32] each group's sum, gs * sum xq
+  const int32_t* hsum;  // [count, kp/16] the sum of xq over each 16 inputs (Q6_K's offset of 32)
 };
+
+// the kinds whose activations are int8 per group of 32 (gs, gsum, hsum)
+inline bool grouped(const Matrix& m) { return m.kind >= WEIGHT_Q4 && m.kind != WEIGHT_I8; }
 
 inline float bf16_to_float(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;

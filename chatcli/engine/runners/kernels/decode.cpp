@@ -43,6 +43,7 @@
 #include "simd_avx2.h"
 #endif
 #include "common.h"
+#include "pack.h"
 #include "steps.h"
 
 extern "C" {
@@ -93,12 +94,23 @@ struct Scratch {
   std::vector<float> x, h, qkv, att, gu, scores, post;
   std::vector<uint8_t> xq;
   std::vector<float> xs, gs, gsum;
-  std::vector<int32_t> xz;
+  std::vector<int32_t> xz, hsum;
+
+  // room for `rows` rows of up to `width` inputs (padded to 256) in every activation buffer but h
+  void size_activations(int64_t rows, int64_t width) {
+    const int64_t padded = (width + 255) / 256 * 256;
+    xq.resize(rows * (padded + 64));
+    xs.resize(rows);
+    xz.resize(rows);
+    gs.resize(rows * (padded / 32 + 2));
+    gsum.resize(rows * (padded / 32 + 2));
+    hsum.resize(rows * (padded / 16 + 2));
+  }
 };
 
 // The rows a projection reads: `src [count, k]` itself, or its normalised rows in sc.h
 Rows rows_for(const Matrix& m, const float* src, int64_t lds, int64_t count, bool norm, const Scratch& sc) {
-  Rows rows{count, src, lds, sc.xq.data(), sc.xs.data(), sc.xz.data(), sc.gs.data(), sc.gsum.data()};
+  Rows rows{count, src, lds, sc.xq.data(), sc.xs.data(), sc.xz.data(), sc.gs.data(), sc.gsum.data(), sc.hsum.data()};
   if (norm) {
     rows.x = sc.h.data();
     rows.ldx = m.k;
@@ -120,9 +132,16 @@ Rows prepare(const Matrix& m, const float* src, int64_t lds, int64_t count, bool
     }
     const float* x = rows.x + s * rows.ldx;
     if (m.kind == WEIGHT_I8) quantize_row(x, m.k, m.kp, sc.xq.data() + s * m.kp, &sc.xs[s], &sc.xz[s]);
-    if (m.kind == WEIGHT_Q4 || m.kind == WEIGHT_Q8) {
+    if (grouped(m)) {
       const int64_t groups = m.kp / 32;
-      quantize_groups(x, m.k, m.kp, reinterpret_cast<int8_t*>(sc.xq.data()) + s * m.kp, &sc.gs[s * groups], &sc.gsum[s * groups]);
+      int8_t* xq = reinterpret_cast<int8_t*>(sc.xq.data()) + s * m.kp;
+      quantize_groups(x, m.k, m.kp, xq, &sc.gs[s * groups], &sc.gsum[s * groups]);
+      int32_t* hs = &sc.hsum[s * (m.kp / 16)];
+      for (int64_t h = 0; h < m.kp / 16; h++) {
+        int32_t t = 0;
+        for (int i = 0; i < 16; i++) t += xq[h * 16 + i];
+        hs[h] = t;
+      }
     }
   }
   return rows;
@@ -157,11 +176,7 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
   sc.att.resize(S * H * hd);
   sc.gu.resize(S * 2 * F);
   sc.post.resize(S * D);
-  sc.xq.resize(S * (widest + 64));
-  sc.xs.resize(S);
-  sc.xz.resize(S);
-  sc.gs.resize(S * (widest / 32 + 2));
-  sc.gsum.resize(S * (widest / 32 + 2));
+  sc.size_activations(S, widest);
   const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together
   const int64_t parts = (group + part - 1) / part;
   // few rows (a decode step): one head a task, so that every thread has some; else tiles of positions
@@ -257,17 +272,20 @@ int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_
   return 0;
 }
 
+// a GGUF tensor's rows [n, row bytes] of ggml type `type` (k inputs) into the kernel's arrays (pack.h),
+// zeroed by the caller; 0, or 1 for a type it does not pack
+int chatcli_pack(int32_t type, const uint8_t* raw, int64_t n, int64_t k, uint8_t* w, uint8_t* hi, uint16_t* d,
+                 uint16_t* m, uint8_t* sc, uint8_t* sm) {
+  return pack_rows(type, raw, n, k, Packed{w, hi, d, m, sc, sm});
+}
+
 // y [rows, n] = x [rows, k] W^T through one projection, each row as if alone (for tests)
 int chatcli_project(const Matrix* m, const float* x, int64_t rows, float* y, int32_t threads) {
   if (rows < 1) return 1;
   try {
     Scratch sc;
     sc.h.resize(rows * m->k);
-    sc.xq.resize(rows * (m->kp + 64));
-    sc.xs.resize(rows);
-    sc.xz.resize(rows);
-    sc.gs.resize(rows * (m->kp / 32 + 1));
-    sc.gsum.resize(rows * (m->kp / 32 + 1));
+    sc.size_activations(rows, m->kp);
     const Rows in = prepare(*m, x, m->k, rows, false, 0.f, sc);
 #pragma omp parallel num_threads(threads)
     project(*m, in, y, m->n, false);

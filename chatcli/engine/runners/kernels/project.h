@@ -11,6 +11,13 @@
 //     nibble and 2j + 1 in its high one; d, m [ceil(n/16)][kp/32][16]. The activations get an int8
 //     scale per row and group (GGUF's Q8_1): y = sum_g d sx_g (sum c xq) + m sx_g (sum xq).
 //     The RMSNorm weight before such a projection is applied to the activations (`norm`), not folded.
+//   K-quants (GGUF's Q4_K, Q5_K, Q6_K, each value as the file holds it): super-blocks of 256 inputs. The
+//     codes' low 4 bits are packed as q4's [ceil(n/16)][kp/32][4][64]; their high bits (Q5_K: one, Q6_K: two)
+//     in `hi`, [..][kp/32][64] (Q5_K: byte lane L's bit q is the 5th bit of quad q's lane L) or
+//     [..][kp/32][2][64] (Q6_K: vector q/4, bits 2(q%4) and 2(q%4)+1 of lane L: quad q's 5th and 6th).
+//     Q4_K / Q5_K: w = d sc c - dmin m, fp16 d and dmin [ceil(n/16)][kp/256][16], 6-bit sc and m per group
+//     of 32 [..][kp/32][16] (bytes); Q6_K: w = d sc (c - 32), int8 sc per 16 inputs [..][kp/16][16].
+//     Activations as for q4 / q8 (a scale per group of 32), with their sums per 16 (`hsum`) for Q6_K.
 //   fp32: W in panels of 64 outputs, [ceil(n/64)][k][64], zero past n: each thread streams whole
 //     panels, contiguous (a transposed [k, n] layout put the rows of a wide matrix in the same cache sets).
 #pragma once
@@ -108,6 +115,93 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
       const int64_t at = (s0 + r) * groups + g;
       sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(in.gs[at])), _mm512_cvtepi32_ps(acc[r]), sum[r]);
       sum[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(in.gsum[at]), sum[r]);
+    }
+  }
+  const int64_t n0 = b * 16;
+  const int64_t width = std::min<int64_t>(16, m.n - n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+  for (int r = 0; r < R; r++) {
+    float* out = y + (s0 + r) * ldy + n0;
+    const __m512 val = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), sum[r]) : sum[r];
+    _mm512_mask_storeu_ps(out, mask, val);
+  }
+}
+
+// v shifted left by `bits` (right where negative), in 16-bit lanes: the bits moved stay in their byte
+// where the caller masks the result to bits that came from the same byte
+inline __m512i shift16(__m512i v, int bits) {
+  return bits >= 0 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(bits)) : _mm512_srl_epi16(v, _mm_cvtsi32_si128(-bits));
+}
+
+// y[s, n0..n0+16) for rows s0..s0+R, K-quant block b (kKind: WEIGHT_Q4K, _Q5K or _Q6K). Per group of 32 inputs
+// the codes' dot with a row's int8 activations is exact in int32 (Q6_K: one dot per 16 inputs, less 32 times
+// their sum); the row's fp32 sum then adds, groups in order, d sc gs dot - dmin m gsum (Q4_K, Q5_K) or
+// gs (d sc_a dot_a + d sc_b dot_b) (Q6_K).
+template <int R, int kKind>
+void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
+  constexpr bool k6 = kKind == WEIGHT_Q6K;
+  constexpr int kScales = k6 ? 2 : 1;                                         // scales a group: per 16 or 32 inputs
+  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
+  const int64_t groups = m.kp / 32, supers = m.kp / 256, halves = m.kp / 16;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
+  const uint16_t* dp = m.d + b * supers * 16;
+  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
+  const uint8_t* scp = m.sc + b * groups * 16 * kScales;
+  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
+  const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
+  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(k6 ? 0x30 : 0x10);
+  __m512 sum[R];
+  for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
+  __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    if (g % 8 == 0) {
+      d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + g / 8 * 16)));
+      if constexpr (!k6) dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + g / 8 * 16)));
+    }
+    const uint8_t* wg = w + g * 256;
+    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * 256), _MM_HINT_T0);
+    __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(hip + (g * kHigh + v) * 64);
+    __m512i acc[R][kScales];
+    for (int r = 0; r < R; r++)
+      for (int h = 0; h < kScales; h++) acc[r][h] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+      const __m512i v = _mm512_loadu_si512(wg + p * 64);
+      __m512i c0 = _mm512_and_si512(v, nibble), c1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      if constexpr (kHigh == 1) {  // quad q's bit q -> bit 4
+        c0 = _mm512_or_si512(c0, _mm512_and_si512(shift16(high[0], 4 - 2 * p), top));
+        c1 = _mm512_or_si512(c1, _mm512_and_si512(shift16(high[0], 3 - 2 * p), top));
+      } else if constexpr (kHigh == 2) {  // quad q's bits 2(q%4), +1 of vector q/4 -> bits 4, 5
+        const __m512i hv = high[p / 2];
+        c0 = _mm512_or_si512(c0, _mm512_and_si512(shift16(hv, 4 - 2 * (2 * p % 4)), top));
+        c1 = _mm512_or_si512(c1, _mm512_and_si512(shift16(hv, 4 - 2 * ((2 * p + 1) % 4)), top));
+      }
+      const int slot = k6 ? p / 2 : 0;
+      for (int r = 0; r < R; r++) {
+        const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8 + 2 * p;
+        acc[r][slot] = _mm512_dpbusd_epi32(acc[r][slot], c0, _mm512_set1_epi32(xr[0]));
+        acc[r][slot] = _mm512_dpbusd_epi32(acc[r][slot], c1, _mm512_set1_epi32(xr[1]));
+      }
+    }
+    if constexpr (k6) {
+      const __m512 da = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 32)))));
+      const __m512 db = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 32 + 16)))));
+      for (int r = 0; r < R; r++) {
+        const int64_t s = s0 + r;
+        const int32_t* hs = in.hsum + s * halves + 2 * g;
+        const __m512 a = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][0], _mm512_set1_epi32(32 * hs[0])));
+        const __m512 bb = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][1], _mm512_set1_epi32(32 * hs[1])));
+        const __m512 t = _mm512_fmadd_ps(da, a, _mm512_mul_ps(db, bb));
+        sum[r] = _mm512_fmadd_ps(_mm512_set1_ps(in.gs[s * groups + g]), t, sum[r]);
+      }
+    } else {
+      const __m512 dg = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 16)))));
+      const __m512 mg = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(smp + g * 16)))));
+      for (int r = 0; r < R; r++) {
+        const int64_t at = (s0 + r) * groups + g;
+        sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(dg, _mm512_set1_ps(in.gs[at])), _mm512_cvtepi32_ps(acc[r][0]), sum[r]);
+        sum[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(in.gsum[at]), sum[r]);
+      }
     }
   }
   const int64_t n0 = b * 16;

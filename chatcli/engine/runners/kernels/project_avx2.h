@@ -1,7 +1,8 @@
 // The decode step's projections (see decode.cpp) on AVX2, in project.h's weight layouts (described
 // there). AVX2 has no VPDPBUSD: the int8 and q8 dots widen bytes to int16 and sum pairs (VPMADDWD),
-// q4's 4-bit codes multiply bytes (VPMADDUBSW, whose int16 pair sums cannot saturate on codes below
-// 16). Every dot is still exact in integers, so each output is what project.h's gives.
+// q4's 4-bit codes and the K-quants' 4- to 6-bit ones multiply bytes (VPMADDUBSW), their int16 sums
+// widened before they could saturate (kquant_block). Every dot is still exact in integers, so each
+// output is what project.h's gives.
 #pragma once
 
 #include <immintrin.h>
@@ -138,6 +139,111 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
       for (int h = 0; h < 2; h++) {
         sum[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d[h], _mm256_set1_ps(in.gs[at])), _mm256_cvtepi32_ps(dot[h]), sum[r][h]);
         sum[r][h] = _mm256_fmadd_ps(mn[h], _mm256_set1_ps(in.gsum[at]), sum[r][h]);
+      }
+    }
+  }
+  const int64_t n0 = b * 16;
+  for (int r = 0; r < R; r++)
+    for (int h = 0; h < 2; h++) store_first(y + (s0 + r) * ldy + n0 + 8 * h, m.n - n0 - 8 * h, sum[r][h], accumulate);
+}
+
+// v shifted left by `bits` (right where negative), in 16-bit lanes: project.h's shift16 on 32 bytes
+inline __m256i shift16(__m256i v, int bits) {
+  return bits >= 0 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(bits)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(-bits));
+}
+
+// y[s, n0..n0+16) for rows s0..s0+R, K-quant block b (kKind: WEIGHT_Q4K, _Q5K or _Q6K): project.h's
+// kquant_block, the same exact dots and the same fp32 sums in order, on two halves of 8 outputs (a
+// 64-byte vector of codes or high bits: bytes 0..31 outputs 0..7, 32..63 outputs 8..15, 4 bytes each).
+// The codes (unsigned, below 2^kBits) times a row's int8 activations go through VPMADDUBSW: each int16
+// of its result is 2 products, and an int16 sum of n products is at most n * 128 * (2^kBits - 1) in
+// magnitude, so it is widened to int32 (VPMADDWD with ones) every kSteps quad pairs (4 products each):
+// Q4_K 4 (16 products, at most 30720), Q5_K 2 (8, 31744), Q6_K 1 (4, 32256), all below 32768.
+template <int R, int kKind>
+void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
+  constexpr bool k6 = kKind == WEIGHT_Q6K;
+  constexpr int kScales = k6 ? 2 : 1;                                         // scales a group: per 16 or 32 inputs
+  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
+  constexpr int kSteps = 4 >> kHigh;                                          // quad pairs summed in int16
+  static_assert(kSteps * 4 * 128 * ((16 << kHigh) - 1) <= 32768, "the int16 sums would saturate");
+  const int64_t groups = m.kp / 32, supers = m.kp / 256, halves = m.kp / 16;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
+  const uint16_t* dp = m.d + b * supers * 16;
+  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
+  const uint8_t* scp = m.sc + b * groups * 16 * kScales;
+  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
+  const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(k6 ? 0x30 : 0x10), ones = _mm256_set1_epi16(1);
+  __m256 sum[R][2];
+  for (int r = 0; r < R; r++) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
+  __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g = 0; g < groups; g++) {
+    if (g % 8 == 0)
+      for (int h = 0; h < 2; h++) {
+        d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g / 8 * 16 + 8 * h)));
+        if constexpr (!k6) dmin[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g / 8 * 16 + 8 * h)));
+      }
+    const uint8_t* wg = w + g * 256;
+    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * 256), _MM_HINT_T0);
+    __m256i high[2][2] = {};  // [vector][half]
+    for (int v = 0; v < kHigh; v++)
+      for (int h = 0; h < 2; h++) high[v][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hip + (g * kHigh + v) * 64 + 32 * h));
+    __m256i acc[R][2][kScales], part[R][2];  // per row and half: the int32 dots, the int16 sums not yet in them
+    for (int r = 0; r < R; r++)
+      for (int h = 0; h < 2; h++) {
+        part[r][h] = _mm256_setzero_si256();
+        for (int j = 0; j < kScales; j++) acc[r][h][j] = _mm256_setzero_si256();
+      }
+    for (int p = 0; p < 4; p++) {
+      __m256i c[2][2];  // [half][quad 2p, 2p + 1]: the codes, whole
+      for (int h = 0; h < 2; h++) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + p * 64 + 32 * h));
+        c[h][0] = _mm256_and_si256(v, nibble);
+        c[h][1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        if constexpr (kHigh == 1) {  // quad q's bit q -> bit 4
+          c[h][0] = _mm256_or_si256(c[h][0], _mm256_and_si256(shift16(high[0][h], 4 - 2 * p), top));
+          c[h][1] = _mm256_or_si256(c[h][1], _mm256_and_si256(shift16(high[0][h], 3 - 2 * p), top));
+        } else if constexpr (kHigh == 2) {  // quad q's bits 2(q%4), +1 of vector q/4 -> bits 4, 5
+          const __m256i hv = high[p / 2][h];
+          c[h][0] = _mm256_or_si256(c[h][0], _mm256_and_si256(shift16(hv, 4 - 2 * (2 * p % 4)), top));
+          c[h][1] = _mm256_or_si256(c[h][1], _mm256_and_si256(shift16(hv, 4 - 2 * ((2 * p + 1) % 4)), top));
+        }
+      }
+      const int slot = k6 ? p / 2 : 0;
+      for (int r = 0; r < R; r++) {
+        const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8 + 2 * p;
+        const __m256i x0 = _mm256_set1_epi32(xr[0]), x1 = _mm256_set1_epi32(xr[1]);
+        for (int h = 0; h < 2; h++) {
+          part[r][h] = _mm256_add_epi16(part[r][h], _mm256_maddubs_epi16(c[h][0], x0));
+          part[r][h] = _mm256_add_epi16(part[r][h], _mm256_maddubs_epi16(c[h][1], x1));
+          if ((p + 1) % kSteps == 0) {  // widen: int32 lane o holds output o's dot
+            acc[r][h][slot] = _mm256_add_epi32(acc[r][h][slot], _mm256_madd_epi16(part[r][h], ones));
+            part[r][h] = _mm256_setzero_si256();
+          }
+        }
+      }
+    }
+    for (int h = 0; h < 2; h++) {
+      if constexpr (k6) {
+        const uint8_t* sg = scp + g * 32 + 8 * h;
+        const __m256 da = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg)))));
+        const __m256 db = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg + 16)))));
+        for (int r = 0; r < R; r++) {
+          const int64_t s = s0 + r;
+          const int32_t* hs = in.hsum + s * halves + 2 * g;
+          const __m256 a = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h][0], _mm256_set1_epi32(32 * hs[0])));
+          const __m256 bb = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h][1], _mm256_set1_epi32(32 * hs[1])));
+          const __m256 t = _mm256_fmadd_ps(da, a, _mm256_mul_ps(db, bb));
+          sum[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(in.gs[s * groups + g]), t, sum[r][h]);
+        }
+      } else {
+        const __m256 dg = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scp + g * 16 + 8 * h)))));
+        const __m256 mg = _mm256_mul_ps(dmin[h], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(smp + g * 16 + 8 * h)))));
+        for (int r = 0; r < R; r++) {
+          const int64_t at = (s0 + r) * groups + g;
+          sum[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(dg, _mm256_set1_ps(in.gs[at])), _mm256_cvtepi32_ps(acc[r][h][0]), sum[r][h]);
+          sum[r][h] = _mm256_fnmadd_ps(mg, _mm256_set1_ps(in.gsum[at]), sum[r][h]);
+        }
       }
     }
   }

@@ -18,7 +18,25 @@ void rms_norm_scaled(float* x, const float* w, int64_t d, float eps) {
 
 // y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team
 void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-  if (m.kind == WEIGHT_Q4)
+  if (m.kind == WEIGHT_PARTS) {  // each part into its columns (a barrier after each)
+    int64_t at = 0;
+    for (int64_t i = 0; i < m.n_parts; i++) {
+      project(m.parts[i], in, y + at, ldy, accumulate);
+      at += m.parts[i].n;
+    }
+  } else if (m.kind == WEIGHT_Q4K)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      kquant_block<decltype(r)::value, WEIGHT_Q4K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q5K)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      kquant_block<decltype(r)::value, WEIGHT_Q5K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q6K)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      kquant_block<decltype(r)::value, WEIGHT_Q6K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q4)
     split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
       group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate);
     });
@@ -36,9 +54,37 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
     });
 }
 
-// row r of a q4 / q8 matrix, dequantized into out [k], times `scale`: the embedding of a grouped
-// file, read from its blocks (a tied model's head), so that a lookup touches no other copy
+// row r of a K-quant matrix, dequantized into out [k], times `scale` (see dequantize_row)
+inline void dequantize_kquant_row(const Matrix& m, int64_t r, float scale, float* out) {
+  const int64_t groups = m.kp / 32, supers = m.kp / 256, b = r / 16, o = r % 16;
+  const bool k6 = m.kind == WEIGHT_Q6K;
+  const int high = m.kind == WEIGHT_Q4K ? 0 : m.kind == WEIGHT_Q5K ? 1 : 2;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
+  for (int64_t g = 0; g < groups; g++) {
+    const int64_t sb = (b * supers + g / 8) * 16 + o;
+    const float d = half_to_float(m.d[sb]), dmin = k6 ? 0.f : half_to_float(m.mins[sb]);
+    for (int64_t i = 0; i < 32 && g * 32 + i < m.k; i++) {
+      const int64_t quad = i / 4, lane = o * 4 + i % 4;
+      int code = (w[(g * 4 + quad / 2) * 64 + lane] >> (4 * (quad % 2))) & 15;
+      if (high == 1) code |= ((m.hi[(b * groups + g) * 64 + lane] >> quad) & 1) << 4;
+      if (high == 2) code |= ((m.hi[((b * groups + g) * 2 + quad / 4) * 64 + lane] >> (2 * (quad % 4))) & 3) << 4;
+      float v;
+      if (k6) {
+        const int8_t sc = static_cast<int8_t>(m.sc[((b * groups + g) * 2 + i / 16) * 16 + o]);
+        v = d * static_cast<float>(sc) * static_cast<float>(code - 32);
+      } else {
+        const int64_t at = (b * groups + g) * 16 + o;
+        v = d * static_cast<float>(m.sc[at]) * static_cast<float>(code) - dmin * static_cast<float>(m.sm[at]);
+      }
+      out[g * 32 + i] = v * scale;
+    }
+  }
+}
+
+// row r of a q4 / q8 (or K-quant) matrix, dequantized into out [k], times `scale`: the embedding of a
+// grouped file, read from its blocks (a tied model's head), so that a lookup touches no other copy
 inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) {
+  if (m.kind >= WEIGHT_Q4K && m.kind <= WEIGHT_Q6K) return dequantize_kquant_row(m, r, scale, out);
   const int64_t groups = m.kp / 32, b = r / 16, o = r % 16;
   const int quads = m.kind == WEIGHT_Q8 ? 8 : 4;
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * quads * 64;

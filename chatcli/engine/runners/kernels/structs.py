@@ -5,27 +5,35 @@ from __future__ import annotations
 import ctypes
 
 WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4, WEIGHT_Q8 = 0, 1, 2, 3
+WEIGHT_Q4K, WEIGHT_Q5K, WEIGHT_Q6K, WEIGHT_PARTS = 4, 5, 6, 7
 CACHE_F32, CACHE_BF16 = 0, 1
 
 _i32, _i64, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
 
 class Matrix(ctypes.Structure):
-    """A projection: fp32 panels, int8 packed `[ceil(n/16), kp/4, 16, 4]` with scale and row sums, or
-    q4 / q8 codes with fp16 scales (and mins) and the RMSNorm weight its inputs take (quant_blocks)."""
+    """A projection: fp32 panels, int8 packed `[ceil(n/16), kp/4, 16, 4]` with scale and row sums,
+    q4 / q8 codes with fp16 scales (and mins) and the RMSNorm weight its inputs take (quant_blocks),
+    K-quant codes with their scales (kquant_blocks), or parts of those stacked along the outputs."""
 
-    _fields_ = [
-        ("kind", _i32),
-        ("n", _i64),
-        ("k", _i64),
-        ("kp", _i64),
-        ("w", _ptr),
-        ("scale", _ptr),
-        ("wsum", _ptr),
-        ("d", _ptr),
-        ("mins", _ptr),
-        ("norm", _ptr),
-    ]
+
+Matrix._fields_ = [
+    ("kind", _i32),
+    ("n", _i64),
+    ("k", _i64),
+    ("kp", _i64),
+    ("w", _ptr),
+    ("scale", _ptr),
+    ("wsum", _ptr),
+    ("d", _ptr),
+    ("mins", _ptr),
+    ("norm", _ptr),
+    ("sc", _ptr),
+    ("sm", _ptr),
+    ("hi", _ptr),
+    ("parts", ctypes.POINTER(Matrix)),
+    ("n_parts", _i64),
+]
 
 
 class Layer(ctypes.Structure):

@@ -1,0 +1,251 @@
+"""A GGUF file → the `gguf` lean file, read from the file alone: no transformers model, no fp32 copy.
+
+What llama.cpp reads, read the same way: the architecture's hyperparameters from the file's metadata
+(`<arch>.block_count`, `.embedding_length`, … as `gguf.Keys` names them), the rope of
+`<arch>.rope.freq_base` with `rope_freqs.weight` (Llama 3's per-frequency factors) or a linear
+scaling, and every tensor by its GGUF name in the type the file holds it (`kquant_blocks`). The
+families read so: `llama` (Llama 2/3/3.2, SmolLM, Mistral without a sliding window), `qwen2`
+(q/k/v biases) and `qwen3` (q/k norms). llama.cpp stores a llama's q and k rows in rope's adjacent
+pairs, the lean order already; qwen2/qwen3 rotate halves (NEOX), so their q/k rows (and biases and
+norms) are put in that order here. `direct_reason` says why a file is not read so (another family,
+a sliding window, a rope scaling or a tensor type the kernel lacks): the loader then converts it
+through transformers as before (`gguf_convert`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from chatcli.engine.weights import Status
+from chatcli.engine.weights.gguf_file import GGUFFile
+from chatcli.engine.weights.kquant_blocks import KINDS, tensor_parts
+from chatcli.engine.weights.lean_file import GGUF, LeanConfig, norm_before, padded16
+
+FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF architecture -> model_type
+NEOX = ("qwen2", "qwen3")  # rope on rotate-half pairs: q/k rows reordered here
+KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+Metadata = GGUFFile  # the file's header, its tensors read where asked
+
+
+def direct_reason(meta: Metadata) -> str | None:
+    """Why the file is not read directly into a `gguf` lean file (None: it is)."""
+    if meta.arch not in FAMILIES:
+        return f"architecture {meta.arch!r}"
+    if meta.hp("attention.sliding_window"):
+        return "a sliding window"
+    scaling = str(meta.hp("rope.scaling.type", "none") or "none")
+    if scaling not in ("none", "linear"):
+        return f"rope scaling {scaling!r}"
+    for name, t in meta.tensors.items():
+        if len(t.shape) == 2 and name.endswith(".weight") and t.type_name not in KERNEL_TYPES:
+            return f"{name} is {t.type_name}"
+    if "token_embd.weight" not in meta.tensors:
+        return "no token_embd.weight"
+    return None
+
+
+def rope_order(head_dim: int) -> np.ndarray:
+    """Within a rotate-half head, the dims in adjacent rope pairs (i, i + hd/2) → (2i, 2i + 1)."""
+    half = head_dim // 2
+    return np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()
+
+
+def head_rows(n: int, heads: int) -> np.ndarray:
+    hd = n // heads
+    return (np.arange(heads)[:, None] * hd + rope_order(hd)[None, :]).ravel()
+
+
+def rope_table(meta: Metadata, head_dim: int, limit: int) -> np.ndarray:
+    """`[T, hd/2, 2]` cos, sin: angle pos * base^(-2i/r) / factor_i (llama.cpp's rope: `rope_freqs`
+    factors where the file has them, positions / the linear scaling factor), pairs past r as (1, 0)."""
+    r = int(meta.hp("rope.dimension_count", head_dim) or head_dim)
+    base = float(meta.hp("rope.freq_base", 10000.0) or 10000.0)
+    inv = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [r/2]
+    if "rope_freqs.weight" in meta.tensors:
+        inv = inv / meta.vector("rope_freqs.weight")[: r // 2].astype(np.float64)
+    positions = np.arange(limit, dtype=np.float64)
+    if str(meta.hp("rope.scaling.type", "none")) == "linear":
+        positions = positions / float(meta.hp("rope.scaling.factor", 1.0) or 1.0)
+    angles = positions[:, None] * inv[None, :]  # [T, r/2]
+    table = np.zeros((limit, head_dim // 2, 2), np.float32)
+    table[:, :, 0] = 1.0
+    table[:, : r // 2, 0], table[:, : r // 2, 1] = np.cos(angles), np.sin(angles)
+    return table
+
+
+def plan(meta: Metadata) -> dict[str, tuple[list, str | None]]:
+    """Every projection by lean name: its parts (GGUF tensor, row order or None) in output order, and
+    the GGUF name of the RMSNorm weight before it (None where there is none)."""
+    heads = int(meta.hp("attention.head_count"))
+    kv_heads = int(meta.hp("attention.head_count_kv", heads) or heads)
+    neox = FAMILIES[meta.arch] in NEOX
+    tied = "output.weight" not in meta.tensors
+
+    def ordered(name: str, count: int) -> np.ndarray | None:  # q/k rows in rope's adjacent pairs
+        return head_rows(int(meta.tensors[name].shape[1]), count) if neox else None
+
+    out = {}
+    for i in range(int(meta.hp("block_count"))):
+        b = f"blk.{i}."
+        qkv = [
+            (b + "attn_q.weight", ordered(b + "attn_q.weight", heads)),
+            (b + "attn_k.weight", ordered(b + "attn_k.weight", kv_heads)),
+            (b + "attn_v.weight", None),
+        ]
+        out[f"layers.{i}.qkv"] = (qkv, b + "attn_norm.weight")
+        out[f"layers.{i}.out"] = ([(b + "attn_output.weight", None)], None)
+        out[f"layers.{i}.gate_up"] = (
+            [(b + "ffn_gate.weight", None), (b + "ffn_up.weight", None)],
+            b + "ffn_norm.weight",
+        )
+        out[f"layers.{i}.down"] = ([(b + "ffn_down.weight", None)], None)
+    out["head"] = ([("token_embd.weight" if tied else "output.weight", None)], "output_norm.weight")
+    if not tied:
+        out["embed"] = ([("token_embd.weight", None)], None)
+    return out
+
+
+def lean_config(meta: Metadata, limit: int, source: str, parts: dict, vectors: dict) -> LeanConfig:
+    hidden, heads = int(meta.hp("embedding_length")), int(meta.hp("attention.head_count"))
+    tied = "output.weight" not in meta.tensors
+    return LeanConfig(
+        layers=int(meta.hp("block_count")),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=int(meta.hp("attention.head_count_kv", heads) or heads),
+        head_dim=int(meta.hp("attention.key_length", hidden // heads) or hidden // heads),
+        ffn=int(meta.hp("feed_forward_length")),
+        vocab=int(meta.tensors["token_embd.weight" if tied else "output.weight"].shape[1]),
+        embed_rows=int(meta.tensors["token_embd.weight"].shape[1]),
+        eps=float(meta.hp("attention.layer_norm_rms_epsilon", 1e-5)),
+        positions=limit,
+        kind=GGUF,
+        source=source,
+        family=FAMILIES[meta.arch],
+        qkv_bias=any(k.endswith("qkv_bias") for k in vectors),
+        qk_norm=any(k.endswith("q_norm") for k in vectors),
+        tied=tied,
+        parts={name: [[kind, n] for kind, n, _ in listed] for name, listed in parts.items()},
+        types="+".join(sorted({extra[2] for listed in parts.values() for _, _, extra in listed})),
+    )
+
+
+MINS = ("Q4_1", "Q5_1")  # the q4 / q8 types with mins (`m`, as long as `d`)
+CHUNK_BYTES = 16 << 20  # codes decoded at once (a chunk of rows, a multiple of 64)
+
+
+def write_lean_file(
+    meta: Metadata, path: Path, limit: int, source: str, status: Status | None = None, packer=None
+) -> LeanConfig:
+    """Write the `gguf` lean file at `path` a chunk of rows at a time (the peak memory a chunk's, not the
+    model's), every tensor read with `pread` (the GGUF's pages stay page cache, not this process's)."""
+    from chatcli.engine.weights.lean_file import block_arrays
+    from chatcli.engine.weights.tensorfile import StreamedTensors
+
+    status = status or (lambda *_a, **_k: None)
+    reason = direct_reason(meta)
+    if reason:
+        raise ValueError(f"the GGUF is not read directly: {reason}")
+    hidden, heads = int(meta.hp("embedding_length")), int(meta.hp("attention.head_count"))
+    head_dim = int(meta.hp("attention.key_length", hidden // heads) or hidden // heads)
+    limit = min(limit, int(meta.hp("context_length", limit) or limit))
+    projections = plan(meta)
+    small = {"rope": rope_table(meta, head_dim, limit)}
+    for name, (_parts, norm) in projections.items():
+        if norm is not None:
+            small[norm_before(name)] = _padded(meta.vector(norm))
+    vectors = _family_vectors(
+        meta,
+        int(meta.hp("block_count")),
+        heads,
+        int(meta.hp("attention.head_count_kv", heads) or heads),
+        head_dim,
+        FAMILIES[meta.arch] in NEOX,
+    )
+    small.update(vectors)
+    out = StreamedTensors(path)
+    try:
+        for name, array in small.items():
+            out.declare(name, "F32", array.shape)
+        parts = {}
+        for name, (listed, _norm) in projections.items():
+            parts[name] = []
+            for j, (tensor, order) in enumerate(listed):
+                t = meta.tensors[tensor]
+                type_name, n, k = t.type_name, int(t.shape[1]), int(t.shape[0])
+                kind = KINDS.get(type_name) or ("q4" if type_name in ("Q4_0", "Q4_1") else "q8")
+                arrays = block_arrays(kind, n, k)
+                if type_name in MINS:
+                    arrays["m"] = arrays["d"]
+                for key, (code, shape) in arrays.items():
+                    out.declare(f"{name}.{j}.{key}", code, shape)
+                parts[name].append((kind, n, (tensor, order, type_name)))
+        for name, array in small.items():
+            out.write(name, 0, np.ascontiguousarray(array))
+        for count, (name, listed) in enumerate(parts.items()):
+            status("Writing the lean weights", count, len(parts))
+            for j, (_kind, n, (tensor, order, type_name)) in enumerate(listed):
+                _write_part(out, f"{name}.{j}.", meta, tensor, order, type_name, n, packer)
+        status("Writing the lean weights", len(parts), len(parts))
+        config = lean_config(meta, limit, source, parts, vectors)
+        out.close({"chatcli": config.to_json()})
+    except BaseException:
+        out.abort()
+        raise
+    return config
+
+
+def _write_part(out, prefix: str, meta: Metadata, tensor: str, order, type_name: str, n: int, packer) -> None:
+    """One GGUF tensor's blocks into its arrays, a chunk of rows at a time."""
+    t = meta.tensors[tensor]
+    row_bytes = int(t.n_bytes) // n
+    step = max(64, CHUNK_BYTES // max(1, int(t.shape[0])) // 64 * 64)
+    whole = meta.read(t, 0, n)[order] if order is not None else None  # q/k rows put in order: small tensors
+    written: dict[str, int] = {}
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        raw = whole[r0:r1] if whole is not None else meta.read(t, r0, r1)
+        _kind, arrays = tensor_parts(type_name, raw.reshape(r1 - r0, row_bytes), packer=packer)
+        for key, array in arrays.items():
+            out.write(prefix + key, written.get(key, 0), np.ascontiguousarray(array))
+            written[key] = written.get(key, 0) + array.nbytes
+
+
+def _padded(v: np.ndarray) -> np.ndarray:
+    out = np.zeros(padded16(len(v)), np.float32)
+    out[: len(v)] = v
+    return out
+
+
+def _family_vectors(meta: Metadata, layers: int, heads: int, kv_heads: int, hd: int, neox: bool) -> dict:
+    """qwen2's q/k/v biases (`qkv_bias`) and qwen3's q/k norms, in the lean order."""
+    out = {}
+    for i in range(layers):
+        b = f"blk.{i}."
+        if b + "attn_q.bias" in meta.tensors:
+            q, k, v = (meta.vector(b + f"attn_{x}.bias") for x in "qkv")
+            if neox:
+                q, k = q[head_rows(len(q), heads)], k[head_rows(len(k), kv_heads)]
+            out[f"layers.{i}.qkv_bias"] = _padded(np.concatenate([q, k, v]))
+        if b + "attn_q_norm.weight" in meta.tensors:
+            order = rope_order(hd) if neox else np.arange(hd)
+            out[f"layers.{i}.q_norm"] = _padded(meta.vector(b + "attn_q_norm.weight")[order])
+            out[f"layers.{i}.k_norm"] = _padded(meta.vector(b + "attn_k_norm.weight")[order])
+    return out
+
+
+def convert_gguf_lean(
+    gguf_path: Path, path: Path, limit: int, source: str, status: Status | None = None, packer=None
+) -> None:
+    """Write the `gguf` lean file for `gguf_path` at `path` (atomic; its sidecar last); `packer`: the
+    compiled kernel's library, to repack the blocks (else numpy does, ~20x slower)."""
+    from chatcli.engine.weights.sidecar import record
+
+    status = status or (lambda *_a, **_k: None)
+    status(f"Repacking {gguf_path.name}'s blocks for the kernel (once)")
+    write_lean_file(Metadata(gguf_path), path, limit, source, status, packer)
+    record(path)

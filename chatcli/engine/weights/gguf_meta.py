@@ -1,0 +1,151 @@
+"""A GGUF's config and tokenizer from its own metadata, without transformers (`gguf_file`).
+
+What a model folder would hold, written into a GGUF's metadata folder (`gguf_convert.meta_folder`):
+`config.json` (transformers' names for llama.cpp's `<arch>.*` keys), `tokenizer.json` (a `tokenizers`
+byte-level BPE: the file's tokens and merges, its pre-tokenizer's split by `tokenizer.ggml.pre`,
+control tokens special and user-defined ones added whole, as llama.cpp matches them),
+`tokenizer_config.json` (special tokens, BOS/EOS flags) and the chat template. `save` returns False
+where it does not know the file's tokenizer (SentencePiece vocabularies, an unknown pre-tokenizer) or
+its architecture: the caller then asks transformers, whose GGUF converter covers more.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from chatcli.engine.weights.gguf_file import GGUFFile
+
+FAMILIES = ("llama", "qwen2", "qwen3")  # GGUF architectures whose config is written here
+
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# `tokenizer.ggml.pre` -> the split its merges were learned with (None: GPT-2's own, ByteLevel's regex)
+SPLITS = {
+    "default": None,
+    "gpt-2": None,
+    "smollm": None,
+    "llama-bpe": _LLAMA3,
+    "llama3": _LLAMA3,
+    "llama-v3": _LLAMA3,
+    "smaug-bpe": _LLAMA3,
+    "qwen2": _QWEN2,
+    "deepseek-r1-qwen": _QWEN2,
+}
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+
+
+def hf_config(f: GGUFFile) -> dict:
+    """The transformers config.json fields for a `FAMILIES` file."""
+    heads = int(f.hp("attention.head_count"))
+    hidden = int(f.hp("embedding_length"))
+    tied = "output.weight" not in f.tensors
+    config = {
+        "architectures": [
+            {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[f.arch]
+        ],
+        "model_type": f.arch,
+        "hidden_size": hidden,
+        "intermediate_size": int(f.hp("feed_forward_length")),
+        "num_hidden_layers": int(f.hp("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(f.hp("attention.head_count_kv", heads) or heads),
+        "head_dim": int(f.hp("attention.key_length", hidden // heads) or hidden // heads),
+        "rms_norm_eps": float(f.hp("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(f.hp("rope.freq_base", 10000.0) or 10000.0),
+        "max_position_embeddings": int(f.hp("context_length", 2048) or 2048),
+        "vocab_size": int(f.tensors["token_embd.weight"].shape[1]),
+        "tie_word_embeddings": tied,
+        "hidden_act": "silu",
+    }
+    for name in ("bos_token_id", "eos_token_id", "padding_token_id"):
+        value = f.fields.get(f"tokenizer.ggml.{name}")
+        if value is not None:
+            config[name.replace("padding", "pad")] = int(value)
+    return config
+
+
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level alphabet, byte → character (printable bytes as themselves, the rest from U+0100)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in printable:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def build_tokenizer(f: GGUFFile):
+    """The file's byte-level BPE as a `tokenizers.Tokenizer`, or None where it is not one this knows."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    pre = str(f.fields.get("tokenizer.ggml.pre", "default"))
+    if f.fields.get("tokenizer.ggml.model") != "gpt2" or pre not in SPLITS or "tokenizer.ggml.merges" not in f.fields:
+        return None
+    tokens = list(f.fields["tokenizer.ggml.tokens"])
+    types = list(f.fields.get("tokenizer.ggml.token_type", [])) or [1] * len(tokens)
+    spelling = byte_alphabet()
+    alphabet = set(spelling.values())
+    vocab = {
+        (t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i for i, t in enumerate(tokens)
+    }
+    merges = [tuple(m.split(" ", 1)) for m in f.fields["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    split = SPLITS[pre]
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    control = [t for t, k in zip(tokens, types, strict=False) if k == CONTROL and set(t) <= alphabet]
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    user = [t for t, k in zip(tokens, types, strict=False) if k == USER_DEFINED and t in vocab]
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+    return tok
+
+
+def save(f: GGUFFile, out: Path) -> bool:
+    """Write config.json, generation_config.json, tokenizer.json, tokenizer_config.json and the chat
+    template into `out`; False (nothing written) where this does not know the file's kind."""
+    if f.arch not in FAMILIES or "token_embd.weight" not in f.tensors:
+        return False
+    tok = build_tokenizer(f)
+    if tok is None:
+        return False
+    config = hf_config(f)
+    tokens = f.fields["tokenizer.ggml.tokens"]
+    settings: dict = {"model_max_length": config["max_position_embeddings"], "clean_up_tokenization_spaces": False}
+    for name, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unknown_token_id"),
+        ("pad_token", "padding_token_id"),
+    ):
+        index = f.fields.get(f"tokenizer.ggml.{key}")
+        if index is not None and 0 <= int(index) < len(tokens):
+            settings[name] = tokens[int(index)]
+    for flag in ("add_bos_token", "add_eos_token"):
+        if f"tokenizer.ggml.{flag}" in f.fields:
+            settings[flag] = bool(f.fields[f"tokenizer.ggml.{flag}"])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=1))
+    template = f.fields.get("tokenizer.chat_template")
+    if template:
+        (out / "chat_template.jinja").write_text(str(template))
+    return True

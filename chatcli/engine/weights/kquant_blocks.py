@@ -1,0 +1,201 @@
+"""A GGUF tensor's own blocks, every type the kernel runs, laid out for it (no value changes, no fp32).
+
+`tensor_parts` reads one GGUF tensor's raw rows (uint8 `[n, bytes]`, memory-mapped) and gives the
+kernel's arrays for it, each value what the file holds:
+
+- K-quants (`q4k`, `q5k`, `q6k`: GGUF's Q4_K, Q5_K, Q6_K, super-blocks of 256 inputs): the codes'
+  low 4 bits packed as q4's (`quant_blocks.pack`), their high bits in `hi`, the fp16 `d` (and
+  `dmin`) per super-block and the 6-bit (Q6_K: int8 per 16 inputs) scales (and mins) per group,
+  16 outputs a block; see `kernels/project.h` for the layout and `kquant_block` for the sums.
+- Q4_0, Q4_1, Q8_0 as `q4` / `q8` (`quant_blocks.gguf_codes`); Q5_0 and Q5_1 as `q8` with their
+  5-bit codes in bytes (Q5_0: c = q + 112, so d (c - 128) = d (q - 16); Q5_1: d c + m).
+
+A row order (rope's, for the q and k rows of a NEOX-rope family) is applied to whole rows of blocks.
+The layouts of the blocks themselves are ggml's (`ggml-common.h`), as the `gguf` package's
+dequantizers read them; the tests check every type against those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from chatcli.engine.weights.quant_blocks import Codes, gguf_codes
+
+SUPER = 256  # inputs a K-quant super-block holds
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q5_0": 22, "Q5_1": 24, "Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+KINDS = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k"}
+
+
+@dataclass
+class KBlocks:
+    """A K-quant tensor `[n, k]` decoded: codes `[n, k]` (uint8, 0..15 / 31 / 63), fp16 `d` and `dmin`
+    `[n, k/256]`, scales `[n, k/32]` (uint8) or `[n, k/16]` (Q6_K: int8) and mins `[n, k/32]`."""
+
+    kind: str
+    codes: np.ndarray
+    d: np.ndarray
+    dmin: np.ndarray | None
+    sc: np.ndarray
+    sm: np.ndarray | None
+
+    def rows(self, order: np.ndarray) -> KBlocks:
+        pick = lambda a: None if a is None else a[order]  # noqa: E731
+        return KBlocks(self.kind, self.codes[order], self.d[order], pick(self.dmin), self.sc[order], pick(self.sm))
+
+    def dequantized(self) -> np.ndarray:
+        """`[n, k]` fp32: what the kernel multiplies by (for tests)."""
+        n, k = self.codes.shape
+        c = self.codes.astype(np.float32)
+        d = np.repeat(self.d.astype(np.float32), SUPER, axis=1)
+        if self.kind == "q6k":
+            return d * np.repeat(self.sc.view(np.int8).astype(np.float32), 16, axis=1) * (c - 32)
+        sc = np.repeat(self.sc.astype(np.float32), 32, axis=1)
+        return d * sc * c - np.repeat(self.dmin.astype(np.float32), SUPER, axis=1) * np.repeat(
+            self.sm.astype(np.float32), 32, axis=1
+        )
+
+
+def _scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes of 6-bit scales and mins (`[..., 12]`) → 8 scales, 8 mins (`[..., 8]`)."""
+    d, m, md = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def decode_k(type_name: str, raw: np.ndarray) -> KBlocks:
+    """A K-quant tensor's raw rows (uint8 `[n, k/256 * block bytes]`) decoded, every value kept."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, BLOCK_BYTES[type_name])  # [n, SB, bytes]
+    sb = blocks.shape[1]
+    half = lambda a: a.copy().view(np.float16)[..., 0]  # noqa: E731 - [n, SB, 2] bytes -> [n, SB]
+    if type_name == "Q6_K":
+        ql, qh = blocks[..., 0:128], blocks[..., 128:192]
+        sc, d = blocks[..., 192:208], half(blocks[..., 208:210])
+        halves = ql.reshape(n, sb, 2, 64)
+        low = np.stack([halves & 0x0F, halves >> 4], axis=2)  # [n, SB, nibble, half, 64]
+        low = low.transpose(0, 1, 3, 2, 4).reshape(n, sb, 256)  # element h*128 + nib*64 + i
+        shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+        high = (qh.reshape(n, sb, 2, 1, 32) >> shifts) & 3  # [n, SB, 2(h), 4(j), 32]: element h*128 + j*32 + i
+        codes = low | (high.reshape(n, sb, 256) << 4)
+        return KBlocks("q6k", codes.reshape(n, -1), d, None, np.ascontiguousarray(sc).reshape(n, -1), None)
+    d, dmin = half(blocks[..., 0:2]), half(blocks[..., 2:4])
+    sc, mn = _scale_min(blocks[..., 4:16])
+    qs = blocks[..., -128:].reshape(n, sb, 4, 32)  # chunk c: low nibbles sub-block 2c, high ones 2c + 1
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, sb, 256)
+    if type_name == "Q5_K":
+        qh = blocks[..., 16:48].reshape(n, sb, 1, 32)
+        codes = codes | (((qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1) << 4).reshape(n, sb, 256)
+    return KBlocks(KINDS[type_name], codes.reshape(n, -1), d, dmin, sc.reshape(n, -1), mn.reshape(n, -1))
+
+
+def decode_q5(type_name: str, raw: np.ndarray) -> Codes:
+    """Q5_0 / Q5_1 raw rows as `q8` codes in bytes (see the module docstring), every value kept."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, BLOCK_BYTES[type_name])  # [n, G, bytes]
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    at = 4 if type_name == "Q5_1" else 2
+    qh = blocks[..., at : at + 4].copy().view(np.uint32)  # [n, G, 1]: bit i is element i's 5th
+    qs = blocks[..., at + 4 : at + 20]
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # elements 0..15, 16..31
+    high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, G, 32]
+    q = low | (high << 4)
+    if type_name == "Q5_1":
+        return Codes(8, q.reshape(n, -1), d, blocks[..., 2:4].copy().view(np.float16)[..., 0])
+    return Codes(8, (q + 112).astype(np.uint8).reshape(n, -1), d, None)
+
+
+def _per_block(t: np.ndarray, n: int, dtype) -> np.ndarray:
+    """`[n, X]` per output → `[ceil(n/16), X, 16]` flat, outputs padded with zeros, the byte size a multiple of 64."""
+    blocks = -(-n // 16)
+    full = np.zeros((blocks * 16, t.shape[1]), dtype)
+    full[:n] = t
+    flat = full.reshape(blocks, 16, -1).transpose(0, 2, 1).ravel()
+    pad = -flat.nbytes % 64 // flat.itemsize
+    return np.concatenate([flat, np.zeros(pad, dtype)]) if pad else flat
+
+
+def pack_k(blocks: KBlocks) -> dict[str, np.ndarray]:
+    """Decoded K-quant blocks → the kernel's arrays `w`, `hi` (Q5_K, Q6_K), `d`, `m` (dmin), `sc`, `sm`."""
+    n, kp = blocks.codes.shape
+    count, groups = -(-n // 16), kp // 32
+    c = np.zeros((count * 16, kp), np.uint8)
+    c[:n] = blocks.codes
+    quads = c.reshape(count, 16, groups, 8, 4).transpose(0, 2, 3, 1, 4)  # [B, G, quad, 16 outputs, 4 inputs]
+    low = quads & 0x0F
+    out = {"w": np.ascontiguousarray(low[:, :, 0::2] | (low[:, :, 1::2] << 4)).reshape(count, groups, 4, 64)}
+    if blocks.kind == "q5k":
+        bits = (quads >> 4) & 1  # [B, G, 8, 16, 4]
+        hi = sum(bits[:, :, q].astype(np.uint8) << q for q in range(8))
+        out["hi"] = np.ascontiguousarray(hi, np.uint8).reshape(count, groups, 64)
+    elif blocks.kind == "q6k":
+        bits = ((quads >> 4) & 3).reshape(count, groups, 2, 4, 16, 4)  # [B, G, vector, quad % 4, 16, 4]
+        hi = sum(bits[:, :, :, j].astype(np.uint8) << (2 * j) for j in range(4))
+        out["hi"] = np.ascontiguousarray(hi, np.uint8).reshape(count, groups, 2, 64)
+    out["d"] = _per_block(blocks.d, n, np.float16)
+    if blocks.dmin is not None:
+        out["m"] = _per_block(blocks.dmin, n, np.float16)
+    out["sc"] = _per_block(blocks.sc, n, np.uint8)
+    if blocks.sm is not None:
+        out["sm"] = _per_block(blocks.sm, n, np.uint8)
+    return out
+
+
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's
+
+
+def kind_of(type_name: str) -> str | None:
+    """The kernel's type for a GGUF type (None: one it does not run)."""
+    if type_name in KINDS:
+        return KINDS[type_name]
+    return {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q8", "Q5_1": "q8", "Q8_0": "q8"}.get(type_name)
+
+
+def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
+    """The arrays `tensor_parts` gives, made by the compiled kernel's `chatcli_pack` (`packer`: its
+    library), unpadded: what `pack` / `pack_k` make before their padding to 64 bytes."""
+    n = raw.shape[0]
+    kind = kind_of(type_name)
+    k = raw.shape[1] // BLOCK_BYTES[type_name] * (SUPER if kind in KINDS.values() else 32)
+    blocks, groups, supers = -(-n // 16), k // 32, k // SUPER
+    out = {"w": np.zeros((blocks, groups, 8 if kind == "q8" else 4, 64), np.uint8)}
+    if kind in ("q4", "q8"):
+        out["d"] = np.zeros(blocks * groups * 16, np.float16)
+        if type_name in ("Q4_1", "Q5_1"):
+            out["m"] = np.zeros(blocks * groups * 16, np.float16)
+    else:
+        out["d"] = np.zeros(blocks * supers * 16, np.float16)
+        out["sc"] = np.zeros(blocks * groups * 16 * (2 if kind == "q6k" else 1), np.uint8)
+        if kind != "q6k":
+            out["m"] = np.zeros(blocks * supers * 16, np.float16)
+            out["sm"] = np.zeros(blocks * groups * 16, np.uint8)
+        if kind == "q5k":
+            out["hi"] = np.zeros((blocks, groups, 64), np.uint8)
+        if kind == "q6k":
+            out["hi"] = np.zeros((blocks, groups, 2, 64), np.uint8)
+    raw = np.ascontiguousarray(raw)
+    ptr = lambda key: out[key].ctypes.data if key in out else None  # noqa: E731
+    if packer.chatcli_pack(TYPE_IDS[type_name], raw.ctypes.data, n, k, *map(ptr, ("w", "hi", "d", "m", "sc", "sm"))):
+        raise ValueError(f"the kernel does not pack {type_name}")
+    return out
+
+
+def tensor_parts(
+    type_name: str, raw: np.ndarray, order: np.ndarray | None = None, packer=None
+) -> tuple[str, dict] | None:
+    """One GGUF tensor's raw rows as (its kernel type: q4, q8, q4k, q5k or q6k; the kernel's arrays),
+    rows in `order`; None where the kernel has no type for it (F16, F32, Q2_K, …: the caller converts).
+    `packer`: the compiled kernel's library, which packs ~20x faster than numpy (the same bytes, unpadded)."""
+    from chatcli.engine.weights.quant_blocks import pack
+
+    raw = raw if order is None else raw[order]
+    if packer is not None and type_name in TYPE_IDS:
+        return kind_of(type_name), packed_by(packer, type_name, raw)
+    if type_name in KINDS:
+        return KINDS[type_name], pack_k(decode_k(type_name, raw))
+    codes = decode_q5(type_name, raw) if type_name in ("Q5_0", "Q5_1") else gguf_codes(type_name, raw)
+    if codes is None:
+        return None
+    return ("q4" if codes.bits == 4 else "q8"), pack(codes)

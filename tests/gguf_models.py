@@ -1,0 +1,381 @@
+"""Transformers causal LMs written as GGUF files, as llama.cpp's own converter would write them, with any tensor types.
+
+`write_gguf(model, path, types)` covers the families "llama" (tied or untied embeddings, q/k/v
+biases if the model has them), "qwen2" (q/k/v biases) and "qwen3" (q/k norms). Like
+convert_hf_to_gguf.py it writes the architecture's metadata keys (`{arch}.context_length`, ...;
+`attention.key_length` / `value_length` only where the config has a `head_dim`, as real Llama and
+Qwen3 configs do and Qwen2 configs do not; `rope.dimension_count` for llama only), llama.cpp's
+tensor names, norms and biases as F32, and for llama q and k rows permuted as its `LlamaModel.permute`
+does (llama.cpp's NORM rope pairs dims (2i, 2i + 1), transformers' (i, i + hd/2)); qwen2 / qwen3
+are not permuted (llama.cpp runs them with NEOX rope, transformers' pairing).
+
+The 2-D weights get the type `types(name, shape)` names (`shape` the numpy shape `[out, in]`), with
+llama.cpp's fallbacks where a K-quant does not fit the width (`llama_tensor_get_type`: Q4_K -> Q5_0,
+Q5_K -> Q5_1, Q6_K -> Q8_0; Q2_K / Q3_K -> Q4_0 here, llama.cpp takes IQ4_NL, which `gguf` cannot
+quantize) and the converter's F16 where even that does not fit. K-quants are made by
+`tests.kquants` (a simple scheme, not llama.cpp's rounding search), the rest by `gguf`.
+
+The tokenizer is the embedded SmolLM2 GGUF's, as in chatcli/bench/gguf_write.py: its tokens, types
+and merges, padded with unused tokens up to the model's vocabulary or cut down to it (then only the
+merges whose parts and result survive are kept), its special ids that fit, and its chat template.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from tests import kquants
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+# llama.cpp's replacement for a K-quant when a row is not a multiple of 256 wide
+FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
+
+TypeChooser = Callable[..., str]
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of the layers that get more bits in the _M mixes (llama-quant.cpp)."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def Q4_K_M(name: str, shape: tuple[int, ...], *, n_layers: int | None = None, has_output: bool = True) -> str:
+    """Roughly llama.cpp's Q4_K_M mix (`llama_tensor_get_type`): Q6_K for output.weight (token_embd when
+    the embeddings are tied, `has_output` False), Q6_K for attn_v and ffn_down in llama.cpp's
+    `use_more_bits` layers (the first and last eighth and every third between; needs `n_layers`,
+    which `write_gguf` passes, else those stay Q4_K), Q4_K elsewhere. An approximation: llama.cpp's
+    special cases (70B, MoE, Falcon, fused qkv, ...) are left out."""
+    del shape
+    if name == "output.weight" or (name == "token_embd.weight" and not has_output):
+        return "Q6_K"
+    match = re.match(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight$", name)
+    if match and n_layers is not None and use_more_bits(int(match.group(1)), n_layers):
+        return "Q6_K"
+    return "Q4_K"
+
+
+Q4_K_M.file_type = "MOSTLY_Q4_K_M"
+
+
+def uniform(type_name: str) -> TypeChooser:
+    """Every 2-D weight of `type_name` (fallbacks aside)."""
+
+    def choose(name: str, shape: tuple[int, ...]) -> str:
+        return type_name
+
+    choose.file_type = _file_type_of(type_name)
+    return choose
+
+
+def tensor_type(types: TypeChooser | str, name: str, shape: tuple[int, ...], n_layers: int, has_output: bool) -> str:
+    """The type `name` is written with: 1-D always F32; else what `types` asks (given `n_layers` /
+    `has_output` if it takes them), falling back as llama.cpp does where the width does not fit."""
+    import gguf
+
+    if len(shape) < 2:
+        return "F32"
+    chooser = uniform(types) if isinstance(types, str) else types
+    wants = inspect.signature(chooser).parameters
+    extra = {key: value for key, value in (("n_layers", n_layers), ("has_output", has_output)) if key in wants}
+    chosen = chooser(name, tuple(shape), **extra)
+    width = shape[-1]
+    if chosen in FALLBACK and width % kquants.QK_K:
+        chosen = FALLBACK[chosen]
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[chosen]][0]
+    if width % block:
+        chosen = "F16"  # the converter's own fallback (a QuantError there)
+    return chosen
+
+
+def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, file_type: str | None = None) -> Path:
+    """`model` (a transformers causal LM of `FAMILIES`) as a GGUF file at `path`, its 2-D weights of the
+    types `types` chooses (a callable `(name, shape) -> type name`, or one type name for all).
+
+    `general.file_type` is `file_type` (a `gguf.LlamaFileType` name), else the chooser's `file_type`
+    attribute (`Q4_K_M`'s, `uniform`'s), else the type that holds most of the weights."""
+    import gguf
+
+    config = model.config
+    arch = config.model_type
+    if arch not in FAMILIES:
+        raise ValueError(f"write_gguf writes {', '.join(FAMILIES)}, not {arch}")
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"write_gguf writes the default rope only, not {rope.get('rope_type')}")
+    rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    hd = getattr(config, "head_dim", None) or config.hidden_size // heads
+    n_layers = config.num_hidden_layers
+    vocab = config.vocab_size
+    has_output = not config.tie_word_embeddings
+
+    tensors = list(_tensors(model, arch, heads, kv_heads))
+    chosen = {name: tensor_type(types, name, array.shape, n_layers, has_output) for name, array in tensors}
+
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name("chatcli-test")
+    w.add_block_count(n_layers)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(float(rope_theta))
+    w.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    if "head_dim" in config.to_dict():
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if arch == "llama":
+        w.add_vocab_size(vocab)
+        w.add_rope_dimension_count(hd)
+    w.add_file_type(_file_type(file_type, types, tensors, chosen))
+    add_tokenizer(w, vocab)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    for name, array in tensors:
+        kind = chosen[name]
+        data = kquants.quantize(array, kind) if array.ndim >= 2 else array
+        w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def add_tokenizer(writer, vocab: int) -> None:
+    """The embedded SmolLM2 GGUF's tokenizer fields, its vocabulary padded or cut to `vocab` tokens."""
+    import gguf
+
+    tokens, kinds, merges, others = embedded_tokenizer()
+    if vocab < len(tokens):
+        tokens, kinds = tokens[:vocab], kinds[:vocab]
+        kept = set(tokens)
+
+        def fits(merge: bytes) -> bool:  # both parts and their result still tokens
+            left, right = merge.split(b" ", 1)
+            return left in kept and right in kept and left + right in kept
+
+        merges = [m for m in merges if fits(m)]
+    else:  # as the converter pads a vocabulary larger than the tokenizer's
+        tokens = tokens + [f"[PAD{i}]".encode() for i in range(len(tokens), vocab)]
+        kinds = kinds + [int(gguf.TokenType.UNUSED)] * (vocab - len(kinds))
+    writer.add_tokenizer_model(others["tokenizer.ggml.model"][0])
+    writer.add_tokenizer_pre(others["tokenizer.ggml.pre"][0])
+    writer.add_token_list(tokens)
+    writer.add_token_types(kinds)
+    writer.add_token_merges(merges)
+    for key, (value, vtype, sub_type) in others.items():
+        if key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+            continue
+        if key.endswith("_token_id") and value >= vocab:
+            continue
+        writer.add_key_value(key, value, vtype, sub_type=sub_type)
+
+
+@functools.cache
+def embedded_tokenizer() -> tuple[list[bytes], list[int], list[bytes], dict]:
+    """The embedded SmolLM2 GGUF's (tokens, token types, merges, {other tokenizer.* key: (value, type,
+    sub type)}, the chat template among them), read once per process."""
+    from chatcli.engine.load.sources import embedded_gguf
+
+    metadata = read_metadata(embedded_gguf())
+    lists = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+    others = {key: value for key, value in metadata.items() if key.startswith("tokenizer.") and key not in lists}
+    tokens, kinds, merges = (metadata[key][0] for key in lists)
+    return tokens, kinds, merges, others
+
+
+# GGUF's scalar value types (gguf.GGUFValueType) as struct formats
+SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def read_metadata(path) -> dict[str, tuple]:
+    """A GGUF file's key-value pairs, {key: (value, type, sub type or None)}, strings in arrays as
+    bytes, others as str. A direct parse of the header: `gguf.GGUFReader` takes seconds on a file
+    with 49,152 tokens and as many merges (a numpy view per string)."""
+    import mmap
+    import struct
+
+    import gguf
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        magic, version, _tensors, count = struct.unpack_from("<4sIQQ", buf, 0)
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"{path}: not a GGUF file of version 2 or later")
+        pos = 24
+
+        def take(fmt: str, n: int = 1):
+            nonlocal pos
+            values = struct.unpack_from(f"<{n}{fmt}", buf, pos)
+            pos += struct.calcsize(f"<{n}{fmt}")
+            return values
+
+        def string() -> bytes:
+            nonlocal pos
+            (n,) = take("Q")
+            pos += n
+            return bytes(buf[pos - n : pos])
+
+        metadata = {}
+        for _ in range(count):
+            key = string().decode()
+            (vtype,) = take("I")
+            sub = None
+            if vtype == gguf.GGUFValueType.ARRAY:
+                sub, n = take("I")[0], take("Q")[0]
+                value = (
+                    [string() for _ in range(n)] if sub == gguf.GGUFValueType.STRING else list(take(SCALARS[sub], n))
+                )
+                sub = gguf.GGUFValueType(sub)
+            elif vtype == gguf.GGUFValueType.STRING:
+                value = string().decode()
+            else:
+                (value,) = take(SCALARS[vtype])
+            metadata[key] = (value, gguf.GGUFValueType(vtype), sub)
+    return metadata
+
+
+def _tensors(model, arch: str, heads: int, kv_heads: int):
+    """(gguf name, float32 array) for each of the model's tensors, q/k rope-permuted for llama."""
+    from chatcli.engine.weights.lean_convert import head_rows
+
+    def f32(tensor) -> np.ndarray:
+        return np.ascontiguousarray(tensor.detach().float().cpu().numpy(), dtype=np.float32)
+
+    def permuted(tensor, n_heads: int) -> np.ndarray:
+        if arch != "llama":  # NEOX rope: transformers' own pairing
+            return f32(tensor)
+        return f32(tensor[head_rows(tensor.shape[0], n_heads)])  # LlamaModel.permute's row order
+
+    inner = model.model
+    yield "token_embd.weight", f32(inner.embed_tokens.weight)
+    for i, block in enumerate(inner.layers):
+        a, m = block.self_attn, block.mlp
+        yield f"blk.{i}.attn_norm.weight", f32(block.input_layernorm.weight)
+        for short, proj, n_heads in (("q", a.q_proj, heads), ("k", a.k_proj, kv_heads), ("v", a.v_proj, None)):
+            rows = (lambda t, n=n_heads: permuted(t, n)) if n_heads else f32
+            yield f"blk.{i}.attn_{short}.weight", rows(proj.weight)
+            if proj.bias is not None:
+                yield f"blk.{i}.attn_{short}.bias", rows(proj.bias)
+        if arch == "qwen3":
+            yield f"blk.{i}.attn_q_norm.weight", f32(a.q_norm.weight)
+            yield f"blk.{i}.attn_k_norm.weight", f32(a.k_norm.weight)
+        yield f"blk.{i}.attn_output.weight", f32(a.o_proj.weight)
+        if a.o_proj.bias is not None:
+            yield f"blk.{i}.attn_output.bias", f32(a.o_proj.bias)
+        yield f"blk.{i}.ffn_norm.weight", f32(block.post_attention_layernorm.weight)
+        yield f"blk.{i}.ffn_gate.weight", f32(m.gate_proj.weight)
+        yield f"blk.{i}.ffn_up.weight", f32(m.up_proj.weight)
+        yield f"blk.{i}.ffn_down.weight", f32(m.down_proj.weight)
+    yield "output_norm.weight", f32(inner.norm.weight)
+    if not model.config.tie_word_embeddings:
+        yield "output.weight", f32(model.lm_head.weight)
+
+
+def _file_type_of(type_name: str) -> str:
+    """The `gguf.LlamaFileType` name of a file mostly of `type_name`."""
+    special = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M", "Q3_K": "MOSTLY_Q3_K_M"}
+    return special.get(type_name, f"MOSTLY_{type_name}")
+
+
+def _file_type(explicit: str | None, types, tensors, chosen: dict[str, str]):
+    import gguf
+
+    name = explicit or getattr(types, "file_type", None)
+    if name is None and isinstance(types, str):
+        name = _file_type_of(types)
+    if name is None:
+        counts: dict[str, int] = {}
+        for tensor_name, array in tensors:
+            if array.ndim >= 2:
+                counts[chosen[tensor_name]] = counts.get(chosen[tensor_name], 0) + array.size
+        name = _file_type_of(max(counts, key=counts.get))
+    return gguf.LlamaFileType[name]
+
+
+VOCAB = 512
+
+
+def tiny(family: str, tied: bool, seed: int = 0):
+    """A random model of `family` whose widths are multiples of 256, so that K-quants fit; weights
+    scaled as `tests.tiny.build_family` scales them (its configs are 64 wide)."""
+    import transformers as t
+
+    config = dict(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=tied,
+    )
+    if family == "qwen3":
+        # wider heads than hidden / heads; 128 because transformers' GGUF loader ignores
+        # qwen3.attention.key_length and takes Qwen3Config's default head_dim
+        config["head_dim"] = 128
+    kind = {"llama": t.LlamaConfig, "qwen2": t.Qwen2Config, "qwen3": t.Qwen3Config}[family]
+    torch.manual_seed(seed)
+    model = t.AutoModelForCausalLM.from_config(kind(**config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.mul_(0.5 if any(f"{x}_proj" in name for x in ("q", "k")) else 4.0)
+            elif "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:  # biases
+                p.copy_(0.5 * torch.randn_like(p))
+    return model.eval()
+
+
+GGUF_NAMES = [
+    (r"model\.embed_tokens\.weight", "token_embd.weight"),
+    (r"lm_head\.weight", "output.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.weight", r"blk.\1.attn_q.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.weight", r"blk.\1.attn_k.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.weight", r"blk.\1.attn_v.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", r"blk.\1.attn_output.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"blk.\1.ffn_gate.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"blk.\1.ffn_up.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blk.\1.ffn_down.weight"),
+]
+
+
+def gguf_name(name: str) -> str:
+    for pattern, replacement in GGUF_NAMES:
+        if re.fullmatch(pattern, name):
+            return re.sub(pattern, replacement, name)
+    raise KeyError(name)
+
+
+def fake_quantized(model, types) -> dict[str, str]:
+    """Each 2-D weight of `model` replaced, in place, by what its GGUF type makes of it; {gguf name: type}."""
+    chosen = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() < 2:
+                continue
+            target = gguf_name(name)
+            has_output = not model.config.tie_word_embeddings
+            kind = tensor_type(types, target, tuple(p.shape), model.config.num_hidden_layers, has_output)
+            chosen[target] = kind
+            raw = kquants.quantize(p.numpy(), kind)
+            raw = raw if raw.dtype == np.uint8 else raw.view(np.uint8)
+            values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
+            p.copy_(torch.from_numpy(values.reshape(p.shape)))
+    return chosen

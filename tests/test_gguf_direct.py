@@ -1,0 +1,89 @@
+"""A GGUF read by chatcli itself into the `gguf` lean file (gguf_lean): every tensor in its own type.
+
+Tiny random models of each family read directly (llama tied and untied, qwen2 with biases, qwen3
+with q/k norms) are written as GGUF files in K-quant mixes and single types; the native runner over
+the file's own blocks must give the logits of transformers over the same weights (each put through
+its type's quantization: `gguf_models.fake_quantized`) within the int8 activations' rounding, over a
+prefill, decode steps, a crop and a draft; and a draft's logits are bit-equal to single steps'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from chatcli.engine.runners.native import NativeRunner
+from chatcli.engine.weights.gguf_lean import Metadata, convert_gguf_lean, direct_reason
+from chatcli.engine.weights.lean_file import LeanWeights
+from tests.gguf_models import Q4_K_M, fake_quantized, tiny, uniform, write_gguf
+
+IDS = [1, 5, 17, 200, 3, 99, 42, 7, 300, 511, 2, 64]
+
+CASES = [
+    ("llama", True, Q4_K_M),
+    ("llama", False, Q4_K_M),
+    ("qwen2", False, Q4_K_M),
+    ("qwen3", True, Q4_K_M),
+    ("llama", False, uniform("Q5_K")),
+    ("llama", True, uniform("Q6_K")),
+    ("qwen2", True, uniform("Q8_0")),
+    ("llama", False, uniform("Q5_1")),
+    ("llama", False, uniform("Q4_0")),
+]
+
+
+def direct_runner(model, types, tmp_path) -> NativeRunner:
+    path = write_gguf(model, tmp_path / "model.gguf", types)
+    meta = Metadata(path)
+    assert direct_reason(meta) is None
+    lean = tmp_path / "gguf.safetensors"
+    convert_gguf_lean(path, lean, 128, "test")
+    return NativeRunner(LeanWeights(lean, "gguf", "test"), threads=2)
+
+
+@pytest.mark.parametrize(("family", "tied", "types"), CASES, ids=lambda c: getattr(c, "__name__", str(c)))
+def test_a_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family, tied, types):
+    model = tiny(family, tied)
+    runner = direct_runner(model, types, tmp_path)
+    fake_quantized(model, types)  # the reference: transformers over the weights as the file holds them
+    with torch.no_grad():
+        want = model(torch.tensor([IDS])).logits[0].numpy()  # [S, V]
+    cache = runner.new_cache()
+    got = np.concatenate([runner.verify(IDS[:8], cache), *(runner.verify([t], cache) for t in IDS[8:])])
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 0.04 * scale, (np.abs(got - want).max(), scale)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.75
+
+
+@pytest.mark.parametrize(("family", "tied", "types"), CASES[:4], ids=lambda c: getattr(c, "__name__", str(c)))
+def test_a_draft_gives_the_bits_of_single_steps(kernel, tmp_path, family, tied, types):
+    runner = direct_runner(tiny(family, tied), types, tmp_path)
+    one = runner.new_cache()
+    steps = [runner.forward(IDS[:4], one)] + [runner.forward([t], one) for t in IDS[4:9]]
+    other = runner.new_cache()
+    runner.forward(IDS[:3], other)
+    drafted = runner.verify(IDS[3:9], other)  # [6, V]
+    assert all(np.array_equal(a, b) for a, b in zip(steps, drafted, strict=True))
+    other.crop(5)  # a crop, then the same tokens again
+    again = runner.verify(IDS[5:9], other)
+    assert np.array_equal(again, drafted[2:])
+
+
+def test_the_lean_file_is_no_larger_than_the_gguf(kernel, tmp_path):
+    model = tiny("llama", False)
+    path = write_gguf(model, tmp_path / "model.gguf", Q4_K_M)
+    lean = tmp_path / "gguf.safetensors"
+    convert_gguf_lean(path, lean, 128, "test")
+    weights = LeanWeights(lean, "gguf", "test")
+    assert set(weights.config.types.split("+")) == {"Q4_K", "Q6_K"}
+    keys = ("w", "hi", "d", "m", "sc", "sm")
+    blocks = sum(i.nbytes for n, i in weights.file.tensors.items() if n.split(".")[-1] in keys)
+    in_file = sum(t.n_bytes for t in Metadata(path).tensors.values() if len(t.shape) == 2)
+    assert blocks <= 1.05 * in_file
+
+
+def test_what_is_not_read_directly_says_why(tmp_path):
+    model = tiny("llama", True)
+    path = write_gguf(model, tmp_path / "f16.gguf", "F16")
+    assert "is F16" in direct_reason(Metadata(path))
