@@ -85,7 +85,8 @@ def mapped(own_kernel_cache, monkeypatch):
 
     def cdll(path, *_a, **_k):
         seen.append((Path(path), kernels.intact(Path(path))))
-        return types.SimpleNamespace(chatcli_decode=types.SimpleNamespace(), chatcli_project=types.SimpleNamespace())
+        functions = ("chatcli_decode", "chatcli_project", "chatcli_pack")
+        return types.SimpleNamespace(**{f: types.SimpleNamespace() for f in functions})
 
     monkeypatch.setattr(kernels.ctypes, "CDLL", cdll)
     return seen

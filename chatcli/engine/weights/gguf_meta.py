@@ -96,7 +96,9 @@ def build_tokenizer(f: GGUFFile):
     vocab = {
         (t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i for i, t in enumerate(tokens)
     }
-    merges = [tuple(m.split(" ", 1)) for m in f.fields["tokenizer.ggml.merges"]]
+    pairs = (tuple(m.split(" ", 1)) for m in f.fields["tokenizer.ggml.merges"])
+    # a merge of pieces the vocabulary lacks (a cut vocabulary) could never apply: tokenizers refuses it
+    merges = [(a, b) for a, b in pairs if a in vocab and b in vocab and a + b in vocab]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     split = SPLITS[pre]
     if split is None:

@@ -103,7 +103,7 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
         c[j] = static_cast<uint8_t>(low | (high << 4));
       }
       for (int g = 0; g < 8; g++) put_group(p, type, b * groups + s * 8 + g, o, c + 32 * g);
-      return;
+      continue;  // the next super-block
     }
     p.d[at] = half_at(x);
     p.m[at] = half_at(x + 2);

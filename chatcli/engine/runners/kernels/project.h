@@ -75,6 +75,19 @@ void int8_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y
   }
 }
 
+// y[s0 + r, 16 b..16 b + 16) for R rows = sum[r] (+= with accumulate), outputs past n left alone
+template <int R>
+void store_block(const __m512* sum, const Matrix& m, int64_t b, int64_t s0, float* y, int64_t ldy, bool accumulate) {
+  const int64_t n0 = b * 16;
+  const int64_t width = std::min<int64_t>(16, m.n - n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+  for (int r = 0; r < R; r++) {
+    float* out = y + (s0 + r) * ldy + n0;
+    const __m512 val = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), sum[r]) : sum[r];
+    _mm512_mask_storeu_ps(out, mask, val);
+  }
+}
+
 // y[s, n0..n0+16) for rows s0..s0+R, q4 or q8 block b (kQuads: 4 nibble pairs or 8 byte quads a
 // group). Each group's dot is exact in int32; the row's fp32 sum adds d sx dot + m sum, groups in order.
 template <int R, int kQuads>
@@ -117,14 +130,7 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
       sum[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(in.gsum[at]), sum[r]);
     }
   }
-  const int64_t n0 = b * 16;
-  const int64_t width = std::min<int64_t>(16, m.n - n0);
-  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-  for (int r = 0; r < R; r++) {
-    float* out = y + (s0 + r) * ldy + n0;
-    const __m512 val = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), sum[r]) : sum[r];
-    _mm512_mask_storeu_ps(out, mask, val);
-  }
+  store_block<R>(sum, m, b, s0, y, ldy, accumulate);
 }
 
 // v shifted left by `bits` (right where negative), in 16-bit lanes: the bits moved stay in their byte
@@ -204,14 +210,7 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
       }
     }
   }
-  const int64_t n0 = b * 16;
-  const int64_t width = std::min<int64_t>(16, m.n - n0);
-  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-  for (int r = 0; r < R; r++) {
-    float* out = y + (s0 + r) * ldy + n0;
-    const __m512 val = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), sum[r]) : sum[r];
-    _mm512_mask_storeu_ps(out, mask, val);
-  }
+  store_block<R>(sum, m, b, s0, y, ldy, accumulate);
 }
 
 // y[s, p*64..p*64+64) for rows s0..s0+R from fp32 panel p ([k][64], zero past n)
