@@ -88,3 +88,28 @@ def test_the_table_names_both_sides(kernel):
     console = Console(record=True, width=120)
     render_shape(failed, console)
     assert "llama.cpp: RuntimeError: exit -11" in console.export_text()
+
+
+def test_gguf_type_asks_for_llama_cpps_quantizer(monkeypatch):
+    from chatcli.bench import baseline
+
+    monkeypatch.setattr(baseline, "llama_python", lambda: None)
+    result = CliRunner().invoke(bench_command, ["--shape", "llama-3.2-1b", "--gguf-type", "Q4_K_M"])
+    assert result.exit_code == 1 and "llama.cpp's own quantizer" in result.output
+    result = CliRunner().invoke(bench_command, ["--gguf-type", "Q4_K_M"])
+    assert result.exit_code == 1 and "takes --shape" in result.output
+
+
+def test_the_random_f16_gguf_is_what_the_quantizer_takes(tmp_path):
+    """`write_random_gguf`: the shape's tensors in F16 (norms F32), tied, with a tokenizer and chat
+    template that chatcli reads from the file itself."""
+    from chatcli.bench.gguf_write import write_random_gguf
+    from chatcli.engine.weights import gguf_meta
+    from chatcli.engine.weights.gguf_file import GGUFFile
+
+    fields = {**TINY, "hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 64}
+    header = GGUFFile(write_random_gguf(fields, tmp_path / "r.gguf"))
+    assert header.tensors["blk.1.ffn_down.weight"].shape == (512, 256)
+    assert header.tensors["blk.0.attn_k.weight"].type_name == "F16" and "output.weight" not in header.tensors
+    assert header.tensors["output_norm.weight"].type_name == "F32"
+    assert gguf_meta.save(header, tmp_path) and (tmp_path / "chat_template.jinja").is_file()

@@ -18,6 +18,8 @@ import sys
 
 import click
 
+from chatcli.bench.baseline import cpu_name
+from chatcli.bench.errors import BenchError
 from chatcli.errors import one_line
 from chatcli.flags import model_options
 
@@ -62,9 +64,16 @@ __all__ = ["bench_command", "run_bench"]
 )
 @click.option(
     "--shape",
-    type=click.Choice(["llama-3.2-1b", "qwen2.5-0.5b"]),
+    type=click.Choice(["llama-3.2-1b", "llama-3.2-3b", "qwen2.5-0.5b"]),
     default=None,
     help="a random model of this model's shapes instead of --model, beside llama.cpp on the same weights",
+)
+@click.option(
+    "--gguf-type",
+    default=None,
+    metavar="TYPE",
+    help="with --shape: the model as an F16 GGUF quantized to TYPE (Q4_K_M, Q5_K_M, Q6_K, Q8_0, …) by "
+    "llama.cpp's own quantizer; chatcli runs that file as `-m FILE` does, llama.cpp beside it",
 )
 @click.option("--json", "json_output", is_flag=True, help="print the result as JSON")
 def bench_command(
@@ -89,6 +98,7 @@ def bench_command(
     threads,
     repeat,
     shape,
+    gguf_type,
     json_output,
 ) -> None:
     """Measure decode, prefill, TTFT and multi-turn caching against transformers' generate()."""
@@ -118,7 +128,13 @@ def bench_command(
     from chatcli.bench import report
 
     def run() -> dict:
+        if gguf_type:
+            from chatcli.bench.gguf_types import bench_gguf_type
+
+            return bench_gguf_type(shape, model, gguf_type, max_tokens, prefill_tokens, threads, progress)
         if shape:
+            from chatcli.bench.shapes import bench_shape
+
             return bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, threads, progress)
         return run_bench(
             model=model,
@@ -152,38 +168,7 @@ def bench_command(
     if json_output:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
-        (report.render_shape if shape else report.render)(result, Console())
-
-
-class BenchError(RuntimeError):
-    """The bench cannot run as asked; one line for the user."""
-
-
-def bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, threads, progress) -> dict:
-    """`--shape`: a random model of that shape on the compiled kernel, beside llama.cpp (bench/shapes.py)."""
-    from chatcli.bench import baseline as ref
-    from chatcli.bench.shapes import run_shape
-    from chatcli.engine.load.options import QUANTIZE_CHOICES, explicit_quantize
-    from chatcli.engine.runners import kernels
-    from chatcli.engine.runners.native import kernel_threads
-
-    if model:
-        raise BenchError("--shape builds its own random model: leave out --model")
-    if quantize is not None and quantize not in QUANTIZE_CHOICES:
-        raise BenchError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
-    quantize = explicit_quantize(quantize)  # a random model has no GGUF blocks: auto is none
-    if kernels.library() is None:
-        raise BenchError(f"--shape runs on the compiled kernel, which is not available: {kernels.why_not()}")
-    result = run_shape(
-        shape,
-        quantize,
-        new_tokens=max_tokens,
-        prefill_tokens=prefill_tokens,
-        llama_python=ref.llama_python() if llama_cpp else None,
-        threads=threads or kernel_threads(),
-        progress=progress,
-    )
-    return {"cpu": _cpu_name(), **result}
+        (report.render_gguf_type if gguf_type else report.render_shape if shape else report.render)(result, Console())
 
 
 RUNNER_NAMES = {"NativeRunner": "native", "LeanRunner": "lean", "HFRunner": "hf"}
@@ -247,7 +232,7 @@ def run_bench(
     native = runner_name == "native"
     result: dict = {
         "model": engine.name,
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "device": str(getattr(engine.runner.device, "type", engine.runner.device)),
         "dtype": str(engine.runner.dtype).removeprefix("torch."),
         "runner": runner_name,
@@ -368,13 +353,3 @@ def _why_not_kernel(runner_name: str) -> str:
     if runner_name == "hf":
         return "not the lean runner"
     return kernels.why_not() or "the lean runner on torch (a GPU, bf16 weights, or an fp16 cache)"
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        import platform
-
-        return platform.processor()

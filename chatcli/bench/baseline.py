@@ -250,3 +250,14 @@ def startup(
             }
         )
     return {"runs": runs, "rows": rows}
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as figures quote it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        import platform
+
+        return platform.processor()

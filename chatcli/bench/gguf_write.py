@@ -14,28 +14,28 @@ from pathlib import Path
 import numpy as np
 
 
-def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
+def start_llama_gguf(path: Path, fields: dict, qtype: str):
+    """A GGUFWriter for a Llama of these config fields (hidden_size, num_hidden_layers, …, as a
+    LlamaConfig names them), its metadata and tokenizer written, its tensors to add."""
     import gguf
 
     from chatcli.engine.load.sources import embedded_gguf
-    from chatcli.engine.weights.lean_convert import head_rows
 
-    c = model.config
-    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
-    hd = getattr(c, "head_dim", None) or c.hidden_size // heads
-    vocab = c.vocab_size
+    heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
+    hd = fields.get("head_dim") or fields["hidden_size"] // heads
+    vocab = fields["vocab_size"]
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
+    w.add_context_length(fields.get("max_position_embeddings", 2048))
+    w.add_embedding_length(fields["hidden_size"])
+    w.add_block_count(fields["num_hidden_layers"])
+    w.add_feed_forward_length(fields["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-    w.add_layer_norm_rms_eps(float(c.rms_norm_eps))
+    w.add_rope_freq_base(float(fields.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(float(fields.get("rms_norm_eps", 1e-6)))
     w.add_vocab_size(vocab)
     w.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}") if qtype != "F32" else gguf.LlamaFileType.ALL_F32)
     source = gguf.GGUFReader(str(embedded_gguf()))
@@ -58,6 +58,64 @@ def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    template = source.fields.get("tokenizer.chat_template")
+    if template is not None:
+        w.add_chat_template(template.contents())
+    return w
+
+
+def finish(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_random_gguf(fields: dict, path: Path, seed: int = 0) -> Path:
+    """A random Llama of these shapes straight to an F16 GGUF (no transformers model, no fp32 copy of
+    the whole: each tensor drawn and rounded in turn), its embedding tied, norms 1 — llama.cpp's
+    quantizer's input for `chatcli bench --shape --gguf-type`."""
+    w = start_llama_gguf(path, fields, "F16")
+    rng = np.random.default_rng(seed)
+    d, f = fields["hidden_size"], fields["intermediate_size"]
+    heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
+    hd = fields.get("head_dim") or d // heads
+
+    def add(name: str, rows: int, cols: int) -> None:
+        w.add_tensor(name, (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16))
+
+    add("token_embd.weight", fields["vocab_size"], d)
+    for i in range(fields["num_hidden_layers"]):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, np.float32))
+        add(f"blk.{i}.attn_q.weight", heads * hd, d)
+        add(f"blk.{i}.attn_k.weight", kv_heads * hd, d)
+        add(f"blk.{i}.attn_v.weight", kv_heads * hd, d)
+        add(f"blk.{i}.attn_output.weight", d, heads * hd)
+        add(f"blk.{i}.ffn_gate.weight", f, d)
+        add(f"blk.{i}.ffn_up.weight", f, d)
+        add(f"blk.{i}.ffn_down.weight", d, f)
+    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    finish(w)
+    return path
+
+
+def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
+    from chatcli.engine.weights.lean_convert import head_rows
+
+    c = model.config
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    fields = {k: getattr(c, k) for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")}
+    fields.update(
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=getattr(c, "head_dim", None),
+        max_position_embeddings=c.max_position_embeddings,
+        rope_theta=float(c.rope_parameters["rope_theta"]),
+        rms_norm_eps=float(c.rms_norm_eps),
+    )
+    w = start_llama_gguf(path, fields, qtype)
+    import gguf
 
     quant = getattr(gguf.GGMLQuantizationType, qtype)
 
@@ -86,8 +144,5 @@ def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
     add("output_norm.weight", inner.norm.weight, False)
     if not c.tie_word_embeddings:
         add("output.weight", model.lm_head.weight)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path

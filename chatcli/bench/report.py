@@ -137,3 +137,29 @@ def render_shape(result: dict, console) -> None:
         "weights MiB", f"{ours['weights_mib']:.0f}", f"{theirs['file_mib']:.0f} (file)" if theirs else "–", ""
     )
     console.print(table)
+
+
+def render_gguf_type(result: dict, console) -> None:
+    """`chatcli bench --shape --gguf-type`: chatcli and llama.cpp on one file of that type."""
+    from rich.table import Table
+
+    ours, theirs = result["chatcli"], result.get("llama_cpp") or {}
+    title = f"random {result['shape']} · {result['gguf_type']} ({result['file_mib']:.0f} MiB) · {result['cpu']}"
+    table = Table(title=f"{title} · {result['threads']} threads")
+    for col in ("metric", f"chatcli ({ours.get('weights', '')})", "llama.cpp", "ratio"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    if theirs.get("error"):
+        table.caption = f"llama.cpp: {theirs['error']}"
+
+    def row(label: str, key: str, fmt: str) -> None:
+        a, b = ours.get(key), theirs.get(key)
+        table.add_row(label, format(a, fmt) if a else "–", format(b, fmt) if b else "–", _ratio(a, b))
+
+    row("decode tok/s", "decode_tok_s", ".1f")
+    row("prefill tok/s", "prefill_tok_s", ".0f")
+    row("first start s", "first_start_s", ".2f")
+    row("first start peak MiB", "first_start_peak_mib", ".0f")
+    row("one-shot s (median)", "oneshot_s", ".2f")
+    row("one-shot peak MiB", "oneshot_peak_mib", ".0f")
+    table.add_row("cache on disk MiB", f"{ours.get('cache_mib', 0):.0f}", "0", "")
+    console.print(table)

@@ -21,11 +21,22 @@ import sys
 import tempfile
 from pathlib import Path
 
+from chatcli.bench.errors import BenchError
+
 SHAPES = {
     "llama-3.2-1b": dict(
         hidden_size=2048,
         num_hidden_layers=16,
         num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        rope_theta=500000.0,
+    ),
+    "llama-3.2-3b": dict(
+        hidden_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=24,
         num_key_value_heads=8,
         intermediate_size=8192,
         vocab_size=128256,
@@ -84,14 +95,19 @@ def round_to(model, qtype: str) -> None:
                 p.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, kind)))
 
 
-# A child that decodes on a lean file and reports its speed and peak memory (a fresh process, so
-# VmHWM is its own).
-_CHATCLI = r"""
+# A child that decodes on a lean file (or on a model as `chatcli -m` loads it) and reports its speed and
+# peak memory (a fresh process, so VmHWM is its own).
+CHATCLI_CHILD = r"""
 import json, statistics, sys, time
 a = json.loads(sys.argv[1])
-from chatcli.engine.weights.lean_file import LeanWeights
-from chatcli.engine.runners.native import NativeRunner
-runner = NativeRunner(LeanWeights(a["path"], a["kind"], a["source"]), kv_dtype="float32", threads=a["threads"])
+if "model" in a:
+    from chatcli.engine import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    runner = load_engine(a["model"], LoadOptions(kv_dtype="float32")).runner
+else:
+    from chatcli.engine.weights.lean_file import LeanWeights
+    from chatcli.engine.runners.native import NativeRunner
+    runner = NativeRunner(LeanWeights(a["path"], a["kind"], a["source"]), kv_dtype="float32", threads=a["threads"])
 cache = runner.new_cache()
 t0 = time.perf_counter()
 runner.forward(a["prefill"], cache)
@@ -105,7 +121,7 @@ for _ in range(a["new_tokens"] - 1):
     steps.append(time.perf_counter() - t0)
 peak = next((int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")), None)
 print(json.dumps({"decode_tok_s": 1 / statistics.median(steps), "prefill_tok_s": len(a["prefill"]) / prefill_s,
-                  "weights_mib": runner.weight_bytes / 2**20, "peak_rss_kib": peak}))
+                  "weights": runner.weights_dtype, "weights_mib": runner.weight_bytes / 2**20, "peak_rss_kib": peak}))
 """
 
 
@@ -160,7 +176,7 @@ def run_shape(
         args = {"prefill": prefill, "decode": decode, "new_tokens": new_tokens, "threads": threads}
         progress(f"chatcli {kind}: decode and prefill")
         ours = _child(
-            [sys.executable, "-c", _CHATCLI, json.dumps({**args, "path": str(lean), "kind": kind, "source": name})]
+            [sys.executable, "-c", CHATCLI_CHILD, json.dumps({**args, "path": str(lean), "kind": kind, "source": name})]
         )
         result = {
             "shape": name,
@@ -185,9 +201,36 @@ def run_shape(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _child(command: list[str]) -> dict:
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+def _child(command: list[str], env: dict | None = None) -> dict:
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         lines = (proc.stderr or "").strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"exit status {proc.returncode}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_shape(shape, model, quantize, max_tokens, prefill_tokens, llama_cpp, threads, progress) -> dict:
+    """`--shape`: a random model of that shape on the compiled kernel, beside llama.cpp (bench/shapes.py)."""
+    from chatcli.bench import baseline as ref
+    from chatcli.bench.shapes import run_shape
+    from chatcli.engine.load.options import QUANTIZE_CHOICES, explicit_quantize
+    from chatcli.engine.runners import kernels
+    from chatcli.engine.runners.native import kernel_threads
+
+    if model:
+        raise BenchError("--shape builds its own random model: leave out --model")
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise BenchError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
+    quantize = explicit_quantize(quantize)  # a random model has no GGUF blocks: auto is none
+    if kernels.library() is None:
+        raise BenchError(f"--shape runs on the compiled kernel, which is not available: {kernels.why_not()}")
+    result = run_shape(
+        shape,
+        quantize,
+        new_tokens=max_tokens,
+        prefill_tokens=prefill_tokens,
+        llama_python=ref.llama_python() if llama_cpp else None,
+        threads=threads or kernel_threads(),
+        progress=progress,
+    )
+    return {"cpu": ref.cpu_name(), **result}
