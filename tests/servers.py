@@ -58,7 +58,9 @@ class Server:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        from chatcli.server.http import uvicorn_config
+
+        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def start(self) -> Server:
@@ -87,6 +89,7 @@ class Server:
 
     def post(self, body, **kwargs) -> httpx.Response:
         kwargs.setdefault("timeout", TIMEOUT)
+        kwargs.setdefault("headers", {"Content-Type": "application/json"})  # also where `body` is None
         return httpx.post(self.url + "/v1/chat/completions", json=body, **kwargs)
 
 

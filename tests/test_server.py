@@ -263,10 +263,11 @@ def test_invalid_requests_get_an_openai_style_400(tiny_engine, serve):
         error = r.json()["error"]
         assert error["type"] == "invalid_request_error" and error["param"] == param, body
         assert error["message"] and "\n" not in error["message"]
-    r = httpx.post(server.url + "/v1/chat/completions", content=b'{"messages": [', timeout=TIMEOUT)
+    as_json = {"Content-Type": "application/json"}
+    r = httpx.post(server.url + "/v1/chat/completions", content=b'{"messages": [', headers=as_json, timeout=TIMEOUT)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     for raw in (b"\xff\xfe", b"[" * 100_000, b""):
-        r = httpx.post(server.url + "/v1/chat/completions", content=raw, timeout=TIMEOUT)
+        r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers=as_json, timeout=TIMEOUT)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     assert httpx.get(server.url + "/v1/nothing", timeout=TIMEOUT).json()["error"]["code"] == "not_found"
     assert httpx.get(server.url + "/v1/chat/completions", timeout=TIMEOUT).status_code == 405
@@ -317,7 +318,8 @@ def test_bodies_over_the_cap_get_a_413(tiny_engine, serve):
         for _ in range(10):
             yield b" " * 500
 
-    r = httpx.post(server.url + "/v1/chat/completions", content=chunks(), timeout=TIMEOUT)
+    as_json = {"Content-Type": "application/json"}
+    r = httpx.post(server.url + "/v1/chat/completions", content=chunks(), headers=as_json, timeout=TIMEOUT)
     assert r.status_code == 413
     assert server.post({"messages": USER, "max_tokens": 4}).status_code == 200  # just under the cap: served
 

@@ -11,13 +11,18 @@ the loaded model). One `GenerationWorker` thread runs the engine, one request at
 time; each response waits on its own asyncio queue, fed from that thread with
 `loop.call_soon_threadsafe`, while a watcher task listens for the client's
 disconnect and sets the job's cancel event. Errors are OpenAI-shaped JSON:
-400 for bad input, 401 without the API key, 413 past the body cap.
+400 for bad input, 401 without the API key, 403 for a Host a loopback server does not answer
+(`allowed_hosts`: DNS rebinding), 408 for a body that takes over `BODY_TIMEOUT` s, 413 past the
+body cap, 415 for a body that is not sent as JSON (a web page's form or `text/plain` post needs no
+CORS preflight: only `application/json` is read), 503 (with `Retry-After`) while the model loads or
+the queue is full. The connection's own timeouts are in `http.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import threading
@@ -31,7 +36,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -47,11 +52,52 @@ log = logging.getLogger("chatcli.server")
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than a full context of text
 DEFAULT_CACHE_BUDGET_BYTES = 1 << 30  # 1 GiB of KV cache across the pooled sessions
+BODY_TIMEOUT = 30.0  # seconds a request's body may take to arrive (a stalled upload is a 408)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 
 def error_response(err: APIError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
+    if err.status == 503:
+        headers["Retry-After"] = schema.RETRY_AFTER
+    return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
+
+
+class HostCheck:
+    """A loopback server answers only requests whose `Host` is a loopback name (localhost, 127.0.0.1,
+    [::1], any port), as Jupyter and llama-server do: a web page on another name that a DNS rebinding
+    points at 127.0.0.1 gets a 403, not the model."""
+
+    def __init__(self, app, allowed: tuple[str, ...]) -> None:
+        self.app = app
+        self.allowed = {h.lower() for h in allowed}
+
+    def permits(self, host: str) -> bool:
+        name = host.strip().lower()
+        if name.startswith("["):
+            name = name[: name.find("]") + 1]
+        else:
+            name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+        if name in self.allowed:
+            return True
+        try:
+            return ipaddress.ip_address(name.strip("[]")).is_loopback
+        except ValueError:
+            return False
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            host = next((v for k, v in scope["headers"] if k == b"host"), None)
+            if host is not None and not self.permits(host.decode("latin-1")):
+                err = APIError(
+                    403,
+                    f"Host {host.decode('latin-1')!r} is not one this loopback server answers "
+                    f"({', '.join(sorted(self.allowed))}): bind to another address to serve other names",
+                    code="host_not_allowed",
+                )
+                await error_response(err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BearerAuth:
@@ -71,7 +117,8 @@ class BearerAuth:
             ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
             if not ok and scope.get("path") == "/health":
                 code, body = self.status()
-                await JSONResponse(body, status_code=code)(scope, receive, send)
+                headers = {"Retry-After": schema.RETRY_AFTER} if code == 503 else None
+                await JSONResponse(body, status_code=code, headers=headers)(scope, receive, send)
                 return
             if not ok:
                 err = APIError(
@@ -82,8 +129,9 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-async def read_body(request: Request, cap: int) -> bytes:
-    """The request body, or a 413 as soon as it is known to pass `cap` bytes."""
+async def read_body(request: Request, cap: int, timeout: float = BODY_TIMEOUT) -> bytes:
+    """The request body, or a 413 as soon as it is known to pass `cap` bytes, a 408 where it takes
+    over `timeout` s, and a 400 (no traceback in the log) where the client leaves while sending it."""
     too_large = APIError(413, f"the request body is over the limit of {cap} bytes", code="request_too_large")
     length = request.headers.get("content-length")
     if length is not None:
@@ -92,12 +140,25 @@ async def read_body(request: Request, cap: int) -> bytes:
         if int(length) > cap:
             raise too_large
     chunks, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > cap:
-            raise too_large
-        chunks.append(part)
+    try:
+        with anyio.fail_after(timeout):
+            async for part in request.stream():
+                size += len(part)
+                if size > cap:
+                    raise too_large
+                chunks.append(part)
+    except TimeoutError:
+        raise APIError(408, f"the request body took over {timeout:g} s to arrive", code="request_timeout") from None
+    except ClientDisconnect:
+        log.info("a client disconnected while sending its request body")
+        raise APIError(400, "the client disconnected while sending its body", code="client_disconnected") from None
     return b"".join(chunks)
+
+
+def is_json(content_type: str) -> bool:
+    """`application/json` (any parameters, e.g. a charset) or a `+json` type."""
+    mime = content_type.split(";", 1)[0].strip().lower()
+    return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
 
 
 @dataclass
@@ -146,12 +207,15 @@ def create_app(
     pool: SessionPool | None = None,
     max_pending: int = 64,
     cors_origins: tuple[str, ...] = (),
+    allowed_hosts: tuple[str, ...] | None = None,
+    body_timeout: float = BODY_TIMEOUT,
 ) -> Starlette:
     """The server for `engine`; its worker thread starts with the app's lifespan (or the first request).
     Or, with `engine` None, for the engine `load()` returns: called in a thread when the app starts,
     the routes answer 503 (`/health` {"status": "loading"}) until it is there; a load that raises
     leaves them at 503 with its message, which `on_load_failure` also gets (`chatcli serve` stops).
-    `cors_origins`: the web origins whose pages may call it (`*`: any); none by default."""
+    `cors_origins`: the web origins whose pages may call it (`*`: any); none by default.
+    `allowed_hosts`: the only `Host` names answered (`HostCheck`; `chatcli serve` on loopback); None: any."""
     if (engine is None) == (load is None):
         raise ValueError("create_app takes an engine or a load function")
     defaults = defaults or SamplingParams()
@@ -181,7 +245,13 @@ def create_app(
         attach(found, start=True)
 
     async def read_json(request: Request):
-        body = await read_body(request, max_body_bytes)
+        if not is_json(request.headers.get("content-type", "")):
+            raise APIError(
+                415,
+                "send the body as JSON, with 'Content-Type: application/json'",
+                code="unsupported_media_type",
+            )
+        body = await read_body(request, max_body_bytes, body_timeout)
         try:
             return json.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -240,7 +310,9 @@ def create_app(
             requests = {"served": b.worker.served, "cancelled": b.worker.cancelled, "failed": b.worker.failed}
             body = {**body, "model": b.engine.name, "pending": b.worker.pending, "requests": requests}
             body["cache"] = b.pool.stats()
-        return JSONResponse(body, status_code=code)
+        return JSONResponse(
+            body, status_code=code, headers={"Retry-After": schema.RETRY_AFTER} if code == 503 else None
+        )
 
     async def on_api_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
@@ -285,6 +357,8 @@ def create_app(
             max_age=600,
         )
         middleware.insert(0, cors)
+    if allowed_hosts is not None:  # outermost: a rebinding page's preflight is refused too
+        middleware.insert(0, Middleware(HostCheck, allowed=allowed_hosts))
     app = Starlette(
         routes=routes,
         middleware=middleware,

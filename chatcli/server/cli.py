@@ -41,6 +41,16 @@ def bind_warning(host: str, api_key: str | None) -> str | None:
     )
 
 
+def serving_line(host: str, port: int) -> str:
+    """What `chatcli serve` prints once its socket is bound: the API's URL (an IPv6 host in brackets, once)."""
+    bare = host.strip().strip("[]")
+    shown = f"[{bare}]" if ":" in bare else bare
+    return (
+        f"Serving at http://{shown}:{port}/v1 (OpenAI-compatible; /health says loading until the model is ready; "
+        "Ctrl-C stops)"
+    )
+
+
 def _fail(message: str, code: int = 1):
     click.echo(f"chatcli: error: {message}", err=True)
     raise click.exceptions.Exit(code)
@@ -159,7 +169,8 @@ def serve(
     import uvicorn
 
     from chatcli.engine import default_budget_bytes
-    from chatcli.server.app import create_app
+    from chatcli.server.app import LOOPBACK_HOSTS, create_app
+    from chatcli.server.http import bind, uvicorn_config
 
     if cache_budget_bytes is None:
         cache_budget_bytes = default_budget_bytes()
@@ -180,18 +191,19 @@ def serve(
         defaults=defaults,
         max_pending=max_queue,
         cors_origins=cors_origins,
+        allowed_hosts=LOOPBACK_HOSTS if is_loopback(host) else None,
     )
-    shown = f"[{host}]" if ":" in host else host
-    click.echo(
-        f"Serving at http://{shown}:{port}/v1 (OpenAI-compatible; /health says loading until the model is ready; "
-        "Ctrl-C stops)",
-        err=True,
-    )
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+    bare = host.strip("[]")
+    config = uvicorn_config(app, host=bare, port=port, log_level=log_level.lower())
     server = uvicorn.Server(config)
     try:
-        server.run()
-    except OSError as exc:  # e.g. the port is taken
+        sock = bind(bare, port)  # before "Serving at": a port in use is one line, and nothing else
+    except OSError as exc:
+        _fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
+    click.echo(serving_line(host, port), err=True)
+    try:
+        server.run(sockets=[sock])
+    except OSError as exc:
         _fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
     if failed:
         _fail(failed[0])

@@ -170,6 +170,8 @@ class CompletionResponse(Response):
     async def _send_json(send, status: int, body: dict, extra: list | None = None) -> None:
         payload = _json(body)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        if status == 503:  # busy: as app.error_response, a hint when to try again
+            headers.append((b"retry-after", schema.RETRY_AFTER.encode()))
         headers += extra or []
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})

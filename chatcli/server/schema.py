@@ -34,6 +34,9 @@ MAX_STOPS = 4
 FIELD_OF = {setting.name: name for name, setting in settings()}
 
 
+RETRY_AFTER = "2"  # seconds a 503 asks the client to wait (the model loading, a full queue)
+
+
 class APIError(Exception):
     def __init__(
         self,
