@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -101,18 +102,21 @@ def run_oneshot(
         raise UserError(str(exc)) from None
 
 
-def stream_reply(engine, conversation, session, params, out, scored: list | None = None):
+def stream_reply(engine, conversation, session, params, out, scored: list | None = None, accepted=None):
     """Run one turn, writing text pieces to `out` (None: don't) as they come, and each token's
-    log-probabilities into `scored` (where the params ask for them; see `engine.sample.logprobs`).
+    log-probabilities into `scored` (where the params ask for them; see `engine.sample.logprobs`);
+    `accepted()` is called once the engine has taken the prompt (its prefill is done).
 
     Returns (Finished, pieces), or (None, pieces) when Ctrl+C stopped it.
     """
-    from chatcli.engine import ContextOverflow, Finished, RemoteError, Token
+    from chatcli.engine import ContextOverflow, Finished, Prefilled, RemoteError, Token
 
     pieces: list[str] = []
     cancel = threading.Event()
     try:
         for event in engine.generate(conversation.for_template(), session, params, cancel):
+            if isinstance(event, Prefilled) and accepted is not None:
+                accepted()
             if isinstance(event, Token) and scored is not None:
                 from chatcli.engine import token_entry
 
@@ -136,73 +140,92 @@ def stream_reply(engine, conversation, session, params, out, scored: list | None
 
 
 def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, resume, continue_last: bool) -> int:
-    from dataclasses import asdict
-
-    from chatcli.chat.saved import kv_path, save_kv
     from chatcli.chat.store import Store, StoreError
-    from chatcli.engine import FinishReason
 
     try:
         store = Store()
         conversation, new = open_conversation(store, start, resume, continue_last)
     except StoreError as exc:
         raise UserError(str(exc)) from None
+    turn = contextlib.nullcontext() if new else store.turn_lock(conversation.id)
     try:
-        engine = load_engine(start)
-        check_format(engine, start.params)
-        if new:
-            store.create(conversation, engine.name)
-        store.add_message(conversation.id, conversation.add_user(text))
-        session = engine.new_session()
-        kv = kv_path(store, conversation.id)
-        if not new:  # a cache saved by an earlier run spares the history's prefill
-            engine.restore_session(session, kv)
-        out = sys.stdout
-        scored = [] if json_out and start.params.logprobs is not None else None
-        if scored is not None and not hasattr(engine, "tokenizer"):
-            raise UserError("--logprobs needs the in-process engine (a server's logprobs are not read)")
-        done, pieces = stream_reply(engine, conversation, session, start.params, out if not json_out else None, scored)
-        if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
-            store.add_message(
-                conversation.id, conversation.add_reply("".join(pieces), FinishReason.CANCELLED), asdict(start.params)
-            )
-            if pieces and not json_out:
-                out.write("\n")
-                out.flush()
-            return 130
-        reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
-        store.add_message(conversation.id, reply, asdict(start.params))
-        if json_out:
-            record = {
-                "model": engine.name,
-                "conversation": conversation.id,
-                "reply": done.reply,
-                "finish_reason": done.finish_reason,
-                "stats": done.stats.to_dict(),
-            }
-            if done.error:
-                record["error"] = done.error
-            if scored is not None:
-                record["logprobs"] = scored
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        elif pieces and not pieces[-1].endswith("\n"):
-            out.write("\n")
-        out.flush()
-        # After the reply's last line (a warning must not run on from it in a terminal); the reply
-        # is in the store already, so a cache that cannot be written costs only the next -c a prefill.
-        not_saved = save_kv(engine, session, kv)
-        if not_saved:
-            sys.stderr.write(
-                f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n"
-            )
-        if show_stats:
-            sys.stderr.write(done.stats.summary() + "\n")
-        if start.params.response_format is not None and done.finish_reason == FinishReason.LENGTH:
-            sys.stderr.write("chatcli: error: the reply reached --max-tokens before its JSON was complete\n")
-            return 1
-        if done.error:  # a stream cut mid-reply: what came is printed and saved, the exit says it is partial
-            sys.stderr.write(f"chatcli: error: {done.error} (the reply above is partial)\n")
-            return 1
-        return 0
+        with turn:
+            return _turn(store, start, text, json_out, show_stats, conversation, new)
     finally:
         store.close()  # WAL checkpoint: the process may leave without interpreter teardown
+
+
+def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: bool, conversation, new: bool) -> int:
+    """One exchange in `conversation` (a saved one under its turn lock): the prompt saved once the engine
+    takes it (a prompt refused as too long is not), the reply after it."""
+    from dataclasses import asdict
+
+    from chatcli.chat.saved import kv_path, save_kv
+    from chatcli.engine import FinishReason
+
+    if not new:  # another process may have answered in it while this one waited for the lock
+        conversation, _ = open_conversation(store, start, conversation.id, False)
+    engine = load_engine(start)
+    check_format(engine, start.params)
+    prompt = conversation.add_user(text)
+    saved = []
+
+    def accepted() -> None:  # the prompt, once the engine takes it (or with its reply)
+        if not saved:
+            if new:
+                store.create(conversation, engine.name, messages=False)
+            store.add_message(conversation.id, prompt)
+            saved.append(prompt)
+
+    session = engine.new_session()
+    kv = kv_path(store, conversation.id)
+    if not new:  # a cache saved by an earlier run spares the history's prefill
+        engine.restore_session(session, kv)
+    out = sys.stdout
+    scored = [] if json_out and start.params.logprobs is not None else None
+    if scored is not None and not hasattr(engine, "tokenizer"):
+        raise UserError("--logprobs needs the in-process engine (a server's logprobs are not read)")
+    done, pieces = stream_reply(
+        engine, conversation, session, start.params, out if not json_out else None, scored, accepted
+    )
+    accepted()
+    if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
+        store.add_message(
+            conversation.id, conversation.add_reply("".join(pieces), FinishReason.CANCELLED), asdict(start.params)
+        )
+        if pieces and not json_out:
+            out.write("\n")
+            out.flush()
+        return 130
+    reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
+    store.add_message(conversation.id, reply, asdict(start.params))
+    if json_out:
+        record = {
+            "model": engine.name,
+            "conversation": conversation.id,
+            "reply": done.reply,
+            "finish_reason": done.finish_reason,
+            "stats": done.stats.to_dict(),
+        }
+        if done.error:
+            record["error"] = done.error
+        if scored is not None:
+            record["logprobs"] = scored
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    elif pieces and not pieces[-1].endswith("\n"):
+        out.write("\n")
+    out.flush()
+    # After the reply's last line (a warning must not run on from it in a terminal); the reply
+    # is in the store already, so a cache that cannot be written costs only the next -c a prefill.
+    not_saved = save_kv(engine, session, kv)
+    if not_saved:
+        sys.stderr.write(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n")
+    if show_stats:
+        sys.stderr.write(done.stats.summary() + "\n")
+    if start.params.response_format is not None and done.finish_reason == FinishReason.LENGTH:
+        sys.stderr.write("chatcli: error: the reply reached --max-tokens before its JSON was complete\n")
+        return 1
+    if done.error:  # a stream cut mid-reply: what came is printed and saved, the exit says it is partial
+        sys.stderr.write(f"chatcli: error: {done.error} (the reply above is partial)\n")
+        return 1
+    return 0

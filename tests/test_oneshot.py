@@ -197,3 +197,37 @@ def test_a_structured_reply_cut_by_max_tokens_exits_1(cli):
     assert result.returncode == 1
     assert "before its JSON was complete" in one_error_line(result)
     assert result.stdout.decode().startswith("[")  # what came is printed
+
+
+def saved_roles(data_dir) -> list[list[str]]:
+    """Each saved conversation's message roles, oldest conversation first."""
+    import sqlite3
+
+    db = sqlite3.connect(data_dir / "chatcli.db")
+    try:
+        ids = [row[0] for row in db.execute("SELECT id FROM conversations ORDER BY created")]
+        query = "SELECT role FROM messages WHERE conversation_id=? ORDER BY id"
+        return [[role for (role,) in db.execute(query, (i,))] for i in ids]
+    finally:
+        db.close()
+
+
+def test_a_refused_prompt_is_not_saved(cli, tmp_path):
+    too_long = "lazy dog " * 400
+    assert cli("-p", too_long).returncode == 1  # a new conversation: none is made
+    assert not (tmp_path / "data" / "chatcli.db").exists() or saved_roles(tmp_path / "data") == []
+    assert cli("-p", "hi", "--max-tokens", "2").returncode == 0
+    for _ in range(3):  # -c: the conversation keeps its one exchange
+        assert cli("-c", "-p", too_long).returncode == 1
+    assert saved_roles(tmp_path / "data") == [["user", "assistant"]]
+
+
+def test_parallel_continues_save_whole_exchanges(cli, tmp_path, tiny_model_dir):
+    """Processes answering in one conversation at once: each prompt lands with its own reply."""
+    assert cli("-p", "hi", "--max-tokens", "2").returncode == 0
+    env = {**os.environ, "CHATCLI_CONFIG": str(cli.config), "CHATCLI_DATA_DIR": str(tmp_path / "data")}
+    argv = [sys.executable, "-m", "chatcli", "--model", str(tiny_model_dir), "-c", "--max-tokens", "6"]
+    runs = [subprocess.Popen([*argv, "-p", f"question {i}"], env=env, stdout=subprocess.DEVNULL) for i in range(4)]
+    assert [p.wait(120) for p in runs] == [0] * 4
+    (roles,) = saved_roles(tmp_path / "data")
+    assert roles == ["user", "assistant"] * 5
