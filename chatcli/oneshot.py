@@ -147,7 +147,9 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
         conversation, new = open_conversation(store, start, resume, continue_last)
     except StoreError as exc:
         raise UserError(str(exc)) from None
-    turn = contextlib.nullcontext() if new else store.turn_lock(conversation.id)
+    from chatcli.chat.locks import turn_lock
+
+    turn = contextlib.nullcontext() if new else turn_lock(store.path.parent, conversation.id)
     try:
         with turn:
             return _turn(store, start, text, json_out, show_stats, conversation, new)

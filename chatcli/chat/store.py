@@ -13,7 +13,6 @@ conversation's parent and fork point, for branches (`/edit`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 import time
@@ -164,26 +163,6 @@ class Store:
             )
             for message in conversation.messages if messages else ():
                 self._insert(conversation.id, message, None, now)
-
-    @contextlib.contextmanager
-    def turn_lock(self, conversation_id: str):
-        """Held for a whole turn (the prompt saved, the reply generated and saved): processes answering
-        in one conversation at once take turns, each reading the conversation as the one before left it,
-        so that every prompt lands with its own reply, in order (`locks/ID.lock` beside the database:
-        an advisory lock the OS drops with a process that dies holding it)."""
-        import fcntl
-
-        folder = self.path.parent / "locks"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            handle = open(folder / f"{conversation_id}.lock", "a+")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise StoreError(f"cannot lock the conversation in {folder}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            yield
-        finally:
-            handle.close()  # and with it the lock
 
     def add_message(self, conversation_id: str, message: Message, sampling: dict | None = None) -> None:
         now = time.time()
