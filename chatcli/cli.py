@@ -131,6 +131,11 @@ def start_options(
 @click.option("--stats", is_flag=True, help="One-shot: a stats line on stderr.")
 @click.option("--continue", "-c", "continue_last", is_flag=True, help="Continue the most recent conversation.")
 @click.option("--conversation", default=None, help="Continue this conversation (an id from 'chatcli history').")
+@click.option(
+    "--save/--no-save",
+    default=None,
+    help="One-shot: save the exchange as a conversation (default: yes, or the config's save = false).",
+)
 @CACHE_BUDGET.option()
 @click.pass_context
 def app(
@@ -147,6 +152,7 @@ def app(
     stats,
     continue_last,
     conversation,
+    save,
     cache_budget,
     **flags,
 ) -> None:
@@ -163,6 +169,7 @@ def app(
         **flags,
     )
     start.continue_last, start.conversation = continue_last, conversation
+    start.save = start.config.save if save is None else save
     start.cache_budget_bytes = cache_budget  # bytes (flags.Size); None: the pool's default
     piped = not sys.stdin.isatty()
     if prompt is None and not piped:

@@ -38,7 +38,7 @@ from chatcli.engine import (
 from chatcli.paths import config_file
 
 SAMPLING_KEYS = tuple(name for name, setting in settings() if setting.config)  # the SamplingParams fields
-TOP_KEYS = ("model", "api", "api_key", "theme", "system", "sampling", "presets")
+TOP_KEYS = ("model", "api", "api_key", "theme", "system", "save", "sampling", "presets")
 TEXT_KEYS = ("model", "api", "api_key", "theme", "system")
 
 
@@ -56,6 +56,7 @@ class Config:
     api: str | None = None  # an OpenAI-compatible server's URL: the replies come from there
     api_key: str | None = None
     presets: dict[str, Preset] = field(default_factory=dict)
+    save: bool = True  # one-shots saved as conversations (`save = false`: --no-save by default)
 
     def params(self, base: SamplingParams | None = None) -> SamplingParams:
         """`base` (the defaults) with the [sampling] values; ConfigError for a wrong type or range."""
@@ -141,6 +142,9 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"{path}: unknown [sampling] key {bad[0]!r} (known: {', '.join(SAMPLING_KEYS)})")
     config = Config(path, data.get("model"), data.get("theme"), data.get("system"), dict(sampling))
     config.api, config.api_key = data.get("api"), data.get("api_key")
+    if not isinstance(data.get("save", True), bool):
+        raise ConfigError(f"{path}: save must be true or false")
+    config.save = data.get("save", True)
     config.presets = _presets(path, data.get("presets", {}))
     config.params()  # validate the values now, with the file's name in the message
     for preset in config.presets.values():

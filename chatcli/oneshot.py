@@ -142,6 +142,10 @@ def stream_reply(engine, conversation, session, params, out, scored: list | None
 def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, resume, continue_last: bool) -> int:
     from chatcli.chat.store import Store, StoreError
 
+    if not start.save and not (continue_last or resume):  # --no-save: nothing to read, nothing to write
+        from chatcli.chat.conversation import Conversation
+
+        return _turn(None, start, text, json_out, show_stats, Conversation(system=start.system), True)
     try:
         store = Store()
         conversation, new = open_conversation(store, start, resume, continue_last)
@@ -149,7 +153,7 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
         raise UserError(str(exc)) from None
     from chatcli.chat.locks import turn_lock
 
-    turn = contextlib.nullcontext() if new else turn_lock(store.path.parent, conversation.id)
+    turn = contextlib.nullcontext() if new or not start.save else turn_lock(store.path.parent, conversation.id)
     try:
         with turn:
             return _turn(store, start, text, json_out, show_stats, conversation, new)
@@ -159,13 +163,15 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
 
 def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: bool, conversation, new: bool) -> int:
     """One exchange in `conversation` (a saved one under its turn lock): the prompt saved once the engine
-    takes it (a prompt refused as too long is not), the reply after it."""
+    takes it (a prompt refused as too long is not), the reply after it; nothing saved with --no-save
+    (`store` None: no saved conversation read either)."""
     from dataclasses import asdict
 
     from chatcli.chat.saved import kv_path, save_kv
     from chatcli.engine import FinishReason
 
-    if not new:  # another process may have answered in it while this one waited for the lock
+    saving = store is not None and start.save
+    if saving and not new:  # another process may have answered in it while this one waited for the lock
         conversation, _ = open_conversation(store, start, conversation.id, False)
     engine = load_engine(start)
     check_format(engine, start.params)
@@ -173,15 +179,15 @@ def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: boo
     saved = []
 
     def accepted() -> None:  # the prompt, once the engine takes it (or with its reply)
-        if not saved:
+        if saving and not saved:
             if new:
                 store.create(conversation, engine.name, messages=False)
             store.add_message(conversation.id, prompt)
             saved.append(prompt)
 
     session = engine.new_session()
-    kv = kv_path(store, conversation.id)
-    if not new:  # a cache saved by an earlier run spares the history's prefill
+    kv = kv_path(store, conversation.id) if store is not None else None
+    if kv is not None and not new:  # a cache saved by an earlier run spares the history's prefill
         engine.restore_session(session, kv)
     out = sys.stdout
     scored = [] if json_out and start.params.logprobs is not None else None
@@ -192,19 +198,20 @@ def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: boo
     )
     accepted()
     if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
-        store.add_message(
-            conversation.id, conversation.add_reply("".join(pieces), FinishReason.CANCELLED), asdict(start.params)
-        )
+        stopped = conversation.add_reply("".join(pieces), FinishReason.CANCELLED)
+        if saving:
+            store.add_message(conversation.id, stopped, asdict(start.params))
         if pieces and not json_out:
             out.write("\n")
             out.flush()
         return 130
     reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
-    store.add_message(conversation.id, reply, asdict(start.params))
+    if saving:
+        store.add_message(conversation.id, reply, asdict(start.params))
     if json_out:
         record = {
             "model": engine.name,
-            "conversation": conversation.id,
+            "conversation": conversation.id if saving else None,
             "reply": done.reply,
             "finish_reason": done.finish_reason,
             "stats": done.stats.to_dict(),
@@ -219,7 +226,7 @@ def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: boo
     out.flush()
     # After the reply's last line (a warning must not run on from it in a terminal); the reply
     # is in the store already, so a cache that cannot be written costs only the next -c a prefill.
-    not_saved = save_kv(engine, session, kv)
+    not_saved = save_kv(engine, session, kv) if saving else None
     if not_saved:
         sys.stderr.write(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n")
     if show_stats:

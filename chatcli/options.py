@@ -26,6 +26,7 @@ class StartOptions:
     cache_budget_bytes: int | None = None  # --cache-budget; None: chatcli.engine.kv.pool.default_budget_bytes()
     api: str | None = None  # --api URL (or the config's `api`): a remote engine instead of a model here
     api_key: str | None = None
+    save: bool = True  # one-shot: save the exchange (--save / --no-save, else the config's `save`)
 
     def load_engine(self, status=None):
         """The engine to answer with: a remote one over `api`, else the model loaded here (slow the

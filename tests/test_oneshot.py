@@ -231,3 +231,21 @@ def test_parallel_continues_save_whole_exchanges(cli, tmp_path, tiny_model_dir):
     assert [p.wait(120) for p in runs] == [0] * 4
     (roles,) = saved_roles(tmp_path / "data")
     assert roles == ["user", "assistant"] * 5
+
+
+def test_no_save_answers_without_a_trace(cli, tmp_path):
+    """--no-save (or `save = false` in the config, which --save overrides): a reply, no conversation."""
+    data = tmp_path / "data"
+    result = cli("-p", "hi", "--max-tokens", "2", "--no-save", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout)["conversation"] is None
+    assert not data.exists()  # not even the database: nothing read, nothing written
+    assert cli("-p", "hi", "--max-tokens", "2").returncode == 0
+    assert saved_roles(data) == [["user", "assistant"]]
+    cli.config.write_text("save = false\n")
+    assert cli("-c", "-p", "again", "--max-tokens", "2").returncode == 0  # reads the history, writes nothing
+    assert cli("-p", "new", "--max-tokens", "2").returncode == 0
+    assert saved_roles(data) == [["user", "assistant"]]
+    assert cli("-p", "kept", "--max-tokens", "2", "--save").returncode == 0
+    assert saved_roles(data) == [["user", "assistant"], ["user", "assistant"]]
+    cli.config.write_text('save = "no"\n')
+    assert "save must be true or false" in one_error_line(cli("-p", "hi"))
