@@ -88,6 +88,8 @@ def test_export_and_import_round_trip_with_one_line_errors(chats, tmp_path):
     path = chats.export(conv, str(tmp_path / "c.json"))
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["messages"][0]["content"] == "question" and data["model"] == "fake-model"
+    saved = chats.store.export(conv.id)  # /save writes the times `chatcli export` does
+    assert (data["created"], data["updated"]) == (saved["created"], saved["updated"]) and data["created"] > 1e9
     assert chats.export(conv, str(tmp_path / "c.md")).read_text(encoding="utf-8").startswith("# question")
     copy = chats.import_file(str(path))
     assert copy.id != conv.id and [m.content for m in copy.messages] == ["question", "hi"]

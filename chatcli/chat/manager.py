@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -270,12 +271,25 @@ class Chats:
     def export(self, conv: Conversation, name: str) -> Path:
         """Write the conversation to `name` (.md or .json); raises `ChatsError`."""
         path = Path(name).expanduser()
-        text = render_export(to_export(conv, self.model), export_format(name))
+        text = render_export(to_export(conv, self.model, *self._times(conv)), export_format(name))
         try:
             path.write_text(text + "\n", encoding="utf-8")
         except OSError as exc:
             raise ChatsError(f"cannot write {name}: {exc.strerror or exc}") from None
         return path
+
+    def _times(self, conv: Conversation) -> tuple[float, float]:
+        """(created, updated) as the store has them, as `chatcli export` writes them; an unsaved
+        conversation's both now (it was 0.0, 1970, in every /save)."""
+        if self.store is not None and conv.id in self.stored:
+            try:
+                saved = self.store.export(conv.id)
+                if saved is not None:
+                    return saved["created"], saved["updated"]
+            except STORE_ERRORS as exc:
+                self.store_failed(exc)
+        now = time.time()
+        return now, now
 
     def import_file(self, name: str) -> Conversation:
         """A JSON export read as a new conversation (saved when the store works); raises `ChatsError`."""
