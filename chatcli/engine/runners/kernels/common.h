@@ -57,8 +57,14 @@ struct Rows {  // the activation rows a projection reads
   const int32_t* hsum;  // [count, kp/16] the sum of xq over each 16 inputs (Q6_K's offset of 32)
 };
 
-// the kinds whose activations are int8 per group of 32 (gs, gsum, hsum)
+// the kinds whose activations are int8 per group of 32 (gs, gsum)
 inline bool grouped(const Matrix& m) { return m.kind >= WEIGHT_Q4 && m.kind != WEIGHT_I8; }
+
+// whether a projection (or one of its parts) is Q6_K, the one kind that reads the sums per 16 inputs (hsum)
+inline bool reads_hsum(const Matrix& m) {
+  if (m.kind == WEIGHT_PARTS) return std::any_of(m.parts, m.parts + m.n_parts, reads_hsum);
+  return m.kind == WEIGHT_Q6K;
+}
 
 inline float bf16_to_float(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;

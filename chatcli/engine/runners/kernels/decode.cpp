@@ -136,11 +136,13 @@ Rows prepare(const Matrix& m, const float* src, int64_t lds, int64_t count, bool
       const int64_t groups = m.kp / 32;
       int8_t* xq = reinterpret_cast<int8_t*>(sc.xq.data()) + s * m.kp;
       quantize_groups(x, m.k, m.kp, xq, &sc.gs[s * groups], &sc.gsum[s * groups]);
-      int32_t* hs = &sc.hsum[s * (m.kp / 16)];
-      for (int64_t h = 0; h < m.kp / 16; h++) {
-        int32_t t = 0;
-        for (int i = 0; i < 16; i++) t += xq[h * 16 + i];
-        hs[h] = t;
+      if (reads_hsum(m)) {
+        int32_t* hs = &sc.hsum[s * (m.kp / 16)];
+        for (int64_t h = 0; h < m.kp / 16; h++) {
+          int32_t t = 0;
+          for (int i = 0; i < 16; i++) t += xq[h * 16 + i];
+          hs[h] = t;
+        }
       }
     }
   }
