@@ -87,7 +87,8 @@ def test_each_projection_is_the_textbook_at_the_extremes(build, shape):
 def project_k(type_name: str, x: np.ndarray) -> np.ndarray:
     """`x`'s first 512 inputs (tiled) through random K-quant blocks, the first rows at their largest
     codes and scales (the AVX2 build's int16 sums at their bound)."""
-    from tests.test_kquant_blocks import matrix, project, random_blocks
+    from tests.kquants import random_blocks
+    from tests.test_kquant_blocks import matrix, project
 
     raw = random_blocks(40, 512, type_name, np.random.default_rng(11))
     size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[type_name]

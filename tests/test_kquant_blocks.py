@@ -16,21 +16,11 @@ import pytest
 from chatcli.engine.runners import kernels
 from chatcli.engine.runners.native import block_matrix, parts_matrix
 from chatcli.engine.weights import kquant_blocks as kb
+from tests.kquants import random_blocks
 
 gguf = pytest.importorskip("gguf")
 
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0", "Q4_0", "Q4_1"]
-
-
-def random_blocks(n: int, k: int, type_name: str, rng) -> np.ndarray:
-    """Random but valid raw rows: random codes and scales, fp16 d (and dmin, m) small and finite."""
-    size = kb.BLOCK_BYTES[type_name]
-    per = kb.SUPER if type_name in kb.KINDS else 32
-    raw = rng.integers(0, 256, (n, k // per, size), dtype=np.uint8)
-    halves = {"Q6_K": [208], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q5_1": [0, 2], "Q4_1": [0, 2]}.get(type_name, [0])
-    for at in halves:
-        raw[..., at : at + 2] = rng.uniform(1e-3, 1e-2, raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
-    return raw.reshape(n, -1)
 
 
 def dequantized(type_name: str, raw: np.ndarray, k: int) -> np.ndarray:

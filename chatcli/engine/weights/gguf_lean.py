@@ -20,12 +20,11 @@ import numpy as np
 
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.gguf_file import GGUFFile
-from chatcli.engine.weights.kquant_blocks import KINDS, tensor_parts
+from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, norm_before, padded16
 
 FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF architecture -> model_type
 NEOX = ("qwen2", "qwen3")  # rope on rotate-half pairs: q/k rows reordered here
-KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 Metadata = GGUFFile  # the file's header, its tensors read where asked
@@ -41,7 +40,7 @@ def direct_reason(meta: Metadata) -> str | None:
     if scaling not in ("none", "linear"):
         return f"rope scaling {scaling!r}"
     for name, t in meta.tensors.items():
-        if len(t.shape) == 2 and name.endswith(".weight") and t.type_name not in KERNEL_TYPES:
+        if len(t.shape) == 2 and name.endswith(".weight") and kind_of(t.type_name) is None:
             return f"{name} is {t.type_name}"
     if "token_embd.weight" not in meta.tensors:
         return "no token_embd.weight"
@@ -134,7 +133,6 @@ def lean_config(meta: Metadata, limit: int, source: str, parts: dict, vectors: d
     )
 
 
-MINS = ("Q4_1", "Q5_1")  # the q4 / q8 types with mins (`m`, as long as `d`)
 CHUNK_BYTES = 16 << 20  # codes decoded at once (a chunk of rows, a multiple of 64)
 
 
@@ -177,7 +175,7 @@ def write_lean_file(
             for j, (tensor, order) in enumerate(listed):
                 t = meta.tensors[tensor]
                 type_name, n, k = t.type_name, int(t.shape[1]), int(t.shape[0])
-                kind = KINDS.get(type_name) or ("q4" if type_name in ("Q4_0", "Q4_1") else "q8")
+                kind = kind_of(type_name)
                 arrays = block_arrays(kind, n, k)
                 if type_name in MINS:
                     arrays["m"] = arrays["d"]

@@ -21,11 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chatcli.engine.weights.gguf_file import TYPES
+from chatcli.engine.weights.lean_file import block_arrays
 from chatcli.engine.weights.quant_blocks import Codes, gguf_codes
 
 SUPER = 256  # inputs a K-quant super-block holds
-BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q5_0": 22, "Q5_1": 24, "Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 KINDS = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k"}
+GROUP_KINDS = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q8", "Q5_1": "q8", "Q8_0": "q8"}  # on the q4 / q8 blocks
+MINS = ("Q4_1", "Q5_1")  # the q4 / q8 types with mins (`m`, as long as `d`)
+TYPE_IDS = {name: i for i, (name, _, _) in TYPES.items() if name in KINDS or name in GROUP_KINDS}  # ggml's ids
+BLOCK_BYTES = {name: TYPES[i][2] for name, i in TYPE_IDS.items()}
 
 
 @dataclass
@@ -143,38 +148,21 @@ def pack_k(blocks: KBlocks) -> dict[str, np.ndarray]:
     return out
 
 
-TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's
-
-
 def kind_of(type_name: str) -> str | None:
     """The kernel's type for a GGUF type (None: one it does not run)."""
-    if type_name in KINDS:
-        return KINDS[type_name]
-    return {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q8", "Q5_1": "q8", "Q8_0": "q8"}.get(type_name)
+    return KINDS.get(type_name) or GROUP_KINDS.get(type_name)
 
 
 def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
-    """The arrays `tensor_parts` gives, made by the compiled kernel's `chatcli_pack` (`packer`: its
-    library), unpadded: what `pack` / `pack_k` make before their padding to 64 bytes."""
+    """The arrays `tensor_parts` gives (`lean_file.block_arrays`' shapes), made by the compiled kernel's
+    `chatcli_pack` (`packer`: its library)."""
     n = raw.shape[0]
     kind = kind_of(type_name)
     k = raw.shape[1] // BLOCK_BYTES[type_name] * (SUPER if kind in KINDS.values() else 32)
-    blocks, groups, supers = -(-n // 16), k // 32, k // SUPER
-    out = {"w": np.zeros((blocks, groups, 8 if kind == "q8" else 4, 64), np.uint8)}
-    if kind in ("q4", "q8"):
-        out["d"] = np.zeros(blocks * groups * 16, np.float16)
-        if type_name in ("Q4_1", "Q5_1"):
-            out["m"] = np.zeros(blocks * groups * 16, np.float16)
-    else:
-        out["d"] = np.zeros(blocks * supers * 16, np.float16)
-        out["sc"] = np.zeros(blocks * groups * 16 * (2 if kind == "q6k" else 1), np.uint8)
-        if kind != "q6k":
-            out["m"] = np.zeros(blocks * supers * 16, np.float16)
-            out["sm"] = np.zeros(blocks * groups * 16, np.uint8)
-        if kind == "q5k":
-            out["hi"] = np.zeros((blocks, groups, 64), np.uint8)
-        if kind == "q6k":
-            out["hi"] = np.zeros((blocks, groups, 2, 64), np.uint8)
+    arrays = block_arrays(kind, n, k)
+    if type_name in MINS:
+        arrays["m"] = arrays["d"]
+    out = {key: np.zeros(shape, np.float16 if code == "F16" else np.uint8) for key, (code, shape) in arrays.items()}
     raw = np.ascontiguousarray(raw)
     ptr = lambda key: out[key].ctypes.data if key in out else None  # noqa: E731
     if packer.chatcli_pack(TYPE_IDS[type_name], raw.ctypes.data, n, k, *map(ptr, ("w", "hi", "d", "m", "sc", "sm"))):

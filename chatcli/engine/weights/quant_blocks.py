@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chatcli.engine.weights.gguf_file import TYPES
 from chatcli.engine.weights.lean_file import GROUP, scales_length  # GROUP: GGUF's block size for Q4_0, Q4_1, Q8_0
 
 
@@ -109,7 +110,7 @@ def pack(codes: Codes) -> dict[str, np.ndarray]:
 
 # ---- a GGUF's blocks --------------------------------------------------------------------------
 
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+_BLOCK_BYTES = {name: size for name, _, size in TYPES.values() if name in ("Q4_0", "Q4_1", "Q8_0")}
 
 
 def gguf_codes(type_name: str, data: np.ndarray) -> Codes | None:
