@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from chatcli.engine.runners.native import NativeRunner
-from chatcli.engine.weights.gguf_lean import Metadata, convert_gguf_lean, direct_reason
+from chatcli.engine.weights.gguf_file import GGUFFile
+from chatcli.engine.weights.gguf_lean import convert_gguf_lean, direct_reason
 from chatcli.engine.weights.lean_file import LeanWeights
 from tests.gguf_models import Q4_K_M, fake_quantized, tiny, uniform, write_gguf
 
@@ -35,7 +36,7 @@ CASES = [
 
 def direct_runner(model, types, tmp_path) -> NativeRunner:
     path = write_gguf(model, tmp_path / "model.gguf", types)
-    meta = Metadata(path)
+    meta = GGUFFile(path)
     assert direct_reason(meta) is None
     lean = tmp_path / "gguf.safetensors"
     convert_gguf_lean(path, lean, 128, "test")
@@ -79,11 +80,11 @@ def test_the_lean_file_is_no_larger_than_the_gguf(kernel, tmp_path):
     assert set(weights.config.types.split("+")) == {"Q4_K", "Q6_K"}
     keys = ("w", "hi", "d", "m", "sc", "sm")
     blocks = sum(i.nbytes for n, i in weights.file.tensors.items() if n.split(".")[-1] in keys)
-    in_file = sum(t.n_bytes for t in Metadata(path).tensors.values() if len(t.shape) == 2)
+    in_file = sum(t.n_bytes for t in GGUFFile(path).tensors.values() if len(t.shape) == 2)
     assert blocks <= 1.05 * in_file
 
 
 def test_what_is_not_read_directly_says_why(tmp_path):
     model = tiny("llama", True)
     path = write_gguf(model, tmp_path / "f16.gguf", "F16")
-    assert "is F16" in direct_reason(Metadata(path))
+    assert "is F16" in direct_reason(GGUFFile(path))

@@ -122,15 +122,15 @@ def resolve_quantize(quantize: str | None, folder: Path | None, native: bool) ->
     if not native or folder is None:
         return None
     from chatcli.engine.weights.gguf_convert import (  # hashlib, tempfile: not at start-up
-        direct_reason,
         gguf_file_type,
+        recorded_direct_reason,
         source_gguf,
     )
 
     gguf = source_gguf(folder)
     if gguf is None:
         return None
-    return "gguf" if direct_reason(folder) is None else GGUF_KINDS.get(gguf_file_type(gguf))
+    return "gguf" if recorded_direct_reason(folder) is None else GGUF_KINDS.get(gguf_file_type(gguf))
 
 
 def check_quantize(quantize: str | None, device: str, dtype: str) -> None:

@@ -147,7 +147,7 @@ class FolderTokenizer(ChatTokenizer):
         if piece is None:
             return b""
         if self._byte_level and token_id not in self._added:
-            table = _byte_level()
+            table = byte_level()
             if all(c in table for c in piece):
                 return bytes(table[c] for c in piece)
         if not self._byte_level and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
@@ -166,7 +166,7 @@ class FolderTokenizer(ChatTokenizer):
         return set(self.tokenizer.get_added_tokens_decoder())
 
 
-def _byte_level() -> dict[str, int]:
+def byte_level() -> dict[str, int]:
     """GPT-2's byte-level alphabet, character → byte (the printable bytes as themselves, the rest from U+0100)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table, extra = {chr(b): b for b in printable}, 0

@@ -179,7 +179,7 @@ def meta_folder(path: Path, status: Callable[[str], None] = lambda _m: None) -> 
     return folder
 
 
-def direct_reason(folder: Path) -> str | None:
+def recorded_direct_reason(folder: Path) -> str | None:
     """Why a `meta_folder`'s GGUF is not read directly by the kernel (None: it is), as recorded."""
     try:
         return json.loads((folder / MANIFEST).read_text()).get("direct", "not recorded")

@@ -27,10 +27,7 @@ FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF archit
 NEOX = ("qwen2", "qwen3")  # rope on rotate-half pairs: q/k rows reordered here
 
 
-Metadata = GGUFFile  # the file's header, its tensors read where asked
-
-
-def direct_reason(meta: Metadata) -> str | None:
+def direct_reason(meta: GGUFFile) -> str | None:
     """Why the file is not read directly into a `gguf` lean file (None: it is)."""
     if meta.arch not in FAMILIES:
         return f"architecture {meta.arch!r}"
@@ -58,7 +55,7 @@ def head_rows(n: int, heads: int) -> np.ndarray:
     return (np.arange(heads)[:, None] * hd + rope_order(hd)[None, :]).ravel()
 
 
-def rope_table(meta: Metadata, head_dim: int, limit: int) -> np.ndarray:
+def rope_table(meta: GGUFFile, head_dim: int, limit: int) -> np.ndarray:
     """`[T, hd/2, 2]` cos, sin: angle pos * base^(-2i/r) / factor_i (llama.cpp's rope: `rope_freqs`
     factors where the file has them, positions / the linear scaling factor), pairs past r as (1, 0)."""
     r = int(meta.hp("rope.dimension_count", head_dim) or head_dim)
@@ -76,7 +73,7 @@ def rope_table(meta: Metadata, head_dim: int, limit: int) -> np.ndarray:
     return table
 
 
-def plan(meta: Metadata) -> dict[str, tuple[list, str | None]]:
+def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
     """Every projection by lean name: its parts (GGUF tensor, row order or None) in output order, and
     the GGUF name of the RMSNorm weight before it (None where there is none)."""
     heads = int(meta.hp("attention.head_count"))
@@ -108,7 +105,7 @@ def plan(meta: Metadata) -> dict[str, tuple[list, str | None]]:
     return out
 
 
-def lean_config(meta: Metadata, limit: int, source: str, parts: dict, vectors: dict) -> LeanConfig:
+def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: dict) -> LeanConfig:
     hidden, heads = int(meta.hp("embedding_length")), int(meta.hp("attention.head_count"))
     tied = "output.weight" not in meta.tensors
     return LeanConfig(
@@ -137,7 +134,7 @@ CHUNK_BYTES = 16 << 20  # codes decoded at once (a chunk of rows, a multiple of 
 
 
 def write_lean_file(
-    meta: Metadata, path: Path, limit: int, source: str, status: Status | None = None, packer=None
+    meta: GGUFFile, path: Path, limit: int, source: str, status: Status | None = None, packer=None
 ) -> LeanConfig:
     """Write the `gguf` lean file at `path` a chunk of rows at a time (the peak memory a chunk's, not the
     model's), every tensor read with `pread` (the GGUF's pages stay page cache, not this process's)."""
@@ -197,7 +194,7 @@ def write_lean_file(
     return config
 
 
-def _write_part(out, prefix: str, meta: Metadata, tensor: str, order, type_name: str, n: int, packer) -> None:
+def _write_part(out, prefix: str, meta: GGUFFile, tensor: str, order, type_name: str, n: int, packer) -> None:
     """One GGUF tensor's blocks into its arrays, a chunk of rows at a time."""
     t = meta.tensors[tensor]
     row_bytes = int(t.n_bytes) // n
@@ -219,7 +216,7 @@ def _padded(v: np.ndarray) -> np.ndarray:
     return out
 
 
-def _family_vectors(meta: Metadata, layers: int, heads: int, kv_heads: int, hd: int, neox: bool) -> dict:
+def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: int, neox: bool) -> dict:
     """qwen2's q/k/v biases (`qkv_bias`) and qwen3's q/k norms, in the lean order."""
     out = {}
     for i in range(layers):
@@ -245,5 +242,5 @@ def convert_gguf_lean(
 
     status = status or (lambda *_a, **_k: None)
     status(f"Repacking {gguf_path.name}'s blocks for the kernel (once)")
-    write_lean_file(Metadata(gguf_path), path, limit, source, status, packer)
+    write_lean_file(GGUFFile(gguf_path), path, limit, source, status, packer)
     record(path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from chatcli.engine.text.tokenize import byte_level
 from chatcli.engine.weights.gguf_file import GGUFFile
 
 FAMILIES = ("llama", "qwen2", "qwen3")  # GGUF architectures whose config is written here
@@ -71,17 +72,6 @@ def hf_config(f: GGUFFile) -> dict:
     return config
 
 
-def byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte-level alphabet, byte → character (printable bytes as themselves, the rest from U+0100)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {b: chr(b) for b in printable}, 0
-    for b in range(256):
-        if b not in printable:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 def build_tokenizer(f: GGUFFile):
     """The file's byte-level BPE as a `tokenizers.Tokenizer`, or None where it is not one this knows."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -91,7 +81,7 @@ def build_tokenizer(f: GGUFFile):
         return None
     tokens = list(f.fields["tokenizer.ggml.tokens"])
     types = list(f.fields.get("tokenizer.ggml.token_type", [])) or [1] * len(tokens)
-    spelling = byte_alphabet()
+    spelling = {b: c for c, b in byte_level().items()}  # byte -> its character
     alphabet = set(spelling.values())
     vocab = {
         (t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i for i, t in enumerate(tokens)
