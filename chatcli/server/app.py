@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import threading
@@ -43,6 +42,7 @@ from starlette.routing import Route
 from chatcli.engine import Engine, GrammarError, SamplingParams, SessionPool
 from chatcli.errors import one_line
 from chatcli.server import schema
+from chatcli.server.hosts import is_loopback
 from chatcli.server.legacy import TextCompletionResponse, parse_completion
 from chatcli.server.respond import TRUNCATED_HEADER, CompletionResponse
 from chatcli.server.schema import APIError
@@ -78,12 +78,7 @@ class HostCheck:
             name = name[: name.find("]") + 1]
         else:
             name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
-        if name in self.allowed:
-            return True
-        try:
-            return ipaddress.ip_address(name.strip("[]")).is_loopback
-        except ValueError:
-            return False
+        return name in self.allowed or is_loopback(name)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":

@@ -10,25 +10,16 @@ once, for `chatcli` too, in `chatcli.flags`; the options below are serve's own.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import sys
 
 import click
 
 from chatcli.flags import API_KEY, CACHE_BUDGET, CONTEXT, load_options, model_options, run_command
+from chatcli.server.hosts import is_loopback
 
 MIB = 1 << 20
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-
-
-def is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost: could resolve anywhere
 
 
 def bind_warning(host: str, api_key: str | None) -> str | None:
