@@ -268,7 +268,7 @@ def history(json_out, text) -> None:
 @click.option("--format", "fmt", default="md", show_default=True, help="md | json")
 def export(conversation_id, fmt) -> None:
     """Print one saved conversation as Markdown or JSON."""
-    from chatcli.chat.store import render_export
+    from chatcli.chat.export import render_export
 
     if fmt not in ("md", "json"):
         raise UserError(f"--format must be md or json, got {fmt!r}", 2)

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from chatcli.chat.conversation import Conversation
-from chatcli.chat.store import SCHEMA_VERSION, Store, StoreError, from_export, to_markdown
+from chatcli.chat.export import from_export, to_markdown
+from chatcli.chat.store import SCHEMA_VERSION, Store, StoreError
 
 
 @pytest.fixture

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from chatcli.chat.commands import export_format
 from chatcli.chat.conversation import Conversation, Message
+from chatcli.chat.export import from_export, render_export, to_export
 from chatcli.chat.saved import kv_path, open_saved
-from chatcli.chat.store import StoreError, from_export, render_export, to_export
+from chatcli.chat.store import StoreError
 from chatcli.errors import one_line
 
 STORE_ERRORS = (StoreError, sqlite3.Error, OSError)
