@@ -240,10 +240,20 @@ def _verify(start) -> int:
 @app.command(context_settings=CONTEXT)
 @JSON.option(help="A JSON list.")
 @click.option("--search", "text", default=None, metavar="TEXT", help="Saved messages with these words, best first.")
-def history(json_out, text) -> None:
+@click.option("--recover", is_flag=True, help="Copy what a damaged database still holds into a new one.")
+def history(json_out, text, recover) -> None:
     """List saved conversations, most recent first (or, with --search, the messages that match)."""
     import json
     from datetime import datetime
+
+    if recover:
+        from chatcli.chat.salvage import salvage
+        from chatcli.chat.store import DB_NAME
+        from chatcli.paths import data_dir
+
+        path = data_dir() / DB_NAME
+        click.echo(salvage(path).line(path))
+        return
 
     if text is not None:
         hits = _store().search(text)
@@ -254,13 +264,17 @@ def history(json_out, text) -> None:
         for h in hits if not json_out else ():
             click.echo(f"{h.conversation_id}  #{h.index + 1} {h.role:<9}  {h.title}\n    {h.snippet}")
         return
-    summaries = [s.to_dict() for s in _store().summaries()]
+    store = _store()
+    summaries = [s.to_dict() for s in store.summaries()]
+    if store.damage:  # listed around a damaged page: the ones it holds are marked
+        click.echo(f"warning: {store.damage}", err=True)
     if json_out:
         click.echo(json.dumps(summaries, ensure_ascii=False, indent=1))
         return
     for s in summaries:
         when = datetime.fromtimestamp(s["updated"]).strftime("%Y-%m-%d %H:%M")
-        click.echo(f"{s['id']}  {when}  {s['messages']:>3} msgs  {s['model'] or '-'}  {s['title']}")
+        count = "damaged " if s["damaged"] else f"{s['messages']:>3} msgs"
+        click.echo(f"{s['id']}  {when}  {count}  {s['model'] or '-'}  {s['title']}")
 
 
 @app.command(context_settings=CONTEXT)

@@ -22,7 +22,7 @@ from chatcli.chat.commands import export_format
 from chatcli.chat.conversation import Conversation, Message
 from chatcli.chat.export import from_export, render_export, to_export
 from chatcli.chat.saved import kv_path, open_saved
-from chatcli.chat.store import StoreError
+from chatcli.chat.store import StoreDamaged, StoreError
 from chatcli.errors import one_line
 
 STORE_ERRORS = (StoreError, sqlite3.Error, OSError)
@@ -45,10 +45,18 @@ class Row:
 
 
 class Chats:
-    def __init__(self, store, budget: int | None = None, on_store_failed: Callable[[BaseException], None] = print):
+    def __init__(
+        self,
+        store,
+        budget: int | None = None,
+        on_store_failed: Callable[[BaseException], None] = print,
+        on_store_damaged: Callable[[str], None] = print,
+    ):
         self.store = store  # chatcli.chat.store.Store, or None: nothing is saved
         self.budget = budget  # bytes of KV cache the pool keeps; None: chatcli.engine.default_budget_bytes()
         self.on_store_failed = on_store_failed
+        self.on_store_damaged = on_store_damaged  # told once that the list went around a damaged page
+        self.damage_told = False
         self.engine = None
         self.pool = None  # SessionPool, once the engine is loaded
         self.opened: dict[str, Conversation] = {}  # conversations shown in this run, by id
@@ -171,6 +179,9 @@ class Chats:
             except STORE_ERRORS as exc:
                 self.store_failed(exc)
                 summaries = []
+            if self.store is not None and self.store.damage and not self.damage_told:
+                self.damage_told = True
+                self.on_store_damaged(self.store.damage)
             for s in summaries:
                 conv = self.opened.get(s.id)
                 self.stored.add(s.id)
@@ -224,6 +235,8 @@ class Chats:
         if conv is None and self.store is not None:
             try:
                 conv = self.store.load(conversation_id)
+            except StoreDamaged as exc:  # this one's page: the others still open, and saving goes on
+                raise ChatsError(str(exc)) from None
             except STORE_ERRORS as exc:
                 self.store_failed(exc)
         if conv is None:

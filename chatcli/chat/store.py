@@ -21,6 +21,7 @@ from pathlib import Path
 
 from chatcli.chat.conversation import Conversation, Message
 from chatcli.chat.export import from_export, to_export
+from chatcli.errors import UserError
 from chatcli.paths import data_dir
 
 SCHEMA_VERSION = 3
@@ -73,6 +74,9 @@ ALTER TABLE conversations ADD COLUMN fork_at INTEGER;
 """
 UPGRADES = {1: SCHEMA_V2, 2: SCHEMA_V3}  # from version N to N + 1
 
+# a conversation's first user message (its title until /rename), for the conversation `of`
+FIRST_USER_MESSAGE = "SELECT content FROM messages WHERE conversation_id={of} AND role='user' ORDER BY id LIMIT 1"
+
 
 @dataclass
 class Hit:
@@ -89,8 +93,27 @@ class Hit:
         return dict(self.__dict__)
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError):
     """The database cannot be used; the message says why and what to do."""
+
+
+class StoreDamaged(StoreError):
+    """A read met a damaged page: that read failed, the rest of the database may still work."""
+
+
+CORRUPT = (11,)  # SQLITE_CORRUPT ("database disk image is malformed"; not a database at all: NOTADB, 26)
+
+
+def damaged(path: Path, exc: sqlite3.Error) -> str | None:
+    """The line for a database with a damaged page (None: `exc` is another error): what still
+    works, and how to recover what can be read (`salvage.py`)."""
+    if getattr(exc, "sqlite_errorcode", None) not in CORRUPT:
+        return None
+    return (
+        f"the conversation database {path} is damaged ({exc}); conversations on its intact pages still open "
+        "with chatcli --conversation ID. 'chatcli history --recover' copies what can be read into a new database "
+        "(the damaged file is kept beside it)"
+    )
 
 
 @dataclass
@@ -102,6 +125,7 @@ class Summary:
     updated: float
     messages: int
     parent_id: str | None = None  # a branch's parent
+    damaged: bool = False  # its messages could not be read (a damaged page): `messages` is 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -110,6 +134,7 @@ class Summary:
 class Store:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or data_dir() / DB_NAME
+        self.damage: str | None = None  # set when a read went around a damaged page (the line to show)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
@@ -118,7 +143,9 @@ class Store:
             self.db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
+            raise StoreError(
+                damaged(self.path, exc) or f"cannot open the conversation database {self.path}: {exc}"
+            ) from None
         except OSError as exc:
             raise StoreError(f"cannot create {self.path.parent}: {exc}") from None
 
@@ -137,7 +164,17 @@ class Store:
             version += 1
 
     def _tx(self):
-        return _Transaction(self.db)
+        return _Transaction(self)
+
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """The rows of a query; a damaged page or another database error is a StoreError."""
+        try:
+            return self.db.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            line = damaged(self.path, exc)
+            raise (
+                StoreDamaged(line) if line else StoreError(f"cannot read the conversation database: {exc}")
+            ) from None
 
     def close(self) -> None:
         self.db.close()
@@ -214,28 +251,25 @@ class Store:
     # -- reads ---------------------------------------------------------------------
 
     def model_of(self, conversation_id: str) -> str | None:
-        row = self.db.execute("SELECT model FROM conversations WHERE id=?", (conversation_id,)).fetchone()
-        return row[0] if row else None
+        rows = self._read("SELECT model FROM conversations WHERE id=?", (conversation_id,))
+        return rows[0][0] if rows else None
 
     def latest_id(self) -> str | None:
-        row = self.db.execute("SELECT id FROM conversations ORDER BY updated DESC, rowid DESC LIMIT 1").fetchone()
-        return row[0] if row else None
+        rows = self._read("SELECT id FROM conversations ORDER BY updated DESC, rowid DESC LIMIT 1")
+        return rows[0][0] if rows else None
 
     def find(self, prefix: str) -> str | None:
         """A conversation id from its full id or a unique prefix of it."""
-        rows = self.db.execute(
-            "SELECT id FROM conversations WHERE substr(id, 1, length(?1)) = ?1", (prefix,)
-        ).fetchall()
+        rows = self._read("SELECT id FROM conversations WHERE substr(id, 1, length(?1)) = ?1", (prefix,))
         return rows[0][0] if len(rows) == 1 else None
 
     def load(self, conversation_id: str) -> Conversation | None:
-        row = self.db.execute(
-            "SELECT title, system, parent_id, fork_at FROM conversations WHERE id=?", (conversation_id,)
-        ).fetchone()
-        if row is None:
+        rows = self._read("SELECT title, system, parent_id, fork_at FROM conversations WHERE id=?", (conversation_id,))
+        if not rows:
             return None
-        conversation = Conversation(system=row[1], id=conversation_id, name=row[0], parent_id=row[2], fork_at=row[3])
-        for role, content, finish, stats in self.db.execute(
+        title, system, parent_id, fork_at = rows[0]
+        conversation = Conversation(system=system, id=conversation_id, name=title, parent_id=parent_id, fork_at=fork_at)
+        for role, content, finish, stats in self._read(
             "SELECT role, content, finish_reason, stats FROM messages WHERE conversation_id=? ORDER BY id",
             (conversation_id,),
         ):
@@ -243,42 +277,59 @@ class Store:
         return conversation
 
     def summaries(self) -> list[Summary]:
-        rows = self.db.execute(
-            "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id),"
-            " (SELECT content FROM messages WHERE conversation_id=c.id AND role='user' ORDER BY id LIMIT 1),"
-            " c.parent_id"
-            " FROM conversations c LEFT JOIN messages m ON m.conversation_id=c.id"
-            " GROUP BY c.id ORDER BY c.updated DESC, c.rowid DESC"
-        ).fetchall()
+        """Every conversation, the latest first. Around a damaged page, one conversation at a time:
+        those whose messages cannot be read are marked `damaged`, and `self.damage` says so."""
+        try:
+            rows = self.db.execute(
+                "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id),"
+                f" ({FIRST_USER_MESSAGE.format(of='c.id')}), c.parent_id"
+                " FROM conversations c LEFT JOIN messages m ON m.conversation_id=c.id"
+                " GROUP BY c.id ORDER BY c.updated DESC, c.rowid DESC"
+            ).fetchall()
+        except sqlite3.DatabaseError as exc:
+            if damaged(self.path, exc) is None:
+                raise StoreError(f"cannot read the conversation database: {exc}") from None
+            return self._summaries_around(exc)
         return [
-            Summary(
-                id_,
-                _shown_title(title, first),
-                model,
-                created,
-                updated,
-                n,
-                parent,
-            )
+            Summary(id_, _shown_title(title, first), model, created, updated, n, parent)
             for id_, title, model, created, updated, n, first, parent in rows
         ]
+
+    def _summaries_around(self, exc: sqlite3.Error) -> list[Summary]:
+        self.damage = damaged(self.path, exc)
+        found = []
+        for id_, title, model, created, updated, parent in self._read(
+            "SELECT c.id, c.title, c.model, c.created, c.updated, c.parent_id FROM conversations c"
+            " ORDER BY c.updated DESC, c.rowid DESC"
+        ):
+            try:
+                n, first, _size = self.db.execute(  # the rows themselves, not only the index: length()
+                    f"SELECT COUNT(*), ({FIRST_USER_MESSAGE.format(of='?1')}), SUM(length(content))"
+                    " FROM messages WHERE conversation_id=?1",
+                    (id_,),
+                ).fetchone()
+                bad = False
+            except sqlite3.DatabaseError:
+                n, first, bad = 0, None, True
+            found.append(Summary(id_, _shown_title(title, first), model, created, updated, n, parent, bad))
+        return found
 
     def family(self, conversation_id: str) -> list[tuple[str, str | None, int | None]]:
         """Every branch of the tree `conversation_id` belongs to, as (id, parent id, fork point),
         the root first, then in creation order."""
         root = conversation_id
         for _ in range(1000):  # up the parents (a cycle cannot be written, but a bound costs nothing)
-            row = self.db.execute("SELECT parent_id FROM conversations WHERE id=?", (root,)).fetchone()
-            if row is None or row[0] is None:
+            rows = self._read("SELECT parent_id FROM conversations WHERE id=?", (root,))
+            if not rows or rows[0][0] is None:
                 break
-            root = row[0]
-        return self.db.execute(
+            root = rows[0][0]
+        return self._read(
             "WITH RECURSIVE tree(id) AS"
             " (SELECT ? UNION SELECT c.id FROM conversations c JOIN tree ON c.parent_id = tree.id)"
             " SELECT c.id, c.parent_id, c.fork_at FROM conversations c JOIN tree ON c.id = tree.id"
             " ORDER BY c.parent_id IS NOT NULL, c.created, c.rowid",
             (root,),
-        ).fetchall()
+        )
 
     def search(self, text: str, limit: int = 20) -> list[Hit]:
         """Messages holding every word of `text` (any order, case and accents folded by FTS5's
@@ -287,14 +338,14 @@ class Store:
         if not words:
             return []
         query = " ".join('"' + w.replace('"', '""') + '"' for w in words)
-        rows = self.db.execute(
+        rows = self._read(
             "SELECT m.conversation_id, c.title, m.role, snippet(messages_fts, 0, '[', ']', '…', 12), f.rank,"
-            " (SELECT content FROM messages WHERE conversation_id=c.id AND role='user' ORDER BY id LIMIT 1),"
+            f" ({FIRST_USER_MESSAGE.format(of='c.id')}),"
             " (SELECT COUNT(*) FROM messages WHERE conversation_id=m.conversation_id AND id<m.id)"
             " FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN conversations c ON c.id = m.conversation_id"
             " WHERE messages_fts MATCH ? ORDER BY f.rank LIMIT ?",
             (query, limit),
-        ).fetchall()
+        )
         return [
             Hit(conv_id, _shown_title(title, first), index, role, " ".join(snippet.split()), rank)
             for conv_id, title, role, snippet, rank, first, index in rows
@@ -304,9 +355,9 @@ class Store:
         conversation = self.load(conversation_id)
         if conversation is None:
             return None
-        model, created, updated = self.db.execute(
+        ((model, created, updated),) = self._read(
             "SELECT model, created, updated FROM conversations WHERE id=?", (conversation_id,)
-        ).fetchone()
+        )
         return to_export(conversation, model, created, updated)
 
     def import_export(self, data: dict) -> Conversation:
@@ -322,14 +373,17 @@ def _shown_title(title: str | None, first_user_message: str | None) -> str:
 
 
 class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
+    def __init__(self, store: Store) -> None:
+        self.db, self.path = store.db, store.path
+
+    def _error(self, exc: sqlite3.Error) -> StoreError:
+        return StoreError(damaged(self.path, exc) or f"cannot save to the conversation database: {exc}")
 
     def __enter__(self):
         try:
             self.db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:  # locked for too long, closed, read-only, disk full
-            raise StoreError(f"cannot save to the conversation database: {exc}") from None
+            raise self._error(exc) from None
         return self.db
 
     def __exit__(self, kind, value, tb):
@@ -337,7 +391,7 @@ class _Transaction:
             self.db.execute("COMMIT" if kind is None else "ROLLBACK")
         except sqlite3.Error as exc:
             if kind is None:
-                raise StoreError(f"cannot save to the conversation database: {exc}") from None
+                raise self._error(exc) from None
         if kind is not None and issubclass(kind, sqlite3.Error):
-            raise StoreError(f"cannot save to the conversation database: {value}") from None
+            raise self._error(value) from None
         return False

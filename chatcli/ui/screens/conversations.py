@@ -74,7 +74,7 @@ class ConversationScreen(Screen):
         self.session = None
         self.default_system = system or None
         self.conversation = Conversation(system=self.default_system)
-        self.chats = Chats(store, budget, on_store_failed=self._store_failed)
+        self.chats = Chats(store, budget, on_store_failed=self._store_failed, on_store_damaged=self._store_damaged)
         self.chats.opening(None, self.conversation)
         self.resume = resume  # (-c, --conversation ID)
         self.system_given = system_given  # --system overrides a reopened conversation's
@@ -152,6 +152,9 @@ class ConversationScreen(Screen):
             severity="error",
             timeout=10,
         )
+
+    def _store_damaged(self, line: str) -> None:
+        self.app.notify(line, title="Damaged database", severity="warning", timeout=20)
 
     # -- loading ---------------------------------------------------------------
 
