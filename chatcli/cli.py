@@ -56,7 +56,7 @@ def read_json_schema(value: str):
 
     text, name = value, ""
     path = Path(value).expanduser()
-    if path.is_file() or not value.lstrip().startswith(("{", "true", "false")):
+    if path.is_file() or not _json_text(value):
         try:
             text, name = path.read_text(encoding="utf-8"), path.stem
         except (OSError, UnicodeDecodeError) as exc:
@@ -65,6 +65,17 @@ def read_json_schema(value: str):
         return ResponseFormat.json_schema(text, name)
     except InvalidParameter as exc:
         raise UserError(f"--json-schema: {exc}", 2) from None
+
+
+def _json_text(value: str) -> bool:
+    """Whether a --json-schema value is JSON text rather than a file name: it parses, or it opens an object."""
+    import json
+
+    try:
+        json.loads(value)
+    except ValueError:
+        return value.lstrip().startswith("{")
+    return True
 
 
 def start_options(

@@ -109,7 +109,7 @@ def stream_reply(engine, conversation, session, params, out, scored: list | None
 
     Returns (Finished, pieces), or (None, pieces) when Ctrl+C stopped it.
     """
-    from chatcli.engine import ContextOverflow, Finished, Prefilled, RemoteError, Token
+    from chatcli.engine import ContextOverflow, Finished, GrammarError, Prefilled, RemoteError, Token
 
     pieces: list[str] = []
     cancel = threading.Event()
@@ -134,6 +134,8 @@ def stream_reply(engine, conversation, session, params, out, scored: list | None
         raise UserError(f"prompt too long: {exc}") from None
     except RemoteError as exc:
         raise UserError(str(exc)) from None
+    except GrammarError as exc:  # past the check's first steps (see grammar.first_steps)
+        raise UserError(f"--json-schema: {exc}", 2) from None
     except KeyboardInterrupt:
         cancel.set()
     return None, pieces

@@ -182,7 +182,13 @@ def test_json_schema_holds_the_reply_to_a_file_or_inline_schema(cli, tmp_path):
 
 @pytest.mark.parametrize(
     "value,words",
-    [("missing.json", "cannot read"), ('{"type": ', "does not parse"), ('{"type": "nosuchtype"}', "nosuchtype")],
+    [
+        ("missing.json", "cannot read"),
+        ('{"type": ', "does not parse"),
+        ('{"type": "nosuchtype"}', "nosuchtype"),
+        ("[1, 2]", "an object"),  # JSON, but no schema: not a file name
+        ('{"$ref": "#"}', "admits no JSON value"),  # recursive: exit 2, not an empty reply
+    ],
 )
 def test_a_bad_json_schema_is_one_line(cli, tmp_path, value, words):
     result = cli("-p", "hi", "--json-schema", str(tmp_path / value) if value.endswith(".json") else value)

@@ -108,9 +108,19 @@ def test_logprobs_under_a_constraint_are_of_the_masked_distribution(tiny_engine)
     assert alternatives and all("true".startswith(t) or "false".startswith(t) for t in alternatives), alternatives
 
 
+LOOP = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+OPEN = {"type": "object", "properties": {f"p{i}": {"enum": ["a", "b"]} for i in range(2000)}}
+
+
 @pytest.mark.parametrize(
     "schema,words",
-    [({"type": "nosuchtype"}, "nosuchtype"), ({"$ref": "#/definitions/missing"}, "missing")],
+    [
+        ({"type": "nosuchtype"}, "nosuchtype"),
+        ({"$ref": "#/definitions/missing"}, "missing"),
+        ({"$ref": "#"}, "admits no JSON value"),  # recursive: no value ever matches
+        (LOOP, "admits no JSON value"),
+        (OPEN, "too large or too open"),  # the parser's row limit, met right after "{"
+    ],
 )
 def test_a_schema_it_cannot_hold_to_is_one_line(tiny_lean, schema, words):
     with pytest.raises(GrammarError, match=words) as info:
@@ -195,6 +205,8 @@ def test_the_openai_clients_parse_helper_gets_a_model(tiny_lean, serve):
             "response_format.json_schema",
         ),
         ("json", "response_format"),
+        (schema_format({"$ref": "#"}), "response_format"),
+        (schema_format(OPEN), "response_format"),
     ],
 )
 def test_a_bad_response_format_is_a_400(tiny_lean, serve, response_format, param):
@@ -203,6 +215,22 @@ def test_a_bad_response_format_is_a_400(tiny_lean, serve, response_format, param
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_a_grammar_failing_mid_reply_is_a_400_and_one_log_line(tiny_lean, serve, monkeypatch, caplog):
+    from chatcli.engine.sample import grammar
+
+    def refuse(self, token):
+        raise GrammarError("the JSON schema is not usable: too large for the grammar engine")
+
+    monkeypatch.setattr(grammar.Constraint, "advance", refuse)
+    server = serve(tiny_lean)
+    body = {"model": "tiny", "messages": USER, "max_tokens": 20, "response_format": schema_format(PERSON)}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert "too large" in r.json()["error"]["message"]
+    logged = [rec for rec in caplog.records if "response_format" in rec.getMessage()]
+    assert logged and all(rec.exc_info is None for rec in caplog.records)
 
 
 def test_the_remote_engine_forwards_the_format():

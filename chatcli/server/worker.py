@@ -22,7 +22,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from chatcli.engine import ContextOverflow, Engine, Finished, FinishReason, LeaseKind, SamplingParams, SessionPool
+from chatcli.engine import (
+    ContextOverflow,
+    Engine,
+    Finished,
+    FinishReason,
+    GrammarError,
+    LeaseKind,
+    SamplingParams,
+    SessionPool,
+)
 from chatcli.errors import one_line
 from chatcli.server.schema import APIError
 
@@ -165,6 +174,10 @@ class GenerationWorker:
                 if isinstance(event, Finished):
                     self._record(event, lease.how)
             ok = True
+        except GrammarError as exc:  # the schema failed the grammar engine past its first steps: the request's fault
+            log.warning("response_format refused: %s", exc)
+            self.failed += 1
+            failure = Failed(APIError(400, str(exc), "response_format", "invalid_value"))
         except Exception as exc:  # noqa: BLE001 - reported to the client as one line
             log.exception("generation failed")
             self.failed += 1

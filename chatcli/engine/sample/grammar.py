@@ -59,6 +59,36 @@ def _ll_tokenizer(tokenizer: ChatTokenizer, vocab: int | None):
     raise GrammarError("structured output needs a tokenizer.json (a fast tokenizer)")
 
 
+def matcher_error(matcher) -> str:
+    """A failed matcher's reason in one line (llguidance adds its whole state and grammar below)."""
+    line = (matcher.get_error() or "").split("<state>")[0].strip()
+    line = line.splitlines()[0].strip() if line else ""
+    if line in ("", "NoExtensionBias"):  # nothing can start: no value matches
+        return "it admits no JSON value (a $ref that only leads back to itself?)"
+    line = line.removeprefix("Parser Error: ").split("; consider")[0]  # llguidance's advice is for grammar authors
+    return f"{line} (the schema is too large or too open for the grammar engine)"
+
+
+PROBE = 8  # the first ids are followed one step further where at most this many may start a reply
+
+
+def first_steps(matcher, vocab: int) -> str | None:
+    """Why a grammar fails at its start (None: it does not): a schema that admits no value stops
+    before any id, and one too large for the parser (2,000 optional properties) right after `{`.
+    Checked at once, so the request gets its 400 and a turn never starts on it."""
+    start = Constraint(matcher, vocab)
+    allowed = np.flatnonzero(start.allowed())
+    if matcher.is_error():
+        return matcher_error(matcher)
+    for token in allowed if len(allowed) <= PROBE else ():
+        step = matcher.deep_copy()
+        if step.consume_token(int(token)):
+            Constraint(step, vocab).allowed()
+        if step.is_error():
+            return matcher_error(step)
+    return None
+
+
 class TokenGrammar:
     """One tokenizer's side of constrained decoding; `constraint` compiles a format for one turn."""
 
@@ -80,6 +110,9 @@ class TokenGrammar:
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
             raise GrammarError(f"the JSON schema is not usable: {' '.join(error.split())}")  # one line
+        problem = first_steps(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0), self.vocab)
+        if problem:
+            raise GrammarError(f"the JSON schema is not usable: {problem}")
         if len(self._compiled) >= 32:
             self._compiled.clear()
         self._compiled[fmt] = grammar
@@ -124,7 +157,7 @@ class Constraint:
     def advance(self, token: int) -> None:
         """The id the engine took; it came from the mask, so the grammar accepts it."""
         if not self.matcher.consume_token(int(token)):
-            raise GrammarError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+            raise GrammarError(f"the JSON schema is not usable: {matcher_error(self.matcher)}")
 
     @property
     def stopped(self) -> bool:
