@@ -101,3 +101,21 @@ def test_an_implicit_hub_id_is_never_fetched(monkeypatch, tmp_path):
     monkeypatch.setattr(build, "resolve", lambda name, explicit, status: sources.Source(None, name, name, name))
     with pytest.raises(LoadError, match="not in the local Hugging Face cache"):
         load_engine(None, LoadOptions(device="cpu"))
+
+
+@pytest.mark.parametrize(
+    "env,words",
+    [
+        ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+        ({"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}, "127.0.0.1 cannot be reached"),  # nobody there
+    ],
+)
+def test_a_hub_id_offline_is_one_line_at_once(monkeypatch, tmp_path, env, words):
+    """Not in the cache and no hub to ask: said before transformers retries the hub (~50 s)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(LoadError, match=f"nosuch/model: it is not in the local Hugging Face cache and {words}"):
+        sources.resolve("nosuch/model", True, lambda *a, **k: None)

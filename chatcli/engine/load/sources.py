@@ -104,7 +104,45 @@ def resolve(name: str, explicit: bool, status: Status) -> Source:
         return Source(path, path.name, str(path))
     if path.exists() or name.startswith((".", "/", "~")):
         raise LoadError(f"--model {name}: not a .gguf file or a model folder")
-    return Source(hub_folder(name), name, name, hub_id=name)
+    folder = hub_folder(name)
+    why = hub_unreachable() if folder is None and explicit else None
+    if why:  # transformers would retry the hub for ~50 s before saying the same
+        raise LoadError(
+            f"could not load model {name}: it is not in the local Hugging Face cache and {why}. "
+            "Pass a .gguf file or a model folder, or download it where there is a network"
+        )
+    return Source(folder, name, name, hub_id=name)
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be asked for a model (offline on purpose, or no answer within `timeout`),
+    or None where it may be: a TCP connection to its endpoint, in a thread (a name lookup has no
+    timeout of its own). Behind a proxy the hub is left to try."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    found: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            found.append(None)
+        except OSError as exc:
+            found.append(exc.strerror or str(exc))
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    if not found:
+        return f"{host} did not answer within {timeout:.0f} s (offline?)"
+    return f"{host} cannot be reached ({found[0]})" if found[0] else None
 
 
 def hub_folder(repo_id: str) -> Path | None:
