@@ -172,3 +172,13 @@ def test_logit_bias_is_added_first_and_minus_100_bans():
     draws = {sample(logits, params, np.random.default_rng(s)) for s in range(200)}
     assert 3 not in draws and draws == {0, 1, 2}
     assert sample(logits, SamplingParams(temperature=0, logit_bias={"99": 50})) == 3  # past the vocabulary: ignored
+
+
+def test_a_huge_temperature_is_a_uniform_draw_without_a_warning():
+    import warnings
+
+    logits = logits_from([3.0, 1.0, -2.0, 0.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow RuntimeWarning fails the test
+        probs = logits_to_probs(logits, SamplingParams(temperature=1e300, **OPEN))
+    assert np.allclose(probs, 0.25)

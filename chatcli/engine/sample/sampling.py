@@ -30,11 +30,14 @@ def apply_repetition_penalty(logits: np.ndarray, recent_ids, penalty: float) -> 
     return out
 
 
+HOTTEST = 1e30  # any temperature past it gives the same uniform draw (1e300 would overflow float32)
+
+
 def candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """[V] penalised logits → (probabilities [K], their token ids [K]) after temperature, top-k,
     top-p and min-p, most likely first. With top-k on, only those K (and ties with the k-th) are
     sorted and normalised, like llama.cpp's sampler chain: ~0.08 ms a token over 49k ids."""
-    scaled = logits / np.float32(params.temperature)
+    scaled = logits / np.float32(min(params.temperature, HOTTEST))
     vocab = scaled.shape[0]
     if 0 < params.top_k < vocab:
         kth = scaled[np.argpartition(scaled, vocab - params.top_k)[vocab - params.top_k :]].min()
