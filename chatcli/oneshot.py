@@ -63,14 +63,17 @@ def load_engine(start: StartOptions):
         raise UserError(str(exc)) from None
 
 
-def check_format(engine, params) -> None:
-    """A --json-schema the engine cannot hold the reply to: one line, before the turn starts."""
-    from chatcli.engine import GrammarError
+def check_params(engine, params) -> None:
+    """A --logit-bias id past the vocabulary or a --json-schema the engine cannot hold the reply to:
+    one line, before the turn starts."""
+    from chatcli.engine import GrammarError, InvalidParameter
 
     try:
-        engine.check_format(params)  # a remote engine leaves it to its server
+        engine.check_params(params)  # a remote engine leaves it to its server
     except GrammarError as exc:
         raise UserError(f"--json-schema: {exc}", 2) from None
+    except InvalidParameter as exc:
+        raise UserError(f"--{exc}", 2) from None
 
 
 def open_conversation(store, start: StartOptions, resume: str | None, continue_last: bool):
@@ -176,7 +179,7 @@ def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: boo
     if saving and not new:  # another process may have answered in it while this one waited for the lock
         conversation, _ = open_conversation(store, start, conversation.id, False)
     engine = load_engine(start)
-    check_format(engine, start.params)
+    check_params(engine, start.params)
     prompt = conversation.add_user(text)
     saved = []
 

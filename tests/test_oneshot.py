@@ -180,6 +180,12 @@ def test_json_schema_holds_the_reply_to_a_file_or_inline_schema(cli, tmp_path):
         jsonschema.validate(json.loads(result.stdout), schema)
 
 
+def test_a_logit_bias_past_the_vocabulary_is_one_line(cli):
+    result = cli("-p", "hi", "--logit-bias", "99999999=5")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith("chatcli: error: --logit-bias: token id 99999999 is past the vocabulary")
+
+
 @pytest.mark.parametrize(
     "value,words",
     [

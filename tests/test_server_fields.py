@@ -73,6 +73,19 @@ def test_a_logit_bias_of_minus_100_bans_a_token(tiny_engine, serve):
         reply(server, logit_bias={"5": 101})
     with pytest.raises(BadRequestError, match="logit_bias must be an object"):
         reply(server, logit_bias=[5])
+    past = tiny_engine.tokenizer.vocab_size
+    with pytest.raises(BadRequestError, match=f"token id {past} is past the vocabulary"):
+        reply(server, logit_bias={str(past): 5})
+
+
+def test_a_logit_bias_past_the_vocabulary_is_refused(tiny_lean):
+    from chatcli.engine import InvalidParameter
+    from chatcli.engine.sample.sampling import SamplingParams
+
+    vocab = tiny_lean.tokenizer.vocab_size
+    tiny_lean.check_params(SamplingParams(logit_bias={str(vocab - 1): 5}))  # the last id is fine
+    with pytest.raises(InvalidParameter, match=f"token id {vocab} is past the vocabulary .ids 0 to {vocab - 1}."):
+        tiny_lean.check_params(SamplingParams(logit_bias={"3": 1, str(vocab): 5}))
 
 
 def test_their_no_op_values_pass(tiny_engine, serve):

@@ -124,7 +124,7 @@ OPEN = {"type": "object", "properties": {f"p{i}": {"enum": ["a", "b"]} for i in 
 )
 def test_a_schema_it_cannot_hold_to_is_one_line(tiny_lean, schema, words):
     with pytest.raises(GrammarError, match=words) as info:
-        tiny_lean.check_format(SamplingParams(response_format=ResponseFormat.json_schema(schema)))
+        tiny_lean.check_params(SamplingParams(response_format=ResponseFormat.json_schema(schema)))
     assert "\n" not in str(info.value)
 
 
@@ -134,7 +134,7 @@ def test_a_response_format_needs_a_schema_object(tiny_lean):
     with pytest.raises(ValueError, match="no reply could match"):
         ResponseFormat.json_schema(False)
     anything = SamplingParams(temperature=0, max_tokens=40, response_format=ResponseFormat.json_schema(True))
-    tiny_lean.check_format(anything)  # true: any JSON value
+    tiny_lean.check_params(anything)  # true: any JSON value
     assert ResponseFormat.json_schema(True).schema_object() == {}
     with pytest.raises(ValueError, match="json_object or json_schema"):
         ResponseFormat("yaml")

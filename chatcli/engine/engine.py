@@ -36,6 +36,7 @@ from chatcli.engine.runners.base import ModelRunner
 from chatcli.engine.sample.grammar import Constraint, TokenGrammar
 from chatcli.engine.sample.lookup import PromptLookup
 from chatcli.engine.sample.sampling import (
+    InvalidParameter,
     SamplingParams,
     accept_draft,
     needs_recent_ids,
@@ -88,8 +89,13 @@ class Engine:
         """The tokenizer's side of constrained decoding, built on the first structured request."""
         return TokenGrammar(self.tokenizer)
 
-    def check_format(self, params: SamplingParams) -> None:
-        """GrammarError (one line) where `params.response_format` cannot constrain this model's replies."""
+    def check_params(self, params: SamplingParams) -> None:
+        """InvalidParameter where `params.logit_bias` names an id past the vocabulary; GrammarError (one
+        line) where `params.response_format` cannot constrain this model's replies."""
+        vocab = self.tokenizer.vocab_size
+        outside = sorted(t for t, _ in params.logit_bias if t >= vocab)
+        if outside:
+            raise InvalidParameter(f"logit-bias: token id {outside[0]} is past the vocabulary (ids 0 to {vocab - 1})")
         if params.response_format is not None:
             self.grammar.check(params.response_format)
 

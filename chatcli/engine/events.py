@@ -80,8 +80,9 @@ class ChatEngine(Protocol):
 
     def lookup_for(self, params: SamplingParams) -> int: ...
 
-    def check_format(self, params: SamplingParams) -> None:
-        """`GrammarError` (one line) where replies cannot be held to `params.response_format`."""
+    def check_params(self, params: SamplingParams) -> None:
+        """`InvalidParameter` for a logit bias past the vocabulary; `GrammarError` (one line) where
+        replies cannot be held to `params.response_format`."""
 
     def generate(
         self,

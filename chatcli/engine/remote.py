@@ -119,8 +119,9 @@ class RemoteEngine:
     def lookup_for(self, params: SamplingParams) -> int:
         return 0  # drafting is the server's business
 
-    def check_format(self, params: SamplingParams) -> None:
-        """Nothing to check here: the server holds the reply to `response_format` (and says so if it cannot)."""
+    def check_params(self, params: SamplingParams) -> None:
+        """Nothing to check here: the server knows its vocabulary and holds the reply to `response_format`
+        (and says so if it cannot)."""
 
     def crop_session(self, session, messages: Sequence[dict]) -> int:
         session.cache.tokens = 0  # the server keeps (and crops) its own cache

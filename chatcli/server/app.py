@@ -39,7 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from chatcli.engine import Engine, GrammarError, SamplingParams, SessionPool
+from chatcli.engine import Engine, GrammarError, InvalidParameter, SamplingParams, SessionPool
 from chatcli.errors import one_line
 from chatcli.server import schema
 from chatcli.server.hosts import is_loopback
@@ -257,7 +257,7 @@ def create_app(
         request_ = schema.parse_request(await read_json(request), defaults)
         if request_.params.logprobs is not None and b.tokenizer is None:
             raise APIError(400, "logprobs are not available from this engine", "logprobs", "unsupported_parameter")
-        await check_format(b.engine, request_.params)
+        await check_params(b.engine, request_.params)
         return CompletionResponse(request_, b.worker, b.engine.name, b.tokenizer)
 
     async def text_completions(request: Request) -> Response:
@@ -275,15 +275,17 @@ def create_app(
         text = prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
         return TextCompletionResponse(request_, ids, text, b.worker, b.engine.name, tokenizer)
 
-    async def check_format(engine: Engine, params: SamplingParams) -> None:
-        """A 400 for a response_format the engine cannot hold replies to (checked off the event loop:
-        the first one builds the tokenizer's grammar side, ~0.2 s)."""
-        if params.response_format is None:
+    async def check_params(engine: Engine, params: SamplingParams) -> None:
+        """A 400 for a logit_bias past the vocabulary, or a response_format the engine cannot hold
+        replies to (checked off the event loop: the first one builds the tokenizer's grammar side, ~0.2 s)."""
+        if params.response_format is None and not params.logit_bias:
             return
         try:
-            await anyio.to_thread.run_sync(engine.check_format, params)
+            await anyio.to_thread.run_sync(engine.check_params, params)
         except GrammarError as exc:
             raise APIError(400, str(exc), "response_format", "invalid_value") from None
+        except InvalidParameter as exc:
+            raise APIError(400, str(exc), "logit_bias", "invalid_value") from None
 
     async def models(_request: Request) -> Response:
         engine = state.backend().engine

@@ -83,7 +83,7 @@ class FakeEngine:
     def lookup_for(self, params) -> int:
         return params.lookup
 
-    def check_format(self, params) -> None:
+    def check_params(self, params) -> None:
         pass  # no grammar: the real engine's checks are tested with the tiny model
 
     backend = "fake"

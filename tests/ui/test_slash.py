@@ -55,6 +55,22 @@ async def test_seed_off_and_bad_values_change_nothing():
         assert screen.params.top_p == 0.9 and screen.params.top_k == SamplingParams().top_k
 
 
+async def test_a_value_the_model_refuses_changes_nothing():
+    from chatcli.engine import InvalidParameter
+
+    class SmallVocabulary(FakeEngine):  # the engine's check, as the real one says it (tested in test_server_fields)
+        def check_params(self, params) -> None:
+            if any(t >= 1000 for t, _ in params.logit_bias):
+                raise InvalidParameter("logit-bias: token id 99999999 is past the vocabulary (ids 0 to 999)")
+
+    app = make_app(SmallVocabulary())
+    async with app.run_test() as pilot:
+        screen = await ready(pilot)
+        note = await command(pilot, "/logit-bias 99999999=5")
+        assert note.has_class("-error") and note.text.startswith("/logit-bias: token id 99999999 is past")
+        assert screen.params.logit_bias == ()
+
+
 async def test_unknown_command_names_the_nearest():
     app = make_app()
     async with app.run_test() as pilot:

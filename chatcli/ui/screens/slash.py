@@ -47,8 +47,10 @@ async def run_command(screen: SlashTarget, text: str) -> None:
 def set_value(screen: SlashTarget, command: Command) -> None:
     try:
         params = apply_setting(screen.params, command)
+        if screen.engine is not None:  # what only the model knows: its vocabulary (a logit bias's ids)
+            screen.engine.check_params(params)
     except ValueError as exc:
-        screen.note(f"/{command.name}: {exc} (unchanged)", error=True)
+        screen.note(f"/{command.name}: {str(exc).removeprefix('logit-bias: ')} (unchanged)", error=True)
         return
     screen.set_params(params)
     field, _value = command.setting
