@@ -121,7 +121,7 @@ def config_path() -> Path:
 def load_config(path: Path | None = None) -> Config:
     path = path or config_path()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (Notepad writes one) is not TOML
     except FileNotFoundError:
         return Config(path=path)
     except tomllib.TOMLDecodeError as exc:

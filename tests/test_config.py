@@ -54,3 +54,9 @@ def test_a_remote_backend_in_the_config(tmp_path):
     for line in ("api = 8000", "api_key = true"):
         with pytest.raises(ConfigError, match=f"{line.split()[0]} must be a string"):
             load_config(write(tmp_path, line + "\n"))
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_bytes("\ufeff[sampling]\ntemperature = 0.25\n".encode())  # as Notepad saves UTF-8
+    assert load_config(path).params().temperature == 0.25
