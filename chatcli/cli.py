@@ -188,11 +188,15 @@ def app(
             raise UserError("no prompt: pass -p TEXT or pipe text in (the TUI needs a terminal)", 2)
         if json_schema is not None:
             raise UserError("--json-schema is for one-shot replies: pass -p TEXT or pipe text in", 2)
+        if start.params.logprobs is not None:
+            raise UserError("--logprobs is for one-shot replies with --json (in the TUI, F4 shows each token's)", 2)
         from chatcli.ui.app import run_tui
 
         raise click.exceptions.Exit(run_tui(start))
     from chatcli.oneshot import read_prompt, run_oneshot
 
+    if start.params.logprobs is not None and not json_out:
+        raise UserError("--logprobs shows in the --json output: add --json", 2)
     text = read_prompt(sys.stdin.buffer if piped else None, prompt)
     code = run_oneshot(
         start, text, json_out=json_out, show_stats=stats, resume=conversation, continue_last=continue_last

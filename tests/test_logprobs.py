@@ -108,6 +108,10 @@ def test_oneshot_json_has_per_token_logprobs(tiny_model_dir, tmp_path):
     bad = subprocess.run([*cmd[:-8], "--logprobs", "21"], capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode != 0 and "logprobs must be in [0, 20]" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    plain = [c for c in cmd if c != "--json"]  # nowhere to show them: said, not ignored
+    unseen = subprocess.run(plain, capture_output=True, text=True, timeout=300, env=env)
+    assert unseen.returncode == 2
+    assert unseen.stderr == "chatcli: error: --logprobs shows in the --json output: add --json\n"
 
 
 def client(server):
