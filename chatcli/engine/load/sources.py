@@ -77,6 +77,16 @@ def each_candidate(model: str | None, config_default: str | None, attempt):
             return attempt(name, explicit)
         except LoadError:
             raise
+        except OSError as exc:  # the cache cannot be written (read-only, full): no other model would fix it
+            if explicit or name == FALLBACK_HUB_ID:
+                failures.append(f"{name}: {one_line(exc)}")
+                continue
+            from chatcli.paths import cache_dir
+
+            raise LoadError(
+                f"the embedded model could not be prepared in the cache folder {cache_dir()}: {one_line(exc)}. "
+                "Fix: free some space or make that folder writable, or set CHATCLI_CACHE_DIR to another folder"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - reported as one line below
             reason = one_line(exc) if explicit or name != FALLBACK_HUB_ID else "not in the local Hugging Face cache"
             failures.append(f"{name}: {reason}")
