@@ -113,3 +113,16 @@ def test_flipped_bytes_with_the_mtime_put_back_pass_a_start_but_not_verify(fake_
     assert not folder.exists()  # removed: converted again when a load needs it
     assert convert.converted_folder(path) == folder and len(calls) == 2 and target.read_bytes() == b"w" * 4096
     assert all(c.ok for c in verify_model_files(str(path))) and len(calls) == 2
+
+
+def test_a_real_conversion_draws_no_progress_bars(tmp_path, capfd):
+    """transformers' "Loading weights" and "Writing model shards" bars filled a stderr that was a log
+    file; the conversion's progress goes to the status line instead."""
+    from tests.gguf_models import tiny, write_gguf
+
+    path = write_gguf(tiny("llama", True), tmp_path / "tiny.gguf", "F32")
+    said: list[str] = []
+    convert.save_converted(path, tmp_path / "out", said.append)
+    assert (tmp_path / "out" / "config.json").is_file() and said
+    err = capfd.readouterr().err
+    assert "it/s" not in err and "%|" not in err, err[-300:]

@@ -239,6 +239,9 @@ def save_converted(path: Path, out: Path, status: Callable[[str], None] = lambda
     import torch
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its loading and writing bars: `status` says where it is
 
     def report(tensors, desc=""):  # stands in for transformers' tqdm bar: progress goes to `status`
         tensors = list(tensors)
