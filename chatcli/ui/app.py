@@ -35,7 +35,7 @@ class ChatApp(App):
     TITLE = "chatcli"
     BINDINGS = [
         Binding("ctrl+q", "quit_clean", "Quit", priority=True),
-        Binding("ctrl+c", "quit_clean", "Quit", show=False, priority=True),
+        Binding("ctrl+c", "interrupt", "Stop / Quit", show=False, priority=True),
     ]
     ENABLE_COMMAND_PALETTE = False
 
@@ -143,6 +143,16 @@ class ChatApp(App):
         threading.Thread(target=run, name="chatcli-model", daemon=True).start()
 
     # -- quitting ----------------------------------------------------------------
+
+    def action_interrupt(self) -> None:
+        """Ctrl+C, as in llama-cli and ollama: the first stops a streaming reply (and keeps it, as
+        Esc does); with no reply streaming it quits."""
+        screen = self.chat_screen
+        if screen is not None and screen.busy and screen.cancel is not None:
+            screen.action_stop()
+            self.notify("Reply stopped. Ctrl+C again quits.", timeout=3)
+            return
+        self.action_quit_clean()
 
     def action_quit_clean(self) -> None:
         """Quit at any moment: cancel a running reply (it stops within one step), then exit."""

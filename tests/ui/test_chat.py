@@ -134,6 +134,22 @@ async def test_quitting_during_generation_is_clean():
     assert engine.reasons == ["cancelled"]
 
 
+async def test_ctrl_c_stops_a_reply_first_then_quits():
+    engine = FakeEngine(script=lambda _t: "x " * 50, hold_at=2)
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen.live.tokens == 2)
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not screen.busy)
+        assert app.is_running and engine.reasons == ["cancelled"]
+        assert screen.conversation.messages[-1].finish_reason == "cancelled"  # the reply so far is kept
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+    assert app.return_code == 0 and not app.is_running
+
+
 async def test_ctrl_c_quits_too():
     app = make_app()
     async with app.run_test() as pilot:
