@@ -47,6 +47,8 @@ async def test_edit_an_earlier_message_into_a_branch(tiny_engine):
 
         await pilot.press("f9")
         assert screen.prompt.text == "And then"
+        await pilot.press("!")  # the cursor is after the text: typing adds to its end
+        assert screen.prompt.text == "And then!"
         await pilot.press("escape")
         assert screen.editing is None and screen.prompt.text == "" and "Edit cancelled" in last_note(screen)
 

@@ -117,11 +117,11 @@ class ChatScreen(ConversationScreen):
         if self.load_error is not None:
             nothing = "No server answers" if self.remote else "No model is loaded"
             self.note(f"{nothing}, so nothing can answer (see the error above).", error=True)
-            self.prompt.load_text(text)  # kept, not sent
+            self.prompt.restore(text)  # kept, not sent
             return
         if self.editing is not None:
             if not await self._branch_for_edit():
-                self.prompt.load_text(text)  # kept, not sent
+                self.prompt.restore(text)  # kept, not sent
                 return
         waiting = self.busy or self.engine is None
         widget = self.pane.add_user(text, queued=waiting)
@@ -295,7 +295,7 @@ class ChatScreen(ConversationScreen):
             return
         number = number or len(users)
         self.editing = users[number - 1]
-        self.prompt.load_text(self.conversation.messages[self.editing].content)
+        self.prompt.restore(self.conversation.messages[self.editing].content)
         self.prompt.focus()
         self.note(
             f"Editing your message {number}: Enter sends it as a new branch from there (this one stays: "
@@ -349,7 +349,7 @@ class ChatScreen(ConversationScreen):
             self.chats.forget_last(self.conversation, 1)
             restore = not self.prompt.text and not self.queue
             if restore:
-                self.prompt.load_text(failed.content)
+                self.prompt.restore(failed.content)
             for widget in self.pane.query(UserMessage):
                 if widget.message is failed and restore:
                     widget.remove()

@@ -65,17 +65,20 @@ class PromptInput(TextArea):
         start, end = self.selection
         self.replace("\n", start, end, maintain_selection_offset=False)
 
+    def restore(self, text: str) -> None:
+        """Put `text` back in the prompt (an edit, a prompt not sent), the cursor after it: typing adds to it."""
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
     def _recall(self, entry: str | None) -> bool:
         if entry is None:
             return False  # at the edge of the history: let the cursor move as usual
-        self.load_text(entry)
-        self.move_cursor(self.document.end)
+        self.restore(entry)
         return True
 
     def _complete(self) -> None:
         done = common_completion(self.text)
         if done is not None:
-            self.load_text(done)
-            self.move_cursor(self.document.end)
+            self.restore(done)
         else:
             self.app.notify("  ".join(complete(self.text)), title="Commands", timeout=4)
