@@ -31,6 +31,9 @@ async def test_switch_model_mid_chat_and_back_in_the_history():
         first = screen.conversation
         await command(pilot, "/model")
         assert "model: fake-model" in last_note(screen)
+        for same in ("fake-model", "~/models/fake-model"):  # by its name, or a path to it
+            await command(pilot, f"/model {same}")
+            assert last_note(screen) == "/model: fake-model is the model answering now" and not screen.switching
 
         await command(pilot, "/model missing.gguf")
         await wait_for(pilot, lambda: screen.switching is None)

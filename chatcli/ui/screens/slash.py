@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse
@@ -127,6 +128,9 @@ async def model(screen: SlashTarget, arg: str) -> None:
         return
     if screen.busy:
         screen.note("/model: a reply is streaming; press Esc to stop it first", error=True)
+        return
+    if screen.engine.name in (name, Path(name).expanduser().name):  # a reload would only drop every cache
+        screen.note(f"/model: {screen.engine.name} is the model answering now")
         return
     screen.load_model(name)
 
