@@ -125,6 +125,7 @@ def test_probs_are_a_distribution_with_the_top_token(values, temperature, top_k,
         ("temperature", float("nan"), "temperature"),
         ("seed", -1, "seed must be in [0, 2**64)"),
         ("seed", 2**64, "seed must be in [0, 2**64)"),
+        ("logit_bias", ("5=1", "123=abc"), 'ID=BIAS, or {"ID": BIAS}), got 123=abc'),  # the item, as typed
     ],
 )
 def test_out_of_range_values_are_refused(field, value, words):

@@ -322,6 +322,7 @@ def _bias_pairs(value) -> tuple[tuple[int, float], ...]:
     """A logit bias as sorted (id, bias) pairs, from {"id": bias}, "ID=BIAS" strings or pairs."""
     items = value.items() if isinstance(value, dict) else value
     pairs = {}
+    item = value
     try:
         for item in items:
             token, bias = item.split("=", 1) if isinstance(item, str) else item
@@ -329,8 +330,9 @@ def _bias_pairs(value) -> tuple[tuple[int, float], ...]:
                 raise ValueError
             pairs[int(str(token).strip())] = float(bias)
     except (TypeError, ValueError):
+        shown = item if isinstance(item, str) else "=".join(map(str, item)) if isinstance(item, tuple) else repr(item)
         raise InvalidParameter(
-            f'logit-bias takes token ids with biases (ID=BIAS, or {{"ID": BIAS}}), got {value!r}'
+            f'logit-bias takes token ids with biases (ID=BIAS, or {{"ID": BIAS}}), got {shown}'
         ) from None
     return tuple(sorted(pairs.items()))
 

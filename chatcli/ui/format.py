@@ -30,9 +30,11 @@ def settings_lines(params, system: str | None, theme: str, model: str) -> list[s
 
 
 def stats_lines(stats: TurnStats) -> list[str]:
-    """Every field of a turn's stats, one per line, in readable units."""
+    """Every field of a turn's stats, one per line, in readable units (the unit in the value, not
+    the name: `total 6555 ms`, where --json says `total_s`)."""
     lines = []
     for key, value in stats.to_dict().items():
+        name = key.removesuffix("_tok_s").removesuffix("_s").removesuffix("_bytes").replace("_", " ")
         if value is None:
             text = "n/a"
         elif key.endswith("_s") and not key.endswith("tok_s"):
@@ -43,7 +45,7 @@ def stats_lines(stats: TurnStats) -> list[str]:
             text = human_bytes(value)
         else:
             text = str(value)
-        lines.append(f"{key:<18} {text}")
+        lines.append(f"{name:<18} {text}")
     return lines
 
 

@@ -80,5 +80,5 @@ def test_format_helpers():
     assert human_bytes(5 * 1024**3) == "5.0 GiB"
     assert sampling_line(SamplingParams(seed=None, temperature=0.25)).startswith("temp 0.25 · top-k 40")
     lines = stats_lines(TurnStats(ttft_s=0.1234, decode_tok_s=12.345, kv_cache_bytes=2048))
-    assert "ttft_s             123 ms" in lines and "decode_tok_s       12.3 tok/s" in lines
-    assert "kv_cache_bytes     2.0 KiB" in lines
+    assert "ttft               123 ms" in lines and "decode             12.3 tok/s" in lines
+    assert "kv cache           2.0 KiB" in lines and "prompt tokens      0" in lines

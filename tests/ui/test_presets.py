@@ -15,6 +15,8 @@ async def test_slash_preset_sets_the_system_prompt_and_sampling(tmp_path):
         await command(pilot, "/preset")
         assert "presets: coder, cold" in screen.pane.children[-1].render().plain
         await command(pilot, "/preset coder")
+        said = screen.pane.children[-1].render().plain
+        assert "temperature = 0.2; top-k = 10" in said  # the names the commands take, not the config's keys
         assert screen.conversation.system == "You write Python."
         assert screen.params.temperature == 0.2 and screen.params.top_k == 10
         await command(pilot, "/preset nope")

@@ -110,8 +110,8 @@ async def test_settings_and_stats():
         assert "temperature    0.25" in settings and "fake-model" in settings and "theme          dark" in settings
         await send(pilot, "hi")
         stats = (await command(pilot, "/stats")).text
-        assert "completion_tokens  3" in stats and "ttft_s             50 ms" in stats
-        assert "kv_cache_bytes" in stats and len(stats.splitlines()) == len(screen.last_stats.to_dict())
+        assert "completion tokens  3" in stats and "ttft               50 ms" in stats
+        assert "kv cache" in stats and len(stats.splitlines()) == len(screen.last_stats.to_dict())
 
 
 async def test_clear_starts_an_empty_conversation_with_a_new_session():

@@ -95,7 +95,7 @@ async def preset(screen: SlashTarget, arg: str) -> None:
         screen.note(f"/preset: {exc}", error=True)
         return
     screen.set_params(params)
-    changed = [f"{k} = {v}" for k, v in chosen.sampling.items()]
+    changed = [f"{setting_of(k).name} = {setting_of(k).show(getattr(params, k))}" for k in chosen.sampling]
     if chosen.system is not None:
         screen.conversation.system = chosen.system
         screen.chats.save_system(screen.conversation)
