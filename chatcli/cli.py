@@ -305,7 +305,9 @@ def export(conversation_id, fmt) -> None:
     found = store.find(conversation_id)
     data = store.export(found) if found else None
     if data is None:
-        raise UserError(f"no conversation {conversation_id!r} (see 'chatcli history')")
+        from chatcli.chat.saved import not_found
+
+        raise UserError(not_found(store, conversation_id))
     click.echo(render_export(data, fmt))
 
 

@@ -97,7 +97,7 @@ def test_export_and_import_round_trip_with_one_line_errors(chats, tmp_path):
     (tmp_path / "bad.json").write_text("{nope", encoding="utf-8")
     for name, message in [
         (tmp_path / "missing.json", "cannot read"),
-        (tmp_path / "bad.json", "bad.json: Expecting property name"),
+        (tmp_path / "bad.json", "bad.json is not a chatcli JSON export .line 1: Expecting property name"),
     ]:
         with pytest.raises(ChatsError, match=message):
             chats.import_file(str(name))

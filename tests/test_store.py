@@ -207,3 +207,17 @@ def test_write_failure_is_a_store_error(store):
     store.db.execute("PRAGMA query_only=ON")  # as good as a read-only disk
     with pytest.raises(StoreError, match="cannot save"):
         store.add_message(c.id, c.add_user("lost?"))
+
+
+def test_an_id_prefix_of_several_says_so(store):
+    from chatcli.chat.saved import NoSuchConversation, not_found, open_saved
+
+    a, b = Conversation(id="ab12"), Conversation(id="ab34")
+    for c in (a, b):
+        store.create(c)
+    assert store.find("ab") is None and store.matching("ab") == ["ab12", "ab34"]
+    assert not_found(store, "ab") == "'ab' starts 2 conversation ids (ab12, ab34): give more of it"
+    assert not_found(store, "zz") == "no conversation 'zz' (see 'chatcli history')"
+    with pytest.raises(NoSuchConversation, match="starts 2 conversation ids"):
+        open_saved(store, False, "ab")
+    assert open_saved(store, False, "ab3").id == "ab34"

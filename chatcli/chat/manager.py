@@ -314,7 +314,12 @@ class Chats:
             raise ChatsError(f"cannot read {name}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise ChatsError(f"{name} is not a text file") from None
-        except ValueError as exc:  # json.JSONDecodeError is one
+        except json.JSONDecodeError as exc:  # a Markdown export, say: /load reads the JSON one only
+            raise ChatsError(
+                f"{name} is not a chatcli JSON export (line {exc.lineno}: {exc.msg}); "
+                "/save NAME.json or chatcli export --format json writes one"
+            ) from None
+        except ValueError as exc:
             raise ChatsError(f"{name}: {one_line(exc)}") from None
         if self._save("create", conv, str(data.get("model", ""))):
             self.stored.add(conv.id)

@@ -30,12 +30,21 @@ def open_saved(store, continue_last: bool, wanted: str | None, system: str | Non
     conversation = store.load(found) if found else None
     if conversation is None:
         if wanted:
-            raise NoSuchConversation(f"no conversation {wanted!r} (see 'chatcli history')")
+            raise NoSuchConversation(not_found(store, wanted))
         raise NoSuchConversation("no saved conversation to continue")
     if system is not None:
         conversation.system = system
         store.set_system(conversation.id, system)
     return conversation
+
+
+def not_found(store, wanted: str) -> str:
+    """Why `wanted` names no one conversation: none has it, or it starts several ids."""
+    several = store.matching(wanted)
+    if len(several) > 1:
+        shown = ", ".join(several[:3]) + (" …" if len(several) > 3 else "")
+        return f"{wanted!r} starts {len(several)} conversation ids ({shown}): give more of it"
+    return f"no conversation {wanted!r} (see 'chatcli history')"
 
 
 def save_kv(engine, session, path: Path) -> str | None:

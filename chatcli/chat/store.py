@@ -260,8 +260,14 @@ class Store:
 
     def find(self, prefix: str) -> str | None:
         """A conversation id from its full id or a unique prefix of it."""
-        rows = self._read("SELECT id FROM conversations WHERE substr(id, 1, length(?1)) = ?1", (prefix,))
-        return rows[0][0] if len(rows) == 1 else None
+        found = self.matching(prefix)
+        return found[0] if len(found) == 1 else None
+
+    def matching(self, prefix: str) -> list[str]:
+        """The ids that start with `prefix`."""
+        return [
+            r[0] for r in self._read("SELECT id FROM conversations WHERE substr(id, 1, length(?1)) = ?1", (prefix,))
+        ]
 
     def load(self, conversation_id: str) -> Conversation | None:
         rows = self._read("SELECT title, system, parent_id, fork_at FROM conversations WHERE id=?", (conversation_id,))

@@ -219,7 +219,7 @@ async def test_save_and_load_round_trip(tmp_path):
         bad.write_text('{"messages": [{"role": "robot", "content": "x"}]}')
         for arg, fragment in [
             (bad, "message 1 needs a role"),
-            (md, "Expecting value"),
+            (md, "is not a chatcli JSON export (line 1: Expecting value); /save NAME.json"),
             (tmp_path / "none.json", "cannot read"),
         ]:
             note = await command(pilot, f"/load {arg}")
