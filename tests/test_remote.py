@@ -186,7 +186,7 @@ def test_a_timeout(faults):
 
 @pytest.mark.parametrize(
     ("scenario", "kept", "words"),
-    [("cut", "Hello world", "the stream was cut: "), ("malformed", "Hello", "a malformed event from the server")],
+    [("cut", "Hello world", "the server's stream ended mid-reply ("), ("malformed", "Hello", "a malformed event from the server")],
 )
 def test_a_stream_that_breaks_mid_reply_keeps_the_text_and_says_so(faults, scenario, kept, words):
     done = turn(fault(faults, scenario).connect(), USER)[-1]
@@ -282,7 +282,7 @@ def test_a_one_shot_fault_is_one_line_and_a_cut_reply_is_printed_and_marked(faul
     assert cut.returncode == 1
     assert cut.stdout.decode().strip() == "Hello world"
     err = cut.stderr.decode().strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("chatcli: error: the stream was cut: ")
+    assert len(err) == 1 and err[0].startswith("chatcli: error: the server's stream ended mid-reply (")
     assert err[0].endswith("(the reply above is partial)")
 
 

@@ -210,7 +210,7 @@ class RemoteEngine:
             if not cancel.is_set():
                 if not turn.started:
                     raise RemoteError(self._transport(exc)) from None
-                turn.fail(f"the stream was cut: {one_line(exc)}")
+                turn.fail(f"the server's stream ended mid-reply ({one_line(exc)})")
         if cancel.is_set() and not turn.error:
             turn.reason = FinishReason.CANCELLED
         t_end = time.perf_counter()

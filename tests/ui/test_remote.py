@@ -103,7 +103,7 @@ async def test_a_stream_cut_mid_reply_keeps_the_text_and_marks_it(faults):
         last = screen.conversation.messages[-1]
         assert (last.content, last.finish_reason) == ("Hello world", "error")
         note = str(screen.pane.query(ReplyBox).last().note.render())
-        assert "cut off: the stream was cut" in note
+        assert "⚠ cut off: the server's stream ended mid-reply (" in note and note.count("cut") == 1
         assert screen.panels.values["kv"] == "n/a" and screen.panels.values["prefill"] == "n/a"
 
 
