@@ -186,7 +186,10 @@ def test_a_timeout(faults):
 
 @pytest.mark.parametrize(
     ("scenario", "kept", "words"),
-    [("cut", "Hello world", "the server's stream ended mid-reply ("), ("malformed", "Hello", "a malformed event from the server")],
+    [
+        ("cut", "Hello world", "the server's stream ended mid-reply ("),
+        ("malformed", "Hello", "a malformed event from the server"),
+    ],
 )
 def test_a_stream_that_breaks_mid_reply_keeps_the_text_and_says_so(faults, scenario, kept, words):
     done = turn(fault(faults, scenario).connect(), USER)[-1]

@@ -108,9 +108,13 @@ class ChatApp(App):
             self.notify(error, severity="error")
         if store_error:
             self.notify(f"{store_error}. Conversations are not saved.", title="Not saved", severity="error", timeout=10)
-        # A daemon thread, not a worker: a model load cannot be cancelled, and quitting
-        # during it must not wait for it to finish.
-        threading.Thread(target=self._load, args=(self.chat_screen,), name="chatcli-load", daemon=True).start()
+        self.start_load(self.chat_screen)
+
+    def start_load(self, screen: ChatScreen) -> None:
+        """Load the engine (connect to the --api server) for `screen`: `EngineReady` or `LoadFailed`
+        comes. A daemon thread, not a worker: a model load cannot be cancelled, and quitting during
+        it must not wait for it to finish."""
+        threading.Thread(target=self._load, args=(screen,), name="chatcli-load", daemon=True).start()
 
     def _load(self, screen: ChatScreen) -> None:
         """Load thread: never touches a widget, only posts messages."""

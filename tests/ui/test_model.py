@@ -70,3 +70,20 @@ async def test_no_switch_while_a_reply_streams():
         assert "a reply is streaming" in last_note(screen) and screen.switching is None
         engine.release.set()
         await wait_for(pilot, lambda: not screen.busy)
+
+
+async def test_a_first_model_that_failed_is_replaced_by_model():
+    other, factory = engines()
+    app = make_app(LoadError("model file not found: first.gguf"), model_factory=factory)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.chat_screen
+        await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.load_error is not None)
+        screen = app.chat_screen
+        await command(pilot, "/model missing.gguf")
+        await wait_for(pilot, lambda: screen.switching is None and "missing.gguf:" in last_note(screen))
+        assert last_note(screen).endswith("(no model is loaded)")
+        await command(pilot, "/model other")
+        await wait_for(pilot, lambda: screen.engine is other)
+        assert "now answering with other-model (the first failed to load)" in last_note(screen)
+        await send(pilot, "hi")
+        assert screen.conversation.messages[-1].content == "Other says: hi"

@@ -12,6 +12,7 @@ from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from tests.faults import fault_app
 from tests.servers import Server, slow_endless
 from tests.ui.conftest import command, make_app, ready, send, wait_for
+from tests.ui.fake import FakeEngine
 
 GREEDY = StartOptions(params=SamplingParams(temperature=0, max_tokens=12))
 
@@ -117,10 +118,32 @@ async def test_a_server_that_cannot_be_reached_at_start_is_an_inline_line_and_no
         assert note == "Could not use the --api server: cannot connect to http://gpu-box:8000/v1: refused"
         assert "no server" in str(screen.info.render())
         screen.prompt.load_text("still here")
-        await pilot.press("enter")
-        await pilot.pause()
-        assert screen.pane.notes()[-1].text.startswith("No server answers, so nothing can answer")
+        await pilot.press("enter")  # tries the server again: still down
+        await wait_for(pilot, lambda: screen.load_error is not None and screen.pane.notes()[-1].text.startswith("Not"))
+        assert screen.pane.notes()[-1].text == "Not sent: 1 prompt(s) put back in the prompt."
         assert screen.prompt.text == "still here" and screen.conversation.messages == []
+        assert not screen.pane.query(UserMessage)
+
+
+async def test_a_server_down_at_start_is_tried_again_on_the_next_send():
+    from chatcli.engine.remote import RemoteError
+    from chatcli.ui.app import ChatApp
+
+    engine, tries = FakeEngine(), []
+
+    def factory(status=None):  # down at start, up by the first send
+        tries.append(1)
+        if len(tries) == 1:
+            raise RemoteError("cannot connect to http://gpu-box:8000/v1: refused")
+        return engine
+
+    app = ChatApp(StartOptions(api="http://gpu-box"), engine_factory=factory)
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready_or_failed(pilot)
+        await send(pilot, "hello")
+        assert len(tries) == 2 and screen.engine is engine and screen.load_error is None
+        assert [m.role for m in screen.conversation.messages] == ["user", "assistant"]
+        assert "no server" not in str(screen.info.render())
 
 
 async def ready_or_failed(pilot):

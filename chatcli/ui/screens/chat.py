@@ -89,9 +89,10 @@ class ChatScreen(ConversationScreen):
         self.switching = None
         self.drop_loading()
         if message.engine is None:
-            self.note(f"/model {message.name}: {message.error} (still answering with {self.engine.name})", error=True)
+            still = f"still answering with {self.engine.name}" if self.engine is not None else "no model is loaded"
+            self.note(f"/model {message.name}: {message.error} ({still})", error=True)
             return
-        old = self.engine
+        old, self.load_error = self.engine, None  # a first model that failed to load is replaced too
         self.engine = message.engine
         self.chats.start_pool(self.engine)
         self.session = self.chats.session_for(self.conversation)
@@ -99,7 +100,8 @@ class ChatScreen(ConversationScreen):
         self.panels.set_context(len(self.session.cache), self.engine.context_limit)
         self.refresh_pool()
         self.refresh_info()
-        self.note(f"now answering with {self.engine.name} (was {getattr(old, 'name', '?')}); the next turn prefills")
+        was = f"was {old.name}" if old is not None else "the first failed to load"
+        self.note(f"now answering with {self.engine.name} ({was}); the next turn prefills")
         self._next_in_queue()
 
     # -- sending ---------------------------------------------------------------
@@ -114,9 +116,10 @@ class ChatScreen(ConversationScreen):
         if is_command(text):
             await self.run_command(text)
             return
-        if self.load_error is not None:
-            nothing = "No server answers" if self.remote else "No model is loaded"
-            self.note(f"{nothing}, so nothing can answer (see the error above).", error=True)
+        if self.load_error is not None and self.remote:  # the server may be up by now: connect again
+            self.reconnect()
+        elif self.load_error is not None:
+            self.note("No model is loaded, so nothing can answer (see the error above).", error=True)
             self.prompt.restore(text)  # kept, not sent
             return
         if self.editing is not None:

@@ -168,9 +168,11 @@ class ConversationScreen(Screen):
         self.drop_loading()
         what = "use the --api server" if self.remote else "load the model"
         self.note(f"Could not {what}: {message.error}", error=True)
-        if self.queue:
-            self.note(f"{len(self.queue)} queued prompt(s) were not sent.", error=True)
-            self.queue.clear()
+        if self.queue:  # back in the prompt, nothing lost: Enter tries again
+            texts = [widget.text for widget in self.queue]
+            self.drop_queue()
+            self.prompt.restore("\n\n".join([*texts, self.prompt.text] if self.prompt.text else texts))
+            self.note(f"Not sent: {len(texts)} prompt(s) put back in the prompt.", error=True)
         title = "Connection failed" if self.remote else "Load failed"
         self.app.notify(message.error, title=title, severity="error", timeout=10)
         self.refresh_info()
@@ -179,6 +181,15 @@ class ConversationScreen(Screen):
     def remote(self) -> bool:
         """The engine is (to be) a server's: `--api` or the config's `api`."""
         return bool(getattr(self.app.start, "api", None))
+
+    def reconnect(self) -> None:
+        """The --api server failed before: try it again (the next send waits for it, queued)."""
+        self.load_error = None
+        self.load_status = f"Connecting to {self.app.start.api}"
+        self.loading_line = LoadingLine(self.load_status)
+        self.pane.mount(self.loading_line)
+        self.refresh_info()
+        self.app.start_load(self)
 
     def load_model(self, name: str) -> None:
         """`/model NAME`: the app loads it in the background; `ModelLoaded` comes when it is done."""

@@ -123,13 +123,18 @@ async def model(screen: SlashTarget, arg: str) -> None:
         current = getattr(screen.engine, "name", None) or "(loading)"
         screen.note(f"model: {current} · /model NAME loads another (a hub id, a folder or a .gguf file)")
         return
-    if screen.engine is None or screen.switching:
+    failed, remote = screen.load_error is not None, screen.remote  # the first model (server) failed
+    if screen.engine is None and failed and remote:
+        screen.note("/model: no server answers yet; sending a message connects again", error=True)
+        return
+    if (screen.engine is None and not failed) or screen.switching:
         screen.note("/model: a model is still loading; try again when it is ready", error=True)
         return
     if screen.busy:
         screen.note("/model: a reply is streaming; press Esc to stop it first", error=True)
         return
-    if screen.engine.name in (name, Path(name).expanduser().name):  # a reload would only drop every cache
+    if screen.engine is not None and screen.engine.name in (name, Path(name).expanduser().name):
+        # the model answering now: a reload would only drop every conversation's cache
         screen.note(f"/model: {screen.engine.name} is the model answering now")
         return
     screen.load_model(name)

@@ -26,7 +26,8 @@ class SlashTarget(Protocol):
     conversation: Conversation  # the open one (a command may set its `system`, then `chats.save_system` it)
     chats: Chats  # the conversations, their store and sessions
     params: SamplingParams  # the sampling values of the next turn (changed through `set_params`)
-    engine: ChatEngine | None  # None while the first model loads
+    engine: ChatEngine | None  # None while the first model loads (or after it failed to)
+    load_error: str | None  # why the first model (the --api server) could not be used
     busy: bool  # a reply is streaming
     switching: str | None  # the model /model is loading
     last_stats: TurnStats | None  # the conversation's latest turn
@@ -34,6 +35,9 @@ class SlashTarget(Protocol):
 
     @property
     def config(self) -> Config: ...  # the config file's values (its presets)
+
+    @property
+    def remote(self) -> bool: ...  # the engine is (to be) an --api server's
 
     @property
     def chat_theme(self) -> str: ...
