@@ -8,7 +8,8 @@ import sqlite3
 from pathlib import Path
 
 from chatcli.chat.conversation import Conversation
-from chatcli.chat.store import SCHEMA_VERSION, Store
+from chatcli.chat.schema import SCHEMA_VERSION
+from chatcli.chat.store import Store
 
 V1 = Path(__file__).parent / "data" / "chatcli-v1.db"
 
@@ -111,7 +112,7 @@ def test_branches_are_stored_with_their_parent_and_listed_as_a_tree(tmp_path):
 
 def test_a_schema_2_database_gets_the_branch_columns(tmp_path):
     """Schema 2 (the index, before branches) existed in this project's history: it upgrades to 3."""
-    from chatcli.chat.store import SCHEMA_V1, SCHEMA_V2
+    from chatcli.chat.schema import SCHEMA_V1, SCHEMA_V2
 
     path = tmp_path / "chatcli.db"
     db = sqlite3.connect(path)

@@ -13,7 +13,8 @@ import pytest
 
 from chatcli.chat.conversation import Conversation
 from chatcli.chat.export import from_export, to_markdown
-from chatcli.chat.store import SCHEMA_VERSION, Store, StoreError
+from chatcli.chat.schema import SCHEMA_VERSION
+from chatcli.chat.store import Store, StoreError
 
 
 @pytest.fixture

@@ -25,9 +25,10 @@ from chatcli.engine import Finished, FinishReason, Prefilled, Token, TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import drafts_text, reply_note, turn_line
 from chatcli.ui.live import LiveTurn, final_values, prompt_opens_thinking
-from chatcli.ui.messages import CacheNotSaved, EngineReady, ModelLoaded, TurnEvent, TurnFailed
+from chatcli.ui.messages import CacheNotSaved, TurnEvent, TurnFailed
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
+from chatcli.ui.screens.loading import EngineLoading
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.tokens import turn_pieces
@@ -38,7 +39,7 @@ TICK_S = 1 / 10  # UI refresh while a reply streams: smooth enough, and leaves t
 PANEL_EVERY = 3
 
 
-class ChatScreen(ConversationScreen):
+class ChatScreen(EngineLoading, ConversationScreen):
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "toggle_panels", "Panels"),
@@ -72,37 +73,6 @@ class ChatScreen(ConversationScreen):
         self._ticks = 0  # ticks of the current reply (the panels refresh every PANEL_EVERY)
         self._cache_warned = False
         self._turn_params = params
-
-    def on_engine_ready(self, message: EngineReady) -> None:
-        self.engine = message.engine
-        self.chats.start_pool(self.engine)
-        self.session = self.chats.session_for(self.conversation)
-        self.drop_loading()
-        self.panels.set_context(len(self.session.cache), self.engine.context_limit)
-        self.refresh_pool()
-        self.refresh_info()
-        self._next_in_queue()
-
-    def on_model_loaded(self, message: ModelLoaded) -> None:
-        """`/model NAME` is done: the new engine answers from now on (every conversation's cache is
-        the old model's, so the pool starts empty), and the open conversation remembers it."""
-        self.switching = None
-        self.drop_loading()
-        if message.engine is None:
-            still = f"still answering with {self.engine.name}" if self.engine is not None else "no model is loaded"
-            self.note(f"/model {message.name}: {message.error} ({still})", error=True)
-            return
-        old, self.load_error = self.engine, None  # a first model that failed to load is replaced too
-        self.engine = message.engine
-        self.chats.start_pool(self.engine)
-        self.session = self.chats.session_for(self.conversation)
-        self.chats.set_model(self.conversation)
-        self.panels.set_context(len(self.session.cache), self.engine.context_limit)
-        self.refresh_pool()
-        self.refresh_info()
-        was = f"was {old.name}" if old is not None else "the first failed to load"
-        self.note(f"now answering with {self.engine.name} ({was}); the next turn prefills")
-        self._next_in_queue()
 
     # -- sending ---------------------------------------------------------------
 
@@ -301,8 +271,8 @@ class ChatScreen(ConversationScreen):
         self.prompt.restore(self.conversation.messages[self.editing].content)
         self.prompt.focus()
         self.note(
-            f"Editing your message {number}: Enter sends it as a new branch from there (this one stays: "
-            "/branches, F3); Esc cancels."
+            f"Editing your message {number}: Enter sends it as a new branch from there "
+            "(this one stays: /branches, F3); Esc cancels."
         )
 
     async def _branch_for_edit(self) -> bool:

@@ -1,10 +1,11 @@
-"""The screen a conversation is shown on, and switched from: its layout, the model's loading,
-the sidebar, and opening, switching, deleting conversations through `Chats`.
+"""The screen a conversation is shown on, and switched from: its layout, the sidebar, and
+opening, switching, deleting conversations through `Chats`.
 
-`ChatScreen` (`chat.py`) builds on it with what a turn needs (sending, streaming, stopping);
-this class calls nothing of it: `busy` and `queue` are the only turn state it reads, to refuse
-a switch while a reply streams or prompts wait. Most of `SlashTarget` (what a slash command may
-do) is here: notes, the app's clipboard, screens, theme and config, `/model`'s loading line.
+`ChatScreen` (`chat.py`) builds on it with what a turn needs (sending, streaming, stopping) and
+the engine's arrival (`loading.py`); this class calls nothing of them: `busy` and `queue` are the
+only turn state it reads, to refuse a switch while a reply streams or prompts wait. Most of
+`SlashTarget` (what a slash command may do) is here: notes, the app's clipboard, screens, theme
+and config.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from chatcli.chat.saved import NoSuchConversation
 from chatcli.engine import TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import human_bytes, reply_note, sampling_line
-from chatcli.ui.messages import LoadFailed, LoadStatus
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, UserMessage
 from chatcli.ui.widgets.panels import StatsPanel
@@ -156,53 +156,10 @@ class ConversationScreen(Screen):
     def _store_damaged(self, line: str) -> None:
         self.app.notify(line, title="Damaged database", severity="warning", timeout=20)
 
-    # -- loading ---------------------------------------------------------------
-
-    def on_load_status(self, message: LoadStatus) -> None:
-        self.load_status = message.line()
-        if self.loading_line is not None:
-            self.loading_line.status.update(self.load_status)
-
-    def on_load_failed(self, message: LoadFailed) -> None:
-        self.load_error = message.error
-        self.drop_loading()
-        what = "use the --api server" if self.remote else "load the model"
-        self.note(f"Could not {what}: {message.error}", error=True)
-        if self.queue:  # back in the prompt, nothing lost: Enter tries again
-            texts = [widget.text for widget in self.queue]
-            self.drop_queue()
-            self.prompt.restore("\n\n".join([*texts, self.prompt.text] if self.prompt.text else texts))
-            self.note(f"Not sent: {len(texts)} prompt(s) put back in the prompt.", error=True)
-        title = "Connection failed" if self.remote else "Load failed"
-        self.app.notify(message.error, title=title, severity="error", timeout=10)
-        self.refresh_info()
-
     @property
     def remote(self) -> bool:
         """The engine is (to be) a server's: `--api` or the config's `api`."""
         return bool(getattr(self.app.start, "api", None))
-
-    def reconnect(self) -> None:
-        """The --api server failed before: try it again (the next send waits for it, queued)."""
-        self.load_error = None
-        self.load_status = f"Connecting to {self.app.start.api}"
-        self.loading_line = LoadingLine(self.load_status)
-        self.pane.mount(self.loading_line)
-        self.refresh_info()
-        self.app.start_load(self)
-
-    def load_model(self, name: str) -> None:
-        """`/model NAME`: the app loads it in the background; `ModelLoaded` comes when it is done."""
-        self.switching = name
-        self.load_status = f"Loading {name}"
-        self.loading_line = LoadingLine(self.load_status)
-        self.pane.mount(self.loading_line)
-        self.app.load_model(name, self)
-
-    def drop_loading(self) -> None:
-        if self.loading_line is not None:
-            self.loading_line.remove()
-            self.loading_line = None
 
     def refresh_info(self) -> None:
         if self.engine is not None:
