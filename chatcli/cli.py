@@ -67,6 +67,16 @@ def read_json_schema(value: str):
         raise UserError(f"--json-schema: {exc}", 2) from None
 
 
+def with_files(text: str, files: tuple[str, ...]) -> str:
+    """The prompt with each -f file before it (`chat.attach`); a file that cannot be attached is a usage error."""
+    from chatcli.chat.attach import AttachError, read_attachment, with_attachments
+
+    try:
+        return with_attachments(text, [read_attachment(name, sys.stdin.buffer) for name in files])
+    except AttachError as exc:
+        raise UserError(f"-f {exc}", 2) from None
+
+
 def _json_text(value: str) -> bool:
     """Whether a --json-schema value is JSON text rather than a file name: it parses, or it opens an object."""
     import json
@@ -120,6 +130,14 @@ def start_options(
     help="A terminal chat for local LLMs. Run it bare for the TUI, or pipe a prompt in for one answer.",
 )
 @click.option("--prompt", "-p", default=None, help="Answer this once and exit.")
+@click.option(
+    "--file",
+    "-f",
+    "files",
+    multiple=True,
+    metavar="FILE",
+    help="One-shot: attach this text file to the prompt ('-': stdin); repeatable.",
+)
 @model_options()
 @sampling_options()
 @click.option("--api", default=None, metavar="URL", help="Answer from this OpenAI-compatible server (…/v1).")
@@ -152,6 +170,7 @@ def start_options(
 def app(
     ctx,
     prompt,
+    files,
     model,
     api,
     api_key,
@@ -182,8 +201,8 @@ def app(
     start.continue_last, start.conversation = continue_last, conversation
     start.save = start.config.save if save is None else save
     start.cache_budget_bytes = cache_budget  # bytes (flags.Size); None: the pool's default
-    piped = not sys.stdin.isatty()
-    if prompt is None and not piped:
+    piped = not sys.stdin.isatty() and "-" not in files  # `-f -` takes stdin as a file
+    if prompt is None and not piped and not files:
         if not (sys.stdout.isatty() and sys.stderr.isatty()):  # Textual draws on stderr
             raise UserError("no prompt: pass -p TEXT or pipe text in (the TUI needs a terminal)", 2)
         if json_schema is not None:
@@ -197,7 +216,7 @@ def app(
 
     if start.params.logprobs is not None and not json_out:
         raise UserError("--logprobs shows in the --json output: add --json", 2)
-    text = read_prompt(sys.stdin.buffer if piped else None, prompt)
+    text = with_files(read_prompt(sys.stdin.buffer if piped else None, prompt, required=not files), files)
     code = run_oneshot(
         start, text, json_out=json_out, show_stats=stats, resume=conversation, continue_last=continue_last
     )

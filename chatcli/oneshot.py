@@ -13,8 +13,9 @@ from chatcli.errors import UserError
 from chatcli.options import StartOptions
 
 
-def read_prompt(stdin: BinaryIO | None, prompt: str | None) -> str:
-    """Piped stdin first, then the -p text; refuse invalid UTF-8 and blank input."""
+def read_prompt(stdin: BinaryIO | None, prompt: str | None, required: bool = True) -> str:
+    """Piped stdin first, then the -p text; refuse invalid UTF-8, and blank input where `required`
+    (not where files are attached: they can be the whole message)."""
     parts = []
     if stdin is not None:
         data = stdin.read()
@@ -25,7 +26,7 @@ def read_prompt(stdin: BinaryIO | None, prompt: str | None) -> str:
     if prompt is not None:
         parts.append(prompt)
     text = "\n\n".join(p.strip("\n") for p in parts if p.strip())
-    if not text.strip():
+    if not text.strip() and required:
         raise UserError("empty prompt: pipe some text in or pass -p TEXT", 2)
     return text
 

@@ -99,6 +99,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("delete", "delete the current conversation (asks first)"),
     CommandSpec("save", "export the current conversation (.md or .json)", "FILE"),
     CommandSpec("load", "import a JSON export as a new conversation", "FILE"),
+    CommandSpec("file", "attach a text file to your next message (bare: list them; off: drop them)", "[PATH|off]"),
     CommandSpec("copy", "copy the last reply, its Nth code block, or message N, to the clipboard (F5)", "[code [N]|N]"),
     CommandSpec("search", "find saved messages with these words (ranked; Enter opens one)", "TEXT"),
     CommandSpec("edit", "edit your Nth message (the last: F9); Enter sends it as a new branch", "[N]"),
@@ -195,22 +196,51 @@ def parse(text: str) -> Command:
     return Command(found.name, arg, (found.field, value))
 
 
-def complete(text: str) -> list[str]:
-    """Completions of a half-typed command name ('/te' → ['/temp', '/temperature']); [] past the name."""
+PATH_ARGUMENTS = ("file", "load", "save")  # commands whose argument is a file: Tab completes paths
+
+
+def complete(text: str, choices: Callable[[str], list[str]] | None = None) -> list[str]:
+    """Completions of a half-typed command name ('/te' → ['/temp', '/temperature']), or of its
+    argument: a path for /file, /load and /save, else one of `choices(command)` (themes, presets)."""
     text = text.lstrip()
-    if not text.startswith("/") or " " in text:
+    if not text.startswith("/"):
         return []
-    stem = text[1:].lower()
-    return [f"/{n}" for n in names() if n.startswith(stem)]
+    head, space, arg = text.partition(" ")
+    if not space:
+        stem = text[1:].lower()
+        return [f"/{n}" for n in names() if n.startswith(stem)]
+    found = spec(head[1:])
+    if found is None or " " in arg.strip():
+        return []
+    values = complete_path(arg) if found.name in PATH_ARGUMENTS else (choices(found.name) if choices else [])
+    return [f"{head} {v}" for v in values if v.startswith(arg) and v != arg]
 
 
-def common_completion(text: str) -> str | None:
-    """What Tab turns `text` into: the one match plus a space, or the longest common prefix of all matches."""
-    matches = complete(text)
+def complete_path(partial: str) -> list[str]:
+    """Files and folders (these end with /) whose path starts with `partial` (~ expanded), sorted;
+    hidden ones only where `partial` names a dot."""
+    folder, _, stem = partial.rpartition("/")
+    where = os.path.expanduser(folder + "/" if folder or partial.startswith("/") else ".")
+    try:
+        entries = sorted(os.scandir(where), key=lambda e: e.name)
+    except OSError:
+        return []
+    prefix = folder + "/" if folder or partial.startswith("/") else ""
+    return [
+        prefix + e.name + ("/" if e.is_dir() else "")
+        for e in entries
+        if e.name.startswith(stem) and (stem.startswith(".") or not e.name.startswith("."))
+    ]
+
+
+def common_completion(text: str, choices: Callable[[str], list[str]] | None = None) -> str | None:
+    """What Tab turns `text` into: the one match plus a space (none after a folder), or the longest
+    common prefix of all matches; None where Tab adds nothing (several matches: they cycle)."""
+    matches = complete(text, choices)
     if not matches:
         return None
     if len(matches) == 1:
-        return matches[0] + " "
+        return matches[0] + ("" if matches[0].endswith("/") else " ")
     prefix = os.path.commonprefix(matches)
     return prefix if len(prefix) > len(text.strip()) else None
 

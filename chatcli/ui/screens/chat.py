@@ -19,6 +19,7 @@ import threading
 from textual import work
 from textual.binding import Binding
 
+from chatcli.chat.attach import with_attachments
 from chatcli.chat.commands import is_command
 from chatcli.chat.saved import save_kv
 from chatcli.engine import Finished, FinishReason, Prefilled, Token, TurnStats
@@ -96,6 +97,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
             if not await self._branch_for_edit():
                 self.prompt.restore(text)  # kept, not sent
                 return
+        text, self.attachments = with_attachments(text, self.attachments), []  # /file's files, before the text
         waiting = self.busy or self.engine is None
         widget = self.pane.add_user(text, queued=waiting)
         self.pane.follow()

@@ -90,7 +90,8 @@ class ConversationScreen(Screen):
         self.panels = StatsPanel()
         self.tokens = TokenInspector(id="tokens")
         self.tokens.display = False
-        self.prompt = PromptInput(self.history, id="prompt")
+        self.prompt = PromptInput(self.history, choices=self.argument_choices, id="prompt")
+        self.attachments: list = []  # chat.attach.Attachment: the files /file attached to the next message
         self.info = InfoBar("")
         self.sidebar = Sidebar()
 
@@ -137,6 +138,10 @@ class ConversationScreen(Screen):
 
     def theme_names(self) -> list[str]:
         return self.app.theme_names()
+
+    def argument_choices(self, command: str) -> list[str]:
+        """What Tab offers after /theme and /preset (paths, after /file, /load and /save: commands.py)."""
+        return {"theme": self.theme_names, "preset": lambda: sorted(self.config.presets)}.get(command, list)()
 
     def set_theme(self, name: str) -> str | None:
         return self.app.set_chat_theme(name, remember=True)

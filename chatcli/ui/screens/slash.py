@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse
-from chatcli.chat.manager import ChatsError
 from chatcli.engine import setting_of
 from chatcli.errors import one_line
 from chatcli.ui.format import settings_lines, stats_lines
+from chatcli.ui.screens.slash_files import attach, load, save
 
 if TYPE_CHECKING:
     from chatcli.ui.screens.slash_target import SlashTarget
@@ -307,27 +307,6 @@ async def delete(screen: SlashTarget, _arg: str) -> None:
     screen.open_screen(Confirm(question), answered)
 
 
-async def save(screen: SlashTarget, arg: str) -> None:
-    try:
-        path = screen.chats.export(screen.conversation, arg)
-    except ChatsError as exc:
-        screen.note(f"/save: {exc}", error=True)
-        return
-    screen.note(f"saved {len(screen.conversation.messages)} messages to {path}")
-
-
-async def load(screen: SlashTarget, arg: str) -> None:
-    if screen.refuse_switch():
-        return
-    try:
-        conv = screen.chats.import_file(arg)
-    except ChatsError as exc:
-        screen.note(f"/load: {exc}", error=True)
-        return
-    await screen.show_conversation(conv)
-    screen.note(f"loaded {len(conv.messages)} messages from {arg} as a new conversation")
-
-
 async def tokens(screen: SlashTarget, _arg: str) -> None:
     screen.action_toggle_tokens()
 
@@ -370,6 +349,7 @@ HANDLERS: dict[str, Handler] = {
     "delete": delete,
     "save": save,
     "load": load,
+    "file": attach,
     "retry": retry,
     "undo": undo,
     "theme": theme,

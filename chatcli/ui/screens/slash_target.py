@@ -32,6 +32,7 @@ class SlashTarget(Protocol):
     switching: str | None  # the model /model is loading
     last_stats: TurnStats | None  # the conversation's latest turn
     top_logprobs: int  # alternatives the token inspector records (a command may set it)
+    attachments: list  # chat.attach.Attachment: /file's files, sent before the next message (a command adds to it)
 
     @property
     def config(self) -> Config: ...  # the config file's values (its presets)

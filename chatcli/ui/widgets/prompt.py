@@ -1,8 +1,10 @@
 """The prompt: a multi-line TextArea. Enter sends, Shift+Enter / Ctrl+J insert a newline,
-Up/Down at the first/last line walk the prompt history, Tab completes a command name."""
+Up/Down at the first/last line walk the prompt history, Tab completes a command name and its
+argument (a path, a theme, a preset); where several fit, each Tab shows the next."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual import events
@@ -28,9 +30,11 @@ class PromptInput(TextArea):
     class Submitted(Message):
         text: str
 
-    def __init__(self, history: PromptHistory, **kwargs) -> None:
+    def __init__(self, history: PromptHistory, choices: Callable[[str], list[str]] | None = None, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self.prompts = history
+        self.choices = choices  # a command's argument values Tab offers (themes, presets); paths: commands.py
+        self._cycle: tuple[list[str], int] | None = None  # several matches: Tab shows each in turn
 
     async def _on_key(self, event: events.Key) -> None:
         key = event.key
@@ -43,7 +47,7 @@ class PromptInput(TextArea):
             handled = self._recall(self.prompts.older(self.text))
         elif key == "down" and self.cursor_location[0] == self.document.line_count - 1 and not self.selected_text:
             handled = self._recall(self.prompts.newer())
-        elif key == "tab" and complete(self.text):
+        elif key == "tab" and (self._cycling() or complete(self.text, self.choices)):
             self._complete()
         else:
             handled = False
@@ -76,9 +80,23 @@ class PromptInput(TextArea):
         self.restore(entry)
         return True
 
+    def _cycling(self) -> bool:
+        return self._cycle is not None and self.text == self._cycle[0][self._cycle[1]]
+
     def _complete(self) -> None:
-        done = common_completion(self.text)
+        """Tab: the one match, or what all matches share; where they share no more, each in turn."""
+        if self._cycling():
+            matches, shown = self._cycle
+            self._cycle = (matches, (shown + 1) % len(matches))
+            self.restore(matches[self._cycle[1]])
+            return
+        done = common_completion(self.text, self.choices)
         if done is not None:
+            self._cycle = None
             self.restore(done)
-        else:
-            self.app.notify("  ".join(complete(self.text)), title="Commands", timeout=4)
+            return
+        matches = complete(self.text, self.choices)
+        self._cycle = (matches, 0)
+        self.restore(matches[0])
+        shown = "  ".join(m.rpartition(" ")[2] or m for m in matches)
+        self.app.notify(shown, title="Tab: the next one", timeout=4)
