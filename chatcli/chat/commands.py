@@ -102,7 +102,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("file", "attach a text file to your next message (bare: list them; off: drop them)", "[PATH|off]"),
     CommandSpec("copy", "copy the last reply, its Nth code block, or message N, to the clipboard (F5)", "[code [N]|N]"),
     CommandSpec("search", "find saved messages with these words (ranked; Enter opens one)", "TEXT"),
-    CommandSpec("edit", "edit your Nth message (the last: F9); Enter sends it as a new branch", "[N]"),
+    CommandSpec("edit", "edit your message #N (your last: F9); Enter sends it as a new branch", "[N]"),
     CommandSpec("branches", "list this conversation's branches (/switch N opens one)"),
     CommandSpec("retry", "regenerate the last reply"),
     CommandSpec("undo", "remove the last exchange"),

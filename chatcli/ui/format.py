@@ -75,4 +75,4 @@ def reply_note(finish_reason: str | None, stats: TurnStats | None, error: str | 
 
 
 def turn_line(index: int, stats: TurnStats) -> str:
-    return f"#{index:<3} {stats.ttft_s * 1000:5.0f} ms {stats.decode_tok_s:6.1f} tok/s"
+    return f"{index:>3}. {stats.ttft_s * 1000:5.0f} ms {stats.decode_tok_s:6.1f} tok/s"  # turns, not messages: no #

@@ -23,8 +23,12 @@ async def test_edit_an_earlier_message_into_a_branch(tiny_engine):
         await send(pilot, "Tell me more")
         root = screen.conversation
         old_ids = list(screen.session.cache.ids)
-        await command(pilot, "/edit 2")
+        await command(pilot, "/edit 3")  # message #3, as the screen numbers it: the second of yours
         assert screen.prompt.text == "Tell me more" and screen.editing == 2
+        await pilot.press("escape")
+        await command(pilot, "/edit 2")
+        assert "#2 is not one of your messages here (#1, #3)" in last_note(screen) and screen.editing is None
+        await command(pilot, "/edit 3")
         await send(pilot, "What else")
         branch = screen.conversation
         assert branch.id != root.id and branch.parent_id == root.id and branch.fork_at == 2
@@ -61,8 +65,8 @@ async def test_edit_refusals_are_inline(tiny_engine):
         assert "no message of yours to edit yet" in last_note(screen)
         await send(pilot, "Hello")
         await command(pilot, "/edit 5")
-        assert "you have 1 message here, not 5" in last_note(screen)
+        assert "#5 is not one of your messages here (#1)" in last_note(screen)
         await command(pilot, "/edit two")
-        assert "takes the number of one of your messages" in last_note(screen)
+        assert "takes the number (#N) of one of your messages" in last_note(screen)
         await command(pilot, "/branches")
         assert "no branches" in last_note(screen)

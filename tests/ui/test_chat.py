@@ -323,3 +323,22 @@ async def test_a_kv_cache_that_cannot_be_saved_is_said_once():
             "The KV cache was not saved ([Errno 28] No space left on device); a later start prefills again."
         ]
         assert screen.conversation.messages[-1].content == "You said: **two**"
+
+
+async def test_messages_show_the_numbers_copy_and_edit_take():
+    from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
+
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Hello")
+        await send(pilot, "More")
+        users = [str(w.render()) for w in screen.pane.query(UserMessage)]
+        notes = [str(b.note.render()) for b in screen.pane.query(ReplyBox)]
+        assert users == ["#1 Hello", "#3 More"]
+        assert [n.split(" · ")[0] for n in notes] == ["#2", "#4"]
+        await command(pilot, "/copy 3")
+        assert app.clipboard == "More"
+        await pilot.press("ctrl+n")
+        await command(pilot, "/switch 2")  # reopened: numbered the same way
+        assert [str(w.render()) for w in screen.pane.query(UserMessage)] == users

@@ -111,6 +111,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
         widget = self.queue.pop(0)
         widget.remove_class("-queued")
         widget.message = self.conversation.add_user(widget.text)
+        widget.number(len(self.conversation.messages))
         self.chats.save_user(self.conversation, widget.message)
         if self.sidebar.is_open:
             self.refresh_sidebar()  # its title and count, before the reply comes
@@ -231,7 +232,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
             self.app.notify(stats.note[:1].upper() + stats.note[1:] + ".", severity="warning", timeout=8)
         if reply is not None:
             reply.message = reply_msg
-            reply.set_note(reply_note(done.finish_reason, stats, done.error))
+            reply.set_note(reply_note(done.finish_reason, stats, done.error), len(self.conversation.messages))
         self.panels.set_speeds(self.live.rates)
         self._show_final(stats)
         self.panels.add_turn(turn_line(self.turns_done, stats))
@@ -258,22 +259,23 @@ class ChatScreen(EngineLoading, ConversationScreen):
         await self.run_command("/edit")
 
     def start_edit(self, number: int | None) -> None:
-        """/edit [N]: your Nth message (the last by default) into the prompt; Enter sends it as a branch."""
-        users = [i for i, m in enumerate(self.conversation.messages) if m.role == "user"]
+        """/edit [N]: message #N, one of yours (your last by default), into the prompt; Enter sends it as a branch."""
+        users = [i + 1 for i, m in enumerate(self.conversation.messages) if m.role == "user"]
         if not users:
             self.note("/edit: no message of yours to edit yet", error=True)
             return
-        if number is not None and not 1 <= number <= len(users):
-            self.note(f"/edit: you have {len(users)} message{'s' * (len(users) != 1)} here, not {number}", error=True)
+        if number is not None and number not in users:
+            yours = ", ".join(f"#{n}" for n in users[-8:])
+            self.note(f"/edit: #{number} is not one of your messages here ({yours})", error=True)
             return
         if self.refuse_switch():
             return
-        number = number or len(users)
-        self.editing = users[number - 1]
+        number = number or users[-1]
+        self.editing = number - 1
         self.prompt.restore(self.conversation.messages[self.editing].content)
         self.prompt.focus()
         self.note(
-            f"Editing your message {number}: Enter sends it as a new branch from there "
+            f"Editing message #{number}: Enter sends it as a new branch from there "
             "(this one stays: /branches, F3); Esc cancels."
         )
 

@@ -200,11 +200,12 @@ class ConversationScreen(Screen):
         if self.loading_line is not None:  # still loading: keep showing it
             self.loading_line = LoadingLine(self.load_status)
             self.pane.mount(self.loading_line)
-        for m in conv.messages:
+        for n, m in enumerate(conv.messages, 1):  # numbered as /copy N and /edit N take them
             if m.role == "user":
-                self.pane.add_user(m.content).message = m
+                self.pane.add_user(m.content).number(n).message = m
             else:
-                self.pane.add_saved_reply(m.content, reply_note(m.finish_reason, saved_stats(m.stats))).message = m
+                note = reply_note(m.finish_reason, saved_stats(m.stats))
+                self.pane.add_saved_reply(m.content, note, n).message = m
         self.panels.reset()
         self.last_stats = next((saved_stats(m.stats) for m in reversed(conv.messages) if m.stats), None)
         if self.engine is not None:

@@ -143,7 +143,7 @@ async def model(screen: SlashTarget, arg: str) -> None:
 async def edit(screen: SlashTarget, arg: str) -> None:
     arg = arg.strip()
     if arg and not arg.isdigit():
-        screen.note(f"/edit takes the number of one of your messages (1 = the first), got {arg!r}", error=True)
+        screen.note(f"/edit takes the number (#N) of one of your messages, got {arg!r}", error=True)
         return
     screen.start_edit(int(arg) if arg else None)
 

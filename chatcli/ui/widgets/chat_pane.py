@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Collapsible, LoadingIndicator, Markdown, Static
@@ -21,6 +22,11 @@ class UserMessage(Static):
         super().__init__(text, markup=False, classes="-queued" if queued else "")
         self.text = text
         self.message = None  # the conversation's Message, once its turn has started
+
+    def number(self, n: int) -> UserMessage:
+        """Show its place in the conversation (what /copy N and /edit N take), once it has one."""
+        self.update(Text.assemble((f"#{n} ", "dim"), self.text))
+        return self
 
 
 class ReplyMarkdown(Markdown):
@@ -107,8 +113,9 @@ class ReplyBox(Vertical):
     def has_reasoning(self) -> bool:
         return self.fold.has_class("-shown")
 
-    def set_note(self, text: str) -> None:
-        self.note.update(text)
+    def set_note(self, text: str, number: int | None = None) -> None:
+        """The line under the reply, after its place in the conversation (`number`, once it has one)."""
+        self.note.update(" · ".join(part for part in (f"#{number}" if number else "", text) if part))
 
 
 def _thought_title(text: str) -> str:
@@ -165,9 +172,10 @@ class ChatPane(VerticalScroll):
         self.mount(box)
         return box
 
-    def add_saved_reply(self, text: str, note: str) -> ReplyBox:
-        """A finished reply of a reopened conversation (rendered once, no stream)."""
-        box = ReplyBox(text, note)
+    def add_saved_reply(self, text: str, note: str, number: int) -> ReplyBox:
+        """A finished reply of a reopened conversation (rendered once, no stream), message `number`."""
+        box = ReplyBox(text)
+        box.set_note(note, number)
         self.mount(box)
         return box
 
