@@ -342,3 +342,13 @@ async def test_messages_show_the_numbers_copy_and_edit_take():
         await pilot.press("ctrl+n")
         await command(pilot, "/switch 2")  # reopened: numbered the same way
         assert [str(w.render()) for w in screen.pane.query(UserMessage)] == users
+
+
+async def test_an_empty_first_screen_says_how_to_start():
+    from chatcli.ui.screens.conversations import START_HINT
+
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        assert [n.text for n in screen.pane.notes()] == [START_HINT]
+        assert "Enter" in START_HINT and "/help" in START_HINT

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from chatcli.config import Config
 
 NARROW_BELOW = 80  # columns
+START_HINT = (
+    "Type a message and press Enter. /help lists the commands · F3 your saved conversations · "
+    "/file PATH attaches a file · Ctrl+Q quits"
+)
 BUSY_SWITCH = "a reply is streaming: press Esc to stop it before leaving this conversation"
 QUEUED_SWITCH = "prompts are waiting to be sent: press Esc to drop them before leaving this conversation"
 
@@ -107,6 +111,8 @@ class ConversationScreen(Screen):
 
     async def on_mount(self) -> None:
         await self.open_at_start()
+        if not self.conversation.messages:  # an empty first screen says how to start
+            self.note(START_HINT)
         if self.engine is None and self.load_error is None:
             self.loading_line = LoadingLine(self.load_status)
             self.pane.mount(self.loading_line)
