@@ -32,7 +32,13 @@ class UserMessage(Static):
 class ReplyMarkdown(Markdown):
     """The reply's Markdown; counts its appends (each one is a re-parse of the tail and a re-render)."""
 
-    DEFAULT_CSS = "ReplyMarkdown { margin: 0; padding: 0 1; background: transparent; }"
+    # A code block's long lines wrap: Textual's fence scrolls them sideways without a scrollbar,
+    # which on screen (and in a terminal's copy) cut them at the pane's edge.
+    DEFAULT_CSS = """
+    ReplyMarkdown { margin: 0; padding: 0 1; background: transparent; }
+    ReplyMarkdown MarkdownFence { overflow-x: hidden; }
+    ReplyMarkdown MarkdownFence > Label { width: 1fr; text-wrap: wrap; }
+    """
 
     def __init__(self, markdown: str = "") -> None:
         super().__init__(markdown)
