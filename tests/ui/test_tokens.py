@@ -80,3 +80,31 @@ def test_a_long_reply_renders_and_moves():
     inspector.pieces = pieces
     assert "#998 id 998" in inspector.detail().plain
     assert shade(0.95) != shade(0.01)
+
+
+async def test_the_selected_token_stays_in_sight_and_a_switch_clears_it():
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "hello")
+        await pilot.press("f4")
+        inspector = screen.tokens
+        prompt = [Piece(i, f"word{i} ", "prefilled") for i in range(800)]  # a long prompt: many screenfuls
+        reply = [Piece(900 + i, f"r{i} ", "reply", -0.1) for i in range(5)]
+        inspector.show_turn(prompt + reply, recorded=True)
+        await pilot.pause()
+        await pilot.pause()
+        assert inspector.selected == 800 and "id 900 'r0 '" in str(inspector.head.render())  # the line stays on top
+        scroller = inspector.scroller
+        top = scroller.scroll_y
+        assert top > 0 and scroller.max_scroll_y > 0  # scrolled down to the reply, past the prompt
+        inspector.focus()
+        await pilot.press("home")
+        await pilot.pause()
+        await pilot.pause()
+        assert inspector.selected == 0 and scroller.scroll_y == 0
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert "No turn in this conversation yet" in str(inspector.head.render()) and inspector.pieces == []
+        await pilot.press("f4", "f4")  # hidden and shown again: still this conversation's (none)
+        assert inspector.pieces == []

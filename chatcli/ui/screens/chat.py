@@ -68,6 +68,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
         self.top_logprobs = 5  # alternatives the token inspector records (/top-logprobs N)
         self.editing: int | None = None  # /edit: the index of the user message the prompt replaces
         self._prompt_ids: tuple[list[int], int] = ([], 0)  # this turn's prompt ids, and how many were cached
+        self._tokens_of: str | None = None  # the conversation that turn was in
         self._reply_tokens: list[Token] = []  # this turn's reply tokens, for the inspector
         self._streamed: list[str] = []  # all the text of the streaming reply
         self._tick = None
@@ -140,7 +141,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
         self._tick = self.set_interval(TICK_S, self._on_tick)
         self.session = self.chats.session_for(self.conversation)  # a new one if the pool evicted it
         self._turn_params = self.params
-        self._prompt_ids, self._reply_tokens = ([], 0), []
+        self._prompt_ids, self._reply_tokens, self._tokens_of = ([], 0), [], self.conversation.id
         params = self.params.with_(logprobs=self.top_logprobs) if self.tokens.display else self.params
         kv = self.chats.kv_path(self.conversation)
         self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, params, self.cancel, kv)
@@ -302,7 +303,11 @@ class ChatScreen(EngineLoading, ConversationScreen):
             )
 
     def show_tokens(self) -> None:
-        """The last turn's tokens in the inspector (names decoded now, not while the reply streamed)."""
+        """The last turn's tokens in the inspector (names decoded now, not while the reply streamed);
+        none where that turn was in another conversation (/switch since)."""
+        if self._tokens_of != self.conversation.id:
+            self.tokens.show_turn([], False)
+            return
         decode = getattr(getattr(self.engine, "tokenizer", None), "decode", None)
         pieces = turn_pieces(*self._prompt_ids, self._reply_tokens, decode)
         self.tokens.show_turn(pieces, recorded=any(t.logprob is not None for t in self._reply_tokens))

@@ -213,6 +213,7 @@ class ConversationScreen(Screen):
                 note = reply_note(m.finish_reason, saved_stats(m.stats))
                 self.pane.add_saved_reply(m.content, note, n).message = m
         self.panels.reset()
+        self.tokens.show_turn([], False)  # the inspector showed another conversation's turn
         self.last_stats = next((saved_stats(m.stats) for m in reversed(conv.messages) if m.stats), None)
         if self.engine is not None:
             self.panels.set_context(len(self.session.cache), self.engine.context_limit)

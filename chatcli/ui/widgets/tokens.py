@@ -3,9 +3,11 @@
 Prompt tokens are marked as read from the KV cache (dim) or prefilled this turn (underlined);
 reply tokens are coloured by their probability under the distribution each was drawn from
 (`Token.logprob`). Left / right (the inspector focused: click it or Tab) select a token; the
-line below names its id, its probability and the most likely alternatives (`/top-logprobs N`, 5 by default). The whole
-view is one `rich.text.Text`, rebuilt when the turn or the selection changes, never per
-token while a reply streams, so a 1,000-token reply costs one build per key press.
+line under the counts names its id, its probability and the most likely alternatives
+(`/top-logprobs N`, 5 by default), and the view scrolls to keep the selected token in sight (a
+long prompt comes before the reply: the reply's first token is selected, and shown, at once).
+The whole view is one `rich.text.Text`, rebuilt when the turn or the selection changes, never
+per token while a reply streams, so a 1,000-token reply costs one build per key press.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import math
 from dataclasses import dataclass, field
 
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
 # probability → style of a reply token (the first bound it reaches), likely to unlikely
@@ -55,10 +59,15 @@ def _visible(text: str) -> str:
     return text.replace("\n", "⏎\n").replace("\t", "⇥") or "∅"
 
 
-class TokenInspector(Static, can_focus=True):
+class TokenInspector(Vertical, can_focus=True):
+    """The counts and the selected token's line on top, fixed; the tokens below, scrolled to keep
+    the selected one in sight."""
+
     DEFAULT_CSS = """
-    TokenInspector { height: auto; max-height: 14; border-top: solid $primary; padding: 0 1; overflow-y: auto; }
+    TokenInspector { height: auto; max-height: 16; border-top: solid $primary; padding: 0 1; }
     TokenInspector:focus { border-top: solid $accent; }
+    TokenInspector > .token-head { height: auto; }
+    TokenInspector > VerticalScroll { height: auto; max-height: 10; }
     """
     BINDINGS = [
         Binding("left", "move(-1)", "Previous token", show=False),
@@ -68,10 +77,20 @@ class TokenInspector(Static, can_focus=True):
     ]
 
     def __init__(self, **kwargs) -> None:
-        super().__init__("", **kwargs)
+        super().__init__(**kwargs)
         self.pieces: list[Piece] = []
         self.selected: int | None = None  # index into pieces (a reply token once there is one)
         self.recorded = False  # the reply's logprobs were computed (the inspector was on for it)
+        self.head = Static("", classes="token-head")
+        self.view = Static("")
+        self.scroller = VerticalScroll(self.view, can_focus=False)
+
+    def compose(self) -> ComposeResult:
+        yield self.head
+        yield self.scroller
+
+    def on_mount(self) -> None:
+        self.rebuild()
 
     def show_turn(self, pieces: list[Piece], recorded: bool) -> None:
         self.pieces, self.recorded = pieces, recorded
@@ -86,26 +105,46 @@ class TokenInspector(Static, can_focus=True):
         self.rebuild()
 
     def rebuild(self) -> None:
-        self.update(self.render_text())
+        if not self.is_mounted:
+            return
+        head, body = self.parts()
+        self.head.update(head)
+        self.view.update(body)
+        width = self.scroller.scrollable_content_region.width
+        if self.selected is not None and width > 0:  # the selected token's row in sight
+            row = len(self.tokens_text(self.selected + 1).wrap(self.app.console, width))
+            self.call_after_refresh(self.scroller.scroll_to, y=max(0, row - 3), animate=False)
 
     def render_text(self) -> Text:
+        """The whole view as one text: the head, then the tokens."""
+        head, body = self.parts()
+        return Text.assemble(head, "\n", body)
+
+    def parts(self) -> tuple[Text, Text]:
+        """(the counts and the selected token's line, the tokens)."""
         if not self.pieces:
-            return Text("No turn yet: send a prompt, then its tokens show here.", style="dim")
-        body = Text()
-        for i, piece in enumerate(self.pieces):
-            style = {"cached": "dim", "prefilled": "underline"}.get(piece.kind, "")
-            if piece.kind == "reply" and piece.logprob is not None:
-                style = shade(math.exp(piece.logprob))
-            if i == self.selected:
-                style += " reverse"
-            body.append(_visible(piece.text), style=style.strip() or None)
+            return Text(
+                "No turn in this conversation yet: send a prompt, then its tokens show here.", style="dim"
+            ), Text()
         counts = {k: sum(p.kind == k for p in self.pieces) for k in ("cached", "prefilled", "reply")}
         head = Text(
             f"prompt {counts['cached'] + counts['prefilled']} tokens ({counts['cached']} cached, dim; "
             f"{counts['prefilled']} prefilled, underlined) · reply {counts['reply']} tokens\n",
             style="bold",
         )
-        return Text.assemble(head, body, "\n", self.detail())
+        return Text.assemble(head, self.detail()), self.tokens_text()
+
+    def tokens_text(self, upto: int | None = None) -> Text:
+        """The tokens (the first `upto` of them), each styled by its kind or probability."""
+        body = Text()
+        for i, piece in enumerate(self.pieces[:upto]):
+            style = {"cached": "dim", "prefilled": "underline"}.get(piece.kind, "")
+            if piece.kind == "reply" and piece.logprob is not None:
+                style = shade(math.exp(piece.logprob))
+            if i == self.selected:
+                style += " reverse"
+            body.append(_visible(piece.text), style=style.strip() or None)
+        return body
 
     def detail(self) -> Text:
         if self.selected is None:
