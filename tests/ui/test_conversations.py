@@ -371,3 +371,27 @@ async def test_switching_while_the_model_loads_keeps_the_loading_line():
         await wait_for(pilot, lambda: screen.engine is not None and not screen.query(LoadingLine))
         await send(pilot, "next")
         assert len(engine.calls[-1]["messages"]) == 4
+
+
+async def test_sidebar_rows_fit_its_width_and_typing_goes_to_the_prompt():
+    import time
+
+    from chatcli.chat.manager import Row
+
+    app = make_app()
+    async with app.run_test(size=(100, 24)) as pilot:
+        screen = await ready(pilot)
+        await pilot.press("f3")
+        title = "A fairly long conversation title about many things"
+        rows = [Row(f"id{i}", title, time.time(), "SmolLM2-135M-Instruct.Q4_1.gguf", 12, i % 3 == 0) for i in range(30)]
+        screen.sidebar.show_rows(rows, "id0", set())  # more than fit: a scrollbar
+        await pilot.pause()
+        await pilot.pause()
+        listing = screen.sidebar.list
+        width = listing.scrollable_content_region.width
+        for i in range(len(rows)):
+            lines = listing.get_option_at_index(i).prompt.split("\n")
+            assert len(lines) == 2 and all(line.cell_len <= width for line in lines), (width, lines)
+        assert listing.has_focus
+        await pilot.press("h", "i")
+        assert screen.prompt.has_focus and screen.prompt.text == "hi"  # nothing typed is lost

@@ -330,6 +330,10 @@ class ConversationScreen(Screen):
         await self.switch_to(message.index + 1)
         self.prompt.focus()
 
+    def on_sidebar_typed(self, message: Sidebar.Typed) -> None:
+        self.prompt.focus()
+        self.prompt.insert(message.character)
+
     # -- keys ------------------------------------------------------------------
 
     def action_scroll_chat(self, direction: int) -> None:

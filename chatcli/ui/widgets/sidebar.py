@@ -3,7 +3,9 @@
 A row shows the title (the rename, else the first user message), when it was last
 updated and the model that answered it; `●` marks the conversation on screen and `◆`
 those whose KV cache is resident in the pool. Enter or a click posts `Sidebar.Picked`.
-The numbers are the ones `/switch N` takes.
+The numbers are the ones `/switch N` takes. Each row is two lines, clipped to the list's width
+(with or without a scrollbar). A key that types a character, with the list focused, posts
+`Sidebar.Typed`: the screen gives it to the prompt (nothing typed is dropped).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
@@ -51,11 +54,16 @@ class Sidebar(Vertical):
     class Picked(Message):
         index: int  # 0-based position in `rows`
 
+    @dataclass
+    class Typed(Message):
+        character: str  # typed while the list had focus: it belongs in the prompt
+
     def __init__(self) -> None:
         super().__init__()
         self.rows: list[Row] = []
         self.list = OptionList(id="conversations")
         self.current: str | None = None
+        self.resident: set[str] = set()
 
     def compose(self) -> ComposeResult:
         yield Static("Conversations · Ctrl+N new", id="sidebar-title")
@@ -66,22 +74,34 @@ class Sidebar(Vertical):
         return self.has_class("-open")
 
     def show_rows(self, rows: list[Row], current: str | None, resident: set[str]) -> None:
-        self.rows, self.current = rows, current
+        self.rows, self.current, self.resident = rows, current, resident
+        # the list's own width where it is laid out (a scrollbar takes some): a row never wraps
+        width = self.list.scrollable_content_region.width - 1 if self.list.size.width else TITLE_WIDTH + 3
+        width -= 2 if len(rows) > self.list.size.height // 2 else 0  # a scrollbar is about to appear
         options = []
         for i, row in enumerate(rows, 1):
             mark = "●" if row.id == current else ("◆" if row.id in resident else " ")
             title = ("⑂ " if row.branch else "") + row.title
-            line = Text(f"{i:>2}{mark}{clip(title)}\n", style="bold" if row.id == current else "")
+            line = Text(f"{i:>2}{mark}{clip(title, max(8, width - 3))}\n", style="bold" if row.id == current else "")
             detail = f"╰ {when(row.updated)} · {row.messages} msg"
             if row.model:
                 detail += f" · {row.model}"
-            line.append(clip(detail, TITLE_WIDTH + 3), style="dim")
+            line.append(clip(detail, max(8, width)), style="dim")
             options.append(Option(line, id=f"c{i}"))
         self.list.clear_options()
         self.list.add_options(options)
         at = next((i for i, r in enumerate(rows) if r.id == current), None)
         if at is not None:
             self.list.highlighted = at
+
+    def on_resize(self) -> None:
+        if self.rows:
+            self.show_rows(self.rows, self.current, self.resident)
+
+    def on_key(self, event: events.Key) -> None:
+        if event.character and event.character.isprintable() and event.key != "space":
+            event.stop()
+            self.post_message(self.Typed(event.character))
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
