@@ -223,11 +223,13 @@ class RemoteEngine:
         prompt = usage.get("prompt_tokens")
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         completion = usage.get("completion_tokens") or chunks
+        drafted = usage.get("completion_tokens_details") or {}  # a server's drafts (Predicted Outputs' fields)
+        accepted = drafted.get("accepted_prediction_tokens") or 0
         decode_s = t_end - t_first if t_first is not None else 0.0
         if prompt is not None:
             session.cache.tokens = prompt + completion
         return TurnStats(
-            prompt_tokens=prompt or 0,
+            prompt_tokens=prompt,
             cached_tokens=cached,
             prefill_tokens=prompt - cached if prompt is not None and cached is not None else None,
             completion_tokens=completion,
@@ -238,6 +240,9 @@ class RemoteEngine:
             kv_cache_bytes=None,
             context_tokens=session.cache.tokens,
             context_limit=self.context_limit,
+            truncated_turns=usage.get("truncated_turns") or 0,
+            draft_tokens=accepted + (drafted.get("rejected_prediction_tokens") or 0),
+            accepted_tokens=accepted,
         )
 
     # -- errors in one line ----------------------------------------------------------

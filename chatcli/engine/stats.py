@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 
 @dataclass
 class TurnStats:
-    prompt_tokens: int = 0  # tokens of the templated prompt for this turn
+    prompt_tokens: int | None = 0  # tokens of the templated prompt (None: a server that did not say: a stopped stream)
     cached_tokens: int | None = 0  # of those, reused from the KV cache (None: a server that does not say)
     prefill_tokens: int | None = 0  # of those, computed in this turn's prefill (None: not known)
     completion_tokens: int = 0  # tokens sampled for the reply
@@ -39,7 +39,7 @@ class TurnStats:
         return (
             f"ttft {self.ttft_s * 1000:.0f} ms · prefill {prefill} "
             f"· decode {self.decode_tok_s:.1f} tok/s · {self.completion_tokens} tokens "
-            f"· cached {known(self.cached_tokens)}/{self.prompt_tokens} prefilled {known(self.prefill_tokens)}"
+            f"· cached {known(self.cached_tokens)}/{known(self.prompt_tokens)} prefilled {known(self.prefill_tokens)}"
             + (f" · drafts kept {self.accepted_tokens}/{self.draft_tokens}" if self.draft_tokens else "")
             + (f" · dropped {self.truncated_turns} turns" if self.truncated_turns else "")
             + (f" · {self.note}" if self.note else "")

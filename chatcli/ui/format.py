@@ -49,8 +49,11 @@ def stats_lines(stats: TurnStats) -> list[str]:
     return lines
 
 
-def drafts_text(stats: TurnStats, lookup: int) -> str:
-    """The drafts row: how many prompt-lookup drafts the model kept this turn."""
+def drafts_text(stats: TurnStats, lookup: int | None) -> str:
+    """The drafts row: how many prompt-lookup drafts the model kept this turn (`lookup` None: a
+    server drafted, or not: what its usage says)."""
+    if lookup is None:
+        return f"{stats.accepted_tokens} of {stats.draft_tokens} kept" if stats.draft_tokens else "n/a"
     if not lookup:
         return "off"
     return f"{stats.accepted_tokens} of {stats.draft_tokens} kept" if stats.draft_tokens else "none"

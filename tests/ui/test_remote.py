@@ -81,6 +81,22 @@ async def test_esc_stops_a_remote_reply_and_the_server_stops_generating(tiny_lea
         assert server.worker.wait_idle(30)
         assert server.worker.history[-1]["finish_reason"] == "cancelled"
         assert server.worker.history[-1]["completion_tokens"] < 500
+        stats = (await command(pilot, "/stats")).text
+        assert "prompt tokens      n/a" in stats  # a stopped stream has no usage: not known, not 0
+
+
+async def test_panels_show_the_servers_drafts_and_no_local_pool(tiny_lean, serve):
+    server = serve(tiny_lean)
+    params = SamplingParams(temperature=0, max_tokens=24, lookup=4)
+    app = make_app(RemoteEngine(server.url).connect(), StartOptions(params=params))
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Repeat after me: one two three four, one two three four, one two three four")
+        stats = screen.last_stats
+        assert stats.draft_tokens == server.worker.history[-1]["draft_tokens"] > 0  # read from the usage
+        drafts = screen.panels.values["drafts"]
+        assert drafts == (f"{stats.accepted_tokens} of {stats.draft_tokens} kept" if stats.draft_tokens else "n/a")
+        assert screen.panels.values["resident"] == "on the server" and screen.panels.values["pool"] == "n/a"
 
 
 async def test_a_refused_request_is_an_inline_error_and_the_prompt_gets_its_text_back(faults):

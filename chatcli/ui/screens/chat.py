@@ -313,7 +313,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
         self.tokens.show_turn(pieces, recorded=any(t.logprob is not None for t in self._reply_tokens))
 
     def _show_final(self, stats: TurnStats) -> None:
-        drafts = drafts_text(stats, self.engine.lookup_for(self._turn_params)) if self.engine.keeps_cache else "n/a"
+        drafts = drafts_text(stats, self.engine.lookup_for(self._turn_params) if self.engine.keeps_cache else None)
         self.panels.show(**final_values(stats, drafts))
         self.panels.set_context(stats.context_tokens, stats.context_limit or self.engine.context_limit)
 

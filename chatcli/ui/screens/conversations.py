@@ -307,6 +307,10 @@ class ConversationScreen(Screen):
         pool = self.chats.pool
         if pool is None:
             return
+        if self.engine is not None and not self.engine.keeps_cache:  # a server's: its caches are its own
+            self.panels.set_pool("on the server", "n/a")
+            self.refresh_sidebar()
+            return
         stats = pool.stats()
         n = stats["sessions"]
         self.panels.set_pool(
