@@ -93,7 +93,7 @@ async def test_esc_stops_a_reply_keeps_the_partial_reply_and_a_consistent_cache(
 
 
 async def test_the_panels_update_live_and_after_each_turn():
-    engine = FakeEngine(script=lambda _t: "a b c d e f", hold_at=3)
+    engine = FakeEngine(script=lambda _t: "a b c d e f g h i j k l", hold_at=3)
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await ready(pilot)
@@ -107,7 +107,7 @@ async def test_the_panels_update_live_and_after_each_turn():
         engine.release.set()
         await wait_for(pilot, lambda: screen.turns_done == 1)
         first = dict(panels.values)
-        assert first["tokens"] == "6" and first["ttft"] == "50 ms"  # one TTFT reading, live and final
+        assert first["tokens"] == "12" and first["ttft"] == "50 ms"  # one TTFT reading, live and final
         assert first["decode"] == "42.0 tok/s"
         assert first["prefill"] == "1200 tok/s"
         assert first["prompt"].startswith("0 cached")
@@ -369,3 +369,26 @@ async def test_a_long_code_line_wraps_instead_of_being_cut():
         await pilot.pause()
         shown = "".join(html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", app.export_screenshot()))
         assert tail in shown
+
+
+async def test_the_cache_figures_follow_a_switch_and_an_undo():
+    from chatcli.ui.widgets.panels import SPARK_MIN
+
+    app = make_app()
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "hello there")
+        await send(pilot, "and more")
+        full = screen.panels.values["kv"]
+        assert full not in ("–", "n/a")
+        await pilot.press("ctrl+n")
+        assert screen.panels.values["kv"] == "–"  # a new conversation: nothing cached
+        await command(pilot, "/switch 2")
+        assert screen.panels.values["kv"] == full  # its cache is resident: said at once, not "–"
+        await command(pilot, "/undo")
+        smaller = screen.panels.values["kv"]
+        assert smaller != full and screen.panels.values["context"].startswith(f"{len(screen.session.cache)} /")
+        screen.panels.set_speeds([40.0, 41.0, 42.0])
+        assert list(screen.panels.spark.data) == []  # three points draw nothing, not a solid block
+        screen.panels.set_speeds([40.0] * SPARK_MIN)
+        assert len(screen.panels.spark.data) == SPARK_MIN

@@ -217,6 +217,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
             self.panels.set_speeds(live.rates)
         if live.context is not None and self.engine is not None:
             self.panels.set_context(live.context, self.engine.context_limit)
+            self.show_pool()  # the pool grows with this conversation's cache
 
     async def _finish(self, done: Finished) -> None:
         self._stop_tick()

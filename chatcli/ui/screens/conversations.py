@@ -187,8 +187,19 @@ class ConversationScreen(Screen):
         if self.session is None or self.engine is None:
             return 0
         kept = self.engine.crop_session(self.session, self.conversation.for_template())
-        self.panels.set_context(kept, self.engine.context_limit)
+        self.show_cache()
         return kept
+
+    def show_cache(self) -> None:
+        """The context gauge and the KV cache row as the session's cache stands now (a switch, a
+        crop, a new model), and the pool's figures with it."""
+        if self.session is None or self.engine is None:
+            return
+        cache = self.session.cache
+        self.panels.set_context(len(cache), self.engine.context_limit)
+        if self.engine.keeps_cache:
+            self.panels.show(kv=human_bytes(cache.nbytes) if len(cache) else "–")
+        self.show_pool()
 
     async def forget(self, messages: list) -> None:
         """The conversation's last `messages` (already dropped from it) leave the screen and the store."""
@@ -215,8 +226,7 @@ class ConversationScreen(Screen):
         self.panels.reset()
         self.tokens.show_turn([], False)  # the inspector showed another conversation's turn
         self.last_stats = next((saved_stats(m.stats) for m in reversed(conv.messages) if m.stats), None)
-        if self.engine is not None:
-            self.panels.set_context(len(self.session.cache), self.engine.context_limit)
+        self.show_cache()
         self.refresh_pool()
         self.refresh_sidebar()
         was = self.chats.saved_model(conv)
@@ -304,12 +314,18 @@ class ConversationScreen(Screen):
     # -- the sidebar and the pool panel -------------------------------------------
 
     def refresh_pool(self) -> None:
+        if self.chats.pool is None:
+            return
+        self.show_pool()
+        self.refresh_sidebar()
+
+    def show_pool(self) -> None:
+        """The pool panel's figures (cheap: the screen calls it each tick of a turn, as the cache grows)."""
         pool = self.chats.pool
         if pool is None:
             return
         if self.engine is not None and not self.engine.keeps_cache:  # a server's: its caches are its own
             self.panels.set_pool("on the server", "n/a")
-            self.refresh_sidebar()
             return
         stats = pool.stats()
         n = stats["sessions"]
@@ -317,7 +333,6 @@ class ConversationScreen(Screen):
             f"{n} conversation{'s' if n != 1 else ''}",
             f"{human_bytes(stats['bytes'])} / {human_bytes(stats['budget_bytes'])}",
         )
-        self.refresh_sidebar()
 
     def refresh_sidebar(self) -> None:
         self.sidebar.show_rows(self.chats.rows(), self.conversation.id, self.chats.resident())

@@ -66,7 +66,7 @@ class EngineLoading:
         self.engine = engine
         self.chats.start_pool(engine)
         self.session = self.chats.session_for(self.conversation)
-        self.panels.set_context(len(self.session.cache), engine.context_limit)
+        self.show_cache()
         self.refresh_pool()
         self.refresh_info()
 

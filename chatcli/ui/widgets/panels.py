@@ -24,6 +24,9 @@ POOL_ROWS = (
 HISTORY_TURNS = 5
 
 
+SPARK_MIN = 8  # decode-speed points before the sparkline draws
+
+
 class StatsPanel(VerticalScroll):
     DEFAULT_CSS = """
     StatsPanel { width: 34; height: 1fr; padding: 0 1; background: $panel; border-left: vkey $primary 40%; }
@@ -90,7 +93,9 @@ class StatsPanel(VerticalScroll):
         self.show(resident=resident, pool=used)
 
     def set_speeds(self, rates: list[float]) -> None:
-        self.spark.data = list(rates)  # the widget buckets them into its width
+        """The decode speed over the reply; drawn from SPARK_MIN points on (a handful, scaled to the
+        panel's width, draw a solid block that says nothing)."""
+        self.spark.data = list(rates) if len(rates) >= SPARK_MIN else []  # the widget buckets them into its width
 
     def add_turn(self, line: str) -> None:
         self.turns.append(line)
