@@ -42,6 +42,7 @@ class Row:
     model: str
     messages: int
     branch: bool = False  # branched from another conversation (/edit)
+    fork_at: int | None = None  # a branch's: the messages it shares with its parent (its own start at #fork_at+1)
 
 
 class Chats:
@@ -186,10 +187,10 @@ class Chats:
                 conv = self.opened.get(s.id)
                 self.stored.add(s.id)
                 title = conv.title if conv else s.title
-                rows.append(Row(s.id, title, s.updated, s.model, s.messages, s.parent_id is not None))
+                rows.append(Row(s.id, title, s.updated, s.model, s.messages, s.parent_id is not None, s.fork_at))
         known = {r.id for r in rows}
         unsaved = [
-            Row(c.id, c.title, None, self.model, len(c.messages), c.parent_id is not None)
+            Row(c.id, c.title, None, self.model, len(c.messages), c.parent_id is not None, c.fork_at)
             for c in self.opened.values()
             if c.id not in known
         ]

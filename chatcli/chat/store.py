@@ -78,6 +78,7 @@ class Summary:
     updated: float
     messages: int
     parent_id: str | None = None  # a branch's parent
+    fork_at: int | None = None  # a branch's: how many messages it shares with its parent
     damaged: bool = False  # its messages could not be read (a damaged page): `messages` is 0
 
     def to_dict(self) -> dict:
@@ -241,7 +242,7 @@ class Store:
         try:
             rows = self.db.execute(
                 "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id),"
-                f" ({FIRST_USER_MESSAGE.format(of='c.id')}), c.parent_id"
+                f" ({FIRST_USER_MESSAGE.format(of='c.id')}), c.parent_id, c.fork_at"
                 " FROM conversations c LEFT JOIN messages m ON m.conversation_id=c.id"
                 " GROUP BY c.id ORDER BY c.updated DESC, c.rowid DESC"
             ).fetchall()
@@ -250,15 +251,15 @@ class Store:
                 raise StoreError(f"cannot read the conversation database: {exc}") from None
             return self._summaries_around(exc)
         return [
-            Summary(id_, _shown_title(title, first), model, created, updated, n, parent)
-            for id_, title, model, created, updated, n, first, parent in rows
+            Summary(id_, _shown_title(title, first), model, created, updated, n, parent, fork_at)
+            for id_, title, model, created, updated, n, first, parent, fork_at in rows
         ]
 
     def _summaries_around(self, exc: sqlite3.Error) -> list[Summary]:
         self.damage = damaged(self.path, exc)
         found = []
-        for id_, title, model, created, updated, parent in self._read(
-            "SELECT c.id, c.title, c.model, c.created, c.updated, c.parent_id FROM conversations c"
+        for id_, title, model, created, updated, parent, fork_at in self._read(
+            "SELECT c.id, c.title, c.model, c.created, c.updated, c.parent_id, c.fork_at FROM conversations c"
             " ORDER BY c.updated DESC, c.rowid DESC"
         ):
             try:
@@ -270,7 +271,7 @@ class Store:
                 bad = False
             except sqlite3.DatabaseError:
                 n, first, bad = 0, None, True
-            found.append(Summary(id_, _shown_title(title, first), model, created, updated, n, parent, bad))
+            found.append(Summary(id_, _shown_title(title, first), model, created, updated, n, parent, fork_at, bad))
         return found
 
     def family(self, conversation_id: str) -> list[tuple[str, str | None, int | None]]:

@@ -43,7 +43,9 @@ async def test_edit_an_earlier_message_into_a_branch(tiny_engine):
 
         await command(pilot, "/branches")
         listing = last_note(screen)
-        assert "root" in listing and "⑂ branch" in listing and listing.count("\n") == 2
+        assert "root" in listing and "⑂ branch at #3" in listing and listing.count("\n") == 2
+        titles = [str(option.prompt).split("\n")[0] for option in screen.sidebar.list._options]
+        assert any("⑂#3 " in t for t in titles) and not all("⑂" in t for t in titles)  # told apart from its root
         await command(pilot, "/switch 2")
         assert screen.conversation.id == root.id
         await send(pilot, "And then")

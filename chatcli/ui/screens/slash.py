@@ -159,7 +159,7 @@ async def branches(screen: SlashTarget, _arg: str) -> None:
     lines = ["Branches (/switch N opens one):"]
     for row in family:
         mark = "●" if row.id == screen.conversation.id else " "
-        kind = "⑂ branch" if row.branch else "root"
+        kind = "root" if not row.branch else "⑂ branch" if row.fork_at is None else f"⑂ branch at #{row.fork_at + 1}"
         lines.append(f"{mark} {number.get(row.id, '?'):>2}  {kind:<8}  {row.messages} msg  {row.title}")
     screen.note("\n".join(lines))
 

@@ -81,7 +81,9 @@ class Sidebar(Vertical):
         options = []
         for i, row in enumerate(rows, 1):
             mark = "●" if row.id == current else ("◆" if row.id in resident else " ")
-            title = ("⑂ " if row.branch else "") + row.title
+            # a branch shares its root's first message, so its title: where it parts, #N, tells them apart
+            title = f"⑂#{row.fork_at + 1} " if row.branch and row.fork_at is not None else "⑂ " if row.branch else ""
+            title += row.title
             line = Text(f"{i:>2}{mark}{clip(title, max(8, width - 3))}\n", style="bold" if row.id == current else "")
             detail = f"╰ {when(row.updated)} · {row.messages} msg"
             if row.model:
