@@ -12,6 +12,10 @@ IDLE = {2: 0.005, 1: 0.0085}  # seconds a step: two cores free, the whole team i
 BUSY = {2: 0.060, 1: 0.0085}  # a core busy elsewhere: the team waits at its barriers
 
 
+def QUIET() -> int:  # a look at the machine finds nobody else running
+    return 0
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -42,7 +46,7 @@ def test_the_widths_tried():
 
 def test_an_idle_machine_keeps_the_whole_team_and_tries_less_and_less():
     clock = Clock()
-    team = TeamWidth(2, clock)
+    team = TeamWidth(2, clock, QUIET)
     ran = drive(team, clock, IDLE, 60.0)
     assert team.current == 2 and ran[0][1] == 2 and ran[FIRST_TRY - 1][1] == 1  # the second step tries one thread
     at = tries(ran, 1)
@@ -54,7 +58,7 @@ def test_an_idle_machine_keeps_the_whole_team_and_tries_less_and_less():
 
 def test_a_busy_core_moves_decode_to_one_thread_at_once_and_back_when_it_is_free():
     clock = Clock()
-    team = TeamWidth(2, clock)
+    team = TeamWidth(2, clock, QUIET)
     drive(team, clock, IDLE, 30.0)
     busy = drive(team, clock, BUSY, 30.0)
     assert busy[2][1] == 1 and team.current == 1  # slowed past 1.5x: one thread from the next steps on
@@ -69,24 +73,55 @@ def test_a_busy_core_moves_decode_to_one_thread_at_once_and_back_when_it_is_free
 
 def test_a_process_started_on_a_busy_machine_learns_at_its_second_step():
     clock = Clock()
-    team = TeamWidth(2, clock)
+    team = TeamWidth(2, clock, QUIET)
     ran = drive(team, clock, BUSY, 10.0)
     assert [w for _, w in ran[:3]] == [2, 1, 1] and len(tries(ran, 2)) <= 4
 
 
-def test_a_prefill_runs_at_the_decode_steps_width_and_teaches_nothing():
+def test_a_prefill_runs_at_the_width_a_look_gives_and_teaches_nothing():
     clock = Clock()
-    team = TeamWidth(2, clock)
-    assert team.width(512) == 2  # before any step: the whole team
+    team = TeamWidth(2, clock, QUIET)
+    assert team.width(512) == 2  # a quiet machine: the whole team
     drive(team, clock, BUSY, 5.0)
+    team.others = lambda: 1  # the look sees what slowed the steps
     assert team.width(512) == 1
     team.record(512, 1, 100.0)  # a slow prefill
     assert team.current == 1 and team.per_row[1] == pytest.approx(BUSY[1])
 
 
+def test_a_look_at_a_busy_machine_starts_the_turn_at_one_thread():
+    clock = Clock()
+    team = TeamWidth(2, clock, lambda: 1)  # another process runs on one of the two cores
+    assert team.width(512) == 1  # the prefill, before any decode step
+    ran = drive(team, clock, BUSY, 3.0)
+    assert ran[0][1] == 1 and len(tries(ran, 2)) <= 2 and team.current == 1  # the team tried after a second
+    clock.now += 10.0
+    team.others = QUIET  # the other process ended: the next turn's prefill looks again
+    assert team.width(512) == 2 and team.current == 2
+    clock.now += 0.1
+    assert team.width(512) == 2  # within LOOK_EVERY_S the look is not repeated
+
+
+def test_others_running_sees_a_busy_process():
+    import subprocess
+    import sys
+
+    from chatcli.engine.runners.team import others_running
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.3)
+        assert others_running() >= 1
+    finally:
+        busy.kill()
+        busy.wait()
+
+
 def test_one_thread_has_nothing_to_learn():
     clock = Clock()
-    team = TeamWidth(1, clock)
+    team = TeamWidth(1, clock, QUIET)
     assert {w for _, w in drive(team, clock, {1: 0.01}, 5.0)} == {1}
 
 

@@ -13,9 +13,11 @@ width now and then: at the second step (a process starts knowing nothing), then 
 4 s … up to 8 s while the others keep losing (contention comes and goes on a person's time scale;
 a try of the whole team under contention costs a slow step, so tries are spaced in time, not in
 steps), and at the next step when the current width slows down past 1.5x its best. A prefill (many
-rows) runs at the width the decode steps found: what holds for one holds for the other, and a
-prefill's time varies too much with its length to learn from. (A one-shot's prefill comes before
-any step: it runs at the whole team's width.)
+rows) teaches nothing (its time varies too much with its length); it runs at the width a look at
+the machine gives: the whole team less one thread per thread of another process running now
+(`others_running`: /proc/stat's count less ours, the least of a few reads a millisecond apart, so a
+passing process is not taken for a busy one). That look also starts the decode steps there (they
+try the other width a second later), so a turn, a one-shot's first included, starts right.
 
 A row's numbers do not depend on the width (the kernel computes every row alone, in a fixed
 order), so switching changes the speed, never a reply.
@@ -27,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
+LOOK_EVERY_S = 0.5  # a prefill's look at the machine is reused this long (a long prompt's chunks)
 FIRST_TRY = 2  # the decode step that first tries another width
 FIRST_WAIT_S = 1.0  # seconds to the next try after a width takes over, or the current one slows
 LAST_WAIT_S = 8.0  # the longest wait between tries while the other widths keep losing
@@ -34,6 +37,34 @@ SLOWER = 1.5  # the current width this much slower than its own best: try the ot
 CLEARLY = 0.9  # a tried width takes over when it ran a row in this fraction of the current's time
 DECODE_ROWS = 16  # calls of at most this many rows are decode steps (and drafts); more: prefill
 SMOOTH = 0.25  # weight of a step's time in the moving average of its width
+
+
+def others_running(reads: int = 5) -> int:
+    """Threads of other processes on a CPU now: /proc/stat's procs_running less this process's own
+    running threads, the least of `reads` reads 1 ms apart. 0 where there is no /proc (macOS)."""
+    import glob
+
+    least = None
+    for i in range(reads):
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                running = next(int(line.split()[1]) for line in f if line.startswith("procs_running"))
+        except (OSError, StopIteration, ValueError):
+            return 0
+        ours = 0
+        for path in glob.glob("/proc/self/task/*/stat"):
+            try:
+                with open(path, encoding="ascii", errors="replace") as f:
+                    stat = f.read()
+            except OSError:  # a thread that ended since the listing
+                continue
+            ours += stat[stat.rindex(")") + 2 : stat.rindex(")") + 3] == "R"
+        least = running - ours if least is None else min(least, running - ours)
+        if least <= 0:
+            return 0
+        if i + 1 < reads:
+            time.sleep(0.001)
+    return max(0, least or 0)
 
 
 def widths(most: int) -> list[int]:
@@ -45,8 +76,12 @@ def widths(most: int) -> list[int]:
 class TeamWidth:
     """`width(rows)` before a call, `record(rows, width, seconds)` after it (or `timed`). Thread-safe."""
 
-    def __init__(self, most: int, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, most: int, clock: Callable[[], float] = time.perf_counter, others: Callable[[], int] = others_running
+    ) -> None:
         self.most = max(1, most)
+        self.others = others  # threads of other processes running now (tests: a fixed answer)
+        self.looked: float | None = None  # clock time of the last look
         self.widths = widths(self.most)
         self.clock = clock
         self.current = self.most
@@ -62,6 +97,7 @@ class TeamWidth:
         """The width for a call of `rows` rows: the fastest known, or, for a decode step, another to try."""
         with self._lock:
             if rows > DECODE_ROWS:
+                self._look()
                 return self.current
             self.steps += 1
             others = [w for w in self.widths if w != self.current]
@@ -71,6 +107,18 @@ class TeamWidth:
                 self.next_try = self.clock() + self.wait_s  # unless record() decides sooner
                 return others[self._turn]
             return self.current
+
+    def _look(self) -> None:
+        """A prefill: the width the machine allows now becomes the current one, tried against the
+        other a second of decode steps later (the look is reused for LOOK_EVERY_S)."""
+        now = self.clock()
+        if self.most == 1 or (self.looked is not None and now - self.looked < LOOK_EVERY_S):
+            return
+        self.looked = now
+        want = max(1, self.most - self.others())
+        if want != self.current:
+            self.current, self.best, self.wait_s = want, float("inf"), FIRST_WAIT_S
+            self.next_try = now + FIRST_WAIT_S  # the decode steps check it once they know this width
 
     def record(self, rows: int, width: int, seconds: float) -> None:
         """What a call of `rows` rows at `width` took (a prefill's time teaches nothing: see above)."""
