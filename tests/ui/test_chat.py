@@ -120,13 +120,19 @@ async def test_the_panels_update_live_and_after_each_turn():
         assert str(panels.history.render()).count("tok/s") == 2
 
 
+async def streaming(pilot):
+    """The screen with a reply streaming, held at its second token (FakeEngine's hold_at=2)."""
+    screen = await ready(pilot)
+    await send(pilot, "go", wait=False)
+    await wait_for(pilot, lambda: screen.live.tokens == 2)
+    return screen
+
+
 async def test_quitting_during_generation_is_clean():
     engine = FakeEngine(script=lambda _t: "x " * 50, hold_at=2)
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        screen = await ready(pilot)
-        await send(pilot, "go", wait=False)
-        await wait_for(pilot, lambda: screen.live.tokens == 2)
+        await streaming(pilot)
         await pilot.press("ctrl+q")
         await pilot.pause()
     assert app.return_code == 0
@@ -138,9 +144,7 @@ async def test_ctrl_c_stops_a_reply_first_then_quits():
     engine = FakeEngine(script=lambda _t: "x " * 50, hold_at=2)
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        screen = await ready(pilot)
-        await send(pilot, "go", wait=False)
-        await wait_for(pilot, lambda: screen.live.tokens == 2)
+        screen = await streaming(pilot)
         await pilot.press("ctrl+c")
         await wait_for(pilot, lambda: not screen.busy)
         assert app.is_running and engine.reasons == ["cancelled"]

@@ -98,6 +98,15 @@ async def test_the_selected_token_stays_in_sight_and_a_switch_clears_it():
         scroller = inspector.scroller
         top = scroller.scroll_y
         assert top > 0 and scroller.max_scroll_y > 0  # scrolled down to the reply, past the prompt
+        scroller.scroll_to(y=0, animate=False)
+        inspector.display = False  # filled while hidden (not laid out), then shown: scrolled once it is
+        await pilot.pause()
+        inspector.show_turn(prompt + reply, recorded=True)
+        await pilot.pause()
+        inspector.display = True
+        await pilot.pause()
+        await pilot.pause()
+        assert scroller.scroll_y == top
         inspector.focus()
         await pilot.press("home")
         await pilot.pause()

@@ -110,10 +110,17 @@ class TokenInspector(Vertical, can_focus=True):
         head, body = self.parts()
         self.head.update(head)
         self.view.update(body)
+        self.call_after_refresh(self.show_selected)
+
+    def on_resize(self) -> None:  # shown (F4) or resized: where the selected token's row is has moved
+        self.call_after_refresh(self.show_selected)
+
+    def show_selected(self) -> None:
+        """Scroll the tokens so the selected one's row is in sight (nothing while not laid out)."""
         width = self.scroller.scrollable_content_region.width
-        if self.selected is not None and width > 0:  # the selected token's row in sight
+        if self.selected is not None and width > 0:
             row = len(self.tokens_text(self.selected + 1).wrap(self.app.console, width))
-            self.call_after_refresh(self.scroller.scroll_to, y=max(0, row - 3), animate=False)
+            self.scroller.scroll_to(y=max(0, row - 3), animate=False)
 
     def render_text(self) -> Text:
         """The whole view as one text: the head, then the tokens."""
