@@ -32,6 +32,24 @@ def test_files_go_before_the_text_each_under_its_name(tmp_path):
     assert Attachment("x", "a\nb").lines == 2 and Attachment("x", "a\nb\n").lines == 2
 
 
+def test_a_conversation_is_titled_by_the_words_not_the_files():
+    from chatcli.chat.attach import split_attachments
+    from chatcli.chat.conversation import Conversation
+
+    files = [Attachment("add.py", "def add(a, b):\n    return a + b\n"), Attachment("n.md", "a ```b``` c\n````\n")]
+    message = with_attachments("What does it do?", files)
+    assert split_attachments(message) == (["add.py", "n.md"], "What does it do?")
+    conv = Conversation()
+    conv.add_user(message)
+    assert conv.title == "What does it do?"
+    alone = Conversation()
+    alone.add_user(with_attachments("", files))
+    assert alone.title == "add.py, n.md"
+    plain = Conversation()
+    plain.add_user("x:\n```\nnot closed")  # text that only looks like a block: kept as it is
+    assert plain.title == "x: ``` not closed"
+
+
 def test_stdin_is_dash_and_a_bom_is_dropped():
     got = read_attachment("-", io.BytesIO("\ufeffhello\n".encode()))
     assert got == Attachment("stdin", "hello\n")

@@ -61,6 +61,19 @@ def read_attachment(name: str, stdin: BinaryIO | None = None) -> Attachment:
     return Attachment(name, text)
 
 
+ATTACHED = re.compile(r"([^\n`]+):\n(`{3,})\n.*?\n\2(?:\n\n|$)", re.DOTALL)  # one block `with_attachments` wrote
+
+
+def split_attachments(message: str) -> tuple[list[str], str]:
+    """(the names of the files attached at the start of `message`, the text after them): what a
+    title is made of (the user's words, not the first file's)."""
+    names = []
+    while (found := ATTACHED.match(message)) is not None:
+        names.append(found.group(1))
+        message = message[found.end() :]
+    return names, message
+
+
 def fence_for(text: str) -> str:
     """A code fence longer than any run of backticks in `text` (at least three)."""
     longest = max((len(run) for run in re.findall(r"`{3,}", text)), default=2)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from chatcli.chat.attach import split_attachments
+
 
 @dataclass
 class Message:
@@ -66,5 +68,6 @@ class Conversation:
         if self.name:
             return self.name
         first = next((m.content for m in self.messages if m.role == "user"), "")
-        line = " ".join(first.split())
+        files, words = split_attachments(first)  # attached files (-f, /file): titled by the words after them
+        line = " ".join(words.split()) or ", ".join(files)
         return (line[:48] + "…") if len(line) > 48 else (line or "New conversation")
