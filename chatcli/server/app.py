@@ -311,6 +311,13 @@ def create_app(
             body, status_code=code, headers={"Retry-After": schema.RETRY_AFTER} if code == 503 else None
         )
 
+    async def metrics(_request: Request) -> Response:
+        from chatcli.server.metrics import CONTENT_TYPE, exposition
+
+        b = state.ready
+        text = exposition(b.engine.name, b.worker, b.pool) if b is not None else exposition(None)
+        return Response(text, media_type=CONTENT_TYPE)
+
     async def on_api_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
         return error_response(exc)
@@ -342,6 +349,7 @@ def create_app(
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     middleware = [Middleware(BearerAuth, api_key=api_key, status=state.status)] if api_key else []
     if cors_origins:  # outermost: a preflight carries no key, and a 401 needs the headers too

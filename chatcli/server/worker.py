@@ -80,6 +80,8 @@ class GenerationWorker:
         self._pending = 0  # submitted, not yet done
         self.history: deque[dict] = deque(maxlen=64)  # the latest turns: finish reason and stats
         self.served = self.cancelled = self.failed = 0
+        self.running = 0  # jobs generating now (one slot: 0 or 1)
+        self.tokens = {"prompt": 0, "cached": 0, "prefilled": 0, "generated": 0}  # since start, for /metrics
 
     def start(self) -> None:
         with self._state:  # the app's load thread and a first request may both start it: one thread
@@ -122,11 +124,13 @@ class GenerationWorker:
             if job is None:
                 return
             try:
+                self.running = 1
                 self._run(job)
             except Exception:  # noqa: BLE001 - never let one request end the thread
                 log.exception("generation failed")
                 self._emit(job, Failed(APIError(500, "internal error in the generation thread", type="server_error")))
             finally:
+                self.running = 0
                 with self._state:
                     self._pending -= 1
                     self._state.notify_all()
@@ -193,3 +197,8 @@ class GenerationWorker:
         else:
             self.served += 1
         self.history.append({"finish_reason": done.finish_reason, "pool": how, **done.stats.to_dict()})
+        s, counted = done.stats, self.tokens
+        counted["prompt"] += s.prompt_tokens or 0
+        counted["cached"] += s.cached_tokens or 0
+        counted["prefilled"] += s.prefill_tokens or 0
+        counted["generated"] += s.completion_tokens
