@@ -248,7 +248,7 @@ def read_metadata(path) -> dict[str, tuple]:
 
 def _tensors(model, arch: str, heads: int, kv_heads: int):
     """(gguf name, float32 array) for each of the model's tensors, q/k rope-permuted for llama."""
-    from chatcli.engine.weights.lean_convert import head_rows
+    from chatcli.engine.weights.lean_file import head_rows
 
     def f32(tensor) -> np.ndarray:
         return np.ascontiguousarray(tensor.detach().float().cpu().numpy(), dtype=np.float32)

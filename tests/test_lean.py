@@ -25,7 +25,8 @@ from chatcli.engine.runners.lean import LeanRunner
 from chatcli.engine.runners.lean_cache import LeanCache
 from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.engine.weights.families import context_limit, lean_support
-from chatcli.engine.weights.lean_convert import fused_transposed, head_rows, projections
+from chatcli.engine.weights.lean_convert import fused_transposed, projections
+from chatcli.engine.weights.lean_file import head_rows
 from chatcli.engine.weights.quantize import Int8Dense, calibration_ids, down_smoothing, quantize_hf_model
 from tests.conftest import require_kernel
 from tests.tiny import build_tokenizer, lean_weights

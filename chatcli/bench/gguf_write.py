@@ -101,7 +101,7 @@ def write_random_gguf(fields: dict, path: Path, seed: int = 0) -> Path:
 
 
 def write_llama_gguf(model, path: Path, qtype: str = "Q4_0") -> Path:
-    from chatcli.engine.weights.lean_convert import head_rows
+    from chatcli.engine.weights.lean_file import head_rows
 
     c = model.config
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads

@@ -48,8 +48,13 @@ def gguf_key(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def folder_name(path: Path) -> str:
+    """The name of a GGUF's folders in the cache (`converted/`, `gguf/`): its stem and its key."""
+    return f"{path.stem}-{gguf_key(path)}"
+
+
 def folder_for(path: Path) -> Path:
-    return cache_root() / "converted" / f"{path.stem}-{gguf_key(path)}"
+    return cache_root() / "converted" / folder_name(path)
 
 
 def converted_folder(path: Path, status: Callable[[str], None] = lambda _m: None) -> Path:
@@ -66,7 +71,7 @@ def source_gguf(folder: Path) -> Path | None:
     """The GGUF file a converted (or meta) folder was made from, where it is still there and unchanged."""
     try:
         path = Path(json.loads((folder / MANIFEST).read_text())["source"])
-        return path if path.is_file() and folder.name == f"{path.stem}-{gguf_key(path)}" else None
+        return path if path.is_file() and folder.name == folder_name(path) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -164,7 +169,7 @@ def check_folder(folder: Path) -> list[tuple[Path, str]]:
 
 
 def meta_folder_for(path: Path) -> Path:
-    return cache_root() / "gguf" / f"{path.stem}-{gguf_key(path)}"
+    return cache_root() / "gguf" / folder_name(path)
 
 
 def meta_folder(path: Path, status: Callable[[str], None] = lambda _m: None) -> Path:

@@ -21,7 +21,7 @@ import numpy as np
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
-from chatcli.engine.weights.lean_file import GGUF, LeanConfig, norm_before, padded16
+from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
 
 FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF architecture -> model_type
 NEOX = ("qwen2", "qwen3")  # rope on rotate-half pairs: q/k rows reordered here
@@ -42,17 +42,6 @@ def direct_reason(meta: GGUFFile) -> str | None:
     if "token_embd.weight" not in meta.tensors:
         return "no token_embd.weight"
     return None
-
-
-def rope_order(head_dim: int) -> np.ndarray:
-    """Within a rotate-half head, the dims in adjacent rope pairs (i, i + hd/2) → (2i, 2i + 1)."""
-    half = head_dim // 2
-    return np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()
-
-
-def head_rows(n: int, heads: int) -> np.ndarray:
-    hd = n // heads
-    return (np.arange(heads)[:, None] * hd + rope_order(hd)[None, :]).ravel()
 
 
 def rope_table(meta: GGUFFile, head_dim: int, limit: int) -> np.ndarray:
@@ -81,7 +70,7 @@ def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
     neox = FAMILIES[meta.arch] in NEOX
     tied = "output.weight" not in meta.tensors
 
-    def ordered(name: str, count: int) -> np.ndarray | None:  # q/k rows in rope's adjacent pairs
+    def ordered(name: str, count: int) -> list[int] | None:  # q/k rows in rope's adjacent pairs
         return head_rows(int(meta.tensors[name].shape[1]), count) if neox else None
 
     out = {}

@@ -18,16 +18,9 @@ import torch
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.families import GEMMA, context_limit, lean_support, sliding_layers, softcap
 from chatcli.engine.weights.layouts import dense, grouped_arrays, pack_int8, padded_vector, panels
-from chatcli.engine.weights.lean_file import GROUPED, INT8, LeanConfig
+from chatcli.engine.weights.lean_file import GROUPED, INT8, LeanConfig, head_rows, rope_order
 from chatcli.engine.weights.quant_blocks import GGUFBlocks
 from chatcli.engine.weights.sidecar import record
-
-
-def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:
-    """Within a head, the dims in the lean order: the rotated dims' rotate-half pairs (i, i + r/2) as
-    adjacent pairs (2i, 2i + 1), then the dims rope leaves alone (partial rotary) as they are."""
-    r = rotary or head_dim
-    return [d for i in range(r // 2) for d in (i, i + r // 2)] + list(range(r, head_dim))
 
 
 def fused_transposed(parts: list[torch.Tensor], scale=None) -> torch.Tensor:
@@ -47,13 +40,6 @@ def fused_transposed(parts: list[torch.Tensor], scale=None) -> torch.Tensor:
             dest.copy_(src)
         col += n
     return out
-
-
-def head_rows(n: int, heads: int, rotary=None) -> torch.Tensor:
-    """The row index that puts each of `heads` heads of n rows in `rope_order`."""
-    hd = n // heads
-    order = torch.tensor(rope_order(hd, rotary))
-    return (torch.arange(heads)[:, None] * hd + order[None, :]).flatten()
 
 
 @dataclass
@@ -158,7 +144,7 @@ def vectors(model, config: LeanConfig, rotary: int | None = None) -> dict[str, t
             q, k = q[head_rows(len(q), config.heads, rotary)], k[head_rows(len(k), config.kv_heads, rotary)]
             out[f"layers.{i}.qkv_bias"] = torch.cat([q, k, v])
         if config.qk_norm:
-            order = torch.tensor(rope_order(hd, rotary))
+            order = rope_order(hd, rotary)
             out[f"layers.{i}.q_norm"], out[f"layers.{i}.k_norm"] = b.q_norm[order], b.k_norm[order]
         if config.post_norms:
             out[f"layers.{i}.post_attn_norm"], out[f"layers.{i}.post_ffn_norm"] = b.post_attn_norm, b.post_ffn_norm

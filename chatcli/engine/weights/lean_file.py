@@ -184,6 +184,21 @@ def block_arrays(kind: str, n: int, k: int) -> dict[str, tuple[str, tuple]]:
     return {**out, "hi": ("U8", (blocks, groups, 64))} if kind == "q5k" else out
 
 
+def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:
+    """Within a head, the dims in the lean order: the rotated dims' rotate-half pairs (i, i + r/2) as
+    adjacent pairs (2i, 2i + 1), then the dims rope leaves alone (partial rotary) as they are."""
+    r = rotary or head_dim
+    return [d for i in range(r // 2) for d in (i, i + r // 2)] + list(range(r, head_dim))
+
+
+def head_rows(n: int, heads: int, rotary: int | None = None) -> list[int]:
+    """The row index that puts each of `heads` heads of n rows in `rope_order` (a list: numpy and
+    torch index with it alike)."""
+    hd = n // heads
+    order = rope_order(hd, rotary)
+    return [h * hd + d for h in range(heads) for d in order]
+
+
 def padded16(n: int) -> int:
     """A stored vector's length: n rounded up to 16 floats (64 bytes, the file's alignment)."""
     return -(-n // 16) * 16
