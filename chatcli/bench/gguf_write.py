@@ -20,6 +20,7 @@ def start_llama_gguf(path: Path, fields: dict, qtype: str):
     import gguf
 
     from chatcli.engine.load.sources import embedded_gguf
+    from chatcli.engine.weights.gguf_file import GGUFFile
 
     heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
     hd = fields.get("head_dim") or fields["hidden_size"] // heads
@@ -38,17 +39,14 @@ def start_llama_gguf(path: Path, fields: dict, qtype: str):
     w.add_layer_norm_rms_eps(float(fields.get("rms_norm_eps", 1e-6)))
     w.add_vocab_size(vocab)
     w.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}") if qtype != "F32" else gguf.LlamaFileType.ALL_F32)
-    source = gguf.GGUFReader(str(embedded_gguf()))
-    tokens = [
-        bytes(source.fields["tokenizer.ggml.tokens"].parts[i]) for i in source.fields["tokenizer.ggml.tokens"].data
-    ]
-    merges = [
-        bytes(source.fields["tokenizer.ggml.merges"].parts[i]) for i in source.fields["tokenizer.ggml.merges"].data
-    ]
-    types = [
-        int(source.fields["tokenizer.ggml.token_type"].parts[i][0])
-        for i in source.fields["tokenizer.ggml.token_type"].data
-    ]
+    source = GGUFFile(embedded_gguf())  # its header only, in one pass (gguf's GGUFReader takes ~5 s)
+    try:
+        fields = source.fields
+    finally:
+        source.close()
+    tokens = [t.encode() for t in fields["tokenizer.ggml.tokens"]]
+    merges = [m.encode() for m in fields["tokenizer.ggml.merges"]]
+    types = [int(t) for t in fields["tokenizer.ggml.token_type"]]
     tokens += [f"<unused_{i}>".encode() for i in range(len(tokens), vocab)]
     types += [gguf.TokenType.UNUSED] * (vocab - len(types))
     w.add_tokenizer_model("gpt2")
@@ -58,9 +56,9 @@ def start_llama_gguf(path: Path, fields: dict, qtype: str):
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    template = source.fields.get("tokenizer.chat_template")
+    template = fields.get("tokenizer.chat_template")
     if template is not None:
-        w.add_chat_template(template.contents())
+        w.add_chat_template(template)
     return w
 
 
