@@ -196,7 +196,7 @@ def parse(text: str) -> Command:
     return Command(found.name, arg, (found.field, value))
 
 
-PATH_ARGUMENTS = ("file", "load", "save")  # commands whose argument is a file: Tab completes paths
+PATH_ARGUMENTS = ("file", "load", "save", "model")  # commands whose argument may be a path: Tab completes it
 
 
 def complete(text: str, choices: Callable[[str], list[str]] | None = None) -> list[str]:

@@ -59,6 +59,10 @@ async def test_tab_completes_paths_and_values_and_cycles(tmp_path, monkeypatch):
         assert prompt.text == "/file notes.md"
         await pilot.press("tab")
         assert prompt.text == "/file notebook/"
+        (tmp_path / "tiny.gguf").write_bytes(b"GGUF")
+        prompt.load_text("/model ti")
+        await pilot.press("tab")
+        assert prompt.text == "/model tiny.gguf "  # /model takes a .gguf or a folder: paths complete
         prompt.load_text("/theme hi")
         await pilot.press("tab")
         assert prompt.text.startswith("/theme high") and prompt.text.split()[1] in app.theme_names()

@@ -1,6 +1,7 @@
 """The prompt: a multi-line TextArea. Enter sends, Shift+Enter / Ctrl+J insert a newline,
 Up/Down at the first/last line walk the prompt history, Tab completes a command name and its
-argument (a path, a theme, a preset); where several fit, each Tab shows the next."""
+argument (a path for /file, /load, /save and /model, a theme, a preset); where several fit, each
+Tab shows the next."""
 
 from __future__ import annotations
 
