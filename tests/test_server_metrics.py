@@ -59,6 +59,7 @@ def test_while_loading_only_that_is_said():
     text = exposition(None)
     assert "chatcli_model_loaded 0" in text and "requests_total" not in text
     assert 'model_info{model="a \\"b\\""}' in exposition('a "b"', _Worker(), _Pool())
+    assert "chatcli_kv_cache_budget_bytes 3159525376\n" in exposition("m", _Worker(), _Pool(3159525376))
 
 
 class _Worker:
@@ -67,5 +68,8 @@ class _Worker:
 
 
 class _Pool:
+    def __init__(self, budget: int = 0) -> None:
+        self.budget = budget
+
     def stats(self) -> dict:
-        return dict.fromkeys(("hits", "forks", "misses", "evictions", "bytes", "budget_bytes"), 0)
+        return {**dict.fromkeys(("hits", "forks", "misses", "evictions", "bytes"), 0), "budget_bytes": self.budget}

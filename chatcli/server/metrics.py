@@ -8,6 +8,11 @@ from __future__ import annotations
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+def _number(value: float) -> str:
+    """A sample's value: whole numbers exactly (a byte count past a million keeps its digits)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -18,7 +23,7 @@ def exposition(model: str | None, worker=None, pool=None) -> str:
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
         lines.extend([f"# HELP chatcli_{name} {help_}", f"# TYPE chatcli_{name} {kind}"])
-        lines.extend(f"chatcli_{name}{labels} {value:g}" for labels, value in samples)
+        lines.extend(f"chatcli_{name}{labels} {_number(value)}" for labels, value in samples)
 
     metric("model_loaded", "gauge", "1 once the model answers.", [("", 1 if model is not None else 0)])
     if model is None or worker is None or pool is None:
