@@ -96,12 +96,22 @@ def test_a_look_at_a_busy_machine_starts_the_turn_at_one_thread():
     ran = drive(team, clock, BUSY, 3.0)
     assert {w for _, w in ran} == {1} and team.current == 1  # the look is evidence: no slow try of the team
     later = drive(team, clock, BUSY, 3.0)
-    assert 1 <= len(tries(later, 2)) <= 2 and team.current == 1  # tried after LOOKED_BUSY_WAIT_S, and kept at one
+    assert 1 <= len(tries(later, 2)) <= 2 and team.current == 1  # tried after LOOKED_WAIT_S, and kept at one
     clock.now += 10.0
     team.others = QUIET  # the other process ended: the next turn's prefill looks again
     assert team.width(512) == 2 and team.current == 2
     clock.now += 0.1
     assert team.width(512) == 2  # within LOOK_EVERY_S the look is not repeated
+
+
+def test_a_look_at_a_quiet_machine_spares_the_reply_a_slow_try():
+    clock = Clock()
+    team = TeamWidth(2, clock, QUIET)
+    assert team.width(512) == 2
+    ran = drive(team, clock, IDLE, 3.0)  # a reply of a few seconds: no step at one thread
+    assert {w for _, w in ran} == {2}
+    slowed = drive(team, clock, BUSY, 1.0)  # a process comes mid-reply: the step that slows tries at once
+    assert slowed[2][1] == 1 and team.current == 1
 
 
 def test_others_running_sees_a_busy_process():

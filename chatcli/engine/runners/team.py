@@ -17,8 +17,8 @@ rows) teaches nothing (its time varies too much with its length); it runs at the
 the machine gives: the whole team less one thread per thread of another process running now
 (`others_running`: /proc/stat's count less ours, the least of a few reads a millisecond apart, so a
 passing process is not taken for a busy one). That look also starts the decode steps there (they
-try more threads 4 s later: the look is evidence, and the next turn looks again), so a turn, a
-one-shot's first included, starts right.
+try another width 4 s later, not at their second step: the look is evidence, and the next turn
+looks again), so a turn, a one-shot's first included, starts right.
 
 A row's numbers do not depend on the width (the kernel computes every row alone, in a fixed
 order), so switching changes the speed, never a reply.
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 LOOK_EVERY_S = 0.5  # a prefill's look at the machine is reused this long (a long prompt's chunks)
-LOOKED_BUSY_WAIT_S = 4.0  # after a look saw another process running: the steps' first try of more threads
+LOOKED_WAIT_S = 4.0  # after a prefill's look: the decode steps' first try of another width
 FIRST_TRY = 2  # the decode step that first tries another width
 FIRST_WAIT_S = 1.0  # seconds to the next try after a width takes over, or the current one slows
 LAST_WAIT_S = 8.0  # the longest wait between tries while the other widths keep losing
@@ -117,13 +117,12 @@ class TeamWidth:
         if self.most == 1 or (self.looked is not None and now - self.looked < LOOK_EVERY_S):
             return
         self.looked = now
-        busy = self.others()
-        want = max(1, self.most - busy)
+        want = max(1, self.most - self.others())
         if want != self.current:
             self.current, self.best, self.wait_s = want, float("inf"), FIRST_WAIT_S
-            # another process seen running: a try of the whole team would cost a slow step, and the
-            # next turn's prefill looks again anyway, so the steps wait longer before trying it
-            self.next_try = now + (LOOKED_BUSY_WAIT_S if busy else FIRST_WAIT_S)
+        # the look is evidence either way, and the next turn's prefill looks again: the steps wait
+        # before trying another width (a try costs a slow step); a step that slows still tries at once
+        self.next_try = now + LOOKED_WAIT_S
 
     def record(self, rows: int, width: int, seconds: float) -> None:
         """What a call of `rows` rows at `width` took (a prefill's time teaches nothing: see above)."""
