@@ -26,6 +26,7 @@ order), so switching changes the speed, never a reply.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,9 +44,16 @@ SMOOTH = 0.25  # weight of a step's time in the moving average of its width
 
 def others_running(reads: int = 5) -> int:
     """Threads of other processes on a CPU now: /proc/stat's procs_running less this process's own
-    running threads, the least of `reads` reads 1 ms apart. 0 where there is no /proc (macOS)."""
+    running threads, the least of `reads` reads 1 ms apart. 0 where there is no /proc (macOS), and
+    where this process may use only some of the machine's CPUs (a container's cpuset, `taskset`):
+    the count is the whole machine's, most of it on CPUs that are not ours."""
     import glob
 
+    try:
+        if len(os.sched_getaffinity(0)) < (os.cpu_count() or 1):
+            return 0
+    except (AttributeError, OSError):  # no affinity call (macOS): no /proc either
+        return 0
     least = None
     for i in range(reads):
         try:
