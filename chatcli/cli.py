@@ -282,10 +282,9 @@ def history(json_out, text, recover) -> None:
 
     if recover:
         from chatcli.chat.salvage import salvage
-        from chatcli.chat.store import DB_NAME
-        from chatcli.paths import data_dir
+        from chatcli.chat.store import database_path
 
-        path = data_dir() / DB_NAME
+        path = database_path()
         click.echo(salvage(path).line(path))
         return
 

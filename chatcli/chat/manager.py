@@ -298,9 +298,9 @@ class Chats:
         conversation's both now (it was 0.0, 1970, in every /save)."""
         if self.store is not None and conv.id in self.stored:
             try:
-                saved = self.store.export(conv.id)
+                saved = self.store.times(conv.id)  # its row only, not its messages
                 if saved is not None:
-                    return saved["created"], saved["updated"]
+                    return saved
             except STORE_ERRORS as exc:
                 self.store_failed(exc)
         now = time.time()

@@ -27,6 +27,12 @@ from chatcli.paths import data_dir
 
 DB_NAME = "chatcli.db"
 
+
+def database_path() -> Path:
+    """Where the conversations are kept: `chatcli.db` in the user data dir."""
+    return data_dir() / DB_NAME
+
+
 # a conversation's first user message (its title until /rename), for the conversation `of`
 FIRST_USER_MESSAGE = "SELECT content FROM messages WHERE conversation_id={of} AND role='user' ORDER BY id LIMIT 1"
 
@@ -87,7 +93,7 @@ class Summary:
 
 class Store:
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path or data_dir() / DB_NAME
+        self.path = path or database_path()
         self.damage: str | None = None  # set when a read went around a damaged page (the line to show)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,23 +246,21 @@ class Store:
         """Every conversation, the latest first. Around a damaged page, one conversation at a time:
         those whose messages cannot be read are marked `damaged`, and `self.damage` says so."""
         try:
-            rows = self.db.execute(
+            rows = self._read(
                 "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id),"
                 f" ({FIRST_USER_MESSAGE.format(of='c.id')}), c.parent_id, c.fork_at"
                 " FROM conversations c LEFT JOIN messages m ON m.conversation_id=c.id"
                 " GROUP BY c.id ORDER BY c.updated DESC, c.rowid DESC"
-            ).fetchall()
-        except sqlite3.DatabaseError as exc:
-            if damaged(self.path, exc) is None:
-                raise StoreError(f"cannot read the conversation database: {exc}") from None
-            return self._summaries_around(exc)
+            )
+        except StoreDamaged as exc:
+            return self._summaries_around(str(exc))
         return [
             Summary(id_, _shown_title(title, first), model, created, updated, n, parent, fork_at)
             for id_, title, model, created, updated, n, first, parent, fork_at in rows
         ]
 
-    def _summaries_around(self, exc: sqlite3.Error) -> list[Summary]:
-        self.damage = damaged(self.path, exc)
+    def _summaries_around(self, damage: str) -> list[Summary]:
+        self.damage = damage
         found = []
         for id_, title, model, created, updated, parent, fork_at in self._read(
             "SELECT c.id, c.title, c.model, c.created, c.updated, c.parent_id, c.fork_at FROM conversations c"
@@ -310,6 +314,11 @@ class Store:
             Hit(conv_id, _shown_title(title, first), index, role, " ".join(snippet.split()), rank)
             for conv_id, title, role, snippet, rank, first, index in rows
         ]
+
+    def times(self, conversation_id: str) -> tuple[float, float] | None:
+        """A saved conversation's (created, updated), as `export` writes them."""
+        rows = self._read("SELECT created, updated FROM conversations WHERE id=?", (conversation_id,))
+        return rows[0] if rows else None
 
     def export(self, conversation_id: str) -> dict | None:
         conversation = self.load(conversation_id)
