@@ -201,7 +201,7 @@ PATH_ARGUMENTS = ("file", "load", "save", "model")  # commands whose argument ma
 
 def complete(text: str, choices: Callable[[str], list[str]] | None = None) -> list[str]:
     """Completions of a half-typed command name ('/te' → ['/temp', '/temperature']), or of its
-    argument: a path for /file, /load and /save, else one of `choices(command)` (themes, presets)."""
+    argument: a path for the PATH_ARGUMENTS commands, else one of `choices(command)` (themes, presets)."""
     text = text.lstrip()
     if not text.startswith("/"):
         return []
@@ -219,13 +219,12 @@ def complete(text: str, choices: Callable[[str], list[str]] | None = None) -> li
 def complete_path(partial: str) -> list[str]:
     """Files and folders (these end with /) whose path starts with `partial` (~ expanded), sorted;
     hidden ones only where `partial` names a dot."""
-    folder, _, stem = partial.rpartition("/")
-    where = os.path.expanduser(folder + "/" if folder or partial.startswith("/") else ".")
+    folder, slash, stem = partial.rpartition("/")
+    prefix = folder + slash  # "" for a bare name: the current folder
     try:
-        entries = sorted(os.scandir(where), key=lambda e: e.name)
+        entries = sorted(os.scandir(os.path.expanduser(prefix or ".")), key=lambda e: e.name)
     except OSError:
         return []
-    prefix = folder + "/" if folder or partial.startswith("/") else ""
     return [
         prefix + e.name + ("/" if e.is_dir() else "")
         for e in entries

@@ -52,11 +52,11 @@ def stats_lines(stats: TurnStats) -> list[str]:
 def drafts_text(stats: TurnStats, lookup: int | None) -> str:
     """The drafts row: how many prompt-lookup drafts the model kept this turn (`lookup` None: a
     server drafted, or not: what its usage says)."""
-    if lookup is None:
-        return f"{stats.accepted_tokens} of {stats.draft_tokens} kept" if stats.draft_tokens else "n/a"
-    if not lookup:
+    if lookup == 0:
         return "off"
-    return f"{stats.accepted_tokens} of {stats.draft_tokens} kept" if stats.draft_tokens else "none"
+    if stats.draft_tokens:
+        return f"{stats.accepted_tokens} of {stats.draft_tokens} kept"
+    return "n/a" if lookup is None else "none"
 
 
 ENDINGS = {

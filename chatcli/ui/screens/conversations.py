@@ -188,18 +188,18 @@ class ConversationScreen(Screen):
             return 0
         kept = self.engine.crop_session(self.session, self.conversation.for_template())
         self.show_cache()
+        self.show_pool()
         return kept
 
     def show_cache(self) -> None:
         """The context gauge and the KV cache row as the session's cache stands now (a switch, a
-        crop, a new model), and the pool's figures with it."""
+        crop, a new model)."""
         if self.session is None or self.engine is None:
             return
         cache = self.session.cache
         self.panels.set_context(len(cache), self.engine.context_limit)
         if self.engine.keeps_cache:
             self.panels.show(kv=human_bytes(cache.nbytes) if len(cache) else "–")
-        self.show_pool()
 
     async def forget(self, messages: list) -> None:
         """The conversation's last `messages` (already dropped from it) leave the screen and the store."""

@@ -62,7 +62,7 @@ class ReplyBox(Vertical):
     ReplyBox Collapsible ReplyMarkdown { color: $text-muted; }
     """
 
-    def __init__(self, text: str = "", note: str = "") -> None:
+    def __init__(self, text: str = "") -> None:
         super().__init__()
         self.message = None  # the conversation's Message, once finished
         thinking, answer = split_reasoning(text)
@@ -72,7 +72,7 @@ class ReplyBox(Vertical):
             self.fold.add_class("-shown")
             self.fold.title = _thought_title(thinking)
         self.markdown = ReplyMarkdown(answer)
-        self.note = Static(note, classes="reply-note", markup=False)
+        self.note = Static("", classes="reply-note", markup=False)
         self.stream = None
         self._thinking_stream = None
         self._reasoning = ReasoningStream()
