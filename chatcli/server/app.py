@@ -63,6 +63,11 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
 
 
+def status_response(code: int, body: dict) -> JSONResponse:
+    """/health's answer, with the key or without it: a 503 (loading) says when to ask again."""
+    return JSONResponse(body, status_code=code, headers={"Retry-After": schema.RETRY_AFTER} if code == 503 else None)
+
+
 class HostCheck:
     """A loopback server answers only requests whose `Host` is a loopback name (localhost, 127.0.0.1,
     [::1], any port), as Jupyter and llama-server do: a web page on another name that a DNS rebinding
@@ -111,9 +116,7 @@ class BearerAuth:
             scheme, _, token = header.partition(b" ")
             ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
             if not ok and scope.get("path") == "/health":
-                code, body = self.status()
-                headers = {"Retry-After": schema.RETRY_AFTER} if code == 503 else None
-                await JSONResponse(body, status_code=code, headers=headers)(scope, receive, send)
+                await status_response(*self.status())(scope, receive, send)
                 return
             if not ok:
                 err = APIError(
@@ -307,9 +310,7 @@ def create_app(
             requests = {"served": b.worker.served, "cancelled": b.worker.cancelled, "failed": b.worker.failed}
             body = {**body, "model": b.engine.name, "pending": b.worker.pending, "requests": requests}
             body["cache"] = b.pool.stats()
-        return JSONResponse(
-            body, status_code=code, headers={"Retry-After": schema.RETRY_AFTER} if code == 503 else None
-        )
+        return status_response(code, body)
 
     async def metrics(_request: Request) -> Response:
         from chatcli.server.metrics import CONTENT_TYPE, exposition
