@@ -1,7 +1,10 @@
 """Transformers causal LMs written as GGUF files, as llama.cpp's own converter would write them, with any tensor types.
 
 `write_gguf(model, path, types)` covers the families "llama" (tied or untied embeddings, q/k/v
-biases if the model has them), "qwen2" (q/k/v biases) and "qwen3" (q/k norms). Like
+biases if the model has them), "qwen2" (q/k/v biases), "qwen3" (q/k norms), "gemma2" and
+"gemma3_text" (GGUF's `gemma3`: its norms written as 1 + w, as llama.cpp's converter writes
+Gemma's, the sandwich norms as `post_attention_norm` / `post_ffw_norm`, the soft-capping and the
+sliding window as metadata, Gemma 3's sliding base as `rope.freq_base_swa`). Like
 convert_hf_to_gguf.py it writes the architecture's metadata keys (`{arch}.context_length`, ...;
 `attention.key_length` / `value_length` only where the config has a `head_dim`, as real Llama and
 Qwen3 configs do and Qwen2 configs do not; `rope.dimension_count` for llama only), llama.cpp's
@@ -34,7 +37,8 @@ import torch
 
 from tests import kquants
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text")
+GGUF_ARCH = {"gemma3_text": "gemma3"}  # transformers' model_type -> GGUF's architecture, where they differ
 
 # llama.cpp's replacement for a K-quant when a row is not a multiple of 256 wide
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
@@ -108,6 +112,8 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
     if arch not in FAMILIES:
         raise ValueError(f"write_gguf writes {', '.join(FAMILIES)}, not {arch}")
     rope = getattr(config, "rope_parameters", None) or {}
+    sliding_rope = rope.get("sliding_attention", {})  # Gemma 3: a rope per layer type
+    rope = rope.get("full_attention", rope)
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"write_gguf writes the default rope only, not {rope.get('rope_type')}")
     rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
@@ -121,7 +127,7 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
     chosen = {name: tensor_type(types, name, array.shape, n_layers, has_output) for name, array in tensors}
 
     path = Path(path)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(arch, arch))
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name("chatcli-test")
     w.add_block_count(n_layers)
@@ -138,6 +144,13 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
     if arch == "llama":
         w.add_vocab_size(vocab)
         w.add_rope_dimension_count(hd)
+    if arch.startswith("gemma"):
+        w.add_sliding_window(config.sliding_window)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        w.add_final_logit_softcapping(config.final_logit_softcapping)
+    if sliding_rope:
+        w.add_rope_freq_base_swa(float(sliding_rope["rope_theta"]))
     w.add_file_type(_file_type(file_type, types, tensors, chosen))
     add_tokenizer(w, vocab)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -258,27 +271,37 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
             return f32(tensor)
         return f32(tensor[head_rows(tensor.shape[0], n_heads)])  # LlamaModel.permute's row order
 
+    gemma = arch.startswith("gemma")
+
+    def norm(module) -> np.ndarray:  # llama.cpp's converter writes Gemma's norms as 1 + w
+        return f32(module.weight) + (1.0 if gemma else 0.0)
+
     inner = model.model
     yield "token_embd.weight", f32(inner.embed_tokens.weight)
     for i, block in enumerate(inner.layers):
         a, m = block.self_attn, block.mlp
-        yield f"blk.{i}.attn_norm.weight", f32(block.input_layernorm.weight)
+        yield f"blk.{i}.attn_norm.weight", norm(block.input_layernorm)
         for short, proj, n_heads in (("q", a.q_proj, heads), ("k", a.k_proj, kv_heads), ("v", a.v_proj, None)):
             rows = (lambda t, n=n_heads: permuted(t, n)) if n_heads else f32
             yield f"blk.{i}.attn_{short}.weight", rows(proj.weight)
             if proj.bias is not None:
                 yield f"blk.{i}.attn_{short}.bias", rows(proj.bias)
-        if arch == "qwen3":
-            yield f"blk.{i}.attn_q_norm.weight", f32(a.q_norm.weight)
-            yield f"blk.{i}.attn_k_norm.weight", f32(a.k_norm.weight)
+        if hasattr(a, "q_norm"):
+            yield f"blk.{i}.attn_q_norm.weight", norm(a.q_norm)
+            yield f"blk.{i}.attn_k_norm.weight", norm(a.k_norm)
         yield f"blk.{i}.attn_output.weight", f32(a.o_proj.weight)
         if a.o_proj.bias is not None:
             yield f"blk.{i}.attn_output.bias", f32(a.o_proj.bias)
-        yield f"blk.{i}.ffn_norm.weight", f32(block.post_attention_layernorm.weight)
+        if gemma:
+            yield f"blk.{i}.post_attention_norm.weight", norm(block.post_attention_layernorm)
+            yield f"blk.{i}.ffn_norm.weight", norm(block.pre_feedforward_layernorm)
+            yield f"blk.{i}.post_ffw_norm.weight", norm(block.post_feedforward_layernorm)
+        else:
+            yield f"blk.{i}.ffn_norm.weight", norm(block.post_attention_layernorm)
         yield f"blk.{i}.ffn_gate.weight", f32(m.gate_proj.weight)
         yield f"blk.{i}.ffn_up.weight", f32(m.up_proj.weight)
         yield f"blk.{i}.ffn_down.weight", f32(m.down_proj.weight)
-    yield "output_norm.weight", f32(inner.norm.weight)
+    yield "output_norm.weight", norm(inner.norm)
     if not model.config.tie_word_embeddings:
         yield "output.weight", f32(model.lm_head.weight)
 
@@ -329,15 +352,33 @@ def tiny(family: str, tied: bool, seed: int = 0):
         # wider heads than hidden / heads; 128 because transformers' GGUF loader ignores
         # qwen3.attention.key_length and takes Qwen3Config's default head_dim
         config["head_dim"] = 128
-    kind = {"llama": t.LlamaConfig, "qwen2": t.Qwen2Config, "qwen3": t.Qwen3Config}[family]
+    gemma = family.startswith("gemma")
+    if gemma:  # heads of 64, scaled as llama.cpp scales a Gemma that is not the 27B; a short window
+        config.update(head_dim=64, query_pre_attn_scalar=64, sliding_window=4, tie_word_embeddings=True)
+    if family == "gemma3_text":  # six layers: llama.cpp's pattern slides five, the sixth attends to all
+        config.update(
+            num_hidden_layers=6,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+        )
+    kind = {
+        "llama": t.LlamaConfig,
+        "qwen2": t.Qwen2Config,
+        "qwen3": t.Qwen3Config,
+        "gemma2": t.Gemma2Config,
+        "gemma3_text": t.Gemma3TextConfig,
+    }[family]
     torch.manual_seed(seed)
-    model = t.AutoModelForCausalLM.from_config(kind(**config))
+    model = t.AutoModelForCausalLM.from_config(kind(**config), attn_implementation="eager")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.mul_(0.5 if any(f"{x}_proj" in name for x in ("q", "k")) else 4.0)
-            elif "norm" in name:
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif "norm" in name:  # Gemma's norms multiply by 1 + w
+                p.copy_((0.0 if gemma else 1.0) + 0.3 * torch.randn_like(p))
             else:  # biases
                 p.copy_(0.5 * torch.randn_like(p))
     return model.eval()

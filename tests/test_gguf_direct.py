@@ -1,7 +1,8 @@
 """A GGUF read by chatcli itself into the `gguf` lean file (gguf_lean): every tensor in its own type.
 
 Tiny random models of each family read directly (llama tied and untied, qwen2 with biases, qwen3
-with q/k norms) are written as GGUF files in K-quant mixes and single types; the native runner over
+with q/k norms, Gemma 2 with soft-capping and a sliding layer, Gemma 3 with five sliding layers on
+their own rope base) are written as GGUF files in K-quant mixes and single types; the native runner over
 the file's own blocks must give the logits of transformers over the same weights (each put through
 its type's quantization: `gguf_models.fake_quantized`) within the int8 activations' rounding, over a
 prefill, decode steps, a crop and a draft; and a draft's logits are bit-equal to single steps'.
@@ -26,6 +27,8 @@ CASES = [
     ("llama", False, Q4_K_M),
     ("qwen2", False, Q4_K_M),
     ("qwen3", True, Q4_K_M),
+    ("gemma2", True, Q4_K_M),
+    ("gemma3_text", True, Q4_K_M),
     ("llama", False, uniform("Q5_K")),
     ("llama", True, uniform("Q6_K")),
     ("qwen2", True, uniform("Q8_0")),
@@ -57,7 +60,7 @@ def test_a_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family,
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.75
 
 
-@pytest.mark.parametrize(("family", "tied", "types"), CASES[:4], ids=lambda c: getattr(c, "__name__", str(c)))
+@pytest.mark.parametrize(("family", "tied", "types"), CASES[:6], ids=lambda c: getattr(c, "__name__", str(c)))
 def test_a_draft_gives_the_bits_of_single_steps(kernel, tmp_path, family, tied, types):
     runner = direct_runner(tiny(family, tied), types, tmp_path)
     one = runner.new_cache()
@@ -88,3 +91,19 @@ def test_what_is_not_read_directly_says_why(tmp_path):
     model = tiny("llama", True)
     path = write_gguf(model, tmp_path / "f16.gguf", "F16")
     assert "is F16" in direct_reason(GGUFFile(path))
+
+
+def test_a_gemma_gguf_loads_on_its_own_blocks(kernel, tmp_path):
+    """The whole load: the GGUF's config written from its metadata passes the lean families' check,
+    `--quantize auto` reads its blocks, and the engine's logits are the direct runner's."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+
+    path = write_gguf(tiny("gemma3_text", True), tmp_path / "gemma.gguf", Q4_K_M)
+    engine = load_engine(str(path), LoadOptions(device="cpu"))
+    runner = engine.runner
+    assert isinstance(runner, NativeRunner) and runner.config.kind == "gguf"
+    assert runner.config.family == "gemma3_text" and runner.config.sliding_rope
+    (tmp_path / "again").mkdir()
+    direct = direct_runner(tiny("gemma3_text", True), Q4_K_M, tmp_path / "again")
+    assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))

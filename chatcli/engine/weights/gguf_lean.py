@@ -5,11 +5,18 @@ What llama.cpp reads, read the same way: the architecture's hyperparameters from
 `<arch>.rope.freq_base` with `rope_freqs.weight` (Llama 3's per-frequency factors) or a linear
 scaling, and every tensor by its GGUF name in the type the file holds it (`kquant_blocks`). The
 families read so: `llama` (Llama 2/3/3.2, SmolLM, Mistral without a sliding window), `qwen2`
-(q/k/v biases) and `qwen3` (q/k norms). llama.cpp stores a llama's q and k rows in rope's adjacent
-pairs, the lean order already; qwen2/qwen3 rotate halves (NEOX), so their q/k rows (and biases and
-norms) are put in that order here. `direct_reason` says why a file is not read so (another family,
-a sliding window, a rope scaling or a tensor type the kernel lacks): the loader then converts it
-through transformers as before (`gguf_convert`).
+(q/k/v biases), `qwen3` (q/k norms), `gemma2` and `gemma3` (Gemma 3's text model). llama.cpp stores
+a llama's q and k rows in rope's adjacent pairs, the lean order already; the others rotate halves
+(NEOX), so their q/k rows (and biases and norms) are put in that order here.
+
+Gemma as llama.cpp runs it: the file's norms already hold 1 + w (llama.cpp's converter adds the 1),
+the embedding is scaled by sqrt(D), GeGLU, sandwich norms (`post_attention_norm`, `post_ffw_norm`),
+sliding layers by llama.cpp's fixed pattern (Gemma 2: every other layer from the first, a window of
+4096 where the file does not say; Gemma 3: five of every six, rotated by a base of 10000 unscaled),
+scores scaled by 1/sqrt(head_dim) (the 27B's by 1/sqrt(D / heads)), Gemma 2's soft-capping (50 and
+30 where the file does not say). `direct_reason` says why a file is not read so (another family, a
+sliding window elsewhere, a rope scaling or a tensor type the kernel lacks): the loader then
+converts it through transformers as before (`gguf_convert`).
 """
 
 from __future__ import annotations
@@ -18,20 +25,25 @@ from pathlib import Path
 
 import numpy as np
 
-from chatcli.engine.weights import Status
+from chatcli.engine.weights import Status, gguf_meta
+from chatcli.engine.weights.families import GEMMA
 from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
 
-FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF architecture -> model_type
-NEOX = ("qwen2", "qwen3")  # rope on rotate-half pairs: q/k rows reordered here
+FAMILIES = {arch: model_type for arch, (model_type, _) in gguf_meta.FAMILIES.items()}  # read directly
+NEOX = ("qwen2", "qwen3", *GEMMA)  # rope on rotate-half pairs: q/k rows reordered here
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: of every n layers the last attends to all, the rest slide
+SWA_DEFAULT = {"gemma2": 4096}  # the window where the file does not say (llama.cpp's)
+SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0)}  # attention's and the logits' where the file does not say
+LAYERS_27B = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales a 27B's scores by 1/sqrt(D / heads)
 
 
 def direct_reason(meta: GGUFFile) -> str | None:
     """Why the file is not read directly into a `gguf` lean file (None: it is)."""
     if meta.arch not in FAMILIES:
         return f"architecture {meta.arch!r}"
-    if meta.hp("attention.sliding_window"):
+    if meta.hp("attention.sliding_window") and meta.arch not in SWA_PATTERN:
         return "a sliding window"
     scaling = str(meta.hp("rope.scaling.type", "none") or "none")
     if scaling not in ("none", "linear"):
@@ -44,16 +56,19 @@ def direct_reason(meta: GGUFFile) -> str | None:
     return None
 
 
-def rope_table(meta: GGUFFile, head_dim: int, limit: int) -> np.ndarray:
+def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False) -> np.ndarray:
     """`[T, hd/2, 2]` cos, sin: angle pos * base^(-2i/r) / factor_i (llama.cpp's rope: `rope_freqs`
-    factors where the file has them, positions / the linear scaling factor), pairs past r as (1, 0)."""
+    factors where the file has them, positions / the linear scaling factor), pairs past r as (1, 0).
+    `sliding`: Gemma 3's sliding layers' table (`rope.freq_base_swa`, else 10000, unscaled)."""
     r = int(meta.hp("rope.dimension_count", head_dim) or head_dim)
     base = float(meta.hp("rope.freq_base", 10000.0) or 10000.0)
+    if sliding:
+        base = float(meta.hp("rope.freq_base_swa", 10000.0) or 10000.0)
     inv = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [r/2]
     if "rope_freqs.weight" in meta.tensors:
         inv = inv / meta.vector("rope_freqs.weight")[: r // 2].astype(np.float64)
     positions = np.arange(limit, dtype=np.float64)
-    if str(meta.hp("rope.scaling.type", "none")) == "linear":
+    if str(meta.hp("rope.scaling.type", "none")) == "linear" and not sliding:
         positions = positions / float(meta.hp("rope.scaling.factor", 1.0) or 1.0)
     angles = positions[:, None] * inv[None, :]  # [T, r/2]
     table = np.zeros((limit, head_dim // 2, 2), np.float32)
@@ -94,15 +109,36 @@ def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
     return out
 
 
+def sliding_layers(meta: GGUFFile) -> tuple:
+    """Per layer, whether it slides (llama.cpp's fixed pattern for the family); empty where none do."""
+    pattern = SWA_PATTERN.get(meta.arch)
+    if pattern is None:
+        return ()
+    return tuple(i % pattern < pattern - 1 for i in range(int(meta.hp("block_count"))))
+
+
+def attention_scale(meta: GGUFFile, hidden: int, heads: int, head_dim: int) -> float:
+    """The scores' scale (0: the kernel's 1/sqrt(head_dim)): Gemma's as llama.cpp sets it."""
+    if meta.arch not in LAYERS_27B:
+        return 0.0
+    if int(meta.hp("block_count")) == LAYERS_27B[meta.arch]:
+        return float(hidden // heads) ** -0.5
+    return float(head_dim) ** -0.5
+
+
 def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: dict) -> LeanConfig:
     hidden, heads = int(meta.hp("embedding_length")), int(meta.hp("attention.head_count"))
+    head_dim = int(meta.hp("attention.key_length", hidden // heads) or hidden // heads)
     tied = "output.weight" not in meta.tensors
+    gemma = FAMILIES[meta.arch] in GEMMA
+    sliding = sliding_layers(meta)
+    caps = SOFTCAP_DEFAULTS.get(meta.arch)  # None: the family caps nothing
     return LeanConfig(
         layers=int(meta.hp("block_count")),
         hidden=hidden,
         heads=heads,
         kv_heads=int(meta.hp("attention.head_count_kv", heads) or heads),
-        head_dim=int(meta.hp("attention.key_length", hidden // heads) or hidden // heads),
+        head_dim=head_dim,
         ffn=int(meta.hp("feed_forward_length")),
         vocab=int(meta.tensors["token_embd.weight" if tied else "output.weight"].shape[1]),
         embed_rows=int(meta.tensors["token_embd.weight"].shape[1]),
@@ -113,7 +149,16 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         family=FAMILIES[meta.arch],
         qkv_bias=any(k.endswith("qkv_bias") for k in vectors),
         qk_norm=any(k.endswith("q_norm") for k in vectors),
+        post_norms=any(k.endswith("post_attn_norm") for k in vectors),
+        act="gelu_tanh" if gemma else "silu",
+        attn_scale=attention_scale(meta, hidden, heads, head_dim),
+        attn_softcap=float(meta.hp("attn_logit_softcapping", caps[0])) if caps else 0.0,
+        final_softcap=float(meta.hp("final_logit_softcapping", caps[1])) if caps else 0.0,
+        window=int(meta.hp("attention.sliding_window", SWA_DEFAULT.get(meta.arch, 0)) or 0) if sliding else 0,
+        sliding=sliding,
+        sliding_rope=meta.arch == "gemma3" and any(sliding),
         tied=tied,
+        embed_scale=float(hidden) ** 0.5 if gemma else 1.0,
         parts={name: [[kind, n] for kind, n, _ in listed] for name, listed in parts.items()},
         types="+".join(sorted({extra[2] for listed in parts.values() for _, _, extra in listed})),
     )
@@ -139,6 +184,8 @@ def write_lean_file(
     limit = min(limit, int(meta.hp("context_length", limit) or limit))
     projections = plan(meta)
     small = {"rope": rope_table(meta, head_dim, limit)}
+    if meta.arch == "gemma3" and any(sliding_layers(meta)):
+        small["rope_sliding"] = rope_table(meta, head_dim, limit, sliding=True)
     for name, (_parts, norm) in projections.items():
         if norm is not None:
             small[norm_before(name)] = _padded(meta.vector(norm))
@@ -206,7 +253,8 @@ def _padded(v: np.ndarray) -> np.ndarray:
 
 
 def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: int, neox: bool) -> dict:
-    """qwen2's q/k/v biases (`qkv_bias`) and qwen3's q/k norms, in the lean order."""
+    """qwen2's q/k/v biases (`qkv_bias`), qwen3's and Gemma 3's q/k norms, in the lean order, and
+    Gemma's sandwich norms (`post_attn_norm`, `post_ffn_norm`)."""
     out = {}
     for i in range(layers):
         b = f"blk.{i}."
@@ -219,6 +267,9 @@ def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: 
             order = rope_order(hd) if neox else np.arange(hd)
             out[f"layers.{i}.q_norm"] = _padded(meta.vector(b + "attn_q_norm.weight")[order])
             out[f"layers.{i}.k_norm"] = _padded(meta.vector(b + "attn_k_norm.weight")[order])
+        if b + "post_attention_norm.weight" in meta.tensors:
+            out[f"layers.{i}.post_attn_norm"] = _padded(meta.vector(b + "post_attention_norm.weight"))
+            out[f"layers.{i}.post_ffn_norm"] = _padded(meta.vector(b + "post_ffw_norm.weight"))
     return out
 
 

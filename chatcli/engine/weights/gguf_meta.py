@@ -17,7 +17,14 @@ from pathlib import Path
 from chatcli.engine.text.tokenize import byte_level
 from chatcli.engine.weights.gguf_file import GGUFFile
 
-FAMILIES = ("llama", "qwen2", "qwen3")  # GGUF architectures whose config is written here
+# GGUF architecture -> transformers' (model_type, architecture) for the files whose config is written here
+FAMILIES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+}
 
 _LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -47,11 +54,10 @@ def hf_config(f: GGUFFile) -> dict:
     heads = int(f.hp("attention.head_count"))
     hidden = int(f.hp("embedding_length"))
     tied = "output.weight" not in f.tensors
+    model_type, architecture = FAMILIES[f.arch]
     config = {
-        "architectures": [
-            {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[f.arch]
-        ],
-        "model_type": f.arch,
+        "architectures": [architecture],
+        "model_type": model_type,
         "hidden_size": hidden,
         "intermediate_size": int(f.hp("feed_forward_length")),
         "num_hidden_layers": int(f.hp("block_count")),
@@ -65,6 +71,10 @@ def hf_config(f: GGUFFile) -> dict:
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
     }
+    if f.arch.startswith("gemma"):  # what lean_support reads; the weights' own settings come from the file
+        config["hidden_act"] = config["hidden_activation"] = "gelu_pytorch_tanh"
+        if f.hp("attention.sliding_window"):
+            config["sliding_window"] = int(f.hp("attention.sliding_window"))
     for name in ("bos_token_id", "eos_token_id", "padding_token_id"):
         value = f.fields.get(f"tokenizer.ggml.{name}")
         if value is not None:
