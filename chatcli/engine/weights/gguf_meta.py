@@ -26,27 +26,28 @@ FAMILIES = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
 
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# `tokenizer.ggml.pre` -> the split its merges were learned with (None: GPT-2's own, ByteLevel's regex)
+# llama.cpp's splits (llama-vocab.cpp, `llm_tokenizer_bpe`'s regex_exprs). Its contractions are spelled
+# `'[sS]`, not `(?i:'s)`: no Unicode case folding there (`'ſ` is no contraction).
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# `tokenizer.ggml.pre` (a file without one: "default", as llama.cpp reads it) -> the regexes llama.cpp splits
+# the text with, in order, each within the pieces of the one before, matches and the text between them kept
 SPLITS = {
-    "default": None,
-    "gpt-2": None,
-    "smollm": None,
-    "llama-bpe": _LLAMA3,
-    "llama3": _LLAMA3,
-    "llama-v3": _LLAMA3,
-    "smaug-bpe": _LLAMA3,
-    "qwen2": _QWEN2,
-    "deepseek-r1-qwen": _QWEN2,
+    "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
+    "gpt-2": (_GPT2,),
+    "smollm": (r"\p{N}", _GPT2),  # every digit alone first
+    "llama-bpe": (_LLAMA3,),
+    "llama3": (_LLAMA3,),
+    "llama-v3": (_LLAMA3,),
+    "smaug-bpe": (_LLAMA3,),
+    "qwen2": (_QWEN2,),
+    "deepseek-r1-qwen": (_QWEN2,),
 }
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+# where llama.cpp sets `ignore_merges`: a piece of the split that is itself a token is that token, merges or not
+WHOLE_WORDS = frozenset({"llama-bpe", "llama3", "llama-v3"})
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp's token types
 
 
 def hf_config(f: GGUFFile) -> dict:
@@ -86,35 +87,34 @@ def build_tokenizer(f: GGUFFile):
     """The file's byte-level BPE as a `tokenizers.Tokenizer`, or None where it is not one this knows."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-    pre = str(f.fields.get("tokenizer.ggml.pre", "default"))
+    pre = str(f.fields.get("tokenizer.ggml.pre") or "default")
     if f.fields.get("tokenizer.ggml.model") != "gpt2" or pre not in SPLITS or "tokenizer.ggml.merges" not in f.fields:
         return None
     tokens = list(f.fields["tokenizer.ggml.tokens"])
     types = list(f.fields.get("tokenizer.ggml.token_type", [])) or [1] * len(tokens)
+    types += [1] * (len(tokens) - len(types))
     spelling = {b: c for c, b in byte_level().items()}  # byte -> its character
     alphabet = set(spelling.values())
+    # control, user-defined and unknown tokens are matched in the text as they are written (llama.cpp's
+    # `tokenizer_st_partition` with parse_special), never made by merges: their own text is their key
+    whole = {i for i, k in enumerate(types) if k in (UNKNOWN, CONTROL, USER_DEFINED)}
     vocab = {
-        (t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i for i, t in enumerate(tokens)
+        (t if i in whole or set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i
+        for i, t in enumerate(tokens)
     }
     pairs = (tuple(m.split(" ", 1)) for m in f.fields["tokenizer.ggml.merges"])
     # a merge of pieces the vocabulary lacks (a cut vocabulary) could never apply: tokenizers refuses it
     merges = [(a, b) for a, b in pairs if a in vocab and b in vocab and a + b in vocab]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    split = SPLITS[pre]
-    if split is None:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=pre in WHOLE_WORDS))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in SPLITS[pre]]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    control = [t for t, k in zip(tokens, types, strict=False) if k == CONTROL and set(t) <= alphabet]
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
-    user = [t for t, k in zip(tokens, types, strict=False) if k == USER_DEFINED and t in vocab]
+    special = [t for i, t in enumerate(tokens) if types[i] in (UNKNOWN, CONTROL) and vocab.get(t) == i]
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
+    user = [t for i, t in enumerate(tokens) if types[i] == USER_DEFINED and vocab.get(t) == i]
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
     return tok
 
