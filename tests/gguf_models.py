@@ -4,7 +4,9 @@
 biases if the model has them), "qwen2" (q/k/v biases), "qwen3" (q/k norms), "gemma2" and
 "gemma3_text" (GGUF's `gemma3`: its norms written as 1 + w, as llama.cpp's converter writes
 Gemma's, the sandwich norms as `post_attention_norm` / `post_ffw_norm`, the soft-capping and the
-sliding window as metadata, Gemma 3's sliding base as `rope.freq_base_swa`). Like
+sliding window as metadata, Gemma 3's sliding base as `rope.freq_base_swa`) and "phi3" (its fused
+`attn_qkv` and `ffn_up`, `rope.dimension_count` its rotated dims; LongRoPE's factors as
+`rope_factors_short` / `_long` with `rope.scaling.attn_factor`, as llama.cpp's converter writes them). Like
 convert_hf_to_gguf.py it writes the architecture's metadata keys (`{arch}.context_length`, ...;
 `attention.key_length` / `value_length` only where the config has a `head_dim`, as real Llama and
 Qwen3 configs do and Qwen2 configs do not; `rope.dimension_count` for llama only), llama.cpp's
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +40,7 @@ import torch
 
 from tests import kquants
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 GGUF_ARCH = {"gemma3_text": "gemma3"}  # transformers' model_type -> GGUF's architecture, where they differ
 
 # llama.cpp's replacement for a K-quant when a row is not a multiple of 256 wide
@@ -114,7 +117,8 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
     rope = getattr(config, "rope_parameters", None) or {}
     sliding_rope = rope.get("sliding_attention", {})  # Gemma 3: a rope per layer type
     rope = rope.get("full_attention", rope)
-    if rope.get("rope_type", "default") != "default":
+    longrope = rope if rope.get("rope_type") == "longrope" else None
+    if rope.get("rope_type", "default") not in ("default", "longrope"):
         raise ValueError(f"write_gguf writes the default rope only, not {rope.get('rope_type')}")
     rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -151,6 +155,17 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
         w.add_final_logit_softcapping(config.final_logit_softcapping)
     if sliding_rope:
         w.add_rope_freq_base_swa(float(sliding_rope["rope_theta"]))
+    if arch == "phi3":
+        rotary = int(hd * getattr(config, "partial_rotary_factor", 1.0))
+        w.add_rope_dimension_count(rotary)
+    if longrope:  # llama.cpp's converter: the factors as tensors, the attention factor, no scaling type
+        original = longrope["original_max_position_embeddings"]
+        scale = config.max_position_embeddings / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        w.add_rope_scaling_orig_ctx_len(original)
+        for name, key in (("rope_factors_long.weight", "long_factor"), ("rope_factors_short.weight", "short_factor")):
+            tensors.append((name, np.asarray(longrope[key], np.float32)))
+            chosen[name] = "F32"
     w.add_file_type(_file_type(file_type, types, tensors, chosen))
     add_tokenizer(w, vocab)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -281,7 +296,12 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
     for i, block in enumerate(inner.layers):
         a, m = block.self_attn, block.mlp
         yield f"blk.{i}.attn_norm.weight", norm(block.input_layernorm)
-        for short, proj, n_heads in (("q", a.q_proj, heads), ("k", a.k_proj, kv_heads), ("v", a.v_proj, None)):
+        if hasattr(a, "qkv_proj"):  # Phi-3's fused q/k/v
+            yield f"blk.{i}.attn_qkv.weight", f32(a.qkv_proj.weight)
+        for short, proj, n_heads in (("q", "q_proj", heads), ("k", "k_proj", kv_heads), ("v", "v_proj", None)):
+            if not hasattr(a, proj):
+                continue
+            proj = getattr(a, proj)
             rows = (lambda t, n=n_heads: permuted(t, n)) if n_heads else f32
             yield f"blk.{i}.attn_{short}.weight", rows(proj.weight)
             if proj.bias is not None:
@@ -298,8 +318,11 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
             yield f"blk.{i}.post_ffw_norm.weight", norm(block.post_feedforward_layernorm)
         else:
             yield f"blk.{i}.ffn_norm.weight", norm(block.post_attention_layernorm)
-        yield f"blk.{i}.ffn_gate.weight", f32(m.gate_proj.weight)
-        yield f"blk.{i}.ffn_up.weight", f32(m.up_proj.weight)
+        if hasattr(m, "gate_up_proj"):  # Phi-3: gate and up in one, gate first
+            yield f"blk.{i}.ffn_up.weight", f32(m.gate_up_proj.weight)
+        else:
+            yield f"blk.{i}.ffn_gate.weight", f32(m.gate_proj.weight)
+            yield f"blk.{i}.ffn_up.weight", f32(m.up_proj.weight)
         yield f"blk.{i}.ffn_down.weight", f32(m.down_proj.weight)
     yield "output_norm.weight", norm(inner.norm)
     if not model.config.tie_word_embeddings:
@@ -330,7 +353,7 @@ def _file_type(explicit: str | None, types, tensors, chosen: dict[str, str]):
 VOCAB = 512
 
 
-def tiny(family: str, tied: bool, seed: int = 0):
+def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
     """A random model of `family` whose widths are multiples of 256, so that K-quants fit; weights
     scaled as `tests.tiny.build_family` scales them (its configs are 64 wide)."""
     import transformers as t
@@ -364,12 +387,28 @@ def tiny(family: str, tied: bool, seed: int = 0):
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             },
         )
+    if family == "phi3":  # half the head rotated (as Phi-4-mini's three quarters), no window
+        config.update(partial_rotary_factor=0.5, sliding_window=None)
+    if longrope:
+        half = config["hidden_size"] // config["num_attention_heads"] // 4  # rotated pairs
+        config.update(
+            max_position_embeddings=256,
+            original_max_position_embeddings=64,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.1 * i for i in range(half)],
+                "long_factor": [2.0 + 0.5 * i for i in range(half)],
+                "original_max_position_embeddings": 64,
+            },
+        )
     kind = {
         "llama": t.LlamaConfig,
         "qwen2": t.Qwen2Config,
         "qwen3": t.Qwen3Config,
         "gemma2": t.Gemma2Config,
         "gemma3_text": t.Gemma3TextConfig,
+        "phi3": t.Phi3Config,
     }[family]
     torch.manual_seed(seed)
     model = t.AutoModelForCausalLM.from_config(kind(**config), attn_implementation="eager")
@@ -391,6 +430,8 @@ GGUF_NAMES = [
     (r"model\.layers\.(\d+)\.self_attn\.k_proj\.weight", r"blk.\1.attn_k.weight"),
     (r"model\.layers\.(\d+)\.self_attn\.v_proj\.weight", r"blk.\1.attn_v.weight"),
     (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", r"blk.\1.attn_output.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.qkv_proj\.weight", r"blk.\1.attn_qkv.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_up_proj\.weight", r"blk.\1.ffn_up.weight"),
     (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"blk.\1.ffn_gate.weight"),
     (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"blk.\1.ffn_up.weight"),
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blk.\1.ffn_down.weight"),

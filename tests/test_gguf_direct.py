@@ -2,10 +2,11 @@
 
 Tiny random models of each family read directly (llama tied and untied, qwen2 with biases, qwen3
 with q/k norms, Gemma 2 with soft-capping and a sliding layer, Gemma 3 with five sliding layers on
-their own rope base) are written as GGUF files in K-quant mixes and single types; the native runner over
-the file's own blocks must give the logits of transformers over the same weights (each put through
-its type's quantization: `gguf_models.fake_quantized`) within the int8 activations' rounding, over a
-prefill, decode steps, a crop and a draft; and a draft's logits are bit-equal to single steps'.
+their own rope base, Phi-3 with fused tensors and half its heads rotated, and with LongRoPE) are
+written as GGUF files in K-quant mixes and single types; the native runner over the file's own
+blocks must give the logits of transformers over the same weights (each put through its type's
+quantization: `gguf_models.fake_quantized`) within the int8 activations' rounding, over a prefill,
+decode steps, a crop and a draft; and a draft's logits are bit-equal to single steps'.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CASES = [
     ("qwen3", True, Q4_K_M),
     ("gemma2", True, Q4_K_M),
     ("gemma3_text", True, Q4_K_M),
+    ("phi3", False, Q4_K_M),
     ("llama", False, uniform("Q5_K")),
     ("llama", True, uniform("Q6_K")),
     ("qwen2", True, uniform("Q8_0")),
@@ -37,12 +39,12 @@ CASES = [
 ]
 
 
-def direct_runner(model, types, tmp_path) -> NativeRunner:
+def direct_runner(model, types, tmp_path, limit: int = 128) -> NativeRunner:
     path = write_gguf(model, tmp_path / "model.gguf", types)
     meta = GGUFFile(path)
     assert direct_reason(meta) is None
     lean = tmp_path / "gguf.safetensors"
-    convert_gguf_lean(path, lean, 128, "test")
+    convert_gguf_lean(path, lean, limit, "test")
     return NativeRunner(LeanWeights(lean, "gguf", "test"), threads=2)
 
 
@@ -60,7 +62,7 @@ def test_a_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family,
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.75
 
 
-@pytest.mark.parametrize(("family", "tied", "types"), CASES[:6], ids=lambda c: getattr(c, "__name__", str(c)))
+@pytest.mark.parametrize(("family", "tied", "types"), CASES[:7], ids=lambda c: getattr(c, "__name__", str(c)))
 def test_a_draft_gives_the_bits_of_single_steps(kernel, tmp_path, family, tied, types):
     runner = direct_runner(tiny(family, tied), types, tmp_path)
     one = runner.new_cache()
@@ -72,6 +74,17 @@ def test_a_draft_gives_the_bits_of_single_steps(kernel, tmp_path, family, tied, 
     other.crop(5)  # a crop, then the same tokens again
     again = runner.verify(IDS[5:9], other)
     assert np.array_equal(again, drafted[2:])
+
+
+def test_a_longrope_phi3_runs_its_short_factors_up_to_its_original_context(kernel, tmp_path):
+    model = tiny("phi3", False, longrope=True)
+    runner = direct_runner(model, Q4_K_M, tmp_path, limit=256)
+    assert runner.config.positions == 64  # the original context, not the file's 256
+    fake_quantized(model, Q4_K_M)
+    with torch.no_grad():
+        want = model(torch.tensor([IDS])).logits[0].numpy()
+    got = runner.verify(IDS, runner.new_cache())
+    assert np.abs(got - want).max() < 0.04 * np.abs(want).max()
 
 
 def test_the_lean_file_is_no_larger_than_the_gguf(kernel, tmp_path):

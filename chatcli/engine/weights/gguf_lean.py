@@ -14,7 +14,9 @@ the embedding is scaled by sqrt(D), GeGLU, sandwich norms (`post_attention_norm`
 sliding layers by llama.cpp's fixed pattern (Gemma 2: every other layer from the first, a window of
 4096 where the file does not say; Gemma 3: five of every six, rotated by a base of 10000 unscaled),
 scores scaled by 1/sqrt(head_dim) (the 27B's by 1/sqrt(D / heads)), Gemma 2's soft-capping (50 and
-30 where the file does not say). `direct_reason` says why a file is not read so (another family, a
+30 where the file does not say). Phi-3 (`phi3`): its fused `attn_qkv` and `ffn_up` (gate then up),
+partial rotary, LongRoPE's short factors up to the original context, and no sliding window (llama.cpp
+leaves Phi-3's window off). `direct_reason` says why a file is not read so (another family, a
 sliding window elsewhere, a rope scaling or a tensor type the kernel lacks): the loader then
 converts it through transformers as before (`gguf_convert`).
 """
@@ -32,7 +34,7 @@ from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
 
 FAMILIES = {arch: model_type for arch, (model_type, _) in gguf_meta.FAMILIES.items()}  # read directly
-NEOX = ("qwen2", "qwen3", *GEMMA)  # rope on rotate-half pairs: q/k rows reordered here
+NEOX = ("qwen2", "qwen3", "phi3", *GEMMA)  # rope on rotate-half pairs: q/k rows reordered here
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: of every n layers the last attends to all, the rest slide
 SWA_DEFAULT = {"gemma2": 4096}  # the window where the file does not say (llama.cpp's)
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0)}  # attention's and the logits' where the file does not say
@@ -43,7 +45,7 @@ def direct_reason(meta: GGUFFile) -> str | None:
     """Why the file is not read directly into a `gguf` lean file (None: it is)."""
     if meta.arch not in FAMILIES:
         return f"architecture {meta.arch!r}"
-    if meta.hp("attention.sliding_window") and meta.arch not in SWA_PATTERN:
+    if meta.hp("attention.sliding_window") and meta.arch not in (*SWA_PATTERN, "phi3"):
         return "a sliding window"
     scaling = str(meta.hp("rope.scaling.type", "none") or "none")
     if scaling not in ("none", "linear"):
@@ -59,22 +61,37 @@ def direct_reason(meta: GGUFFile) -> str | None:
 def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False) -> np.ndarray:
     """`[T, hd/2, 2]` cos, sin: angle pos * base^(-2i/r) / factor_i (llama.cpp's rope: `rope_freqs`
     factors where the file has them, positions / the linear scaling factor), pairs past r as (1, 0).
-    `sliding`: Gemma 3's sliding layers' table (`rope.freq_base_swa`, else 10000, unscaled)."""
+    `sliding`: Gemma 3's sliding layers' table (`rope.freq_base_swa`, else 10000, unscaled). A LongRoPE
+    file (Phi-3's `rope_factors_short` / `_long`) runs on its short factors, cos and sin times
+    `rope.scaling.attn_factor`, up to its original context (`context_limit`), as llama.cpp does there."""
     r = int(meta.hp("rope.dimension_count", head_dim) or head_dim)
     base = float(meta.hp("rope.freq_base", 10000.0) or 10000.0)
     if sliding:
         base = float(meta.hp("rope.freq_base_swa", 10000.0) or 10000.0)
     inv = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [r/2]
-    if "rope_freqs.weight" in meta.tensors:
-        inv = inv / meta.vector("rope_freqs.weight")[: r // 2].astype(np.float64)
+    for factors in ("rope_freqs.weight", "rope_factors_short.weight"):
+        if factors in meta.tensors:
+            inv = inv / meta.vector(factors)[: r // 2].astype(np.float64)
     positions = np.arange(limit, dtype=np.float64)
     if str(meta.hp("rope.scaling.type", "none")) == "linear" and not sliding:
         positions = positions / float(meta.hp("rope.scaling.factor", 1.0) or 1.0)
     angles = positions[:, None] * inv[None, :]  # [T, r/2]
     table = np.zeros((limit, head_dim // 2, 2), np.float32)
     table[:, :, 0] = 1.0
-    table[:, : r // 2, 0], table[:, : r // 2, 1] = np.cos(angles), np.sin(angles)
+    scale = (
+        float(meta.hp("rope.scaling.attn_factor", 1.0) or 1.0) if "rope_factors_short.weight" in meta.tensors else 1.0
+    )
+    table[:, : r // 2, 0], table[:, : r // 2, 1] = scale * np.cos(angles), scale * np.sin(angles)
     return table
+
+
+def context_limit(meta: GGUFFile, limit: int) -> int:
+    """The context the lean file's rope covers: `limit`, the file's context, or a LongRoPE file's original
+    one (past it llama.cpp switches every position to the long factors, which a cache cannot follow)."""
+    limit = min(limit, int(meta.hp("context_length", limit) or limit))
+    if "rope_factors_long.weight" in meta.tensors:
+        limit = min(limit, int(meta.hp("rope.scaling.original_context_length", limit) or limit))
+    return limit
 
 
 def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
@@ -84,29 +101,42 @@ def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
     kv_heads = int(meta.hp("attention.head_count_kv", heads) or heads)
     neox = FAMILIES[meta.arch] in NEOX
     tied = "output.weight" not in meta.tensors
+    hd = head_dim_of(meta)
+    rotary = int(meta.hp("rope.dimension_count", hd) or hd)
 
     def ordered(name: str, count: int) -> list[int] | None:  # q/k rows in rope's adjacent pairs
-        return head_rows(int(meta.tensors[name].shape[1]), count) if neox else None
+        return head_rows(int(meta.tensors[name].shape[1]), count, rotary) if neox else None
+
+    def fused_order() -> list[int]:  # Phi-3's attn_qkv: q's and k's rows ordered, v's as they are
+        q, kv = heads * hd, kv_heads * hd
+        k = [q + r for r in head_rows(kv, kv_heads, rotary)]
+        return head_rows(q, heads, rotary) + k + list(range(q + kv, q + 2 * kv))
 
     out = {}
     for i in range(int(meta.hp("block_count"))):
         b = f"blk.{i}."
-        qkv = [
-            (b + "attn_q.weight", ordered(b + "attn_q.weight", heads)),
-            (b + "attn_k.weight", ordered(b + "attn_k.weight", kv_heads)),
-            (b + "attn_v.weight", None),
-        ]
+        if b + "attn_qkv.weight" in meta.tensors:
+            qkv = [(b + "attn_qkv.weight", fused_order())]
+        else:
+            qkv = [
+                (b + "attn_q.weight", ordered(b + "attn_q.weight", heads)),
+                (b + "attn_k.weight", ordered(b + "attn_k.weight", kv_heads)),
+                (b + "attn_v.weight", None),
+            ]
         out[f"layers.{i}.qkv"] = (qkv, b + "attn_norm.weight")
         out[f"layers.{i}.out"] = ([(b + "attn_output.weight", None)], None)
-        out[f"layers.{i}.gate_up"] = (
-            [(b + "ffn_gate.weight", None), (b + "ffn_up.weight", None)],
-            b + "ffn_norm.weight",
-        )
+        gate_up = [(b + "ffn_gate.weight", None)] if b + "ffn_gate.weight" in meta.tensors else []  # Phi-3: in up
+        out[f"layers.{i}.gate_up"] = ([*gate_up, (b + "ffn_up.weight", None)], b + "ffn_norm.weight")
         out[f"layers.{i}.down"] = ([(b + "ffn_down.weight", None)], None)
     out["head"] = ([("token_embd.weight" if tied else "output.weight", None)], "output_norm.weight")
     if not tied:
         out["embed"] = ([("token_embd.weight", None)], None)
     return out
+
+
+def head_dim_of(meta: GGUFFile) -> int:
+    hidden, heads = int(meta.hp("embedding_length")), int(meta.hp("attention.head_count"))
+    return int(meta.hp("attention.key_length", hidden // heads) or hidden // heads)
 
 
 def sliding_layers(meta: GGUFFile) -> tuple:
@@ -128,7 +158,7 @@ def attention_scale(meta: GGUFFile, hidden: int, heads: int, head_dim: int) -> f
 
 def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: dict) -> LeanConfig:
     hidden, heads = int(meta.hp("embedding_length")), int(meta.hp("attention.head_count"))
-    head_dim = int(meta.hp("attention.key_length", hidden // heads) or hidden // heads)
+    head_dim = head_dim_of(meta)
     tied = "output.weight" not in meta.tensors
     gemma = FAMILIES[meta.arch] in GEMMA
     sliding = sliding_layers(meta)
@@ -179,9 +209,9 @@ def write_lean_file(
     reason = direct_reason(meta)
     if reason:
         raise ValueError(f"the GGUF is not read directly: {reason}")
-    hidden, heads = int(meta.hp("embedding_length")), int(meta.hp("attention.head_count"))
-    head_dim = int(meta.hp("attention.key_length", hidden // heads) or hidden // heads)
-    limit = min(limit, int(meta.hp("context_length", limit) or limit))
+    heads = int(meta.hp("attention.head_count"))
+    head_dim = head_dim_of(meta)
+    limit = context_limit(meta, limit)
     projections = plan(meta)
     small = {"rope": rope_table(meta, head_dim, limit)}
     if meta.arch == "gemma3" and any(sliding_layers(meta)):
@@ -196,6 +226,7 @@ def write_lean_file(
         int(meta.hp("attention.head_count_kv", heads) or heads),
         head_dim,
         FAMILIES[meta.arch] in NEOX,
+        int(meta.hp("rope.dimension_count", head_dim) or head_dim),
     )
     small.update(vectors)
     out = StreamedTensors(path)
@@ -252,7 +283,7 @@ def _padded(v: np.ndarray) -> np.ndarray:
     return out
 
 
-def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: int, neox: bool) -> dict:
+def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: int, neox: bool, rotary: int) -> dict:
     """qwen2's q/k/v biases (`qkv_bias`), qwen3's and Gemma 3's q/k norms, in the lean order, and
     Gemma's sandwich norms (`post_attn_norm`, `post_ffn_norm`)."""
     out = {}
@@ -261,10 +292,10 @@ def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: 
         if b + "attn_q.bias" in meta.tensors:
             q, k, v = (meta.vector(b + f"attn_{x}.bias") for x in "qkv")
             if neox:
-                q, k = q[head_rows(len(q), heads)], k[head_rows(len(k), kv_heads)]
+                q, k = q[head_rows(len(q), heads, rotary)], k[head_rows(len(k), kv_heads, rotary)]
             out[f"layers.{i}.qkv_bias"] = _padded(np.concatenate([q, k, v]))
         if b + "attn_q_norm.weight" in meta.tensors:
-            order = rope_order(hd) if neox else np.arange(hd)
+            order = rope_order(hd, rotary) if neox else np.arange(hd)
             out[f"layers.{i}.q_norm"] = _padded(meta.vector(b + "attn_q_norm.weight")[order])
             out[f"layers.{i}.k_norm"] = _padded(meta.vector(b + "attn_k_norm.weight")[order])
         if b + "post_attention_norm.weight" in meta.tensors:

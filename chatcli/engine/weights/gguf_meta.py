@@ -24,6 +24,7 @@ FAMILIES = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
 }
 
 # llama.cpp's splits (llama-vocab.cpp, `llm_tokenizer_bpe`'s regex_exprs). Its contractions are spelled
