@@ -1,9 +1,10 @@
-"""A GGUF's own blocks of every type the kernel runs (kquant_blocks, the kernel's `kquant_block`).
+"""A GGUF's own blocks of every type the kernel runs (kquant_blocks, the kernel's `kquant_block` and `low_block`).
 
 Each type's decoding is checked against the `gguf` package's own dequantizer on random blocks, and
 the kernel's projection against the textbook: the activations int8 per row and group of 32 (scale
 amax/127), times the weights exactly as the file holds them, summed in float64. Parts of several
 types stacked along the outputs (a fused projection of a Q4_K_M file) give each part's columns.
+Q3_K and Q2_K run in both builds (AVX-512, AVX2) at their codes' and scales' extremes, to the same bits.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from tests.kquants import random_blocks
 
 gguf = pytest.importorskip("gguf")
 
-TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0", "Q4_0", "Q4_1"]
+TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q5_0", "Q5_1", "Q8_0", "Q4_0", "Q4_1"]
+LOW = ["Q3_K", "Q2_K"]
 
 
 def dequantized(type_name: str, raw: np.ndarray, k: int) -> np.ndarray:
@@ -50,7 +52,7 @@ def project(m, x: np.ndarray, n: int, threads: int = 2) -> np.ndarray:
     return y
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", *LOW])
 def test_k_blocks_decode_to_the_gguf_packages_values(type_name):
     raw = random_blocks(21, 512, type_name, np.random.default_rng(3))
     got = kb.decode_k(type_name, raw).dequantized()
@@ -88,7 +90,7 @@ def test_a_row_gets_the_same_bits_alone_or_with_others(kernel):
 
 def test_parts_of_several_types_fill_their_own_columns(kernel):
     rng = np.random.default_rng(8)
-    k, types, sizes = 256, ["Q4_K", "Q6_K", "Q8_0"], [32, 16, 24]
+    k, types, sizes = 256, ["Q4_K", "Q6_K", "Q3_K", "Q8_0", "Q2_K"], [32, 16, 24, 24, 8]
     raws = [random_blocks(n, k, t, rng) for t, n in zip(types, sizes, strict=True)]
     built = [matrix(t, raw, k) for t, raw in zip(types, raws, strict=True)]
     whole = parts_matrix([m for m, _ in built], k, k)
@@ -124,3 +126,60 @@ def test_the_kernels_packing_is_numpys(kernel, type_name):
     for key, array in ours.items():
         flat, reference = array.view(np.uint8).ravel(), want[key].view(np.uint8).ravel()
         assert np.array_equal(flat, reference[: flat.size]) and not reference[flat.size :].any(), key
+
+
+def extreme_blocks(type_name: str, n: int, k: int, rng) -> np.ndarray:
+    """Random blocks whose first 8 rows hold the largest codes, half of them at the largest scales (and
+    mins), half at the most negative (Q3_K: -32) or the smallest (Q2_K: 0); d and dmin kept."""
+    raw = random_blocks(n, k, type_name, rng)
+    blocks = raw.reshape(n, k // 256, -1)
+    if type_name == "Q3_K":  # hmask and qs: codes 7; scales' bytes 96..108: 6-bit 63 (31) or 0 (-32)
+        blocks[:8, :, :96], blocks[:4, :, 96:108], blocks[4:8, :, 96:108] = 0xFF, 0xFF, 0x00
+    else:  # scales | mins << 4 at 15 or 0, codes 3
+        blocks[:8, :, 16:80], blocks[:4, :, :16], blocks[4:8, :, :16] = 0xFF, 0xFF, 0x00
+    return raw
+
+
+@pytest.fixture(params=list(kernels.BUILDS))
+def build(request, monkeypatch):
+    """Each build this CPU runs, in place of `kernels.library()`."""
+    from tests.test_kernel_builds import loaded_build
+
+    lib = loaded_build(request.param)
+    monkeypatch.setattr(kernels, "library", lambda: lib)
+    return lib
+
+
+@pytest.mark.parametrize("type_name", LOW)
+def test_the_low_bit_types_are_the_textbook_at_their_extremes_in_each_build(build, type_name):
+    rng = np.random.default_rng(21)
+    n, k = 40, 768
+    raw = extreme_blocks(type_name, n, k, rng)
+    m, _arrays = matrix(type_name, raw, k)
+    x = (rng.standard_normal((6, k)) * 3).astype(np.float32)
+    x[0], x[1] = 1.0, -1.0  # every activation at +-127
+    x[2, ::2], x[2, 1::2] = 1.0, -1.0
+    want = textbook(x, dequantized(type_name, raw, k))
+    np.testing.assert_allclose(project(m, x, n), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    _kind, packed = kb.tensor_parts(type_name, raw, packer=build)  # this build's packer
+    for key, array in packed.items():
+        flat = array.view(np.uint8).ravel()
+        assert np.array_equal(flat, _arrays[key].view(np.uint8).ravel()[: flat.size]), key
+
+
+def test_the_builds_give_the_low_bit_types_the_same_bits():
+    from tests.test_kernel_builds import loaded_build
+
+    rng = np.random.default_rng(22)
+    x = (rng.standard_normal((5, 512)) * 2).astype(np.float32)
+    x[0] = 1.0
+    raws = {t: extreme_blocks(t, 24, 512, rng) for t in LOW}
+    outputs = []
+    for name in kernels.BUILDS:
+        lib = loaded_build(name)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(kernels, "library", lambda lib=lib: lib)
+            built = [matrix(t, raw, 512) for t, raw in raws.items()]  # (Matrix, its arrays kept alive)
+            outputs.append([project(m, x, 24) for m, _arrays in built])
+    first, second = outputs
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))

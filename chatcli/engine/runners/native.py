@@ -28,15 +28,13 @@ from chatcli.engine.runners.base import ModelRunner
 from chatcli.engine.runners.kernels.structs import (
     ACT_GELU_TANH,
     ACT_SILU,
+    BLOCK_KINDS,
     CACHE_BF16,
     CACHE_F32,
     WEIGHT_F32,
     WEIGHT_I8,
     WEIGHT_PARTS,
     WEIGHT_Q4,
-    WEIGHT_Q4K,
-    WEIGHT_Q5K,
-    WEIGHT_Q6K,
     WEIGHT_Q8,
     Cache,
     Layer,
@@ -99,9 +97,6 @@ def _put_key_rows(kt: np.ndarray, rows: np.ndarray) -> None:
     kt[:, :, :blocks] = whole.transpose(0, 1, 2, 4, 3)
     if full < n:  # the last, partly filled block
         kt[:, :, blocks, :, : n - full] = rows[:, :, full:].transpose(0, 1, 3, 2)
-
-
-BLOCK_KINDS = {"q4": WEIGHT_Q4, "q8": WEIGHT_Q8, "q4k": WEIGHT_Q4K, "q5k": WEIGHT_Q5K, "q6k": WEIGHT_Q6K}
 
 
 def block_matrix(kind: str, n: int, k: int, kp: int, address, norm=None) -> Matrix:

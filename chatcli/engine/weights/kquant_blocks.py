@@ -7,6 +7,13 @@ kernel's arrays for it, each value what the file holds:
   low 4 bits packed as q4's (`quant_blocks.pack`), their high bits in `hi`, the fp16 `d` (and
   `dmin`) per super-block and the 6-bit (Q6_K: int8 per 16 inputs) scales (and mins) per group,
   16 outputs a block; see `kernels/project.h` for the layout and `kquant_block` for the sums.
+- The low-bit K-quants (`q3k`, `q2k`: GGUF's Q3_K, Q2_K, scales per 16 inputs): the codes' low 2
+  bits four to a byte in `w`, Q3_K's third bit in `hi` (one plane, as Q5_K's fifth), the fp16 `d`
+  (Q2_K: and `dmin`) per super-block, and per output and 16 inputs Q3_K's 6-bit scale less 32 as
+  int8, or Q2_K's byte as the file holds it (scale in the low nibble, min in the high one), the
+  two of a group of 32 side by side; see `kernels/project_low.h`. No bit is added but Q3_K's
+  scale's two spare ones: a Q3_K tensor takes 3.5625 bits a weight to the file's 3.4375 (1.036x),
+  a Q2_K one 2.625, as in the file.
 - Q4_0, Q4_1, Q8_0 as `q4` / `q8` (`quant_blocks.gguf_codes`); Q5_0 and Q5_1 as `q8` with their
   5-bit codes in bytes (Q5_0: c = q + 112, so d (c - 128) = d (q - 16); Q5_1: d c + m).
 
@@ -26,7 +33,9 @@ from chatcli.engine.weights.lean_file import block_arrays
 from chatcli.engine.weights.quant_blocks import Codes, gguf_codes
 
 SUPER = 256  # inputs a K-quant super-block holds
-KINDS = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k"}
+KINDS = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k", "Q3_K": "q3k", "Q2_K": "q2k"}
+SIGNED = {"q6k": 32, "q3k": 4}  # the kinds of signed scales, no mins: w = d sc (c - zero)
+PER_16 = ("q6k", "q3k", "q2k")  # the kinds with a scale per 16 inputs (the rest: per 32)
 GROUP_KINDS = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q8", "Q5_1": "q8", "Q8_0": "q8"}  # on the q4 / q8 blocks
 MINS = ("Q4_1", "Q5_1")  # the q4 / q8 types with mins (`m`, as long as `d`)
 TYPE_IDS = {name: i for i, (name, _, _) in TYPES.items() if name in KINDS or name in GROUP_KINDS}  # ggml's ids
@@ -35,8 +44,9 @@ BLOCK_BYTES = {name: TYPES[i][2] for name, i in TYPE_IDS.items()}
 
 @dataclass
 class KBlocks:
-    """A K-quant tensor `[n, k]` decoded: codes `[n, k]` (uint8, 0..15 / 31 / 63), fp16 `d` and `dmin`
-    `[n, k/256]`, scales `[n, k/32]` (uint8) or `[n, k/16]` (Q6_K: int8) and mins `[n, k/32]`."""
+    """A K-quant tensor `[n, k]` decoded: codes `[n, k]` (uint8, 0..3 / 7 / 15 / 31 / 63), fp16 `d` and
+    `dmin` `[n, k/256]`, scales `[n, k/32]` (uint8) or `[n, k/16]` (Q6_K, Q3_K: int8 as uint8; Q2_K:
+    uint8) and mins as long (Q4_K, Q5_K, Q2_K)."""
 
     kind: str
     codes: np.ndarray
@@ -54,11 +64,13 @@ class KBlocks:
         n, k = self.codes.shape
         c = self.codes.astype(np.float32)
         d = np.repeat(self.d.astype(np.float32), SUPER, axis=1)
-        if self.kind == "q6k":
-            return d * np.repeat(self.sc.view(np.int8).astype(np.float32), 16, axis=1) * (c - 32)
-        sc = np.repeat(self.sc.astype(np.float32), 32, axis=1)
+        if self.kind in SIGNED:
+            sc = np.repeat(self.sc.view(np.int8).astype(np.float32), 16, axis=1)
+            return d * sc * (c - SIGNED[self.kind])
+        per = 16 if self.kind in PER_16 else 32
+        sc = np.repeat(self.sc.astype(np.float32), per, axis=1)
         return d * sc * c - np.repeat(self.dmin.astype(np.float32), SUPER, axis=1) * np.repeat(
-            self.sm.astype(np.float32), 32, axis=1
+            self.sm.astype(np.float32), per, axis=1
         )
 
 
@@ -70,12 +82,39 @@ def _scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
+def _crumbs(qs: np.ndarray) -> np.ndarray:
+    """Q3_K / Q2_K's 64 bytes of 2-bit codes (`[n, SB, 64]`) -> `[n, SB, 256]`: element 128h + 32j + l
+    is bits 2j of byte 32h + l."""
+    n, sb = qs.shape[:2]
+    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    return ((qs.reshape(n, sb, 2, 1, 32) >> shifts) & 3).reshape(n, sb, 256)
+
+
+def _decode_low(type_name: str, blocks: np.ndarray, half) -> KBlocks:
+    """Q3_K / Q2_K blocks `[n, SB, bytes]` decoded (their scales per 16 inputs)."""
+    n, sb = blocks.shape[:2]
+    if type_name == "Q2_K":  # scales[16] (scale | min << 4) | qs[64] | d | dmin
+        scales, codes = blocks[..., 0:16], _crumbs(blocks[..., 16:80])
+        sc, sm = scales & 0x0F, scales >> 4
+        d, dmin = half(blocks[..., 80:82]), half(blocks[..., 82:84])
+        return KBlocks("q2k", codes.reshape(n, -1), d, dmin, sc.reshape(n, -1), sm.reshape(n, -1))
+    hmask, packed = blocks[..., 0:32], blocks[..., 96:108]  # hmask[32] | qs[64] | scales[12] | d
+    high = (hmask.reshape(n, sb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1  # bit j: 32j + l
+    codes = _crumbs(blocks[..., 32:96]) | (high.reshape(n, sb, 256) << 2)
+    low = np.concatenate([packed[..., 0:8] & 0x0F, packed[..., 0:8] >> 4], axis=-1)  # scales 0..7, 8..15
+    top = (packed[..., None, 8:12] >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3  # [n, SB, 4t, b]: 4t + b
+    sc = ((low | (top.reshape(n, sb, 16) << 4)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+    return KBlocks("q3k", codes.reshape(n, -1), half(blocks[..., 108:110]), None, sc.reshape(n, -1), None)
+
+
 def decode_k(type_name: str, raw: np.ndarray) -> KBlocks:
     """A K-quant tensor's raw rows (uint8 `[n, k/256 * block bytes]`) decoded, every value kept."""
     n = raw.shape[0]
     blocks = np.ascontiguousarray(raw).reshape(n, -1, BLOCK_BYTES[type_name])  # [n, SB, bytes]
     sb = blocks.shape[1]
     half = lambda a: a.copy().view(np.float16)[..., 0]  # noqa: E731 - [n, SB, 2] bytes -> [n, SB]
+    if type_name in ("Q3_K", "Q2_K"):
+        return _decode_low(type_name, blocks, half)
     if type_name == "Q6_K":
         ql, qh = blocks[..., 0:128], blocks[..., 128:192]
         sc, d = blocks[..., 192:208], half(blocks[..., 208:210])
@@ -112,12 +151,13 @@ def decode_q5(type_name: str, raw: np.ndarray) -> Codes:
     return Codes(8, (q + 112).astype(np.uint8).reshape(n, -1), d, None)
 
 
-def _per_block(t: np.ndarray, n: int, dtype) -> np.ndarray:
-    """`[n, X]` per output → `[ceil(n/16), X, 16]` flat, outputs padded with zeros, the byte size a multiple of 64."""
+def _per_block(t: np.ndarray, n: int, dtype, inner: int = 1) -> np.ndarray:
+    """`[n, X * inner]` per output → `[ceil(n/16), X, 16, inner]` flat, outputs padded with zeros, the byte
+    size a multiple of 64."""
     blocks = -(-n // 16)
     full = np.zeros((blocks * 16, t.shape[1]), dtype)
     full[:n] = t
-    flat = full.reshape(blocks, 16, -1).transpose(0, 2, 1).ravel()
+    flat = full.reshape(blocks, 16, -1, inner).transpose(0, 2, 1, 3).ravel()
     pad = -flat.nbytes % 64 // flat.itemsize
     return np.concatenate([flat, np.zeros(pad, dtype)]) if pad else flat
 
@@ -129,6 +169,8 @@ def pack_k(blocks: KBlocks) -> dict[str, np.ndarray]:
     c = np.zeros((count * 16, kp), np.uint8)
     c[:n] = blocks.codes
     quads = c.reshape(count, 16, groups, 8, 4).transpose(0, 2, 3, 1, 4)  # [B, G, quad, 16 outputs, 4 inputs]
+    if blocks.kind in ("q3k", "q2k"):
+        return _pack_low(blocks, quads)
     low = quads & 0x0F
     out = {"w": np.ascontiguousarray(low[:, :, 0::2] | (low[:, :, 1::2] << 4)).reshape(count, groups, 4, 64)}
     if blocks.kind == "q5k":
@@ -145,6 +187,26 @@ def pack_k(blocks: KBlocks) -> dict[str, np.ndarray]:
     out["sc"] = _per_block(blocks.sc, n, np.uint8)
     if blocks.sm is not None:
         out["sm"] = _per_block(blocks.sm, n, np.uint8)
+    return out
+
+
+def _pack_low(blocks: KBlocks, quads: np.ndarray) -> dict[str, np.ndarray]:
+    """Q3_K / Q2_K (`pack_k`'s quads `[B, G, 8, 16, 4]`) → `w` `[B, G, 2, 64]` (vector v, byte lane L: quad
+    4v + j's low 2 bits in bits 2j), Q3_K's `hi` `[B, G, 64]` (bit q: quad q's third), `d` (`m`: dmin)
+    and `sc` `[B, G, 16, 2]` (output, then the two 16s of the group: int8 scale, or scale | min << 4)."""
+    n = blocks.codes.shape[0]
+    count, groups = quads.shape[:2]
+    crumbs = (quads & 3).reshape(count, groups, 2, 4, 16, 4)
+    out = {"w": sum(crumbs[:, :, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(count, groups, 2, 64)}
+    if blocks.kind == "q3k":
+        hi = sum(((quads[:, :, q] >> 2) & 1) << q for q in range(8)).astype(np.uint8)
+        out["hi"] = np.ascontiguousarray(hi).reshape(count, groups, 64)
+    out["d"] = _per_block(blocks.d, n, np.float16)
+    sc = blocks.sc
+    if blocks.kind == "q2k":
+        out["m"] = _per_block(blocks.dmin, n, np.float16)
+        sc = sc | (blocks.sm << 4)
+    out["sc"] = _per_block(sc, n, np.uint8, inner=2)
     return out
 
 
@@ -173,8 +235,8 @@ def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
 def tensor_parts(
     type_name: str, raw: np.ndarray, order: np.ndarray | None = None, packer=None
 ) -> tuple[str, dict] | None:
-    """One GGUF tensor's raw rows as (its kernel type: q4, q8, q4k, q5k or q6k; the kernel's arrays),
-    rows in `order`; None where the kernel has no type for it (F16, F32, Q2_K, …: the caller converts).
+    """One GGUF tensor's raw rows as (its kernel type: q4, q8, q2k, q3k, q4k, q5k or q6k; the kernel's
+    arrays), rows in `order`; None where the kernel has no type for it (F16, F32, …: the caller converts).
     `packer`: the compiled kernel's library, which packs ~20x faster than numpy (the same bytes, unpadded)."""
     from chatcli.engine.weights.quant_blocks import pack
 

@@ -173,10 +173,13 @@ def block_arrays(kind: str, n: int, k: int) -> dict[str, tuple[str, tuple]]:
     blocks, groups = -(-n // 16), -(-k // GROUP)
     if kind in GROUPED:
         return {"w": ("U8", (blocks, groups, 4 if kind == "q4" else 8, 64)), "d": ("F16", (scales_length(n, k),))}
-    if kind not in ("q4k", "q5k", "q6k"):
+    if kind not in ("q2k", "q3k", "q4k", "q5k", "q6k"):
         raise LeanFileError(f"unknown block type {kind!r}")
     supers = -(-k // 256)
     per_super = (-(-blocks * supers * 16 // 32) * 32,)  # fp16, padded to 64 bytes
+    if kind in ("q2k", "q3k"):  # 2-bit planes; Q3_K's third bits in hi; a byte per output and 16 inputs
+        out = {"w": ("U8", (blocks, groups, 2, 64)), "d": ("F16", per_super), "sc": ("U8", (blocks * groups * 32,))}
+        return {**out, "hi": ("U8", (blocks, groups, 64))} if kind == "q3k" else {**out, "m": ("F16", per_super)}
     out = {"w": ("U8", (blocks, groups, 4, 64)), "d": ("F16", per_super)}
     if kind == "q6k":
         return {**out, "hi": ("U8", (blocks, groups, 2, 64)), "sc": ("U8", (blocks * groups * 32,))}

@@ -13,10 +13,11 @@
 
 extern "C" {
 
-// WEIGHT_Q4K, _Q5K, _Q6K: GGUF's K-quants (project.h: kquant_block); WEIGHT_PARTS: outputs stacked
-// from parts of those or of q4 / q8 (a fused projection whose tensors the file holds in several types)
+// WEIGHT_Q4K, _Q5K, _Q6K: GGUF's K-quants (project.h: kquant_block); WEIGHT_Q3K, _Q2K: its low-bit ones
+// (project_low.h: low_block); WEIGHT_PARTS: outputs stacked from parts of those or of q4 / q8 (a fused
+// projection whose tensors the file holds in several types)
 enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3, WEIGHT_Q4K = 4, WEIGHT_Q5K = 5, WEIGHT_Q6K = 6,
-       WEIGHT_PARTS = 7 };
+       WEIGHT_PARTS = 7, WEIGHT_Q3K = 8, WEIGHT_Q2K = 9 };
 
 struct Matrix {
   int32_t kind;      // a WEIGHT_ kind
@@ -25,11 +26,12 @@ struct Matrix {
   const float* scale;  // int8: [n]
   const int32_t* wsum;  // int8: [n]
   const uint16_t* d;    // q4, q8: fp16 scales per group; K-quants: per super-block of 256
-  const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d); Q4_K / Q5_K: fp16 dmin per super-block
+  const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d); Q4_K / Q5_K / Q2_K: fp16 dmin per super-block
   const float* norm;    // grouped kinds: [k] the RMSNorm weight its normalised inputs take, or null
-  const uint8_t* sc;    // Q4_K / Q5_K: 6-bit scales per group; Q6_K: int8 scales per 16 inputs
+  const uint8_t* sc;    // Q4_K / Q5_K: 6-bit scales per group; Q6_K, Q3_K: int8 scales per 16 inputs; Q2_K:
+                        // 4-bit scale and min per 16 inputs in a byte
   const uint8_t* sm;    // Q4_K / Q5_K: 6-bit mins per group
-  const uint8_t* hi;    // Q5_K: the codes' 5th bits; Q6_K: their 5th and 6th
+  const uint8_t* hi;    // Q5_K: the codes' 5th bits; Q6_K: their 5th and 6th; Q3_K: their 3rd
   const struct Matrix* parts;  // WEIGHT_PARTS: the parts, outputs in order (same k, kp, norm)
   int64_t n_parts;
 };
@@ -54,16 +56,16 @@ struct Rows {  // the activation rows a projection reads
   const int32_t* xz;
   const float* gs;    // q4, q8: [count, kp/32] each group's scale (xq then holds int8)
   const float* gsum;  // q4, q8: [count, kp/32] each group's sum, gs * sum xq
-  const int32_t* hsum;  // [count, kp/16] the sum of xq over each 16 inputs (Q6_K's offset of 32)
+  const int32_t* hsum;  // [count, kp/16] the sum of xq over each 16 inputs (Q6_K's offset of 32, Q3_K's 4, Q2_K's mins)
 };
 
 // the kinds whose activations are int8 per group of 32 (gs, gsum)
 inline bool grouped(const Matrix& m) { return m.kind >= WEIGHT_Q4 && m.kind != WEIGHT_I8; }
 
-// whether a projection (or one of its parts) is Q6_K, the one kind that reads the sums per 16 inputs (hsum)
+// whether a projection (or one of its parts) is Q6_K, Q3_K or Q2_K, the kinds that read the sums per 16 inputs (hsum)
 inline bool reads_hsum(const Matrix& m) {
   if (m.kind == WEIGHT_PARTS) return std::any_of(m.parts, m.parts + m.n_parts, reads_hsum);
-  return m.kind == WEIGHT_Q6K;
+  return m.kind == WEIGHT_Q6K || m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K;
 }
 
 inline float bf16_to_float(uint16_t h) {

@@ -17,7 +17,7 @@
 // logits of a row do not depend on how many rows share the call or on the thread count:
 // checking a draft gives the numbers that decoding its tokens one by one would give.
 //
-// Projections (fp32 panels, int8, q4 / q8 blocks) are in project.h.
+// Projections (fp32 panels, int8, q4 / q8 blocks, K-quants) are in project.h, Q3_K and Q2_K in project_low.h.
 // The KV cache holds, per layer, keys [KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and
 // values [KV, capacity, hd], in fp32 or bf16 (round to nearest even), of positions base..base+capacity-1;
 // capacity and base are multiples of 16. A layer that attends to every position has base 0; a sliding
@@ -36,10 +36,12 @@
 #if defined(__AVX512F__)
 #include "attention.h"
 #include "project.h"
+#include "project_low.h"
 #include "simd.h"
 #else  // AVX2, FMA and F16C: the same stages on 8-lane vectors
 #include "attention_avx2.h"
 #include "project_avx2.h"
+#include "project_low_avx2.h"
 #include "simd_avx2.h"
 #endif
 #include "common.h"

@@ -10,7 +10,27 @@
 
 namespace {
 
-enum { RAW_Q4_0 = 2, RAW_Q4_1 = 3, RAW_Q5_0 = 6, RAW_Q5_1 = 7, RAW_Q8_0 = 8, RAW_Q4_K = 12, RAW_Q5_K = 13, RAW_Q6_K = 14 };
+enum { RAW_Q4_0 = 2, RAW_Q4_1 = 3, RAW_Q5_0 = 6, RAW_Q5_1 = 7, RAW_Q8_0 = 8, RAW_Q2_K = 10, RAW_Q3_K = 11, RAW_Q4_K = 12,
+       RAW_Q5_K = 13, RAW_Q6_K = 14 };
+
+// a type's bytes a block (of 32 inputs, or 256 for the K-quants); 0 for a type the kernel does not pack
+inline int64_t raw_block_bytes(int type) {
+  switch (type) {
+    case RAW_Q4_0: return 18;
+    case RAW_Q4_1: return 20;
+    case RAW_Q5_0: return 22;
+    case RAW_Q5_1: return 24;
+    case RAW_Q8_0: return 34;
+    case RAW_Q2_K: return 84;
+    case RAW_Q3_K: return 110;
+    case RAW_Q4_K: return 144;
+    case RAW_Q5_K: return 176;
+    case RAW_Q6_K: return 210;
+    default: return 0;
+  }
+}
+
+inline bool raw_kquant(int type) { return type >= RAW_Q2_K && type <= RAW_Q6_K; }
 
 inline uint16_t half_at(const uint8_t* p) {
   uint16_t h;
@@ -29,13 +49,57 @@ inline void scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
 }
 
 struct Packed {  // the arrays one tensor (rows 0..n of a chunk) is packed into (padding zeroed by the caller)
-  uint8_t* w;    // codes: q4 / K-quants [B][G][4][64], q8 [B][G][8][64]
-  uint8_t* hi;   // Q5_K [B][G][64], Q6_K [B][G][2][64]
+  uint8_t* w;    // codes: q4 / K-quants [B][G][4][64], q8 [B][G][8][64], Q3_K / Q2_K [B][G][2][64]
+  uint8_t* hi;   // Q5_K / Q3_K [B][G][64], Q6_K [B][G][2][64]
   uint16_t* d;   // q4 / q8 [B][G][16]; K-quants [B][SB][16]
-  uint16_t* m;   // mins: Q4_1 / Q5_1 [B][G][16]; Q4_K / Q5_K dmin [B][SB][16]
-  uint8_t* sc;   // Q4_K / Q5_K [B][G][16]; Q6_K [B][2G][16]
+  uint16_t* m;   // mins: Q4_1 / Q5_1 [B][G][16]; Q4_K / Q5_K / Q2_K dmin [B][SB][16]
+  uint8_t* sc;   // Q4_K / Q5_K [B][G][16]; Q6_K [B][2G][16]; Q3_K / Q2_K [B][G][16][2]
   uint8_t* sm;   // Q4_K / Q5_K [B][G][16]
 };
+
+// Q3_K / Q2_K: one output row's 32 codes of group `at` into 2-bit planes (and Q3_K's third bits), as put_group
+inline void put_low_group(const Packed& p, bool q3, int64_t at, int64_t o, const uint8_t* c) {
+  for (int v = 0; v < 2; v++)
+    for (int t = 0; t < 4; t++) {
+      int bits = 0;
+      for (int j = 0; j < 4; j++) bits |= (c[4 * (4 * v + j) + t] & 3) << (2 * j);
+      p.w[(at * 2 + v) * 64 + o * 4 + t] = static_cast<uint8_t>(bits);
+    }
+  if (q3)
+    for (int t = 0; t < 4; t++) {
+      int bits = 0;
+      for (int q = 0; q < 8; q++) bits |= ((c[4 * q + t] >> 2) & 1) << q;
+      p.hi[at * 64 + o * 4 + t] = static_cast<uint8_t>(bits);
+    }
+}
+
+// Q3_K / Q2_K: super-block s (its raw bytes x) of output row o of block b into p
+inline void pack_low(int type, const uint8_t* x, int64_t b, int64_t o, int64_t s, int64_t groups, int64_t supers,
+                     const Packed& p) {
+  const bool q3 = type == RAW_Q3_K;
+  const int64_t at = (b * supers + s) * 16 + o;
+  const uint8_t* qs = x + (q3 ? 32 : 16);  // Q3_K: hmask[32] | qs[64] | scales[12] | d; Q2_K: scales[16] | qs[64] | d | dmin
+  uint8_t c[256], sc[16];
+  for (int j = 0; j < 256; j++) {
+    const int jj = j % 128;
+    int code = (qs[j / 128 * 32 + jj % 32] >> (2 * (jj / 32))) & 3;
+    if (q3) code |= ((x[j % 32] >> (j / 32)) & 1) << 2;
+    c[j] = static_cast<uint8_t>(code);
+  }
+  if (q3) {
+    p.d[at] = half_at(x + 108);
+    for (int j = 0; j < 16; j++) {  // 6 bits: the low 4 in bytes 0..7, the high 2 in bytes 8..11
+      const int low = (x[96 + j % 8] >> (4 * (j / 8))) & 15, top = (x[104 + j % 4] >> (2 * (j / 4))) & 3;
+      sc[j] = static_cast<uint8_t>(static_cast<int8_t>((low | (top << 4)) - 32));
+    }
+  } else {
+    p.d[at] = half_at(x + 80);
+    p.m[at] = half_at(x + 82);
+    std::memcpy(sc, x, 16);
+  }
+  for (int j = 0; j < 16; j++) p.sc[((b * groups + s * 8 + j / 2) * 16 + o) * 2 + j % 2] = sc[j];
+  for (int g = 0; g < 8; g++) put_low_group(p, q3, b * groups + s * 8 + g, o, c + 32 * g);
+}
 
 // one output row's 32 codes of group `at` (= block * groups + group) into the codes and high bits: each
 // byte gathers codes of this row and group only, so it is stored once (o: the row within its block)
@@ -65,9 +129,8 @@ inline void put_group(const Packed& p, int type, int64_t at, int64_t o, const ui
 // output row r (its raw bytes `row`) into p
 inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t block, const Packed& p) {
   const int64_t groups = k / 32, supers = k / 256;
-  const bool kq = type == RAW_Q4_K || type == RAW_Q5_K || type == RAW_Q6_K;
   const int64_t b = r / 16, o = r % 16;
-  if (!kq) {
+  if (!raw_kquant(type)) {
     for (int64_t g = 0; g < groups; g++) {
       const uint8_t* x = row + g * block;
       const int64_t at = (b * groups + g) * 16 + o;
@@ -91,6 +154,10 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
   for (int64_t s = 0; s < supers; s++) {
     const uint8_t* x = row + s * block;
     const int64_t at = (b * supers + s) * 16 + o;
+    if (type == RAW_Q3_K || type == RAW_Q2_K) {
+      pack_low(type, x, b, o, s, groups, supers, p);
+      continue;
+    }
     if (type == RAW_Q6_K) {
       const uint8_t *ql = x, *qh = x + 128, *scales = x + 192;
       p.d[at] = half_at(x + 208);
@@ -126,11 +193,9 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
 
 // rows [n, row bytes] of `type` with k inputs -> p (see Packed); 0, or 1 for a type it does not pack
 int pack_rows(int type, const uint8_t* raw, int64_t n, int64_t k, const Packed& p) {
-  const bool kq = type == RAW_Q4_K || type == RAW_Q5_K || type == RAW_Q6_K;
-  const int64_t block = type == RAW_Q4_0 ? 18 : type == RAW_Q4_1 ? 20 : type == RAW_Q5_0 ? 22 : type == RAW_Q5_1 ? 24
-                      : type == RAW_Q8_0 ? 34 : type == RAW_Q4_K ? 144 : type == RAW_Q5_K ? 176 : type == RAW_Q6_K ? 210 : 0;
+  const int64_t block = raw_block_bytes(type);
   if (!block) return 1;
-  const int64_t row_bytes = (kq ? k / 256 : k / 32) * block;
+  const int64_t row_bytes = (raw_kquant(type) ? k / 256 : k / 32) * block;
 #pragma omp parallel for schedule(static)  // blocks of 16 rows: each writes bytes of its own only
   for (int64_t b = 0; b < (n + 15) / 16; b++)
     for (int64_t r = b * 16; r < std::min(n, b * 16 + 16); r++) pack_row(type, raw + r * row_bytes, r, k, block, p);

@@ -36,6 +36,14 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
     split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
       kquant_block<decltype(r)::value, WEIGHT_Q6K>(m, b, in, s, y, ldy, accumulate);
     });
+  else if (m.kind == WEIGHT_Q3K)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      low_block<decltype(r)::value, WEIGHT_Q3K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q2K)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      low_block<decltype(r)::value, WEIGHT_Q2K>(m, b, in, s, y, ldy, accumulate);
+    });
   else if (m.kind == WEIGHT_Q4)
     split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
       group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate);
@@ -81,10 +89,35 @@ inline void dequantize_kquant_row(const Matrix& m, int64_t r, float scale, float
   }
 }
 
+// row r of a Q3_K / Q2_K matrix (project_low.h), dequantized into out [k], times `scale` (see dequantize_row)
+inline void dequantize_low_row(const Matrix& m, int64_t r, float scale, float* out) {
+  const int64_t groups = m.kp / 32, supers = m.kp / 256, b = r / 16, o = r % 16;
+  const bool k3 = m.kind == WEIGHT_Q3K;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 128;
+  for (int64_t g = 0; g < groups; g++) {
+    const int64_t sb = (b * supers + g / 8) * 16 + o;
+    const float d = half_to_float(m.d[sb]), dmin = k3 ? 0.f : half_to_float(m.mins[sb]);
+    for (int64_t i = 0; i < 32 && g * 32 + i < m.k; i++) {
+      const int64_t quad = i / 4, lane = o * 4 + i % 4;
+      int code = (w[(g * 2 + quad / 4) * 64 + lane] >> (2 * (quad % 4))) & 3;
+      const uint8_t sc = m.sc[((b * groups + g) * 16 + o) * 2 + i / 16];
+      float v;
+      if (k3) {
+        code |= ((m.hi[(b * groups + g) * 64 + lane] >> quad) & 1) << 2;
+        v = d * static_cast<float>(static_cast<int8_t>(sc)) * static_cast<float>(code - 4);
+      } else {
+        v = d * static_cast<float>(sc & 15) * static_cast<float>(code) - dmin * static_cast<float>(sc >> 4);
+      }
+      out[g * 32 + i] = v * scale;
+    }
+  }
+}
+
 // row r of a q4 / q8 (or K-quant) matrix, dequantized into out [k], times `scale`: the embedding of a
 // grouped file, read from its blocks (a tied model's head), so that a lookup touches no other copy
 inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) {
   if (m.kind >= WEIGHT_Q4K && m.kind <= WEIGHT_Q6K) return dequantize_kquant_row(m, r, scale, out);
+  if (m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K) return dequantize_low_row(m, r, scale, out);
   const int64_t groups = m.kp / 32, b = r / 16, o = r % 16;
   const int quads = m.kind == WEIGHT_Q8 ? 8 : 4;
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * quads * 64;

@@ -5,7 +5,17 @@ from __future__ import annotations
 import ctypes
 
 WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4, WEIGHT_Q8 = 0, 1, 2, 3
-WEIGHT_Q4K, WEIGHT_Q5K, WEIGHT_Q6K, WEIGHT_PARTS = 4, 5, 6, 7
+WEIGHT_Q4K, WEIGHT_Q5K, WEIGHT_Q6K, WEIGHT_PARTS, WEIGHT_Q3K, WEIGHT_Q2K = 4, 5, 6, 7, 8, 9
+# the block types' kernel kinds, by their names in a lean file (quant_blocks, kquant_blocks)
+BLOCK_KINDS = {
+    "q4": WEIGHT_Q4,
+    "q8": WEIGHT_Q8,
+    "q2k": WEIGHT_Q2K,
+    "q3k": WEIGHT_Q3K,
+    "q4k": WEIGHT_Q4K,
+    "q5k": WEIGHT_Q5K,
+    "q6k": WEIGHT_Q6K,
+}
 CACHE_F32, CACHE_BF16 = 0, 1
 
 _i32, _i64, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
