@@ -126,3 +126,21 @@ def test_a_real_conversion_draws_no_progress_bars(tmp_path, capfd):
     assert (tmp_path / "out" / "config.json").is_file() and said
     err = capfd.readouterr().err
     assert "it/s" not in err and "%|" not in err, err[-300:]
+
+
+def test_a_metadata_folder_of_an_older_chatcli_is_made_again(tmp_path):
+    """Its tokenizer's split and its verdict on reading the file directly may be out of date: a
+    folder without this version's `metadata` mark is written again, not reused."""
+    import json
+
+    from tests.gguf_models import tiny, write_gguf
+
+    path = write_gguf(tiny("llama", True), tmp_path / "tiny.gguf", "Q8_0")
+    folder = convert.meta_folder(path)
+    manifest = json.loads((folder / convert.MANIFEST).read_text())
+    assert manifest["metadata"] == convert.METADATA and manifest["direct"] is None
+    manifest.pop("metadata")
+    manifest["direct"] = "architecture 'llama'"  # what an older chatcli might have said
+    (folder / convert.MANIFEST).write_text(json.dumps(manifest))
+    assert convert.recorded_direct_reason(convert.meta_folder(path)) is None
+    assert json.loads((folder / convert.MANIFEST).read_text())["metadata"] == convert.METADATA

@@ -28,6 +28,10 @@ from chatcli.engine.weights.sidecar import file_sha256
 
 MANIFEST = "chatcli-manifest.json"
 FORMAT = 1
+# What a metadata folder holds was written by this version of gguf_meta and gguf_lean.direct_reason; an
+# older one is made again (its tokenizer split or its `direct` verdict may be out of date). 2: llama.cpp's
+# pre-tokenizer splits; Gemma 2 / 3 and Phi-3 read directly.
+METADATA = 2
 _EDGE = 1 << 20
 
 
@@ -178,18 +182,25 @@ def meta_folder(path: Path, status: Callable[[str], None] = lambda _m: None) -> 
     whether the file is read so (`direct`: null) or why not."""
     folder = meta_folder_for(path)
     if is_valid(folder):
-        return folder
+        if _manifest(folder).get("metadata") == METADATA:
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)  # written by an older chatcli: made again
     status(f"Reading {path.name}'s tokenizer and config (first run only)")
     convert(path, folder, status, save=save_metadata)
     return folder
 
 
+def _manifest(folder: Path) -> dict:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
 def recorded_direct_reason(folder: Path) -> str | None:
     """Why a `meta_folder`'s GGUF is not read directly by the kernel (None: it is), as recorded."""
-    try:
-        return json.loads((folder / MANIFEST).read_text()).get("direct", "not recorded")
-    except (OSError, ValueError, AttributeError):
-        return "not recorded"
+    return _manifest(folder).get("direct", "not recorded")
 
 
 def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda _m: None) -> dict:
@@ -209,7 +220,7 @@ def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda 
             config.save_pretrained(out)
             GenerationConfig.from_model_config(config).save_pretrained(out)
             AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
-        return {"direct": direct_reason(header)}
+        return {"direct": direct_reason(header), "metadata": METADATA}
     finally:
         header.close()
 
