@@ -1,12 +1,13 @@
 """The native runner: a decoder of a lean family in the compiled kernel over a memory-mapped lean file, no torch.
 
-`kernels/decode.cpp` runs S rows (a prompt chunk, a sampled token, or a token and the draft
-after it) through every layer, the KV cache writes and the head in one call and one OpenMP
-team. It computes each row exactly as it would alone, in a fixed order: prefill gives the
-numbers that decoding the same tokens one by one gives, and a draft is checked exactly, int8
-included (activations get a scale per row). The weights are the lean file's (fp32 panels or
-packed int8: see `weights.lean_file`), read where they are mapped; the KV cache lives in anonymous
-memory that the OS backs as it is written. Logits come back as numpy arrays.
+`kernels/decode.cpp` runs S rows (a prompt chunk, a sampled token, or a token and the draft after
+it) through every layer, the KV cache writes and the head in one call and one OpenMP team;
+`forward_batch` the rows of several sequences, each with its own cache (`native_cache`), in one. It
+computes each row exactly as it would alone, in a fixed order: prefill gives the numbers that
+decoding the same tokens one by one gives, and a draft is checked exactly, int8 included
+(activations get a scale per row). The weights are the lean file's (fp32 panels or packed int8: see
+`weights.lean_file`), read where they are mapped; the KV cache lives in anonymous memory that the OS
+backs as it is written. Logits come back as numpy arrays.
 
 `NativeRunner` is what a model of a lean family gets on a CPU where the kernel builds (AVX-512 VNNI or AVX2,
 and a C++ compiler): start-up is a file mapping, and a process that answers one prompt never
@@ -16,12 +17,10 @@ imports torch. Elsewhere `lean.LeanRunner` runs the same lean tensors on torch.
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 
 import numpy as np
 
-from chatcli.engine.kv import memory as kv_memory
 from chatcli.engine.kv.cache import KVCache
 from chatcli.engine.runners import kernels
 from chatcli.engine.runners.base import ModelRunner
@@ -29,18 +28,17 @@ from chatcli.engine.runners.kernels.structs import (
     ACT_GELU_TANH,
     ACT_SILU,
     BLOCK_KINDS,
-    CACHE_BF16,
-    CACHE_F32,
     WEIGHT_F32,
     WEIGHT_I8,
     WEIGHT_PARTS,
     WEIGHT_Q4,
     WEIGHT_Q8,
-    Cache,
     Layer,
     Matrix,
     Model,
+    Segment,
 )
+from chatcli.engine.runners.native_cache import CACHE_DTYPES, NativeCache
 from chatcli.engine.runners.team import TeamWidth
 from chatcli.engine.weights.lean_file import (
     BLOCKS,
@@ -53,9 +51,6 @@ from chatcli.engine.weights.lean_file import (
     LeanWeights,
     norm_before,
 )
-
-CACHE_DTYPES = {"float32": (CACHE_F32, np.float32, "F32"), "bfloat16": (CACHE_BF16, np.uint16, "BF16")}
-
 
 MAX_HEAD_DIM = 256  # attention.h's kMaxHeadDim
 
@@ -77,26 +72,6 @@ def kernel_threads() -> int:
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
     except (KeyError, ValueError):
         return physical_cores()
-
-
-KEY_BLOCK = 16  # decode.cpp keeps keys in blocks of 16 positions, transposed
-
-
-def _key_rows(kt: np.ndarray, n: int) -> np.ndarray:
-    """Transposed key blocks `[L, KV, blocks, hd, 16]` -> the first n keys as rows `[L, KV, n, hd]` (a copy)."""
-    blocks = -(-n // KEY_BLOCK)
-    rows = kt[:, :, :blocks].transpose(0, 1, 2, 4, 3)  # [L, KV, blocks, 16, hd]
-    return rows.reshape(*rows.shape[:2], blocks * KEY_BLOCK, rows.shape[-1])[:, :, :n]
-
-
-def _put_key_rows(kt: np.ndarray, rows: np.ndarray) -> None:
-    """Key rows `[L, KV, n, hd]` into the first blocks of `kt` `[L, KV, blocks, hd, 16]`."""
-    layers, kv_heads, n, head_dim = rows.shape
-    blocks, full = n // KEY_BLOCK, n // KEY_BLOCK * KEY_BLOCK
-    whole = rows[:, :, :full].reshape(layers, kv_heads, blocks, KEY_BLOCK, head_dim)
-    kt[:, :, :blocks] = whole.transpose(0, 1, 2, 4, 3)
-    if full < n:  # the last, partly filled block
-        kt[:, :, blocks, :, : n - full] = rows[:, :, full:].transpose(0, 1, 3, 2)
 
 
 def block_matrix(kind: str, n: int, k: int, kp: int, address, norm=None) -> Matrix:
@@ -131,96 +106,6 @@ def parts_matrix(parts: list[Matrix], k: int, kp: int, norm=None) -> Matrix:
     whole.parts, whole.n_parts = ctypes.cast(array, ctypes.POINTER(Matrix)), len(parts)
     whole.keep = array
     return whole
-
-
-class NativeCache(kv_memory.ReservedCache):
-    """Keys `[Lf, KV, capacity/16, hd, 16]` (blocks of 16 positions, transposed: one vector holds a
-    dimension of 16 keys) and values `[Lf, KV, capacity, hd]`, fp32 or bf16 held as uint16, in anonymous
-    memory; a model's sliding layers, where a strip is smaller than the context, in `wk`, `wv` of the
-    same layout over `strip.size` positions (see `kv.memory.Strip`). `keys(n)` and `state()` give the
-    keys as rows `[L, KV, n, hd]`, like every other cache."""
-
-    def __init__(
-        self, layers: int, kv_heads: int, head_dim: int, limit: int, dtype: str, window: int = 0, sliding=()
-    ) -> None:
-        self.kind, self._np, self._code = CACHE_DTYPES[dtype]
-        itemsize = np.dtype(self._np).itemsize
-        super().__init__(layers, kv_heads, head_dim, limit, itemsize, lazy=True, window=window, sliding=sliding)
-        self.dtype = dtype
-        self._view = None  # the kernel's Cache over these arrays, rebuilt when they move
-        self.k, self.v, self._map = self._allocate(len(self.full), 0)
-        if self.strip is not None:
-            self.wk, self.wv, self._wmap = self._allocate(len(self.slid), self.strip.size)
-
-    def _allocate(self, layers: int, cap: int):
-        """Keys and values `[layers, KV, cap/16, hd, 16]`, `[layers, KV, cap, hd]` in anonymous memory."""
-        cap = -(-cap // KEY_BLOCK) * KEY_BLOCK
-        _, kv_heads, head_dim = self._shape
-        count = layers * kv_heads * cap * head_dim
-        memory = mmap.mmap(-1, 2 * count * np.dtype(self._np).itemsize) if count else None  # backed when written
-        flat = np.frombuffer(memory, dtype=self._np) if count else np.empty(0, self._np)
-        if self._no_huge_pages and count:
-            kv_memory.advise_no_huge_pages(flat.ctypes.data, flat.nbytes)
-        k = flat[:count].reshape(layers, kv_heads, cap // KEY_BLOCK, head_dim, KEY_BLOCK)
-        return k, flat[count : 2 * count].reshape(layers, kv_heads, cap, head_dim), memory
-
-    def _resize(self, cap: int) -> None:
-        k, v, memory = self._allocate(len(self.full), cap)
-        blocks, held = -(-len(self.ids) // KEY_BLOCK), len(self.ids)
-        k[:, :, :blocks], v[:, :, :held] = self.k[:, :, :blocks], self.v[:, :, :held]
-        self.k, self.v, self._map, self._view = k, v, memory, None
-
-    def _slide(self, shift: int, count: int) -> None:
-        first, blocks = shift // KEY_BLOCK, -(-count // KEY_BLOCK)
-        self.wk[:, :, :blocks] = self.wk[:, :, first : first + blocks]  # numpy copies overlapping parts first
-        self.wv[:, :, :count] = self.wv[:, :, shift : shift + count]
-        self._view = None
-
-    def kernel_cache(self) -> Cache:
-        """The kernel's view: each layer's key and value arrays, capacity and first position."""
-        if self._view is None or (self.strip is not None and self._view.base[self.slid[0]] != self.strip.base):
-            layers = len(self.full) + len(self.slid)
-            k, v = (ctypes.c_void_p * layers)(), (ctypes.c_void_p * layers)()
-            capacity, base = (ctypes.c_int64 * layers)(), (ctypes.c_int64 * layers)()
-            for i in range(layers):
-                kl, vl, first = self.part(i)
-                k[i], v[i], capacity[i], base[i] = kl.ctypes.data, vl.ctypes.data, vl.shape[1], first
-            self._view = Cache(self.kind, k, v, capacity, base)
-            self._view.arrays = (k, v, capacity, base)  # kept alive with the view
-        return self._view
-
-    def keys(self, n: int) -> np.ndarray:
-        """The first n keys of the full-context layers as rows `[Lf, KV, n, hd]` (a copy)."""
-        return _key_rows(self.k, n)
-
-    def _empty(self) -> NativeCache:
-        layers = len(self.full) + len(self.slid)
-        return NativeCache(
-            layers, self._shape[1], self._shape[2], self.limit, self.dtype, self.window, self.sliding_layers
-        )
-
-    def _copy_to(self, other: NativeCache, n: int) -> None:
-        blocks = -(-n // KEY_BLOCK)
-        other.k[:, :, :blocks], other.v[:, :, :n] = self.k[:, :, :blocks], self.v[:, :, :n]
-        if self.strip is not None:
-            held = max(0, n - self.strip.base)
-            blocks = -(-held // KEY_BLOCK)
-            other.wk[:, :, :blocks], other.wv[:, :, :held] = self.wk[:, :, :blocks], self.wv[:, :, :held]
-
-    def _rows_out(self, held, n: int, keys: bool) -> tuple[str, np.ndarray]:
-        return self._code, _key_rows(held, n) if keys else held[:, :, :n]
-
-    def _rows_in(self, value: tuple[str, np.ndarray]) -> np.ndarray:
-        code, rows = value
-        if code != self._code:
-            raise ValueError(f"a {code} cache, not {self._code}")
-        return rows
-
-    def _put_rows(self, held, rows, keys: bool) -> None:
-        if keys:
-            _put_key_rows(held, rows)
-        else:
-            held[:, :, : rows.shape[2]] = rows
 
 
 class NativeRunner(ModelRunner):
@@ -357,9 +242,17 @@ class NativeRunner(ModelRunner):
     def verify(self, ids: list[int], cache: KVCache) -> np.ndarray:
         return self._run(ids, cache, every=True)  # [S, V]
 
-    def _run(self, ids: list[int], cache: KVCache, every: bool) -> np.ndarray:
-        """ids at positions len(cache).. -> logits [S or 1, V]; writes their keys and values into `cache`
-        (in pieces a cache's sliding strip has room for: every row is computed alone, so the same bits)."""
+    def forward_batch(self, requests: list[tuple[list[int], KVCache, bool]]) -> list[np.ndarray]:
+        """Several sequences in one kernel call, every weight read once for all their rows: per request
+        (ids, cache, every), the logits `forward` (`every`: `verify`) gives it alone, to the bit. A request
+        its cache's sliding strip has no room for at once runs alone, after the others."""
+        batch = [r for r in requests if self._room(r[0], r[1]) >= len(r[0])]
+        out = dict(zip(map(id, batch), self._pieces(batch), strict=True)) if batch else {}
+        logits = [out[id(r)] if id(r) in out else self._run(*r) for r in requests]
+        return [rows if every else rows[0] for rows, (_ids, _cache, every) in zip(logits, requests, strict=True)]
+
+    def _room(self, ids: list[int], cache: KVCache) -> int:
+        """The ids a call can take for `cache` at once (checked: in the context, in the vocabulary)."""
         assert isinstance(cache, NativeCache) and cache.dtype == self.kv_dtype
         start, count = len(cache.ids), len(ids)
         if not ids:
@@ -368,27 +261,39 @@ class NativeRunner(ModelRunner):
             raise ValueError(f"{start + count} positions exceed the context limit {self.context_limit}")
         if min(ids) < 0 or max(ids) >= self.config.embed_rows:  # the kernel would read past the embedding
             raise IndexError(f"token id out of range for an embedding of {self.config.embed_rows} rows")
-        room = cache.strip.room if cache.strip is not None else count
-        pieces = [self._piece(ids[i : i + room], cache, every) for i in range(0, count, room)]
-        logits = pieces[-1] if len(pieces) == 1 or not every else np.concatenate(pieces)
+        return cache.strip.room if cache.strip is not None else count
+
+    def _run(self, ids: list[int], cache: KVCache, every: bool) -> np.ndarray:
+        """ids at positions len(cache).. -> logits [S or 1, V]; writes their keys and values into `cache`
+        (in pieces a cache's sliding strip has room for: every row is computed alone, so the same bits)."""
+        room, count = self._room(ids, cache), len(ids)
+        pieces = [self._pieces([(ids[i : i + room], cache, every)])[0] for i in range(0, count, room)]
+        return pieces[-1] if len(pieces) == 1 or not every else np.concatenate(pieces)
+
+    def _pieces(self, requests: list) -> list[np.ndarray]:
+        """One kernel call over every request's rows (each fits its cache); their logits, soft-capped."""
+        segments = (Segment * len(requests))()
+        views = []  # the caches' kernel views, alive through the call
+        for segment, (ids, cache, every) in zip(segments, requests, strict=True):
+            cache.reserve(len(cache.ids) + len(ids))
+            views.append(cache.kernel_cache())  # after reserve: the arrays may have moved
+            segment.cache, segment.pos = ctypes.pointer(views[-1]), len(cache.ids)
+            segment.rows, segment.logit_rows = len(ids), len(ids) if every else 1
+        wants = [segment.logit_rows for segment in segments]
+        flat = [t for ids, _cache, _every in requests for t in ids]
+        tokens = (ctypes.c_int64 * len(flat))(*flat)
+        logits = np.empty((sum(wants), self.config.vocab), dtype=np.float32)
+        model = ctypes.byref(self._model)
+
+        def call(threads: int) -> int:
+            return self._lib.chatcli_decode_batch(model, segments, len(requests), tokens, logits.ctypes.data, threads)
+
+        status = self.team.timed(len(flat), call) if self.team is not None else call(self.threads)
+        if status:
+            raise ValueError(f"the kernel refused {len(flat)} ids of {len(requests)} sequences (status {status})")
         if self.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
             cap = np.float32(self.final_softcap)
             np.multiply(np.tanh(logits / cap), cap, out=logits)
-        return logits
-
-    def _piece(self, ids: list[int], cache: NativeCache, every: bool) -> np.ndarray:
-        start, count = len(cache.ids), len(ids)
-        cache.reserve(start + count)
-        tokens = (ctypes.c_int64 * count)(*ids)
-        rows = count if every else 1
-        logits = np.empty((rows, self.config.vocab), dtype=np.float32)
-        model, view = ctypes.byref(self._model), ctypes.byref(cache.kernel_cache())
-
-        def call(threads: int) -> int:
-            return self._lib.chatcli_decode(model, view, tokens, count, start, logits.ctypes.data, rows, threads)
-
-        status = self.team.timed(count, call) if self.team is not None else call(self.threads)
-        if status:
-            raise ValueError(f"the kernel refused {count} ids at position {start} (status {status})")
-        cache.ids.extend(ids)
-        return logits
+        for ids, cache, _every in requests:
+            cache.ids.extend(ids)
+        return np.split(logits, np.cumsum(wants)[:-1])

@@ -228,7 +228,7 @@ def _checked_load(cxx: list[str], target: Path, name: str, rebuild: bool = True)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    from chatcli.engine.runners.kernels.structs import Cache, Matrix, Model
+    from chatcli.engine.runners.kernels.structs import Cache, Matrix, Model, Segment
 
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.chatcli_decode.argtypes = [
@@ -242,6 +242,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         ctypes.c_int32,
     ]
     lib.chatcli_decode.restype = ctypes.c_int
+    lib.chatcli_decode_batch.argtypes = [ctypes.POINTER(Model), ctypes.POINTER(Segment), i64, ptr, ptr, ctypes.c_int32]
+    lib.chatcli_decode_batch.restype = ctypes.c_int
     lib.chatcli_project.argtypes = [ctypes.POINTER(Matrix), ptr, i64, ptr, ctypes.c_int32]
     lib.chatcli_project.restype = ctypes.c_int
     lib.chatcli_pack.argtypes = [ctypes.c_int32, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]

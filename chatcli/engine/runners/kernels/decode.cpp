@@ -1,8 +1,9 @@
 // The lean runner's decode step in one call, built for AVX-512 with VNNI or for AVX2 with FMA and
 // F16C (kernels/__init__.py: BUILDS), the same stages on 16- or 8-lane vectors.
 //
-// `chatcli_decode` runs S rows (a sampled token, or a token and the draft that follows it)
-// through every layer of a decoder of a lean family (Llama, and the extras of Mistral, Qwen2/3,
+// `chatcli_decode` runs S rows of one sequence (a prompt chunk, a sampled token, or a token and the
+// draft that follows it), `chatcli_decode_batch` the rows of several sequences (`Segment`s, each with its
+// own KV cache and positions: every weight read once for all of them), through every layer of a decoder of a lean family (Llama, and the extras of Mistral, Qwen2/3,
 // Phi-3 and Gemma 2/3 where a layer has them: q/k/v biases, q/k norms, a sliding window, its own
 // rope table, sandwich norms, GeGLU, soft-capped scores; see families.py) and writes their keys and values into the KV cache
 // at positions pos..pos+S-1. It computes what `LeanRunner.decode_one_token` computes
@@ -86,6 +87,13 @@ struct Cache {
   const int64_t* base;      // per layer: the first of them
 };
 
+// One sequence's rows in a step (`chatcli_decode_batch`): `rows` consecutive positions from `pos` on,
+// their keys and values into `cache`, logits for its last `logit_rows` rows (1 or rows)
+struct Segment {
+  const Cache* cache;
+  int64_t pos, rows, logit_rows;
+};
+
 }  // extern "C"
 
 namespace {
@@ -167,12 +175,53 @@ void project_residual(const Matrix& w, const Rows& in, const float* norm, float 
   }
 }
 
+// An attention task: `positions` rows of segment `seg` from row `s` (of the step) on, `heads` heads from
+// `head`, of KV group g
+struct Task {
+  int64_t seg, s, positions, g, head, heads;
+};
+
+// Every segment's attention tasks: one head a task where a segment has few rows (a decode step), so
+// that every thread has some; else tiles of positions. The tiling changes no bits (attend: a row's
+// sums in the same order whatever the rows around it).
+std::vector<Task> attention_tasks(const Segment* segs, int64_t n_segs, int64_t KV, int64_t group, int threads) {
+  const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together
+  const int64_t parts = (group + part - 1) / part;
+  std::vector<Task> tasks;
+  int64_t first = 0;
+  for (int64_t j = 0; j < n_segs; j++) {
+    const int64_t S = segs[j].rows;
+    const int64_t per_task = S * KV * parts >= 4 * threads ? part : 1;
+    const int64_t tile = per_task == 1 ? 1 : std::max<int64_t>(1, kTileRows / per_task);  // positions a task
+    const int64_t tiles = (S + tile - 1) / tile, tasks_per_group = (group + per_task - 1) / per_task;
+    for (int64_t task = 0; task < tiles * KV * tasks_per_group; task++) {
+      const int64_t s = task / (KV * tasks_per_group) * tile, g = task / tasks_per_group % KV;
+      const int64_t head = g * group + task % tasks_per_group * per_task;
+      tasks.push_back({j, first + s, std::min(tile, S - s), g, head, std::min(per_task, (g + 1) * group - head)});
+    }
+    first += S;
+  }
+  return tasks;
+}
+
+// The rows of n_segs sequences (tokens: every segment's in turn) through every layer, each row with its
+// own cache and position; logits [sum of logit_rows, V]: each segment's last logit_rows rows in turn
 template <typename T>
-void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, int64_t pos, float* logits,
-             int64_t logit_rows, int threads) {
+void forward(const Model& m, const Segment* segs, int64_t n_segs, const int64_t* tokens, float* logits, int threads) {
   const int64_t D = m.hidden, H = m.heads, KV = m.kv_heads, hd = m.head_dim, F = m.ffn;
   const int64_t n_qkv = (H + 2 * KV) * hd, group = H / KV, half = hd / 2;
   const int64_t widest = std::max({D, F, H * hd});
+  std::vector<int64_t> row_seg, row_pos, picked;  // per row: its segment and position; the rows with logits
+  int64_t longest = 0;  // the most positions a row sees
+  for (int64_t j = 0; j < n_segs; j++) {
+    for (int64_t r = 0; r < segs[j].rows; r++) {
+      if (r >= segs[j].rows - segs[j].logit_rows) picked.push_back(static_cast<int64_t>(row_seg.size()));
+      row_seg.push_back(j);
+      row_pos.push_back(segs[j].pos + r);
+    }
+    longest = std::max(longest, segs[j].pos + segs[j].rows);
+  }
+  const int64_t S = static_cast<int64_t>(row_seg.size()), L = static_cast<int64_t>(picked.size());
   Scratch sc;
   sc.x.resize(S * D);
   sc.h.resize(S * widest);
@@ -181,14 +230,11 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
   sc.gu.resize(S * 2 * F);
   sc.post.resize(S * D);
   sc.size_activations(S, widest);
-  const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together
-  const int64_t parts = (group + part - 1) / part;
-  // few rows (a decode step): one head a task, so that every thread has some; else tiles of positions
-  const int64_t per_task = S * KV * parts >= 4 * threads ? part : 1;
-  const int64_t tile = per_task == 1 ? 1 : std::max<int64_t>(1, kTileRows / per_task);  // positions a task
-  const int64_t tiles = (S + tile - 1) / tile, tasks_per_group = (group + per_task - 1) / per_task;
-  const size_t scratch_per_thread = static_cast<size_t>(kTileRows) * (2 * hd + pos + S + 48);
+  const std::vector<Task> tasks = attention_tasks(segs, n_segs, KV, group, threads);
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  const size_t scratch_per_thread = static_cast<size_t>(kTileRows) * (2 * hd + longest + 48);
   sc.scores.resize(static_cast<size_t>(threads) * scratch_per_thread);
+  std::vector<float> last(n_segs > 1 ? L * D : 0);  // the rows with logits, gathered (several segments)
   for (int64_t s = 0; s < S; s++) {
     if (m.embed)
       std::memcpy(&sc.x[s * D], m.embed + tokens[s] * D, D * sizeof(float));
@@ -202,32 +248,34 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
     float* scratch = sc.scores.data() + static_cast<size_t>(omp_get_thread_num()) * scratch_per_thread;
     for (int64_t l = 0; l < m.n_layers; l++) {
       const Layer& layer = m.layers[l];
-      T* kl = static_cast<T*>(c.k[l]);  // [KV, capacity/16, hd, 16]
-      T* vl = static_cast<T*>(c.v[l]);  // [KV, capacity, hd]
-      const int64_t cap = c.capacity[l], base = c.base[l];
       Rows rows = prepare(layer.qkv, sc.x.data(), D, S, true, m.eps, sc);
       project(layer.qkv, rows, sc.qkv.data(), n_qkv, false);
 #pragma omp for schedule(static)
       for (int64_t s = 0; s < S; s++) {  // bias, q/k norms, rope on q and k (adjacent pairs), k and v into the cache
+        const Cache& c = *segs[row_seg[s]].cache;
+        T* kl = static_cast<T*>(c.k[l]);  // [KV, capacity/16, hd, 16]
+        T* vl = static_cast<T*>(c.v[l]);  // [KV, capacity, hd]
+        const int64_t cap = c.capacity[l], base = c.base[l], pos = row_pos[s];
         float* row = &sc.qkv[s * n_qkv];
         if (layer.qkv_bias)
           for (int64_t i = 0; i < n_qkv; i++) row[i] += layer.qkv_bias[i];
         if (layer.q_norm)
           for (int64_t h = 0; h < H + KV; h++) rms_norm_scaled(row + h * hd, h < H ? layer.q_norm : layer.k_norm, hd, m.eps);
-        rope_row(row, layer.rope + (pos + s) * hd, H + KV, half);  // rope [hd/2, 2] of this position
+        rope_row(row, layer.rope + pos * hd, H + KV, half);  // rope [hd/2, 2] of this position
         for (int64_t g = 0; g < KV; g++) {
-          store_key(kl + g * cap * hd, pos + s - base, row + (H + g) * hd, hd);
-          store_value(vl + (g * cap + pos + s - base) * hd, row + (H + KV + g) * hd, hd);
+          store_key(kl + g * cap * hd, pos - base, row + (H + g) * hd, hd);
+          store_value(vl + (g * cap + pos - base) * hd, row + (H + KV + g) * hd, hd);
         }
       }
 #pragma omp for schedule(static, 1)  // interleaved: a causal row's cost grows with its position
-      for (int64_t task = 0; task < tiles * KV * tasks_per_group; task++) {
-        const int64_t s = task / (KV * tasks_per_group) * tile, g = task / tasks_per_group % KV;
-        const int64_t head = g * group + task % tasks_per_group * per_task;
-        const int64_t heads = std::min(per_task, (g + 1) * group - head);
-        attend(&sc.qkv[s * n_qkv + head * hd], n_qkv, std::min(tile, S - s), heads, kl + g * cap * hd,
-               vl + g * cap * hd, base, pos + s + 1, hd, layer.window, m.attn_scale, m.attn_softcap, scratch,
-               &sc.att[(s * H + head) * hd], H * hd);
+      for (int64_t i = 0; i < n_tasks; i++) {
+        const Task& t = tasks[i];
+        const Cache& c = *segs[t.seg].cache;
+        const int64_t cap = c.capacity[l], base = c.base[l];
+        const T* kl = static_cast<const T*>(c.k[l]) + t.g * cap * hd;
+        const T* vl = static_cast<const T*>(c.v[l]) + t.g * cap * hd;
+        attend(&sc.qkv[t.s * n_qkv + t.head * hd], n_qkv, t.positions, t.heads, kl, vl, base, row_pos[t.s] + 1, hd,
+               layer.window, m.attn_scale, m.attn_softcap, scratch, &sc.att[(t.s * H + t.head) * hd], H * hd);
       }
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
       project_residual(layer.out, rows, layer.post_attn_norm, m.eps, sc);
@@ -243,10 +291,33 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
       rows = prepare(layer.down, sc.gu.data(), 2 * F, S, false, m.eps, sc);
       project_residual(layer.down, rows, layer.post_ffn_norm, m.eps, sc);
     }
-    const int64_t first = S - logit_rows;
-    const Rows rows = prepare(m.head, sc.x.data() + first * D, D, logit_rows, true, m.eps, sc);
+    const float* x = sc.x.data() + (S - L) * D;  // one segment: its last rows, as they are
+    if (n_segs > 1) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < L; i++) std::memcpy(&last[i * D], &sc.x[picked[i] * D], D * sizeof(float));
+      x = last.data();
+    }
+    const Rows rows = prepare(m.head, x, D, L, true, m.eps, sc);
     project(m.head, rows, logits, m.vocab, false);
   }
+}
+
+// 0 where every segment's rows fit its cache (and the model's heads the kernel's), else 1
+int check_segments(const Model* m, const Segment* segs, int64_t n_segs) {
+  if (n_segs < 1 || m->head_dim % 16 != 0 || m->head_dim > kMaxHeadDim || (!m->embed && !m->embed_rows)) return 1;
+  for (int64_t j = 0; j < n_segs; j++) {
+    const Segment& g = segs[j];
+    if (g.rows < 1 || g.logit_rows < 1 || g.logit_rows > g.rows || !g.cache || g.cache->kind != segs[0].cache->kind)
+      return 1;
+    for (int64_t l = 0; l < m->n_layers; l++) {  // each layer holds what its rows write and read
+      const int64_t base = g.cache->base[l], window = m->layers[l].window;
+      const int64_t first = window ? std::max<int64_t>(0, g.pos + 1 - window) / 16 * 16 : 0;
+      if (g.cache->capacity[l] % 16 != 0 || base % 16 != 0 || base < 0 || base > first ||
+          g.pos + g.rows - base > g.cache->capacity[l])
+        return 1;
+    }
+  }
+  return 0;
 }
 
 }  // namespace
@@ -254,26 +325,25 @@ void forward(const Model& m, const Cache& c, const int64_t* tokens, int64_t S, i
 extern "C" {
 
 // S rows at positions pos.. -> logits [logit_rows, V] of the last logit_rows rows (1 or S)
-int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_t rows, int64_t pos, float* logits,
-                   int64_t logit_rows, int32_t threads) {
-  if (rows < 1 || logit_rows < 1 || logit_rows > rows || m->head_dim % 16 != 0 || m->head_dim > kMaxHeadDim ||
-      (!m->embed && !m->embed_rows))
-    return 1;
-  for (int64_t l = 0; l < m->n_layers; l++) {  // each layer holds what its rows write and read
-    const int64_t base = c->base[l], window = m->layers[l].window;
-    const int64_t first = window ? std::max<int64_t>(0, pos + 1 - window) / 16 * 16 : 0;
-    if (c->capacity[l] % 16 != 0 || base % 16 != 0 || base < 0 || base > first || pos + rows - base > c->capacity[l])
-      return 1;
-  }
+int chatcli_decode_batch(const Model* m, const Segment* segs, int64_t n_segs, const int64_t* tokens, float* logits,
+                         int32_t threads) {
+  if (check_segments(m, segs, n_segs)) return 1;
   try {  // no exception may cross into C (a failed allocation of the scratch space)
-    if (c->kind == CACHE_BF16)
-      forward<uint16_t>(*m, *c, tokens, rows, pos, logits, logit_rows, threads);
+    if (segs[0].cache->kind == CACHE_BF16)
+      forward<uint16_t>(*m, segs, n_segs, tokens, logits, threads);
     else
-      forward<float>(*m, *c, tokens, rows, pos, logits, logit_rows, threads);
+      forward<float>(*m, segs, n_segs, tokens, logits, threads);
   } catch (...) {
     return 2;
   }
   return 0;
+}
+
+// one sequence's rows: chatcli_decode_batch of one segment
+int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_t rows, int64_t pos, float* logits,
+                   int64_t logit_rows, int32_t threads) {
+  const Segment one{c, pos, rows, logit_rows};
+  return chatcli_decode_batch(m, &one, 1, tokens, logits, threads);
 }
 
 // a GGUF tensor's rows [n, row bytes] of ggml type `type` (k inputs) into the kernel's arrays (pack.h),

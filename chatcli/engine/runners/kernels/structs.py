@@ -98,3 +98,15 @@ class Cache(ctypes.Structure):
         ("capacity", ctypes.POINTER(_i64)),
         ("base", ctypes.POINTER(_i64)),
     ]
+
+
+class Segment(ctypes.Structure):
+    """One sequence's rows in a batched step (`chatcli_decode_batch`): consecutive positions from `pos`,
+    their keys and values into `cache`, logits for the last `logit_rows` of them."""
+
+    _fields_ = [
+        ("cache", ctypes.POINTER(Cache)),
+        ("pos", _i64),
+        ("rows", _i64),
+        ("logit_rows", _i64),
+    ]
