@@ -102,8 +102,9 @@ def test_the_lean_file_is_no_larger_than_the_gguf(kernel, tmp_path):
 
 def test_what_is_not_read_directly_says_why(tmp_path):
     model = tiny("llama", True)
-    path = write_gguf(model, tmp_path / "f16.gguf", "F16")
-    assert "is F16" in direct_reason(GGUFFile(path))
+    path = write_gguf(model, tmp_path / "tq2.gguf", "TQ2_0")  # ternary: a type the kernel does not run
+    assert direct_reason(GGUFFile(path)) == "token_embd.weight is type 35"
+    assert direct_reason(GGUFFile(write_gguf(model, tmp_path / "f16.gguf", "F16"))) is None  # F16: read directly
 
 
 def test_a_gemma_gguf_loads_on_its_own_blocks(kernel, tmp_path):

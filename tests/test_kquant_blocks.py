@@ -5,6 +5,8 @@ the kernel's projection against the textbook: the activations int8 per row and g
 amax/127), times the weights exactly as the file holds them, summed in float64. Parts of several
 types stacked along the outputs (a fused projection of a Q4_K_M file) give each part's columns.
 Q3_K and Q2_K run in both builds (AVX-512, AVX2) at their codes' and scales' extremes, to the same bits.
+F16, BF16 and F32 tensors keep every element's bits; their projection (fp32 activations, no int8) is
+the float64 textbook's within fp32 rounding in both builds, to the same bits, whatever the rows beside.
 """
 
 from __future__ import annotations
@@ -112,8 +114,8 @@ def test_rows_can_be_reordered(kernel):
 
 
 def test_a_type_the_kernel_lacks_is_left_to_the_caller():
-    raw = np.zeros((4, 2 * 256), np.uint8)
-    assert kb.tensor_parts("F16", raw) is None
+    raw = np.zeros((4, 66), np.uint8)
+    assert kb.tensor_parts("IQ2_XXS", raw) is None and kb.kind_of("IQ2_XXS") is None
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -183,3 +185,75 @@ def test_the_builds_give_the_low_bit_types_the_same_bits():
             outputs.append([project(m, x, 24) for m, _arrays in built])
     first, second = outputs
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+FLOATS = ["F16", "BF16", "F32"]
+
+
+def float_weights(type_name: str, arrays: dict, n: int, k: int) -> np.ndarray:
+    """The packed `w` `[ceil(n/16), k, 16]` of a float kind read back as fp32 `[ceil(n/16) * 16, k]`; the
+    bytes past it are checked to be zeros."""
+    w = arrays["w"]
+    blocks = -(-n // 16)
+    bits, tail = w[: blocks * k * 16], w[blocks * k * 16 :]
+    assert not tail.view(np.uint8).any()
+    values = (bits.astype(np.uint32) << 16).view(np.float32) if type_name == "BF16" else bits.astype(np.float32)
+    return values.reshape(blocks, k, 16).transpose(0, 2, 1).reshape(blocks * 16, k)
+
+
+@pytest.mark.parametrize("type_name", FLOATS)
+def test_float_tensors_keep_every_elements_bits(type_name):
+    n, k = 37, 72
+    raw = random_blocks(n, k, type_name, np.random.default_rng(30))
+    kind, arrays = kb.tensor_parts(type_name, raw)
+    assert kind == type_name.lower() and arrays["w"].nbytes % 64 == 0
+    values = float_weights(type_name, arrays, n, k)
+    assert np.array_equal(values[:n], dequantized(type_name, raw, k)) and not values[n:].any()  # padding: zeros
+
+
+@pytest.mark.parametrize("type_name", FLOATS)
+@pytest.mark.parametrize("n,k,rows", [(40, 512, 1), (37, 77, 5), (16, 96, 9)])
+def test_float_projections_are_the_textbook_in_each_build(build, type_name, n, k, rows):
+    rng = np.random.default_rng(n + k + rows)
+    raw = random_blocks(n, k, type_name, rng)
+    m, arrays = matrix(type_name, raw, k)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[0, :40] = 0
+    want = x.astype(np.float64) @ dequantized(type_name, raw, k).astype(np.float64).T  # fp32 activations
+    np.testing.assert_allclose(project(m, x, n), want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    _kind, packed = kb.tensor_parts(type_name, raw, packer=build)  # this build's packer: numpy's bytes
+    flat, reference = packed["w"].view(np.uint8).ravel(), arrays["w"].view(np.uint8).ravel()
+    assert np.array_equal(flat, reference[: flat.size]) and not reference[flat.size :].any()
+
+
+def test_a_float_row_gets_the_same_bits_alone_or_with_others_in_both_builds():
+    from tests.test_kernel_builds import loaded_build
+
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((7, 200)).astype(np.float32)
+    raws = {t: random_blocks(40, 200, t, rng) for t in FLOATS}
+    outputs = []
+    for name in kernels.BUILDS:
+        lib = loaded_build(name)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(kernels, "library", lambda lib=lib: lib)
+            built = {t: matrix(t, raw, 200) for t, raw in raws.items()}
+            together = [project(m, x, 40) for m, _arrays in built.values()]
+            for (m, _arrays), whole in zip(built.values(), together, strict=True):
+                for s in range(7):
+                    assert np.array_equal(project(m, x[s : s + 1], 40, threads=1)[0], whole[s])
+            outputs.append(together)
+    first, second = outputs
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_float_parts_beside_quantized_ones_fill_their_own_columns(kernel):
+    rng = np.random.default_rng(32)
+    k, types, sizes = 256, ["Q4_K", "F16", "Q8_0", "BF16"], [32, 24, 16, 8]
+    raws = [random_blocks(n, k, t, rng) for t, n in zip(types, sizes, strict=True)]
+    built = [matrix(t, raw, k) for t, raw in zip(types, raws, strict=True)]
+    whole = parts_matrix([m for m, _ in built], k, k)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    y = project(whole, x, sum(sizes))
+    want = np.concatenate([project(m, x, n) for (m, _), n in zip(built, sizes, strict=True)], axis=1)
+    assert np.array_equal(y, want)

@@ -16,6 +16,9 @@ kernel's arrays for it, each value what the file holds:
   a Q2_K one 2.625, as in the file.
 - Q4_0, Q4_1, Q8_0 as `q4` / `q8` (`quant_blocks.gguf_codes`); Q5_0 and Q5_1 as `q8` with their
   5-bit codes in bytes (Q5_0: c = q + 112, so d (c - 128) = d (q - 16); Q5_1: d c + m).
+- F16, BF16 and F32 (`f16`, `bf16`, `f32`): each element as the file holds it, `[ceil(n/16), k, 16]`
+  (input i of a block's 16 outputs side by side), which the kernel converts to fp32 in registers and
+  multiplies by the fp32 activations (`kernels/project_float.h`): no fp32 copy of a 16-bit tensor.
 
 A row order (rope's, for the q and k rows of a NEOX-rope family) is applied to whole rows of blocks.
 The layouts of the blocks themselves are ggml's (`ggml-common.h`), as the `gguf` package's
@@ -37,9 +40,13 @@ KINDS = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k", "Q3_K": "q3k", "Q2_K": "q2
 SIGNED = {"q6k": 32, "q3k": 4}  # the kinds of signed scales, no mins: w = d sc (c - zero)
 PER_16 = ("q6k", "q3k", "q2k")  # the kinds with a scale per 16 inputs (the rest: per 32)
 GROUP_KINDS = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q8", "Q5_1": "q8", "Q8_0": "q8"}  # on the q4 / q8 blocks
+FLOATS = {"F16": "f16", "BF16": "bf16", "F32": "f32"}  # float tensors, their elements as they are
+FLOAT_DTYPES = {"F16": np.float16, "BF16": np.uint16, "F32": np.float32}  # bf16 held as its bits
 MINS = ("Q4_1", "Q5_1")  # the q4 / q8 types with mins (`m`, as long as `d`)
-TYPE_IDS = {name: i for i, (name, _, _) in TYPES.items() if name in KINDS or name in GROUP_KINDS}  # ggml's ids
+RUN = {**KINDS, **GROUP_KINDS, **FLOATS}  # every type the kernel runs, by GGUF name
+TYPE_IDS = {name: i for i, (name, _, _) in TYPES.items() if name in RUN}  # ggml's ids
 BLOCK_BYTES = {name: TYPES[i][2] for name, i in TYPE_IDS.items()}
+BLOCK_INPUTS = {name: TYPES[i][1] for name, i in TYPE_IDS.items()}  # 256 (K-quants), 32, or 1 (floats)
 
 
 @dataclass
@@ -210,9 +217,23 @@ def _pack_low(blocks: KBlocks, quads: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+def pack_float(type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
+    """An F16 / BF16 / F32 tensor's raw rows → `w` `[ceil(n/16), k, 16]` flat (outputs padded with zeros,
+    the byte size a multiple of 64), each element's bits as the file holds them."""
+    dtype = FLOAT_DTYPES[type_name]
+    values = np.ascontiguousarray(raw).view(dtype)
+    n, k = values.shape
+    blocks = -(-n // 16)
+    full = np.zeros((blocks * 16, k), dtype)
+    full[:n] = values
+    flat = full.reshape(blocks, 16, k).transpose(0, 2, 1).ravel()
+    pad = -flat.nbytes % 64 // flat.itemsize
+    return {"w": np.concatenate([flat, np.zeros(pad, dtype)]) if pad else flat}
+
+
 def kind_of(type_name: str) -> str | None:
     """The kernel's type for a GGUF type (None: one it does not run)."""
-    return KINDS.get(type_name) or GROUP_KINDS.get(type_name)
+    return RUN.get(type_name)
 
 
 def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
@@ -220,11 +241,12 @@ def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
     `chatcli_pack` (`packer`: its library)."""
     n = raw.shape[0]
     kind = kind_of(type_name)
-    k = raw.shape[1] // BLOCK_BYTES[type_name] * (SUPER if kind in KINDS.values() else 32)
+    k = raw.shape[1] // BLOCK_BYTES[type_name] * BLOCK_INPUTS[type_name]
     arrays = block_arrays(kind, n, k)
     if type_name in MINS:
         arrays["m"] = arrays["d"]
-    out = {key: np.zeros(shape, np.float16 if code == "F16" else np.uint8) for key, (code, shape) in arrays.items()}
+    dtypes = {code: FLOAT_DTYPES.get(code, np.uint8) for code in ("U8", "F16", "BF16", "F32")}  # by safetensors code
+    out = {key: np.zeros(shape, dtypes[code]) for key, (code, shape) in arrays.items()}
     raw = np.ascontiguousarray(raw)
     ptr = lambda key: out[key].ctypes.data if key in out else None  # noqa: E731
     if packer.chatcli_pack(TYPE_IDS[type_name], raw.ctypes.data, n, k, *map(ptr, ("w", "hi", "d", "m", "sc", "sm"))):
@@ -235,8 +257,8 @@ def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
 def tensor_parts(
     type_name: str, raw: np.ndarray, order: np.ndarray | None = None, packer=None
 ) -> tuple[str, dict] | None:
-    """One GGUF tensor's raw rows as (its kernel type: q4, q8, q2k, q3k, q4k, q5k or q6k; the kernel's
-    arrays), rows in `order`; None where the kernel has no type for it (F16, F32, …: the caller converts).
+    """One GGUF tensor's raw rows as (its kernel type: q4, q8, q2k, q3k, q4k, q5k, q6k, f16, bf16 or f32;
+    the kernel's arrays), rows in `order`; None where the kernel has no type for it (the caller converts).
     `packer`: the compiled kernel's library, which packs ~20x faster than numpy (the same bytes, unpadded)."""
     from chatcli.engine.weights.quant_blocks import pack
 
@@ -245,6 +267,8 @@ def tensor_parts(
         return kind_of(type_name), packed_by(packer, type_name, raw)
     if type_name in KINDS:
         return KINDS[type_name], pack_k(decode_k(type_name, raw))
+    if type_name in FLOATS:
+        return FLOATS[type_name], pack_float(type_name, raw)
     codes = decode_q5(type_name, raw) if type_name in ("Q5_0", "Q5_1") else gguf_codes(type_name, raw)
     if codes is None:
         return None

@@ -169,8 +169,13 @@ def scales_length(n: int, k: int) -> int:
 
 def block_arrays(kind: str, n: int, k: int) -> dict[str, tuple[str, tuple]]:
     """The arrays (dtype, shape) of one projection `[n, k]` of a block type: q4 / q8 (`quant_blocks.pack`;
-    the mins `m` only where the type has them is left out here) or a K-quant (`kquant_blocks.pack_k`)."""
+    the mins `m` only where the type has them is left out here), a K-quant (`kquant_blocks.pack_k`) or a
+    float one (`kquant_blocks.pack_float`: `[ceil(n/16), k, 16]` elements flat, padded to 64 bytes)."""
     blocks, groups = -(-n // 16), -(-k // GROUP)
+    floats = {"f16": ("F16", 2), "bf16": ("BF16", 2), "f32": ("F32", 4)}  # a GGUF's float tensors' kinds
+    if kind in floats:
+        code, size = floats[kind]
+        return {"w": (code, (-(-blocks * k * 16 * size // 64) * 64 // size,))}
     if kind in GROUPED:
         return {"w": ("U8", (blocks, groups, 4 if kind == "q4" else 8, 64)), "d": ("F16", (scales_length(n, k),))}
     if kind not in ("q2k", "q3k", "q4k", "q5k", "q6k"):

@@ -14,15 +14,16 @@
 extern "C" {
 
 // WEIGHT_Q4K, _Q5K, _Q6K: GGUF's K-quants (project.h: kquant_block); WEIGHT_Q3K, _Q2K: its low-bit ones
-// (project_low.h: low_block); WEIGHT_PARTS: outputs stacked from parts of those or of q4 / q8 (a fused
-// projection whose tensors the file holds in several types)
+// (project_low.h: low_block); WEIGHT_F16, _BF16, _F32R: a GGUF's float tensors as it holds them, 16 outputs
+// a block (project_float.h: float_block); WEIGHT_PARTS: outputs stacked from parts of those or of q4 / q8
+// (a fused projection whose tensors the file holds in several types)
 enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3, WEIGHT_Q4K = 4, WEIGHT_Q5K = 5, WEIGHT_Q6K = 6,
-       WEIGHT_PARTS = 7, WEIGHT_Q3K = 8, WEIGHT_Q2K = 9 };
+       WEIGHT_PARTS = 7, WEIGHT_Q3K = 8, WEIGHT_Q2K = 9, WEIGHT_F16 = 10, WEIGHT_BF16 = 11, WEIGHT_F32R = 12 };
 
 struct Matrix {
   int32_t kind;      // a WEIGHT_ kind
   int64_t n, k, kp;  // outputs, inputs, inputs padded to a multiple of 4 (int8), 32 (q4, q8) or 256 (K-quants)
-  const void* w;     // fp32: panels; int8, q4, q8, K-quants: codes packed as in project.h
+  const void* w;     // fp32: panels; F16 / BF16 / F32 rows: [ceil(n/16)][k][16]; the rest: codes (project*.h)
   const float* scale;  // int8: [n]
   const int32_t* wsum;  // int8: [n]
   const uint16_t* d;    // q4, q8: fp16 scales per group; K-quants: per super-block of 256
@@ -56,13 +57,20 @@ struct Rows {  // the activation rows a projection reads
   const int32_t* xz;
   const float* gs;    // q4, q8: [count, kp/32] each group's scale (xq then holds int8)
   const float* gsum;  // q4, q8: [count, kp/32] each group's sum, gs * sum xq
-  const int32_t* hsum;  // [count, kp/16] the sum of xq over each 16 inputs (Q6_K's offset of 32, Q3_K's 4, Q2_K's mins)
+  const int32_t* hsum;  // [count, kp/16] the sum of xq over each 16 inputs (see reads_hsum)
 };
 
-// the kinds whose activations are int8 per group of 32 (gs, gsum)
-inline bool grouped(const Matrix& m) { return m.kind >= WEIGHT_Q4 && m.kind != WEIGHT_I8; }
+// the kinds that multiply the fp32 activations themselves (F16, BF16, F32 rows): no int8 rows to make
+inline bool floating(const Matrix& m) { return m.kind >= WEIGHT_F16 && m.kind <= WEIGHT_F32R; }
 
-// whether a projection (or one of its parts) is Q6_K, Q3_K or Q2_K, the kinds that read the sums per 16 inputs (hsum)
+// the kinds whose activations are int8 per group of 32 (gs, gsum); parts: where any part's are
+inline bool grouped(const Matrix& m) {
+  if (m.kind == WEIGHT_PARTS) return std::any_of(m.parts, m.parts + m.n_parts, grouped);
+  return m.kind >= WEIGHT_Q4 && m.kind != WEIGHT_I8 && !floating(m);
+}
+
+// whether a projection (or one of its parts) reads the sums per 16 inputs (hsum): Q6_K (its offset of
+// 32), Q3_K (4), Q2_K (its mins)
 inline bool reads_hsum(const Matrix& m) {
   if (m.kind == WEIGHT_PARTS) return std::any_of(m.parts, m.parts + m.n_parts, reads_hsum);
   return m.kind == WEIGHT_Q6K || m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K;

@@ -1,4 +1,4 @@
-// A GGUF tensor's raw blocks -> the kernel's layouts (project.h), every value as the file holds it:
+// A GGUF tensor's raw blocks -> the kernel's layouts (project*.h), every value as the file holds it:
 // what weights/kquant_blocks.py does in numpy (its reference, which the tests hold this to), ~20x
 // faster, so that a first start repacks a 1B model's blocks in about a second. Scalar code, blocks of
 // 16 rows split over an OpenMP team: it runs once per file, the same in both builds.
@@ -10,12 +10,15 @@
 
 namespace {
 
-enum { RAW_Q4_0 = 2, RAW_Q4_1 = 3, RAW_Q5_0 = 6, RAW_Q5_1 = 7, RAW_Q8_0 = 8, RAW_Q2_K = 10, RAW_Q3_K = 11, RAW_Q4_K = 12,
-       RAW_Q5_K = 13, RAW_Q6_K = 14 };
+enum { RAW_F32 = 0, RAW_F16 = 1, RAW_Q4_0 = 2, RAW_Q4_1 = 3, RAW_Q5_0 = 6, RAW_Q5_1 = 7, RAW_Q8_0 = 8, RAW_Q2_K = 10,
+       RAW_Q3_K = 11, RAW_Q4_K = 12, RAW_Q5_K = 13, RAW_Q6_K = 14, RAW_BF16 = 30 };
 
-// a type's bytes a block (of 32 inputs, or 256 for the K-quants); 0 for a type the kernel does not pack
+// a type's bytes a block (of 32 inputs, 256 for the K-quants, one for the floats); 0 for a type the kernel does not pack
 inline int64_t raw_block_bytes(int type) {
   switch (type) {
+    case RAW_F32: return 4;
+    case RAW_F16: return 2;
+    case RAW_BF16: return 2;
     case RAW_Q4_0: return 18;
     case RAW_Q4_1: return 20;
     case RAW_Q5_0: return 22;
@@ -31,6 +34,10 @@ inline int64_t raw_block_bytes(int type) {
 }
 
 inline bool raw_kquant(int type) { return type >= RAW_Q2_K && type <= RAW_Q6_K; }
+inline bool raw_float(int type) { return type == RAW_F32 || type == RAW_F16 || type == RAW_BF16; }
+
+// inputs a block of the type holds
+inline int64_t raw_block_inputs(int type) { return raw_float(type) ? 1 : raw_kquant(type) ? 256 : 32; }
 
 inline uint16_t half_at(const uint8_t* p) {
   uint16_t h;
@@ -49,7 +56,7 @@ inline void scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
 }
 
 struct Packed {  // the arrays one tensor (rows 0..n of a chunk) is packed into (padding zeroed by the caller)
-  uint8_t* w;    // codes: q4 / K-quants [B][G][4][64], q8 [B][G][8][64], Q3_K / Q2_K [B][G][2][64]
+  uint8_t* w;    // codes: q4 / K-quants [B][G][4][64], q8 [B][G][8][64], Q3_K / Q2_K [B][G][2][64]; floats [B][k][16]
   uint8_t* hi;   // Q5_K / Q3_K [B][G][64], Q6_K [B][G][2][64]
   uint16_t* d;   // q4 / q8 [B][G][16]; K-quants [B][SB][16]
   uint16_t* m;   // mins: Q4_1 / Q5_1 [B][G][16]; Q4_K / Q5_K / Q2_K dmin [B][SB][16]
@@ -126,10 +133,23 @@ inline void put_group(const Packed& p, int type, int64_t at, int64_t o, const ui
       }
 }
 
+// a float row's k elements of kBytes each into every 16th slot from dst
+template <int kBytes>
+inline void place_elements(uint8_t* dst, const uint8_t* row, int64_t k) {
+  for (int64_t i = 0; i < k; i++) std::memcpy(dst + i * 16 * kBytes, row + i * kBytes, kBytes);
+}
+
 // output row r (its raw bytes `row`) into p
 inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t block, const Packed& p) {
   const int64_t groups = k / 32, supers = k / 256;
   const int64_t b = r / 16, o = r % 16;
+  if (raw_float(type)) {  // F32 / F16 / BF16: each element as it is, input i of the block's 16 outputs side by side
+    if (block == 4)
+      place_elements<4>(p.w + (b * k * 16 + o) * 4, row, k);
+    else
+      place_elements<2>(p.w + (b * k * 16 + o) * 2, row, k);
+    return;
+  }
   if (!raw_kquant(type)) {
     for (int64_t g = 0; g < groups; g++) {
       const uint8_t* x = row + g * block;
@@ -195,7 +215,7 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
 int pack_rows(int type, const uint8_t* raw, int64_t n, int64_t k, const Packed& p) {
   const int64_t block = raw_block_bytes(type);
   if (!block) return 1;
-  const int64_t row_bytes = (raw_kquant(type) ? k / 256 : k / 32) * block;
+  const int64_t row_bytes = k / raw_block_inputs(type) * block;
 #pragma omp parallel for schedule(static)  // blocks of 16 rows: each writes bytes of its own only
   for (int64_t b = 0; b < (n + 15) / 16; b++)
     for (int64_t r = b * 16; r < std::min(n, b * 16 + 16); r++) pack_row(type, raw + r * row_bytes, r, k, block, p);

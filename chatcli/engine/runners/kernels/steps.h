@@ -7,6 +7,11 @@
 #include <cstring>
 
 #include "common.h"
+#if defined(__AVX512F__)  // the kinds added since decode.cpp's own includes: GGUF's float tensors
+#include "project_float.h"
+#else
+#include "project_float_avx2.h"
+#endif
 
 namespace {
 
@@ -43,6 +48,18 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
   else if (m.kind == WEIGHT_Q2K)
     split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
       low_block<decltype(r)::value, WEIGHT_Q2K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_F16)
+    split<kFloatRows>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      float_block<decltype(r)::value, WEIGHT_F16>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_BF16)
+    split<kFloatRows>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      float_block<decltype(r)::value, WEIGHT_BF16>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_F32R)
+    split<kFloatRows>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      float_block<decltype(r)::value, WEIGHT_F32R>(m, b, in, s, y, ldy, accumulate);
     });
   else if (m.kind == WEIGHT_Q4)
     split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
@@ -113,11 +130,27 @@ inline void dequantize_low_row(const Matrix& m, int64_t r, float scale, float* o
   }
 }
 
-// row r of a q4 / q8 (or K-quant) matrix, dequantized into out [k], times `scale`: the embedding of a
-// grouped file, read from its blocks (a tied model's head), so that a lookup touches no other copy
+// row r of an F16 / BF16 / F32 matrix (project_float.h) into out [k], times `scale` (see dequantize_row)
+inline void float_row(const Matrix& m, int64_t r, float scale, float* out) {
+  const int64_t at = r / 16 * m.k * 16 + r % 16;
+  for (int64_t i = 0; i < m.k; i++) {
+    float v;
+    if (m.kind == WEIGHT_F32R)
+      v = static_cast<const float*>(m.w)[at + i * 16];
+    else if (m.kind == WEIGHT_F16)
+      v = half_to_float(static_cast<const uint16_t*>(m.w)[at + i * 16]);
+    else
+      v = bf16_to_float(static_cast<const uint16_t*>(m.w)[at + i * 16]);
+    out[i] = v * scale;
+  }
+}
+
+// row r of a q4 / q8 (or K-quant, or float) matrix, dequantized into out [k], times `scale`: the embedding
+// of a grouped file, read from its blocks (a tied model's head), so that a lookup touches no other copy
 inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) {
   if (m.kind >= WEIGHT_Q4K && m.kind <= WEIGHT_Q6K) return dequantize_kquant_row(m, r, scale, out);
   if (m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K) return dequantize_low_row(m, r, scale, out);
+  if (floating(m)) return float_row(m, r, scale, out);
   const int64_t groups = m.kp / 32, b = r / 16, o = r % 16;
   const int quads = m.kind == WEIGHT_Q8 ? 8 : 4;
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * quads * 64;

@@ -1,0 +1,108 @@
+"""GGUF files with F16, BF16 (and F32) tensors read directly (gguf_lean, kquant_blocks' `f16` / `bf16` /
+`f32`), as tests/test_gguf_low_bits.py does for Q3_K and Q2_K.
+
+Tiny random models written as llama.cpp's F16 / BF16 GGUFs, and a Q4_K_M-like file that keeps its
+output and embedding in F16: the native runner over the file's own tensors gives the logits of
+transformers over the same weights (each as the file holds it) — within fp32 rounding where every
+projection is a float one, within the int8 activations' rounding beside quantized ones — over a
+prefill and decode steps; a draft's logits are bit-equal to single steps' in each kernel build; and
+the lean file stays within 1.1x of the GGUF's bytes (no fp32 copy of a 16-bit tensor).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from chatcli.engine.runners import kernels
+from chatcli.engine.weights.gguf_file import GGUFFile
+from chatcli.engine.weights.lean_file import LeanWeights
+from tests.gguf_models import Q4_K_M, fake_quantized, tiny, uniform
+from tests.test_gguf_low_bits import IDS, direct_runner
+
+
+def Q4_K_M_F16_OUT(name: str, shape: tuple[int, ...], *, n_layers: int | None = None, has_output: bool = True) -> str:
+    """Q4_K_M with the output and the embedding kept in F16 (llama.cpp's --output-tensor-type f16
+    --token-embedding-type f16, as some uploads are made)."""
+    if name in ("output.weight", "token_embd.weight"):
+        return "F16"
+    return Q4_K_M(name, shape, n_layers=n_layers, has_output=has_output)
+
+
+Q4_K_M_F16_OUT.file_type = "MOSTLY_Q4_K_M"
+
+CASES = [  # (family, tied, types, bound on the largest logit error over the largest logit)
+    ("llama", True, uniform("F16"), 1e-4),
+    ("llama", False, uniform("BF16"), 1e-4),
+    ("qwen2", False, uniform("F16"), 1e-4),
+    ("qwen3", True, uniform("BF16"), 1e-4),
+    ("llama", True, uniform("F32"), 1e-4),
+    ("llama", True, Q4_K_M_F16_OUT, 0.04),
+    ("llama", False, Q4_K_M_F16_OUT, 0.04),
+]
+
+
+def ids(case) -> str:
+    """A case's id: a chooser's name, `uniform`'s by its file type."""
+    name = getattr(case, "__name__", str(case))
+    return case.file_type if name == "choose" else name
+
+
+@pytest.mark.parametrize(("family", "tied", "types", "bound"), CASES, ids=ids)
+def test_a_float_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family, tied, types, bound):
+    model = tiny(family, tied)
+    runner = direct_runner(model, types, tmp_path)
+    written = fake_quantized(model, types)  # the reference: transformers over the weights as the file holds them
+    assert {"F16", "BF16", "F32"} & set(written.values())
+    assert runner.config.types and set(runner.config.types.split("+")) == set(written.values())
+    with torch.no_grad():
+        want = model(torch.tensor([IDS])).logits[0].numpy()  # [S, V]
+    cache = runner.new_cache()
+    got = np.concatenate([runner.verify(IDS[:8], cache), *(runner.verify([t], cache) for t in IDS[8:])])
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < bound * scale, (np.abs(got - want).max(), scale)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= (1.0 if bound < 1e-3 else 0.75)
+
+
+@pytest.fixture(params=list(kernels.BUILDS))
+def build(request, monkeypatch):
+    """Each build this CPU runs, in place of `kernels.library()`."""
+    from tests.test_kernel_builds import loaded_build
+
+    lib = loaded_build(request.param)
+    monkeypatch.setattr(kernels, "library", lambda: lib)
+    return request.param
+
+
+@pytest.mark.parametrize(("family", "tied", "types", "_bound"), [CASES[0], CASES[1], CASES[5]], ids=ids)
+def test_a_float_draft_gives_the_bits_of_single_steps(build, tmp_path, family, tied, types, _bound):
+    runner = direct_runner(tiny(family, tied), types, tmp_path)
+    one = runner.new_cache()
+    steps = [runner.forward(IDS[:4], one)] + [runner.forward([t], one) for t in IDS[4:9]]
+    other = runner.new_cache()
+    runner.forward(IDS[:3], other)
+    drafted = runner.verify(IDS[3:9], other)  # [6, V]
+    assert all(np.array_equal(a, b) for a, b in zip(steps, drafted, strict=True))
+    other.crop(5)  # a crop, then the same tokens again
+    assert np.array_equal(runner.verify(IDS[5:9], other), drafted[2:])
+
+
+@pytest.mark.parametrize(
+    ("types", "kinds", "bound"),
+    [
+        (uniform("F16"), {"F16"}, 1.01),
+        (uniform("BF16"), {"BF16"}, 1.01),
+        (Q4_K_M_F16_OUT, {"F16", "Q4_K", "Q6_K"}, 1.1),
+    ],
+    ids=ids,
+)
+def test_the_lean_file_of_float_tensors_stays_near_the_ggufs_size(kernel, tmp_path, types, kinds, bound):
+    model = tiny("llama", False)
+    direct_runner(model, types, tmp_path)
+    weights = LeanWeights(tmp_path / "gguf.safetensors", "gguf", "test")
+    assert set(weights.config.types.split("+")) == kinds
+    keys = ("w", "hi", "d", "m", "sc", "sm")
+    blocks = sum(i.nbytes for n, i in weights.file.tensors.items() if n.split(".")[-1] in keys)
+    in_file = sum(t.n_bytes for t in GGUFFile(tmp_path / "model.gguf").tensors.values() if len(t.shape) == 2)
+    assert blocks <= bound * in_file, blocks / in_file
