@@ -64,7 +64,9 @@ def test_while_loading_only_that_is_said():
 
 class _Worker:
     served = cancelled = failed = pending = running = 0
+    parallel = 1
     tokens = {"prompt": 0, "cached": 0, "prefilled": 0, "generated": 0}
+    engine = None
 
 
 class _Pool:

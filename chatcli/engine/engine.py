@@ -84,6 +84,13 @@ class Engine:
     def models(self) -> list[str]:
         return [self.name]
 
+    def batched(self) -> Engine:
+        """This model for several turns at once, each in its own thread (serve's slots): their forward
+        calls run together as one batch, each reply the bits it gets alone (`runners.batched`)."""
+        from chatcli.engine.runners.batched import BatchedRunner
+
+        return Engine(BatchedRunner(self.runner), self.tokenizer, self.name)
+
     @functools.cached_property
     def grammar(self) -> TokenGrammar:
         """The tokenizer's side of constrained decoding, built on the first structured request."""

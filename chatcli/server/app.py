@@ -7,8 +7,9 @@
     GET  /health                liveness, queue depth and cache pool numbers (open without the key)
 
 `create_app(engine, ...)` builds it (tests pass the tiny engine; `chatcli serve`
-the loaded model). One `GenerationWorker` thread runs the engine, one request at a
-time; each response waits on its own asyncio queue, fed from that thread with
+the loaded model). A `GenerationWorker` runs the engine, `parallel` requests at once (its slots,
+their steps batched; by default 4 where the kernel batches, else 1: `worker.slots_for`); each
+response waits on its own asyncio queue, fed from its slot's thread with
 `loop.call_soon_threadsafe`, while a watcher task listens for the client's
 disconnect and sets the job's cancel event. Errors are OpenAI-shaped JSON:
 400 for bad input, 401 without the API key, 403 for a Host a loopback server does not answer
@@ -46,7 +47,7 @@ from chatcli.server.hosts import is_loopback
 from chatcli.server.legacy import TextCompletionResponse, parse_completion
 from chatcli.server.respond import TRUNCATED_HEADER, CompletionResponse
 from chatcli.server.schema import APIError
-from chatcli.server.worker import GenerationWorker
+from chatcli.server.worker import GenerationWorker, slots_for
 
 log = logging.getLogger("chatcli.server")
 
@@ -204,6 +205,7 @@ def create_app(
     defaults: SamplingParams | None = None,
     pool: SessionPool | None = None,
     max_pending: int = 64,
+    parallel: int | None = None,
     cors_origins: tuple[str, ...] = (),
     allowed_hosts: tuple[str, ...] | None = None,
     body_timeout: float = BODY_TIMEOUT,
@@ -212,6 +214,7 @@ def create_app(
     Or, with `engine` None, for the engine `load()` returns: called in a thread when the app starts,
     the routes answer 503 (`/health` {"status": "loading"}) until it is there; a load that raises
     leaves them at 503 with its message, which `on_load_failure` also gets (`chatcli serve` stops).
+    `parallel`: the requests generated at once (None: `worker.slots_for`'s default).
     `cors_origins`: the web origins whose pages may call it (`*`: any); none by default.
     `allowed_hosts`: the only `Host` names answered (`HostCheck`; `chatcli serve` on loopback); None: any."""
     if (engine is None) == (load is None):
@@ -222,7 +225,7 @@ def create_app(
 
     def attach(found: Engine, start: bool = False) -> Backend:
         pooled = pool or SessionPool(found.new_session, cache_budget_bytes)
-        worker = GenerationWorker(found, pooled, max_pending)
+        worker = GenerationWorker(found, pooled, max_pending, slots_for(found, parallel))
         backend = Backend(found, pooled, worker, getattr(found, "tokenizer", None))
         app.state.engine, app.state.pool, app.state.worker = found, pooled, backend.worker
         if start:

@@ -68,6 +68,13 @@ def _fail(message: str, code: int = 1):
     help="Requests running or waiting before more get a 503.",
 )
 @click.option(
+    "--parallel",
+    type=click.IntRange(1, 64),
+    default=None,
+    metavar="N",
+    help="Requests generated at once, their steps batched [default: 4 where the compiled kernel runs, else 1].",
+)
+@click.option(
     "--log-level", default="info", show_default=True, help="uvicorn's log level: debug, info, warning, error."
 )
 @click.option(
@@ -77,7 +84,7 @@ def _fail(message: str, code: int = 1):
     help="Web origins whose pages may call the server, comma-separated ('*': any). Off by default.",
 )
 def serve_command(
-    host, port, api_key, model, max_body_bytes, cache_budget, max_queue, log_level, cors_origins, **load
+    host, port, api_key, model, max_body_bytes, cache_budget, max_queue, parallel, log_level, cors_origins, **load
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
     from chatcli.config import ConfigError, load_config
@@ -113,6 +120,7 @@ def serve_command(
         cache_budget_bytes=cache_budget,
         defaults=start.params,
         max_queue=max_queue,
+        parallel=parallel,
         log_level=log_level,
         cors_origins=origins,
     )
@@ -151,6 +159,7 @@ def serve(
     cache_budget_bytes: int | None = None,
     defaults=None,
     max_queue: int = 64,
+    parallel: int | None = None,
     log_level: str = "info",
     cors_origins: tuple[str, ...] = (),
 ) -> None:
@@ -181,6 +190,7 @@ def serve(
         cache_budget_bytes=cache_budget_bytes,
         defaults=defaults,
         max_pending=max_queue,
+        parallel=parallel,
         cors_origins=cors_origins,
         allowed_hosts=LOOPBACK_HOSTS if is_loopback(host) else None,
     )

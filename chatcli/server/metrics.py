@@ -37,8 +37,12 @@ def exposition(model: str | None, worker=None, pool=None) -> str:
         [(f'{{outcome="{k}"}}', v) for k, v in outcomes.items()],
     )
     metric("requests_pending", "gauge", "Requests queued or generating.", [("", worker.pending)])
-    metric("slots_total", "gauge", "Requests generated at once.", [("", 1)])
+    metric("slots_total", "gauge", "Requests generated at once at most (--parallel).", [("", worker.parallel)])
     metric("slots_busy", "gauge", "Slots generating now.", [("", worker.running)])
+    runner = getattr(worker.engine, "runner", None)
+    if hasattr(runner, "batches"):  # the slots' steps, run as batches
+        metric("batches_total", "counter", "Forward calls of the slots' steps, batched.", [("", runner.batches)])
+        metric("batch_rows_total", "counter", "Rows (tokens) in those calls.", [("", runner.rows)])
     tokens = worker.tokens
     metric("prompt_tokens_total", "counter", "Prompt tokens of the turns served.", [("", tokens["prompt"])])
     metric("prompt_cached_tokens_total", "counter", "Prompt tokens read from the KV cache.", [("", tokens["cached"])])

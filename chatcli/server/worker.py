@@ -1,6 +1,8 @@
-"""The generation thread: the sync engine serves one request at a time, off the event loop.
+"""The generation threads: the sync engine serves `parallel` requests at once (its slots), off the event loop.
 
-Requests are `Job`s in a FIFO queue. The one worker thread takes a job, templates
+Requests are `Job`s in a FIFO queue, taken in order by the slots' threads. With more than one slot the
+engine's runner is shared through a `BatchedRunner`: the slots' steps run as one batch, every weight
+read once for all of them, each reply the bits it gets alone. A slot's thread takes a job, templates
 its messages once (`engine.fit_prompt`; a raw completion's prompt ids as they are), leases the
 session with the longest cached prefix from the pool, drives `Engine.complete` over those ids,
 and hands every event to the job's
@@ -20,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from chatcli.engine import (
@@ -68,26 +71,41 @@ class Job:
         return target, dropped
 
 
+DEFAULT_PARALLEL = 4  # slots where the runner batches (the kernel's); one elsewhere
+
+
+def slots_for(engine: Engine, asked: int | None) -> int:
+    """`--parallel`, or by default 4 where the runner runs several sequences in one call, else 1 (the
+    torch runners would take the slots' steps one by one: interleaved, no faster)."""
+    if asked is not None:
+        return max(1, asked)
+    return DEFAULT_PARALLEL if hasattr(engine.runner, "forward_batch") else 1
+
+
 class GenerationWorker:
-    def __init__(self, engine: Engine, pool: SessionPool, max_pending: int = 64) -> None:
+    def __init__(self, engine: Engine, pool: SessionPool, max_pending: int = 64, parallel: int = 1) -> None:
+        self.parallel = max(1, parallel)  # slots: requests generated at once
+        if self.parallel > 1:  # the slots' steps in one batch (the app's engine keeps its plain runner)
+            engine = engine.batched()
         self.engine = engine
         self.pool = pool
         self.max_pending = max_pending  # running + queued; more are refused with a 503
         self._closing = False
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._state = threading.Condition()
         self._pending = 0  # submitted, not yet done
         self.history: deque[dict] = deque(maxlen=64)  # the latest turns: finish reason and stats
         self.served = self.cancelled = self.failed = 0
-        self.running = 0  # jobs generating now (one slot: 0 or 1)
+        self.running = 0  # jobs generating now (at most `parallel`)
         self.tokens = {"prompt": 0, "cached": 0, "prefilled": 0, "generated": 0}  # since start, for /metrics
 
     def start(self) -> None:
-        with self._state:  # the app's load thread and a first request may both start it: one thread
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="chatcli-generate", daemon=True)
-                self._thread.start()
+        with self._state:  # the app's load thread and a first request may both start them: once
+            while len(self._threads) < self.parallel:
+                name = f"chatcli-generate-{len(self._threads)}"
+                self._threads.append(threading.Thread(target=self._loop, name=name, daemon=True))
+                self._threads[-1].start()
 
     def submit(self, job: Job) -> bool:
         """Queue `job`; False (and nothing queued) when the queue is full or the worker is closing."""
@@ -100,12 +118,15 @@ class GenerationWorker:
         return True
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop after the current job; jobs still queued are answered with a 503, not run."""
+        """Stop after the current jobs; jobs still queued are answered with a 503, not run."""
         self._closing = True
-        if self._thread is not None:
+        with self._state:
+            threads, self._threads = self._threads, []
+        for _ in threads:
             self._jobs.put(None)
-            self._thread.join(timeout)
-            self._thread = None
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def pending(self) -> int:
@@ -124,14 +145,15 @@ class GenerationWorker:
             if job is None:
                 return
             try:
-                self.running = 1
+                with self._state:
+                    self.running += 1
                 self._run(job)
             except Exception:  # noqa: BLE001 - never let one request end the thread
                 log.exception("generation failed")
                 self._emit(job, Failed(APIError(500, "internal error in the generation thread", type="server_error")))
             finally:
-                self.running = 0
                 with self._state:
+                    self.running -= 1
                     self._pending -= 1
                     self._state.notify_all()
 
@@ -143,7 +165,7 @@ class GenerationWorker:
 
     def _run(self, job: Job) -> None:
         if job.cancel.is_set():  # the client left while queued
-            self.cancelled += 1
+            self._count("cancelled")
             self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
             return
         if self._closing:
@@ -155,12 +177,12 @@ class GenerationWorker:
         try:
             target, dropped = job.target(self.engine)
         except ContextOverflow as exc:
-            self.failed += 1
+            self._count("failed")
             param = "messages" if job.prompt is None else "prompt"
             self._emit(job, Failed(APIError(400, str(exc), param, "context_length_exceeded")))
             return
         except Exception as exc:  # noqa: BLE001 - e.g. a chat template that rejects the roles
-            self.failed += 1
+            self._count("failed")
             self._emit(
                 job, Failed(APIError(400, f"the chat template rejected the messages: {one_line(exc)}", "messages"))
             )
@@ -168,37 +190,41 @@ class GenerationWorker:
         templated = time.perf_counter() - t_submit
         lease = self.pool.acquire(target)
         ok, failure = False, None
+        slot = getattr(self.engine.runner, "slot", None)  # a BatchedRunner's: the others' steps wait for ours
         try:
-            # TTFT counts the templating, not the lease (as when the engine templated the turn itself)
-            turn = self.engine.complete(
-                target, lease.session, job.params, job.cancel, dropped, time.perf_counter() - templated
-            )
-            for event in turn:
-                self._emit(job, event)
-                if isinstance(event, Finished):
-                    self._record(event, lease.how)
+            with slot() if slot is not None else nullcontext():
+                # TTFT counts the templating, not the lease (as when the engine templated the turn itself)
+                turn = self.engine.complete(
+                    target, lease.session, job.params, job.cancel, dropped, time.perf_counter() - templated
+                )
+                for event in turn:
+                    self._emit(job, event)
+                    if isinstance(event, Finished):
+                        self._record(event, lease.how)
             ok = True
         except GrammarError as exc:  # the schema failed the grammar engine past its first steps: the request's fault
             log.warning("response_format refused: %s", exc)
-            self.failed += 1
+            self._count("failed")
             failure = Failed(APIError(400, str(exc), "response_format", "invalid_value"))
         except Exception as exc:  # noqa: BLE001 - reported to the client as one line
             log.exception("generation failed")
-            self.failed += 1
+            self._count("failed")
             failure = Failed(APIError(500, f"generation failed: {one_line(exc)}", type="server_error"))
         finally:
             self.pool.release(lease, ok)  # before the client hears of a failure: the pool is settled
         if failure is not None:
             self._emit(job, failure)
 
+    def _count(self, outcome: str) -> None:
+        with self._state:  # the slots' threads count into the same totals
+            setattr(self, outcome, getattr(self, outcome) + 1)
+
     def _record(self, done: Finished, how: LeaseKind) -> None:
-        if done.finish_reason == FinishReason.CANCELLED:
-            self.cancelled += 1
-        else:
-            self.served += 1
-        self.history.append({"finish_reason": done.finish_reason, "pool": how, **done.stats.to_dict()})
-        s, counted = done.stats, self.tokens
-        counted["prompt"] += s.prompt_tokens or 0
-        counted["cached"] += s.cached_tokens or 0
-        counted["prefilled"] += s.prefill_tokens or 0
-        counted["generated"] += s.completion_tokens
+        self._count("cancelled" if done.finish_reason == FinishReason.CANCELLED else "served")
+        with self._state:
+            self.history.append({"finish_reason": done.finish_reason, "pool": how, **done.stats.to_dict()})
+            s, counted = done.stats, self.tokens
+            counted["prompt"] += s.prompt_tokens or 0
+            counted["cached"] += s.cached_tokens or 0
+            counted["prefilled"] += s.prefill_tokens or 0
+            counted["generated"] += s.completion_tokens

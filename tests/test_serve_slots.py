@@ -1,0 +1,154 @@
+"""serve's slots (`--parallel N`): requests generated at once, their steps run as one batch of the kernel
+(`runners.batched.BatchedRunner` over `NativeRunner.forward_batch`).
+
+Every request gets the reply it gets alone (greedy and seeded, streaming or not, a JSON-schema request
+beside free ones, through the real `openai` client, 16 at once), the steps really ran together (a
+batch held several sequences), and a client that leaves mid-batch frees its slot at the next step while
+the others' replies stay whole.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from chatcli.engine.engine import Finished
+from chatcli.engine.sample.sampling import SamplingParams
+from tests.servers import TIMEOUT, USER, alone
+
+PROMPTS = ["Hello", "café naïve", "def main():", "quick brown fox", "中文测试", "Emoji 🙂", "tabs\tand", "France?"]
+
+
+@pytest.fixture
+def native(tiny_loaded, kernel):
+    """The tiny model on the compiled kernel (whose runner batches), fp32 cache."""
+    from chatcli.engine.load.hf import build_engine
+
+    return build_engine(tiny_loaded, runner="lean", kv_dtype="float32", kernel=True)
+
+
+def request(i: int, prompt: str) -> dict:
+    return {"messages": [{"role": "user", "content": prompt}], "temperature": 0 if i % 2 else 1.0, "seed": i}
+
+
+def test_the_default_is_four_slots_where_the_kernel_batches_and_one_elsewhere(native, tiny_lean):
+    from chatcli.server.worker import slots_for
+
+    assert slots_for(native, None) == 4 and slots_for(tiny_lean, None) == 1 and slots_for(tiny_lean, 3) == 3
+
+
+def test_sixteen_openai_clients_at_once_each_get_the_reply_they_get_alone(native, serve):
+    from openai import OpenAI
+
+    bodies = [request(i, PROMPTS[i % 8] + " " * (i // 8)) for i in range(16)]
+    expected = [
+        alone(native, b["messages"], temperature=b["temperature"], seed=b["seed"], max_tokens=20) for b in bodies
+    ]
+    server = serve(native, parallel=4)
+    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
+    barrier = threading.Barrier(len(bodies))
+
+    def run(i: int) -> str:
+        barrier.wait(TIMEOUT)
+        b = bodies[i]
+        if i % 3 == 0:  # a third stream
+            stream = client.chat.completions.create(model="local", max_tokens=20, stream=True, **b)
+            return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        return client.chat.completions.create(model="local", max_tokens=20, **b).choices[0].message.content
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(pool.map(run, range(len(bodies))))
+    assert replies == expected
+    runner = server.worker.engine.runner
+    assert runner.widest > 1, "no step ran two requests together"
+    assert server.worker.served == 16 and server.worker.running == 0
+
+
+def test_a_schema_request_beside_free_ones(native, serve):
+    from chatcli.engine.params import ResponseFormat
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    constrained = alone(
+        native, USER, temperature=0, max_tokens=24, response_format=ResponseFormat.json_schema(schema, "n")
+    )
+    free = [alone(native, [{"role": "user", "content": p}], temperature=0, max_tokens=24) for p in PROMPTS[:3]]
+    server = serve(native, parallel=4)
+    bodies = [{"messages": USER, "temperature": 0, "max_tokens": 24, "response_format": fmt}] + [
+        {"messages": [{"role": "user", "content": p}], "temperature": 0, "max_tokens": 24} for p in PROMPTS[:3]
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda b: server.post(b).json()["choices"][0]["message"]["content"], bodies))
+    assert replies == [constrained, *free]
+
+
+def test_a_client_that_leaves_mid_batch_frees_its_slot_and_spares_the_others(native, serve):
+    native.tokenizer.stop_ids = frozenset()  # replies that run their whole length
+    expected = [alone(native, [{"role": "user", "content": p}], temperature=0, max_tokens=60) for p in PROMPTS[:3]]
+    server = serve(native, parallel=4)
+    worker = server.worker
+    body = {"messages": USER, "temperature": 0, "max_tokens": 100_000, "stream": True}
+
+    def others() -> list[str]:
+        bodies = [
+            {"messages": [{"role": "user", "content": p}], "temperature": 0, "max_tokens": 60} for p in PROMPTS[:3]
+        ]
+        with ThreadPoolExecutor(3) as pool:
+            return list(pool.map(lambda b: server.post(b).json()["choices"][0]["message"]["content"], bodies))
+
+    with (
+        httpx.Client(timeout=TIMEOUT) as http,
+        http.stream("POST", server.url + "/v1/chat/completions", json=body) as r,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")  # the endless one is running
+        replies = pool.submit(others)
+        deadline = time.monotonic() + TIMEOUT
+        while worker.running < 4:  # all four slots busy: the leaver shares batches with the others
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    # the stream is closed here, mid-batch
+    assert replies.result(TIMEOUT) == expected
+    assert worker.wait_idle(30) and worker.running == 0 and worker.cancelled == 1
+    after = server.post({"messages": USER, "temperature": 0, "max_tokens": 6}).json()
+    assert after["choices"][0]["message"]["content"] == alone(native, USER, temperature=0, max_tokens=6)
+
+
+def test_a_failing_sequence_fails_alone(native):
+    """A batch that raises runs its calls one by one: only the bad one's turn fails."""
+    from chatcli.engine.kv.pool import SessionPool
+    from chatcli.server.worker import Failed, GenerationWorker, Job
+
+    worker = GenerationWorker(native, SessionPool(native.new_session, 1 << 30), parallel=2)
+    runner = worker.engine.runner
+    batched, bad = runner.runner.forward_batch, 40  # a token id the tiny vocabulary reads, made to fail
+    alone_forward = runner.runner.forward
+
+    def failing_batch(requests):
+        if any(bad in ids for ids, _cache, _every in requests):
+            raise IndexError("bad id")
+        return batched(requests)
+
+    def failing_forward(ids, cache):
+        if bad in ids:
+            raise IndexError("bad id")
+        return alone_forward(ids, cache)
+
+    runner.runner.forward_batch, runner.runner.forward = failing_batch, failing_forward
+    got: list[list] = [[], []]
+    params = SamplingParams(temperature=0, max_tokens=12)
+    good_ids = native.tokenizer.encode_chat(USER)
+    assert worker.submit(Job([], params, got[0].append, prompt=good_ids))
+    assert worker.submit(Job([], params, got[1].append, prompt=[*good_ids[:-1], bad]))
+    assert worker.wait_idle(30)
+    worker.close()
+    runner.runner.forward_batch, runner.runner.forward = batched, alone_forward
+    assert isinstance(got[1][-1], Failed) and got[1][-1].error.status == 500
+    assert isinstance(got[0][-1], Finished)
+    want = list(native.complete(good_ids, native.new_session(), params))[-1]
+    assert got[0][-1].reply == want.reply
