@@ -4,14 +4,14 @@ or an agent's parallel calls, get from it.
     python benchmarks/serve_load.py [--model PATH] [--clients 1,4,8] [--tokens 64] [--json]
     python benchmarks/serve_load.py --model FILE.gguf --llama-server PATH  # llama-server -np N beside it
 
-For each number of clients the server is started once (`chatcli serve`, or `llama-server -np N`
-on the same GGUF where a binary is given or on PATH), warmed with one request, then N threads
-each send one streamed chat completion at once (greedy, `--tokens` tokens, `ignore_eos`-free:
-a prompt that asks for a long answer, different per client so no prefix is shared). Reported:
-the aggregate decode rate (all tokens / the wall time from the first request to the last token),
-each client's own rate (median), and time to first token (p50, p95). The OpenAI-compatible
-`stream_options.include_usage` gives the token counts where the server sends them, else the
-streamed chunks are counted.
+For each number of clients N the server is started once with a slot a client (`chatcli serve
+--parallel N`, or `llama-server -np N` on the same GGUF where a binary is given or on PATH), warmed
+with one request, then N threads each send one streamed chat completion at once (greedy, `--tokens`
+tokens, `ignore_eos`-free: a prompt that asks for a long answer, different per client so no prefix
+is shared). Reported: the aggregate decode rate (all tokens / the wall time from the first request
+to the last token), each client's own rate (median), and time to first token (p50, p95). The OpenAI-
+compatible `stream_options.include_usage` gives the token counts where the server sends them, else
+the streamed chunks are counted.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def free_port() -> int:
 def start_server(kind: str, model: str | None, clients: int, threads: int, binary: str | None):
     port = free_port()
     if kind == "chatcli":
-        argv = [sys.executable, "-m", "chatcli", "serve", "--port", str(port)] + (["--model", model] if model else [])
+        argv = [sys.executable, "-m", "chatcli", "serve", "--port", str(port), "--parallel", str(clients)]
+        argv += ["--model", model] if model else []  # a slot a client, as llama-server's -np below
     else:
         argv = [binary, "-m", model, "--port", str(port), "-np", str(clients), "-t", str(threads)]
         argv += ["-c", str(2048 * clients)]  # each slot a context of its own

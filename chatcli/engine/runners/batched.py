@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-WAIT_S = 0.003  # the longest a call waits for the other running turns' calls of its step
+WAIT_S = 0.015  # the longest a call waits for the other running turns' calls of its step
 
 
 @dataclass
