@@ -1,4 +1,5 @@
-"""A test-only quantizer for llama.cpp's K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), and random valid blocks.
+"""A test-only quantizer for llama.cpp's K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_NL / IQ4_XS, and
+random valid blocks.
 
 The `gguf` package dequantizes every type but quantizes only the 32-wide ones (Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0) and F16 / BF16; tests that need GGUF files with K-quant tensors get them here. The
@@ -10,12 +11,17 @@ here is checked by dequantizing it there). Super-blocks are 256 weights of one r
     Q6_K (210 bytes): ql[128] | qh[64] | scales[16] (int8) | d (fp16)  w = d sc_j (q - 32), 16 x 16, q 0..63
     Q3_K (110 bytes): hmask[32] | qs[64] | scales[12] | d (fp16)       w = d (sc_j - 32) (q - 4), 16 x 16, q 0..7
     Q2_K (84 bytes):  scales[16] | qs[64] | d, dmin (fp16)             w = d sc_j q - dmin m_j, 16 x 16, q 0..3
+    IQ4_XS (136 bytes): d (fp16) | scales_h (uint16) | scales_l[4] | qs[128]
+                      w = d (sc_j - 32) T[q], 8 x 32, q 0..15 an index into IQ4_VALUES (T), sc_j 6 bits
+    and, 32 weights a block, IQ4_NL (18 bytes): d (fp16) | qs[16]   w = d T[q] (qs as Q4_0's)
 
 The scheme is deliberately simple, not llama.cpp's rounding search: with mins (Q2_K, Q4_K, Q5_K)
 each sub-block's range [min(x, 0), max(x)] is cut into equal steps, the sub-block scales and mins
 quantized against the super-block's fp16 d / dmin (the mins first, the scales then fitted to what
 the quantized min leaves); without (Q3_K, Q6_K) the value of largest magnitude maps to the most
-negative code (-4 / -32), as llama.cpp does, and the signed scales are quantized against fp16 d.
+negative code (-4 / -32), as llama.cpp does, and the signed scales are quantized against fp16 d. IQ4:
+the value of largest magnitude maps to the table's -127 (IQ4_XS: each group's scale then quantized
+against fp16 d to -32..31), every weight to the nearest table value at that scale.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import numpy as np
 
 QK_K = 256
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+IQ4_TYPES = {"IQ4_NL": 32, "IQ4_XS": QK_K}  # weights a block
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 CHUNK = 1 << 14  # super-blocks quantized at a time: bounds the temporaries (a few times 16 MiB)
 
 
@@ -37,23 +45,24 @@ def block_bytes(type_name: str) -> tuple[int, int]:
 def quantize(weights: np.ndarray, type_name: str) -> np.ndarray:
     """`weights [..., k]` (float) as raw blocks of `type_name`: uint8 `[..., k // block * block_bytes]`.
 
-    The K-quants are quantized here (k a multiple of 256); any other type goes to
+    The K-quants (k a multiple of 256) and IQ4_NL / IQ4_XS are quantized here; any other type goes to
     `gguf.quants.quantize` (which returns F32 / F16 arrays as floats, not bytes)."""
     import gguf
 
-    if type_name not in K_TYPES:
+    if type_name not in K_TYPES and type_name not in IQ4_TYPES:
         return gguf.quants.quantize(np.asarray(weights, np.float32), gguf.GGMLQuantizationType[type_name])
     weights = np.asarray(weights, np.float32)
     *lead, k = weights.shape
-    if k % QK_K:
-        raise ValueError(f"{type_name} needs rows that are a multiple of {QK_K} wide, not {k}")
-    blocks = weights.reshape(-1, QK_K)
+    width = IQ4_TYPES.get(type_name, QK_K)
+    if k % width:
+        raise ValueError(f"{type_name} needs rows that are a multiple of {width} wide, not {k}")
+    blocks = weights.reshape(-1, width)
     size = block_bytes(type_name)[1]
     out = np.empty((len(blocks), size), np.uint8)
     encode = _ENCODERS[type_name]
     for start in range(0, len(blocks), CHUNK):
         out[start : start + CHUNK] = encode(blocks[start : start + CHUNK])
-    return out.reshape(*lead, k // QK_K * size)
+    return out.reshape(*lead, k // width * size)
 
 
 def random_blocks(n: int, k: int, type_name: str, rng: np.random.Generator) -> np.ndarray:
@@ -91,6 +100,8 @@ FP16_OFFSETS = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
 }
 
 
@@ -209,4 +220,44 @@ def _q2_k(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([scales, _crumbs(q.reshape(len(q), QK_K)), _fp16_bytes(d), _fp16_bytes(dmin)], axis=1)
 
 
-_ENCODERS = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+def _nearest(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The index of the table value nearest x / step (step 0: the value nearest 0)."""
+    scaled = _divide(x, step)
+    return np.abs(scaled[..., None] - IQ4_VALUES).argmin(-1).astype(np.uint8)
+
+
+def _extreme(g: np.ndarray) -> np.ndarray:
+    """Each row's value of largest magnitude (the last axis), sign kept."""
+    return np.take_along_axis(g, np.abs(g).argmax(-1)[..., None], -1)[..., 0]
+
+
+def _iq4_nl(blocks: np.ndarray) -> np.ndarray:
+    d = _f16(_extreme(blocks) / IQ4_VALUES[0])  # the largest magnitude at -127
+    q = _nearest(blocks, d[:, None])
+    return np.concatenate([_fp16_bytes(d), q[:, :16] | (q[:, 16:] << 4)], axis=1)
+
+
+def _iq4_xs(blocks: np.ndarray) -> np.ndarray:
+    nb = len(blocks)
+    g = blocks.reshape(nb, 8, 32)
+    scale = _extreme(g) / IQ4_VALUES[0]  # [nb, 8] signed
+    d = _f16(np.abs(scale).max(-1, keepdims=True) / 32)
+    ls = np.clip(np.rint(_divide(scale, d)), -32, 31).astype(np.int32)  # less 32: -32..31
+    q = _nearest(g, (d * ls)[..., None])  # [nb, 8, 32]
+    u = (ls + 32).astype(np.uint16)
+    high = np.bitwise_or.reduce((u >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=1).astype(np.uint16)
+    low = (u & 0x0F).astype(np.uint8)
+    qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(nb, 128)
+    parts = [_fp16_bytes(d[:, 0]), high.view(np.uint8).reshape(nb, 2), low[:, 0::2] | (low[:, 1::2] << 4), qs]
+    return np.concatenate(parts, axis=1)
+
+
+_ENCODERS = {
+    "Q2_K": _q2_k,
+    "Q3_K": _q3_k,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+    "IQ4_NL": _iq4_nl,
+    "IQ4_XS": _iq4_xs,
+}

@@ -4,7 +4,8 @@ Each type's decoding is checked against the `gguf` package's own dequantizer on 
 the kernel's projection against the textbook: the activations int8 per row and group of 32 (scale
 amax/127), times the weights exactly as the file holds them, summed in float64. Parts of several
 types stacked along the outputs (a fused projection of a Q4_K_M file) give each part's columns.
-Q3_K and Q2_K run in both builds (AVX-512, AVX2) at their codes' and scales' extremes, to the same bits.
+Q3_K, Q2_K, IQ4_NL and IQ4_XS run in both builds (AVX-512, AVX2) at their codes' and scales' extremes,
+to the same bits.
 F16, BF16 and F32 tensors keep every element's bits; their projection (fp32 activations, no int8) is
 the float64 textbook's within fp32 rounding in both builds, to the same bits, whatever the rows beside.
 """
@@ -23,8 +24,9 @@ from tests.kquants import random_blocks
 
 gguf = pytest.importorskip("gguf")
 
-TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q5_0", "Q5_1", "Q8_0", "Q4_0", "Q4_1"]
+TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q5_0", "Q5_1", "Q8_0", "Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS"]
 LOW = ["Q3_K", "Q2_K"]
+IQ4 = ["IQ4_NL", "IQ4_XS"]
 
 
 def dequantized(type_name: str, raw: np.ndarray, k: int) -> np.ndarray:
@@ -59,6 +61,13 @@ def test_k_blocks_decode_to_the_gguf_packages_values(type_name):
     raw = random_blocks(21, 512, type_name, np.random.default_rng(3))
     got = kb.decode_k(type_name, raw).dequantized()
     assert np.array_equal(got, dequantized(type_name, raw, 512))
+
+
+@pytest.mark.parametrize("type_name", IQ4)
+def test_iq4_blocks_decode_to_the_gguf_packages_values(type_name):
+    raw = random_blocks(21, 512, type_name, np.random.default_rng(5))
+    blocks = kb.decode_iq4(type_name, raw)
+    assert blocks.codes.max() <= 15 and np.array_equal(blocks.dequantized(), dequantized(type_name, raw, 512))
 
 
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
@@ -132,10 +141,15 @@ def test_the_kernels_packing_is_numpys(kernel, type_name):
 
 def extreme_blocks(type_name: str, n: int, k: int, rng) -> np.ndarray:
     """Random blocks whose first 8 rows hold the largest codes, half of them at the largest scales (and
-    mins), half at the most negative (Q3_K: -32) or the smallest (Q2_K: 0); d and dmin kept."""
+    mins), half at the most negative (Q3_K, IQ4_XS: -32) or the smallest (Q2_K: 0); d and dmin kept.
+    IQ4: the table's -127 (IQ4_NL: its 113 in rows 4..7)."""
     raw = random_blocks(n, k, type_name, rng)
-    blocks = raw.reshape(n, k // 256, -1)
-    if type_name == "Q3_K":  # hmask and qs: codes 7; scales' bytes 96..108: 6-bit 63 (31) or 0 (-32)
+    blocks = raw.reshape(n, k // (32 if type_name == "IQ4_NL" else 256), -1)
+    if type_name == "IQ4_NL":  # d | qs: index 0 (-127), or 15 (113)
+        blocks[:4, :, 2:], blocks[4:8, :, 2:] = 0x00, 0xFF
+    elif type_name == "IQ4_XS":  # d | scales (bytes 2..8): 6-bit 0 (-32) or 63 (31) | qs: index 0 (-127)
+        blocks[:8, :, 8:], blocks[:4, :, 2:8], blocks[4:8, :, 2:8] = 0x00, 0x00, 0xFF
+    elif type_name == "Q3_K":  # hmask and qs: codes 7; scales' bytes 96..108: 6-bit 63 (31) or 0 (-32)
         blocks[:8, :, :96], blocks[:4, :, 96:108], blocks[4:8, :, 96:108] = 0xFF, 0xFF, 0x00
     else:  # scales | mins << 4 at 15 or 0, codes 3
         blocks[:8, :, 16:80], blocks[:4, :, :16], blocks[4:8, :, :16] = 0xFF, 0xFF, 0x00
@@ -152,8 +166,8 @@ def build(request, monkeypatch):
     return lib
 
 
-@pytest.mark.parametrize("type_name", LOW)
-def test_the_low_bit_types_are_the_textbook_at_their_extremes_in_each_build(build, type_name):
+@pytest.mark.parametrize("type_name", [*LOW, *IQ4])
+def test_the_low_bit_and_iq4_types_are_the_textbook_at_their_extremes_in_each_build(build, type_name):
     rng = np.random.default_rng(21)
     n, k = 40, 768
     raw = extreme_blocks(type_name, n, k, rng)
@@ -169,13 +183,13 @@ def test_the_low_bit_types_are_the_textbook_at_their_extremes_in_each_build(buil
         assert np.array_equal(flat, _arrays[key].view(np.uint8).ravel()[: flat.size]), key
 
 
-def test_the_builds_give_the_low_bit_types_the_same_bits():
+def test_the_builds_give_the_low_bit_and_iq4_types_the_same_bits():
     from tests.test_kernel_builds import loaded_build
 
     rng = np.random.default_rng(22)
     x = (rng.standard_normal((5, 512)) * 2).astype(np.float32)
     x[0] = 1.0
-    raws = {t: extreme_blocks(t, 24, 512, rng) for t in LOW}
+    raws = {t: extreme_blocks(t, 24, 512, rng) for t in [*LOW, *IQ4]}
     outputs = []
     for name in kernels.BUILDS:
         lib = loaded_build(name)
@@ -247,9 +261,9 @@ def test_a_float_row_gets_the_same_bits_alone_or_with_others_in_both_builds():
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
 
 
-def test_float_parts_beside_quantized_ones_fill_their_own_columns(kernel):
+def test_float_and_iq4_parts_beside_other_types_fill_their_own_columns(kernel):
     rng = np.random.default_rng(32)
-    k, types, sizes = 256, ["Q4_K", "F16", "Q8_0", "BF16"], [32, 24, 16, 8]
+    k, types, sizes = 256, ["Q4_K", "F16", "Q8_0", "IQ4_XS", "BF16", "IQ4_NL"], [32, 24, 16, 16, 8, 24]
     raws = [random_blocks(n, k, t, rng) for t, n in zip(types, sizes, strict=True)]
     built = [matrix(t, raw, k) for t, raw in zip(types, raws, strict=True)]
     whole = parts_matrix([m for m, _ in built], k, k)

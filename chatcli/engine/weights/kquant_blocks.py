@@ -19,6 +19,11 @@ kernel's arrays for it, each value what the file holds:
 - F16, BF16 and F32 (`f16`, `bf16`, `f32`): each element as the file holds it, `[ceil(n/16), k, 16]`
   (input i of a block's 16 outputs side by side), which the kernel converts to fp32 in registers and
   multiplies by the fp32 activations (`kernels/project_float.h`): no fp32 copy of a 16-bit tensor.
+- IQ4_NL and IQ4_XS (`iq4nl`, `iq4xs`): 4-bit indices into llama.cpp's table of 16 int8 values
+  (`IQ4_VALUES`), packed as q4's codes; IQ4_NL's fp16 d per 32 inputs as q4's `d`, IQ4_XS's fp16 d per
+  super-block of 256 as the K-quants' and its 6-bit scale less 32 per group of 32 as int8 `sc`; see
+  `kernels/project_iq4.h`. IQ4_NL takes 4.5 bits a weight as in the file, IQ4_XS 4.3125 to the
+  file's 4.25 (1.015x: a byte per scale).
 
 A row order (rope's, for the q and k rows of a NEOX-rope family) is applied to whole rows of blocks.
 The layouts of the blocks themselves are ggml's (`ggml-common.h`), as the `gguf` package's
@@ -33,7 +38,7 @@ import numpy as np
 
 from chatcli.engine.weights.gguf_file import TYPES
 from chatcli.engine.weights.lean_file import block_arrays
-from chatcli.engine.weights.quant_blocks import Codes, gguf_codes
+from chatcli.engine.weights.quant_blocks import Codes, gguf_codes, pack
 
 SUPER = 256  # inputs a K-quant super-block holds
 KINDS = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k", "Q3_K": "q3k", "Q2_K": "q2k"}
@@ -42,33 +47,42 @@ PER_16 = ("q6k", "q3k", "q2k")  # the kinds with a scale per 16 inputs (the rest
 GROUP_KINDS = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q8", "Q5_1": "q8", "Q8_0": "q8"}  # on the q4 / q8 blocks
 FLOATS = {"F16": "f16", "BF16": "bf16", "F32": "f32"}  # float tensors, their elements as they are
 FLOAT_DTYPES = {"F16": np.float16, "BF16": np.uint16, "F32": np.float32}  # bf16 held as its bits
+IQ4 = {"IQ4_NL": "iq4nl", "IQ4_XS": "iq4xs"}  # indices into IQ4_VALUES
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 MINS = ("Q4_1", "Q5_1")  # the q4 / q8 types with mins (`m`, as long as `d`)
-RUN = {**KINDS, **GROUP_KINDS, **FLOATS}  # every type the kernel runs, by GGUF name
-TYPE_IDS = {name: i for i, (name, _, _) in TYPES.items() if name in RUN}  # ggml's ids
-BLOCK_BYTES = {name: TYPES[i][2] for name, i in TYPE_IDS.items()}
-BLOCK_INPUTS = {name: TYPES[i][1] for name, i in TYPE_IDS.items()}  # 256 (K-quants), 32, or 1 (floats)
+RUN = {**KINDS, **GROUP_KINDS, **FLOATS, **IQ4}  # every type the kernel runs, by GGUF name
+_LAYOUTS = {20: ("IQ4_NL", 32, 18), 23: ("IQ4_XS", 256, 136), **TYPES}  # ggml's id: (name, inputs, bytes) a block
+TYPE_IDS = {name: i for i, (name, _, _) in _LAYOUTS.items() if name in RUN}  # ggml's ids
+BLOCK_BYTES = {name: _LAYOUTS[i][2] for name, i in TYPE_IDS.items()}
+BLOCK_INPUTS = {name: _LAYOUTS[i][1] for name, i in TYPE_IDS.items()}  # 256 (K-quants, IQ4_XS), 32, or 1 (floats)
 
 
 @dataclass
 class KBlocks:
     """A K-quant tensor `[n, k]` decoded: codes `[n, k]` (uint8, 0..3 / 7 / 15 / 31 / 63), fp16 `d` and
     `dmin` `[n, k/256]`, scales `[n, k/32]` (uint8) or `[n, k/16]` (Q6_K, Q3_K: int8 as uint8; Q2_K:
-    uint8) and mins as long (Q4_K, Q5_K, Q2_K)."""
+    uint8) and mins as long (Q4_K, Q5_K, Q2_K). IQ4_XS: indices 0..15, `d` per super-block, `sc` `[n, k/32]`
+    (int8 as uint8); IQ4_NL: indices, `d` `[n, k/32]`, no scales."""
 
     kind: str
     codes: np.ndarray
     d: np.ndarray
     dmin: np.ndarray | None
-    sc: np.ndarray
+    sc: np.ndarray | None
     sm: np.ndarray | None
 
     def rows(self, order: np.ndarray) -> KBlocks:
         pick = lambda a: None if a is None else a[order]  # noqa: E731
-        return KBlocks(self.kind, self.codes[order], self.d[order], pick(self.dmin), self.sc[order], pick(self.sm))
+        return KBlocks(self.kind, self.codes[order], self.d[order], pick(self.dmin), pick(self.sc), pick(self.sm))
 
     def dequantized(self) -> np.ndarray:
         """`[n, k]` fp32: what the kernel multiplies by (for tests)."""
         n, k = self.codes.shape
+        if self.kind in IQ4.values():
+            d = np.repeat(self.d.astype(np.float32), 32 if self.sc is None else SUPER, axis=1)
+            if self.sc is not None:  # IQ4_XS: d times the group's scale first, as llama.cpp
+                d = d * np.repeat(self.sc.view(np.int8).astype(np.float32), 32, axis=1)
+            return d * IQ4_VALUES[self.codes].astype(np.float32)
         c = self.codes.astype(np.float32)
         d = np.repeat(self.d.astype(np.float32), SUPER, axis=1)
         if self.kind in SIGNED:
@@ -112,6 +126,23 @@ def _decode_low(type_name: str, blocks: np.ndarray, half) -> KBlocks:
     top = (packed[..., None, 8:12] >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3  # [n, SB, 4t, b]: 4t + b
     sc = ((low | (top.reshape(n, sb, 16) << 4)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
     return KBlocks("q3k", codes.reshape(n, -1), half(blocks[..., 108:110]), None, sc.reshape(n, -1), None)
+
+
+def decode_iq4(type_name: str, raw: np.ndarray) -> KBlocks:
+    """An IQ4_NL / IQ4_XS tensor's raw rows decoded: indices, d, IQ4_XS's scales less 32."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, BLOCK_BYTES[type_name])
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if type_name == "IQ4_NL":  # d | qs[16]: byte j holds input j (low nibble) and j + 16 (high)
+        qs = blocks[..., 2:18]
+        return KBlocks("iq4nl", np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1), d, None, None, None)
+    sb = blocks.shape[1]  # d | scales_h (uint16: 2 bits a group) | scales_l[4] (4 bits a group) | qs[128]
+    high = (blocks[..., 2:4].copy().view(np.uint16) >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [n, SB, 8]
+    low = np.stack([blocks[..., 4:8] & 0x0F, blocks[..., 4:8] >> 4], axis=-1).reshape(n, sb, 8)
+    sc = ((low | (high.astype(np.uint8) << 4)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+    qs = blocks[..., 8:136].reshape(n, sb, 8, 16)  # group g: byte 16g + j holds inputs j and j + 16
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    return KBlocks("iq4xs", codes.reshape(n, -1), d, None, sc.reshape(n, -1), None)
 
 
 def decode_k(type_name: str, raw: np.ndarray) -> KBlocks:
@@ -170,7 +201,9 @@ def _per_block(t: np.ndarray, n: int, dtype, inner: int = 1) -> np.ndarray:
 
 
 def pack_k(blocks: KBlocks) -> dict[str, np.ndarray]:
-    """Decoded K-quant blocks → the kernel's arrays `w`, `hi` (Q5_K, Q6_K), `d`, `m` (dmin), `sc`, `sm`."""
+    """Decoded K-quant (or IQ4) blocks → the kernel's arrays `w`, `hi` (Q5_K, Q6_K), `d`, `m` (dmin), `sc`, `sm`."""
+    if blocks.kind == "iq4nl":  # q4's codes and d
+        return pack(Codes(4, blocks.codes, blocks.d, None))
     n, kp = blocks.codes.shape
     count, groups = -(-n // 16), kp // 32
     c = np.zeros((count * 16, kp), np.uint8)
@@ -257,11 +290,10 @@ def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
 def tensor_parts(
     type_name: str, raw: np.ndarray, order: np.ndarray | None = None, packer=None
 ) -> tuple[str, dict] | None:
-    """One GGUF tensor's raw rows as (its kernel type: q4, q8, q2k, q3k, q4k, q5k, q6k, f16, bf16 or f32;
-    the kernel's arrays), rows in `order`; None where the kernel has no type for it (the caller converts).
+    """One GGUF tensor's raw rows as (its kernel type: q4, q8, q2k, q3k, q4k, q5k, q6k, f16, bf16, f32,
+    iq4nl or iq4xs; the kernel's arrays), rows in `order`; None where the kernel has no type for it (the
+    caller converts).
     `packer`: the compiled kernel's library, which packs ~20x faster than numpy (the same bytes, unpadded)."""
-    from chatcli.engine.weights.quant_blocks import pack
-
     raw = raw if order is None else raw[order]
     if packer is not None and type_name in TYPE_IDS:
         return kind_of(type_name), packed_by(packer, type_name, raw)
@@ -269,6 +301,8 @@ def tensor_parts(
         return KINDS[type_name], pack_k(decode_k(type_name, raw))
     if type_name in FLOATS:
         return FLOATS[type_name], pack_float(type_name, raw)
+    if type_name in IQ4:
+        return IQ4[type_name], pack_k(decode_iq4(type_name, raw))
     codes = decode_q5(type_name, raw) if type_name in ("Q5_0", "Q5_1") else gguf_codes(type_name, raw)
     if codes is None:
         return None

@@ -169,19 +169,21 @@ def scales_length(n: int, k: int) -> int:
 
 def block_arrays(kind: str, n: int, k: int) -> dict[str, tuple[str, tuple]]:
     """The arrays (dtype, shape) of one projection `[n, k]` of a block type: q4 / q8 (`quant_blocks.pack`;
-    the mins `m` only where the type has them is left out here), a K-quant (`kquant_blocks.pack_k`) or a
+    the mins `m` only where the type has them is left out here), a K-quant or IQ4 (`kquant_blocks.pack_k`) or a
     float one (`kquant_blocks.pack_float`: `[ceil(n/16), k, 16]` elements flat, padded to 64 bytes)."""
     blocks, groups = -(-n // 16), -(-k // GROUP)
     floats = {"f16": ("F16", 2), "bf16": ("BF16", 2), "f32": ("F32", 4)}  # a GGUF's float tensors' kinds
     if kind in floats:
         code, size = floats[kind]
         return {"w": (code, (-(-blocks * k * 16 * size // 64) * 64 // size,))}
-    if kind in GROUPED:
-        return {"w": ("U8", (blocks, groups, 4 if kind == "q4" else 8, 64)), "d": ("F16", (scales_length(n, k),))}
-    if kind not in ("q2k", "q3k", "q4k", "q5k", "q6k"):
+    if kind in (*GROUPED, "iq4nl"):  # IQ4_NL: indices as q4's codes
+        return {"w": ("U8", (blocks, groups, 8 if kind == "q8" else 4, 64)), "d": ("F16", (scales_length(n, k),))}
+    if kind not in ("q2k", "q3k", "q4k", "q5k", "q6k", "iq4xs"):
         raise LeanFileError(f"unknown block type {kind!r}")
     supers = -(-k // 256)
     per_super = (-(-blocks * supers * 16 // 32) * 32,)  # fp16, padded to 64 bytes
+    if kind == "iq4xs":  # indices as q4's codes, d per super-block, an int8 scale per output and group
+        return {"w": ("U8", (blocks, groups, 4, 64)), "d": ("F16", per_super), "sc": ("U8", (blocks * groups * 16,))}
     if kind in ("q2k", "q3k"):  # 2-bit planes; Q3_K's third bits in hi; a byte per output and 16 inputs
         out = {"w": ("U8", (blocks, groups, 2, 64)), "d": ("F16", per_super), "sc": ("U8", (blocks * groups * 32,))}
         return {**out, "hi": ("U8", (blocks, groups, 64))} if kind == "q3k" else {**out, "m": ("F16", per_super)}

@@ -15,10 +15,12 @@ extern "C" {
 
 // WEIGHT_Q4K, _Q5K, _Q6K: GGUF's K-quants (project.h: kquant_block); WEIGHT_Q3K, _Q2K: its low-bit ones
 // (project_low.h: low_block); WEIGHT_F16, _BF16, _F32R: a GGUF's float tensors as it holds them, 16 outputs
-// a block (project_float.h: float_block); WEIGHT_PARTS: outputs stacked from parts of those or of q4 / q8
-// (a fused projection whose tensors the file holds in several types)
+// a block (project_float.h: float_block); WEIGHT_IQ4NL, _IQ4XS: its 4-bit indices into kIQ4Values
+// (project_iq4.h: iq4_block); WEIGHT_PARTS: outputs stacked from parts of those or of q4 / q8 (a fused
+// projection whose tensors the file holds in several types)
 enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3, WEIGHT_Q4K = 4, WEIGHT_Q5K = 5, WEIGHT_Q6K = 6,
-       WEIGHT_PARTS = 7, WEIGHT_Q3K = 8, WEIGHT_Q2K = 9, WEIGHT_F16 = 10, WEIGHT_BF16 = 11, WEIGHT_F32R = 12 };
+       WEIGHT_PARTS = 7, WEIGHT_Q3K = 8, WEIGHT_Q2K = 9, WEIGHT_F16 = 10, WEIGHT_BF16 = 11, WEIGHT_F32R = 12,
+       WEIGHT_IQ4NL = 13, WEIGHT_IQ4XS = 14 };
 
 struct Matrix {
   int32_t kind;      // a WEIGHT_ kind
@@ -26,11 +28,11 @@ struct Matrix {
   const void* w;     // fp32: panels; F16 / BF16 / F32 rows: [ceil(n/16)][k][16]; the rest: codes (project*.h)
   const float* scale;  // int8: [n]
   const int32_t* wsum;  // int8: [n]
-  const uint16_t* d;    // q4, q8: fp16 scales per group; K-quants: per super-block of 256
+  const uint16_t* d;    // q4, q8, IQ4_NL: fp16 scales per group; K-quants, IQ4_XS: per super-block of 256
   const uint16_t* mins;  // q4: fp16 mins, or null (Q4_0: -8 d); Q4_K / Q5_K / Q2_K: fp16 dmin per super-block
   const float* norm;    // grouped kinds: [k] the RMSNorm weight its normalised inputs take, or null
   const uint8_t* sc;    // Q4_K / Q5_K: 6-bit scales per group; Q6_K, Q3_K: int8 scales per 16 inputs; Q2_K:
-                        // 4-bit scale and min per 16 inputs in a byte
+                        // 4-bit scale and min per 16 inputs in a byte; IQ4_XS: int8 scales per group
   const uint8_t* sm;    // Q4_K / Q5_K: 6-bit mins per group
   const uint8_t* hi;    // Q5_K: the codes' 5th bits; Q6_K: their 5th and 6th; Q3_K: their 3rd
   const struct Matrix* parts;  // WEIGHT_PARTS: the parts, outputs in order (same k, kp, norm)
@@ -45,6 +47,9 @@ constexpr int64_t kPanel = 64;   // fp32 weights: panels of 64 outputs, [ceil(n/
 constexpr int kMaxGroup = 8;      // query heads attended together over one read of their K and V
 constexpr int kMaxHeadDim = 256;  // the largest head the kernel takes
 constexpr int kTileRows = 12;     // query rows (positions x heads) scored together against each key block
+
+// IQ4_NL's and IQ4_XS's table (llama.cpp's kvalues_iq4nl): a 4-bit index's weight, times d (and IQ4_XS's scale)
+constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 // ---- projections, run inside an OpenMP team (each splits its output blocks) ---------------
 
@@ -70,10 +75,11 @@ inline bool grouped(const Matrix& m) {
 }
 
 // whether a projection (or one of its parts) reads the sums per 16 inputs (hsum): Q6_K (its offset of
-// 32), Q3_K (4), Q2_K (its mins)
+// 32), Q3_K (4), Q2_K (its mins), IQ4_NL / IQ4_XS (the AVX-512 build's table offset of 128)
 inline bool reads_hsum(const Matrix& m) {
   if (m.kind == WEIGHT_PARTS) return std::any_of(m.parts, m.parts + m.n_parts, reads_hsum);
-  return m.kind == WEIGHT_Q6K || m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K;
+  return m.kind == WEIGHT_Q6K || m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K || m.kind == WEIGHT_IQ4NL ||
+         m.kind == WEIGHT_IQ4XS;
 }
 
 inline float bf16_to_float(uint16_t h) {

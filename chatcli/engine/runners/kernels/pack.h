@@ -11,9 +11,10 @@
 namespace {
 
 enum { RAW_F32 = 0, RAW_F16 = 1, RAW_Q4_0 = 2, RAW_Q4_1 = 3, RAW_Q5_0 = 6, RAW_Q5_1 = 7, RAW_Q8_0 = 8, RAW_Q2_K = 10,
-       RAW_Q3_K = 11, RAW_Q4_K = 12, RAW_Q5_K = 13, RAW_Q6_K = 14, RAW_BF16 = 30 };
+       RAW_Q3_K = 11, RAW_Q4_K = 12, RAW_Q5_K = 13, RAW_Q6_K = 14, RAW_IQ4_NL = 20, RAW_IQ4_XS = 23, RAW_BF16 = 30 };
 
-// a type's bytes a block (of 32 inputs, 256 for the K-quants, one for the floats); 0 for a type the kernel does not pack
+// a type's bytes a block (of 32 inputs, 256 for the K-quants and IQ4_XS, one for the floats); 0 for a type
+// the kernel does not pack
 inline int64_t raw_block_bytes(int type) {
   switch (type) {
     case RAW_F32: return 4;
@@ -24,6 +25,8 @@ inline int64_t raw_block_bytes(int type) {
     case RAW_Q5_0: return 22;
     case RAW_Q5_1: return 24;
     case RAW_Q8_0: return 34;
+    case RAW_IQ4_NL: return 18;
+    case RAW_IQ4_XS: return 136;
     case RAW_Q2_K: return 84;
     case RAW_Q3_K: return 110;
     case RAW_Q4_K: return 144;
@@ -36,8 +39,11 @@ inline int64_t raw_block_bytes(int type) {
 inline bool raw_kquant(int type) { return type >= RAW_Q2_K && type <= RAW_Q6_K; }
 inline bool raw_float(int type) { return type == RAW_F32 || type == RAW_F16 || type == RAW_BF16; }
 
+// super-blocks of 256 inputs: the K-quants and IQ4_XS
+inline bool raw_super(int type) { return raw_kquant(type) || type == RAW_IQ4_XS; }
+
 // inputs a block of the type holds
-inline int64_t raw_block_inputs(int type) { return raw_float(type) ? 1 : raw_kquant(type) ? 256 : 32; }
+inline int64_t raw_block_inputs(int type) { return raw_float(type) ? 1 : raw_super(type) ? 256 : 32; }
 
 inline uint16_t half_at(const uint8_t* p) {
   uint16_t h;
@@ -58,9 +64,9 @@ inline void scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
 struct Packed {  // the arrays one tensor (rows 0..n of a chunk) is packed into (padding zeroed by the caller)
   uint8_t* w;    // codes: q4 / K-quants [B][G][4][64], q8 [B][G][8][64], Q3_K / Q2_K [B][G][2][64]; floats [B][k][16]
   uint8_t* hi;   // Q5_K / Q3_K [B][G][64], Q6_K [B][G][2][64]
-  uint16_t* d;   // q4 / q8 [B][G][16]; K-quants [B][SB][16]
+  uint16_t* d;   // q4 / q8 / IQ4_NL [B][G][16]; K-quants / IQ4_XS [B][SB][16]
   uint16_t* m;   // mins: Q4_1 / Q5_1 [B][G][16]; Q4_K / Q5_K / Q2_K dmin [B][SB][16]
-  uint8_t* sc;   // Q4_K / Q5_K [B][G][16]; Q6_K [B][2G][16]; Q3_K / Q2_K [B][G][16][2]
+  uint8_t* sc;   // Q4_K / Q5_K / IQ4_XS [B][G][16]; Q6_K [B][2G][16]; Q3_K / Q2_K [B][G][16][2]
   uint8_t* sm;   // Q4_K / Q5_K [B][G][16]
 };
 
@@ -150,7 +156,7 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
       place_elements<2>(p.w + (b * k * 16 + o) * 2, row, k);
     return;
   }
-  if (!raw_kquant(type)) {
+  if (!raw_super(type)) {
     for (int64_t g = 0; g < groups; g++) {
       const uint8_t* x = row + g * block;
       const int64_t at = (b * groups + g) * 16 + o;
@@ -160,7 +166,8 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
       if (type == RAW_Q8_0) {
         for (int i = 0; i < 32; i++) c[i] = static_cast<uint8_t>(static_cast<int>(static_cast<int8_t>(x[2 + i])) + 128);
       } else {
-        const uint8_t* qs = x + (type == RAW_Q4_0 ? 2 : type == RAW_Q4_1 ? 4 : type == RAW_Q5_0 ? 6 : 8);
+        // IQ4_NL's blocks are Q4_0's bytes (d, 16 bytes of nibbles), its codes the table's indices
+        const uint8_t* qs = x + (type == RAW_Q4_0 || type == RAW_IQ4_NL ? 2 : type == RAW_Q4_1 ? 4 : type == RAW_Q5_0 ? 6 : 8);
         uint32_t qh = 0;
         if (type == RAW_Q5_0 || type == RAW_Q5_1) std::memcpy(&qh, x + (type == RAW_Q5_0 ? 2 : 4), 4);
         const int zero = type == RAW_Q5_0 ? 112 : 0;  // the q8 kind's d (c - 128) = d (q - 16)
@@ -176,6 +183,18 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
     const int64_t at = (b * supers + s) * 16 + o;
     if (type == RAW_Q3_K || type == RAW_Q2_K) {
       pack_low(type, x, b, o, s, groups, supers, p);
+      continue;
+    }
+    if (type == RAW_IQ4_XS) {  // d | scales_h (2 bits a group) | scales_l[4] (4 bits a group) | qs[128]
+      p.d[at] = half_at(x);
+      const int high = x[2] | (x[3] << 8);
+      uint8_t c[256];
+      for (int g = 0; g < 8; g++) {
+        const int scale = ((x[4 + g / 2] >> (4 * (g % 2))) & 15) | (((high >> (2 * g)) & 3) << 4);
+        p.sc[(b * groups + s * 8 + g) * 16 + o] = static_cast<uint8_t>(static_cast<int8_t>(scale - 32));
+        for (int j = 0; j < 32; j++) c[32 * g + j] = static_cast<uint8_t>((x[8 + 16 * g + j % 16] >> (4 * (j / 16))) & 15);
+      }
+      for (int g = 0; g < 8; g++) put_group(p, type, b * groups + s * 8 + g, o, c + 32 * g);
       continue;
     }
     if (type == RAW_Q6_K) {

@@ -7,10 +7,12 @@
 #include <cstring>
 
 #include "common.h"
-#if defined(__AVX512F__)  // the kinds added since decode.cpp's own includes: GGUF's float tensors
+#if defined(__AVX512F__)  // the kinds added since decode.cpp's own includes: GGUF's float tensors, IQ4_NL / IQ4_XS
 #include "project_float.h"
+#include "project_iq4.h"
 #else
 #include "project_float_avx2.h"
+#include "project_iq4_avx2.h"
 #endif
 
 namespace {
@@ -60,6 +62,14 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
   else if (m.kind == WEIGHT_F32R)
     split<kFloatRows>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
       float_block<decltype(r)::value, WEIGHT_F32R>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_IQ4NL)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      iq4_block<decltype(r)::value, WEIGHT_IQ4NL>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_IQ4XS)
+    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
+      iq4_block<decltype(r)::value, WEIGHT_IQ4XS>(m, b, in, s, y, ldy, accumulate);
     });
   else if (m.kind == WEIGHT_Q4)
     split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
@@ -145,12 +155,29 @@ inline void float_row(const Matrix& m, int64_t r, float scale, float* out) {
   }
 }
 
+// row r of an IQ4_NL / IQ4_XS matrix (project_iq4.h), dequantized into out [k], times `scale` (see dequantize_row)
+inline void dequantize_iq4_row(const Matrix& m, int64_t r, float scale, float* out) {
+  const int64_t groups = m.kp / 32, supers = m.kp / 256, b = r / 16, o = r % 16;
+  const bool xs = m.kind == WEIGHT_IQ4XS;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
+  for (int64_t g = 0; g < groups; g++) {
+    float d = half_to_float(m.d[(b * (xs ? supers : groups) + (xs ? g / 8 : g)) * 16 + o]);
+    if (xs) d *= static_cast<float>(static_cast<int8_t>(m.sc[(b * groups + g) * 16 + o]));
+    for (int64_t i = 0; i < 32 && g * 32 + i < m.k; i++) {
+      const int64_t quad = i / 4, lane = o * 4 + i % 4;
+      const int index = (w[(g * 4 + quad / 2) * 64 + lane] >> (4 * (quad % 2))) & 15;
+      out[g * 32 + i] = d * static_cast<float>(kIQ4Values[index]) * scale;
+    }
+  }
+}
+
 // row r of a q4 / q8 (or K-quant, or float) matrix, dequantized into out [k], times `scale`: the embedding
 // of a grouped file, read from its blocks (a tied model's head), so that a lookup touches no other copy
 inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) {
   if (m.kind >= WEIGHT_Q4K && m.kind <= WEIGHT_Q6K) return dequantize_kquant_row(m, r, scale, out);
   if (m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K) return dequantize_low_row(m, r, scale, out);
   if (floating(m)) return float_row(m, r, scale, out);
+  if (m.kind == WEIGHT_IQ4NL || m.kind == WEIGHT_IQ4XS) return dequantize_iq4_row(m, r, scale, out);
   const int64_t groups = m.kp / 32, b = r / 16, o = r % 16;
   const int quads = m.kind == WEIGHT_Q8 ? 8 : 4;
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * quads * 64;

@@ -6,7 +6,7 @@ import ctypes
 
 WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4, WEIGHT_Q8 = 0, 1, 2, 3
 WEIGHT_Q4K, WEIGHT_Q5K, WEIGHT_Q6K, WEIGHT_PARTS, WEIGHT_Q3K, WEIGHT_Q2K = 4, 5, 6, 7, 8, 9
-WEIGHT_F16, WEIGHT_BF16, WEIGHT_F32R = 10, 11, 12
+WEIGHT_F16, WEIGHT_BF16, WEIGHT_F32R, WEIGHT_IQ4NL, WEIGHT_IQ4XS = 10, 11, 12, 13, 14
 # the block types' kernel kinds, by their names in a lean file (quant_blocks, kquant_blocks)
 BLOCK_KINDS = {
     "q4": WEIGHT_Q4,
@@ -19,6 +19,8 @@ BLOCK_KINDS = {
     "f16": WEIGHT_F16,
     "bf16": WEIGHT_BF16,
     "f32": WEIGHT_F32R,
+    "iq4nl": WEIGHT_IQ4NL,
+    "iq4xs": WEIGHT_IQ4XS,
 }
 CACHE_F32, CACHE_BF16 = 0, 1
 
