@@ -152,3 +152,43 @@ def test_a_failing_sequence_fails_alone(native):
     assert isinstance(got[0][-1], Finished)
     want = list(native.complete(good_ids, native.new_session(), params))[-1]
     assert got[0][-1].reply == want.reply
+
+
+def test_a_long_prompt_goes_in_small_chunks_beside_a_running_turn(native):
+    """Beside a running turn a prefill call takes at most SHARED_CHUNK prompt tokens (the other's steps
+    ride in the same calls and wait for each), alone the engine's own chunk; the replies are unchanged."""
+    from chatcli.engine.runners.batched import SHARED_CHUNK
+
+    engine = native.batched()
+    runner = engine.runner
+    sizes: list[list[int]] = []
+    batched = runner.runner.forward_batch
+
+    def recording(requests):
+        sizes.append([len(ids) for ids, _cache, _every in requests])
+        return batched(requests)
+
+    runner.runner.forward_batch = recording
+    long_prompt = [{"role": "user", "content": "count: " + " ".join(str(i % 10) for i in range(90))}]
+    assert len(native.tokenizer.encode_chat(long_prompt)) > SHARED_CHUNK
+    params = SamplingParams(temperature=0, max_tokens=8, lookup=0)
+    want_long = alone(native, long_prompt, temperature=0, max_tokens=8, lookup=0)
+    want_short = alone(native, USER, temperature=0, max_tokens=40, lookup=0)
+    started, replies = threading.Event(), {}
+
+    def turn(name, messages, max_tokens):
+        with runner.slot():
+            for event in engine.generate(messages, engine.new_session(), params.with_(max_tokens=max_tokens)):
+                started.set()
+                if isinstance(event, Finished):
+                    replies[name] = event.reply
+
+    short = threading.Thread(target=turn, args=("short", USER, 40))
+    short.start()
+    assert started.wait(TIMEOUT)
+    turn("long", long_prompt, 8)
+    short.join(TIMEOUT)
+    runner.runner.forward_batch = batched
+    assert replies == {"long": want_long, "short": want_short}
+    assert any(len(s) > 1 for s in sizes), "the two turns never shared a call"
+    assert max(max(s) for s in sizes) <= SHARED_CHUNK

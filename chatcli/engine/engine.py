@@ -200,12 +200,14 @@ class Engine:
 
     def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None):
         """Crop the cache to the common prefix and feed the rest of `target`; None if cancelled."""
-        keep = self.reuse(cache, target)
+        start = self.reuse(cache, target)
         logits = None
-        for start in range(keep, len(target), PREFILL_CHUNK):
+        while start < len(target):
             if cancel is not None and cancel.is_set():
                 return None
-            logits = self.runner.forward(target[start : start + PREFILL_CHUNK], cache)
+            chunk = getattr(self.runner, "prefill_chunk", None) or PREFILL_CHUNK  # smaller beside others' steps
+            logits = self.runner.forward(target[start : start + chunk], cache)
+            start += chunk
         return logits
 
     # -- one turn -------------------------------------------------------------

@@ -1,16 +1,16 @@
 """Several turns at once on one runner: their forward and verify calls, each made from the turn's own
 thread, run together as one `forward_batch` (serve's slots, `chatcli serve --parallel N`).
 
-Contract. A turn runs in its own thread exactly as it runs alone: `Engine.complete` calls `forward` or
-`verify` and blocks until its logits come back. Inside `slot()` a turn counts as running, and the
+Contract. A turn runs in its own thread exactly as it runs alone: `Engine.complete` calls `forward`
+or `verify` and blocks until its logits come back. Inside `slot()` a turn counts as running, and the
 calls wait for those of the other running turns — until each of them has one pending, or `wait_s`
-after the oldest pending call — then one thread of the runner's own (the step thread) runs all that are
-pending in one call: every weight is read once for all their rows, and each call gets the bits it
-would get alone (`NativeRunner.forward_batch`), so a greedy reply is the same beside other requests. A
-prompt chunk rides in the same batch as the others' single decode rows: a long prompt delays them by
-at most a chunk. A batch that fails runs its calls one by one, so that one bad call fails only itself.
-Only the step thread calls the runner: one OpenMP team, however many turns (`runners/threads.py`
-says what a second team costs).
+after the oldest pending call — then one thread of the runner's own (the step thread) runs all that
+are pending in one call: every weight is read once for all their rows, and each call gets the bits
+it would get alone (`NativeRunner.forward_batch`), so a greedy reply is the same beside other
+requests. A prompt chunk rides in the same batch as the others' single decode rows: a long prompt
+delays them by at most a chunk, `SHARED_CHUNK` tokens while others run. A batch that fails runs its
+calls one by one, so that one bad call fails only itself. Only the step thread calls the runner: one
+OpenMP team, however many turns (`runners/threads.py` says what a second team costs).
 
 A runner without `forward_batch` (the torch runners) takes the calls one by one, in turn: the turns
 then interleave step by step instead of queueing whole. Everything else (`new_cache`,
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 WAIT_S = 0.015  # the longest a call waits for the other running turns' calls of its step
+SHARED_CHUNK = 128  # prompt tokens a prefill call takes while other turns are running (their steps wait on it)
 
 
 @dataclass
@@ -66,6 +67,12 @@ class BatchedRunner:
             with self._cond:
                 self._running -= 1
                 self._cond.notify_all()  # a step waiting for this turn's call need not
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """Prompt tokens per prefill call (`Engine.prefill`): `SHARED_CHUNK` beside other turns, whose decode
+        steps ride in the same calls and so wait for each chunk; None (the engine's own) alone."""
+        return SHARED_CHUNK if self._running > 1 else None
 
     def forward(self, ids: list[int], cache) -> np.ndarray:
         return self._submit(ids, cache, every=False)
