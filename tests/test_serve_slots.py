@@ -66,6 +66,7 @@ def test_sixteen_openai_clients_at_once_each_get_the_reply_they_get_alone(native
     runner = server.worker.engine.runner
     assert runner.widest > 1, "no step ran two requests together"
     assert server.worker.served == 16 and server.worker.running == 0
+    assert httpx.get(server.url + "/health", timeout=TIMEOUT).json()["slots"] == {"total": 4, "busy": 0}
 
 
 def test_a_schema_request_beside_free_ones(native, serve):

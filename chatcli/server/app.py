@@ -312,6 +312,7 @@ def create_app(
         if b is not None:
             requests = {"served": b.worker.served, "cancelled": b.worker.cancelled, "failed": b.worker.failed}
             body = {**body, "model": b.engine.name, "pending": b.worker.pending, "requests": requests}
+            body["slots"] = {"total": b.worker.parallel, "busy": b.worker.running}
             body["cache"] = b.pool.stats()
         return status_response(code, body)
 
