@@ -6,6 +6,11 @@ norm-folded and rope-ordered (`fused_transposed`), then written in the kind's la
 the MLP's down projection were measured on a calibration text through the model
 (`quantize.down_smoothing`): no start pays for it again. The write is atomic and the file's
 sidecar (size, mtime, hash) is written last, so a killed conversion leaves nothing that loads.
+
+This path loads the whole model in fp32 and gathers every output before it writes: the loader takes
+it for `int8` (whose calibration runs the model), for a model the caller already holds, and for a
+folder `lean_stream` does not read; a folder's safetensors of any other kind are converted a block at
+a time by `lean_stream`, through the functions here, into the same bytes.
 """
 
 from __future__ import annotations
@@ -222,6 +227,29 @@ def embedding(model) -> torch.Tensor:
     return (weight * scale).contiguous() if scale is not None else weight.contiguous()
 
 
+def rope_tables(model, limit: int, config: LeanConfig) -> tuple[dict, int]:
+    """({"rope": `[T, hd/2, 2]`, and "rope_sliding" where sliding layers rotate by their own base}
+    as numpy arrays, the rotated dims): see `rope_table`."""
+    types = sorted(getattr(model.model.rotary_emb, "layer_types", None) or [None])
+    rope, rotary = rope_table(model, limit, "full_attention" if "full_attention" in types else types[0])
+    tables = {"rope": rope.numpy()}
+    if config.sliding_rope:
+        tables["rope_sliding"] = rope_table(model, limit, "sliding_attention")[0].numpy()
+    return tables, rotary
+
+
+def grouped_parts(model, config: LeanConfig, rotary: int | None) -> tuple[LeanConfig, dict]:
+    """A q4 / q8 file's config (whether the head is the embedding, the embedding's scale) and its
+    projections (`projection_parts`), with the embedding where the head is not tied to it."""
+    parts = projection_parts(model, None, rotary)
+    embed, head = model.model.embed_tokens.weight, model.get_output_embeddings().weight
+    tied = embed.data_ptr() == head.data_ptr() and embed.shape == head.shape
+    if not tied:  # the embedding as blocks too: a lookup reads one row's blocks, not a page of floats
+        parts["embed"] = ([(embed, None)], None)
+    scale = embed_scale(model)
+    return replace(config, tied=tied, embed_scale=1.0 if scale is None else float(scale)), parts
+
+
 def lean_arrays(
     model,
     limit: int,
@@ -247,23 +275,13 @@ def lean_arrays(
             raise ValueError("an int8 lean file needs calibration ids (quantize.CALIBRATION_TEXT, tokenized)")
         status("Measuring activation ranges for int8")
         smooth = down_smoothing(model, calibration_ids)
-    types = sorted(getattr(model.model.rotary_emb, "layer_types", None) or [None])
-    rope, rotary = rope_table(model, limit, "full_attention" if "full_attention" in types else types[0])
-    arrays: dict = {"rope": rope.numpy()}  # [T, hd/2, 2]
+    arrays, rotary = rope_tables(model, limit, config)
     if kind not in GROUPED:
         arrays["embed"] = embedding(model).numpy()  # [V, D]
-    if config.sliding_rope:
-        arrays["rope_sliding"] = rope_table(model, limit, "sliding_attention")[0].numpy()
     arrays.update({name: v.numpy() for name, v in vectors(model, config, rotary).items()})
     if kind in GROUPED:
         names = {p.data_ptr(): name for name, p in model.named_parameters()}
-        parts = projection_parts(model, None, rotary)
-        embed, head = model.model.embed_tokens.weight, model.get_output_embeddings().weight
-        tied = embed.data_ptr() == head.data_ptr() and embed.shape == head.shape
-        if not tied:  # the embedding as blocks too: a lookup reads one row's blocks, not a page of floats
-            parts["embed"] = ([(embed, None)], None)
-        scale = embed_scale(model)
-        config = replace(config, tied=tied, embed_scale=1.0 if scale is None else float(scale))
+        config, parts = grouped_parts(model, config, rotary)
         arrays.update(grouped_arrays(parts, names, kind, gguf, status))
         return config, arrays
     weights = projections(model, smooth, rotary)
@@ -333,11 +351,18 @@ def _pad_all(arrays: dict) -> None:
 
 
 def _load(folder: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
+    return model.eval(), tokenizer
+
+
+def load_tokenizer(folder: Path):
+    """The folder's transformers tokenizer (its `model_max_length` bounds the context), transformers quiet."""
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
-    return model.eval(), tokenizer
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
