@@ -31,8 +31,10 @@ from chatcli.engine.weights.sidecar import unchanged
 
 def lean_weights(folder: Path, kind: str, status: Status | None = None, model_loader=None) -> LeanWeights:
     """The lean file of `kind` for the model in `folder`, converted first where there is none
-    that matches (`model_loader()` gives the transformers model to convert; see `weights.lean_convert`;
-    a `gguf` file is written from the GGUF `folder` was made from, see `weights.gguf_lean`)."""
+    that matches: streamed from the folder's safetensors where the kind allows (`weights.lean_stream`),
+    else through the whole transformers model (`model_loader()` gives it, where the caller holds one;
+    see `weights.lean_convert`); a `gguf` file is written from the GGUF `folder` was made from, see
+    `weights.gguf_lean`."""
     path = lean_path(folder, kind)
     source = f"{path.parent.name}/{path.stem.rsplit('-', 1)[1]}"
     if path.is_file() and unchanged(path):
@@ -42,10 +44,13 @@ def lean_weights(folder: Path, kind: str, status: Status | None = None, model_lo
             pass  # converted again below
     if kind == GGUF:
         _convert_gguf(folder, path, source, status)
-    else:
-        from chatcli.engine.weights.lean_convert import convert_lean  # torch and transformers: only to convert
+    else:  # torch and transformers: only to convert
+        from chatcli.engine.weights.lean_convert import convert_lean
+        from chatcli.engine.weights.lean_stream import convert_streamed
 
-        convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
+        # a folder's safetensors a block at a time, where the kind needs no forward pass; else the whole model
+        if model_loader is not None or not convert_streamed(folder, path, kind, source, status):
+            convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
     (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))
     prune(path, kind)
     return LeanWeights(path, kind, source)
