@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from chatcli.engine.runners import kernels
-from chatcli.engine.weights import gguf_file
 from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.lean_file import LeanWeights
 from tests.gguf_models import Q4_K_M, fake_quantized, tiny, uniform
@@ -137,14 +136,6 @@ def test_the_lean_file_of_float_tensors_stays_near_the_ggufs_size(kernel, tmp_pa
     assert blocks <= bound * in_file, blocks / in_file
 
 
-@pytest.fixture
-def iq4_header(monkeypatch):
-    """gguf_file's table of types with IQ4_NL and IQ4_XS (ggml's 20 and 23) where it lacks them, so that
-    the header names them (a no-op once gguf_file.TYPES holds them)."""
-    monkeypatch.setitem(gguf_file.TYPES, 20, ("IQ4_NL", 32, 18))
-    monkeypatch.setitem(gguf_file.TYPES, 23, ("IQ4_XS", 256, 136))
-
-
 def test_the_iq4_quantizer_round_trips_through_the_gguf_package():
     import gguf
 
@@ -162,7 +153,7 @@ def test_the_iq4_quantizer_round_trips_through_the_gguf_package():
 
 
 @pytest.mark.parametrize(("family", "tied", "types"), IQ4_CASES, ids=ids)
-def test_an_iq4_gguf_read_directly_computes_its_own_weights(kernel, iq4_header, tmp_path, family, tied, types):
+def test_an_iq4_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family, tied, types):
     model = tiny(family, tied)
     runner = direct_runner(model, types, tmp_path)
     written = fake_quantized(model, types)
@@ -178,7 +169,7 @@ def test_an_iq4_gguf_read_directly_computes_its_own_weights(kernel, iq4_header, 
 
 
 @pytest.mark.parametrize(("family", "tied", "types"), [IQ4_CASES[0], IQ4_CASES[3]], ids=ids)
-def test_an_iq4_draft_gives_the_bits_of_single_steps(build, iq4_header, tmp_path, family, tied, types):
+def test_an_iq4_draft_gives_the_bits_of_single_steps(build, tmp_path, family, tied, types):
     test_a_float_draft_gives_the_bits_of_single_steps(build, tmp_path, family, tied, types, None)
 
 
@@ -191,5 +182,5 @@ def test_an_iq4_draft_gives_the_bits_of_single_steps(build, iq4_header, tmp_path
     ],
     ids=ids,
 )
-def test_the_lean_file_of_iq4_tensors_stays_near_the_ggufs_size(kernel, iq4_header, tmp_path, types, kinds, bound):
+def test_the_lean_file_of_iq4_tensors_stays_near_the_ggufs_size(kernel, tmp_path, types, kinds, bound):
     test_the_lean_file_of_float_tensors_stays_near_the_ggufs_size(kernel, tmp_path, types, kinds, bound)

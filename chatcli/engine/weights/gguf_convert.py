@@ -30,8 +30,8 @@ MANIFEST = "chatcli-manifest.json"
 FORMAT = 1
 # What a metadata folder holds was written by this version of gguf_meta and gguf_lean.direct_reason; an
 # older one is made again (its tokenizer split or its `direct` verdict may be out of date). 2: llama.cpp's
-# pre-tokenizer splits; Gemma 2 / 3 and Phi-3 read directly.
-METADATA = 2
+# pre-tokenizer splits; Gemma 2 / 3 and Phi-3 read directly. 3: F16 / BF16 / F32, IQ4_NL / IQ4_XS tensors too.
+METADATA = 3
 _EDGE = 1 << 20
 
 

@@ -51,10 +51,9 @@ IQ4 = {"IQ4_NL": "iq4nl", "IQ4_XS": "iq4xs"}  # indices into IQ4_VALUES
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 MINS = ("Q4_1", "Q5_1")  # the q4 / q8 types with mins (`m`, as long as `d`)
 RUN = {**KINDS, **GROUP_KINDS, **FLOATS, **IQ4}  # every type the kernel runs, by GGUF name
-_LAYOUTS = {20: ("IQ4_NL", 32, 18), 23: ("IQ4_XS", 256, 136), **TYPES}  # ggml's id: (name, inputs, bytes) a block
-TYPE_IDS = {name: i for i, (name, _, _) in _LAYOUTS.items() if name in RUN}  # ggml's ids
-BLOCK_BYTES = {name: _LAYOUTS[i][2] for name, i in TYPE_IDS.items()}
-BLOCK_INPUTS = {name: _LAYOUTS[i][1] for name, i in TYPE_IDS.items()}  # 256 (K-quants, IQ4_XS), 32, or 1 (floats)
+TYPE_IDS = {name: i for i, (name, _, _) in TYPES.items() if name in RUN}  # ggml's ids
+BLOCK_BYTES = {name: TYPES[i][2] for name, i in TYPE_IDS.items()}
+BLOCK_INPUTS = {name: TYPES[i][1] for name, i in TYPE_IDS.items()}  # 256 (K-quants, IQ4_XS), 32, or 1 (floats)
 
 
 @dataclass
