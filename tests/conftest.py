@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from platformdirs import user_cache_dir, user_config_dir, user_data_dir
 
+from chatcli.engine.runners.kernels import BUILDS
 from tests.servers import serve  # noqa: F401 - a fixture, shared by the server and remote tests
 from tests.tiny import build_tiny_model_dir
 
@@ -152,6 +153,17 @@ def no_kernel(monkeypatch):
 @pytest.fixture
 def kernel():
     return require_kernel()
+
+
+@pytest.fixture(params=list(BUILDS))
+def build(request, monkeypatch):
+    """Each kernel build this CPU runs, in place of `kernels.library()` (one it cannot run: skipped)."""
+    from chatcli.engine.runners import kernels
+    from tests.test_kernel_builds import loaded_build
+
+    lib = loaded_build(request.param)
+    monkeypatch.setattr(kernels, "library", lambda: lib)
+    return request.param
 
 
 def require_kernel():

@@ -20,8 +20,7 @@ from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.gguf_lean import convert_gguf_lean, direct_reason
 from chatcli.engine.weights.lean_file import LeanWeights
 from tests.gguf_models import Q4_K_M, fake_quantized, tiny, uniform, write_gguf
-
-IDS = [1, 5, 17, 200, 3, 99, 42, 7, 300, 511, 2, 64]
+from tests.gguf_runs import IDS, assert_close, assert_drafts_are_single_steps, computed, direct_runner
 
 CASES = [
     ("llama", True, Q4_K_M),
@@ -39,41 +38,15 @@ CASES = [
 ]
 
 
-def direct_runner(model, types, tmp_path, limit: int = 128) -> NativeRunner:
-    path = write_gguf(model, tmp_path / "model.gguf", types)
-    meta = GGUFFile(path)
-    assert direct_reason(meta) is None
-    lean = tmp_path / "gguf.safetensors"
-    convert_gguf_lean(path, lean, limit, "test")
-    return NativeRunner(LeanWeights(lean, "gguf", "test"), threads=2)
-
-
 @pytest.mark.parametrize(("family", "tied", "types"), CASES, ids=lambda c: getattr(c, "__name__", str(c)))
 def test_a_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family, tied, types):
     model = tiny(family, tied)
-    runner = direct_runner(model, types, tmp_path)
-    fake_quantized(model, types)  # the reference: transformers over the weights as the file holds them
-    with torch.no_grad():
-        want = model(torch.tensor([IDS])).logits[0].numpy()  # [S, V]
-    cache = runner.new_cache()
-    got = np.concatenate([runner.verify(IDS[:8], cache), *(runner.verify([t], cache) for t in IDS[8:])])
-    scale = np.abs(want).max()
-    assert np.abs(got - want).max() < 0.04 * scale, (np.abs(got - want).max(), scale)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.75
+    assert_close(computed(model, types, direct_runner(model, types, tmp_path)))
 
 
 @pytest.mark.parametrize(("family", "tied", "types"), CASES[:7], ids=lambda c: getattr(c, "__name__", str(c)))
 def test_a_draft_gives_the_bits_of_single_steps(kernel, tmp_path, family, tied, types):
-    runner = direct_runner(tiny(family, tied), types, tmp_path)
-    one = runner.new_cache()
-    steps = [runner.forward(IDS[:4], one)] + [runner.forward([t], one) for t in IDS[4:9]]
-    other = runner.new_cache()
-    runner.forward(IDS[:3], other)
-    drafted = runner.verify(IDS[3:9], other)  # [6, V]
-    assert all(np.array_equal(a, b) for a, b in zip(steps, drafted, strict=True))
-    other.crop(5)  # a crop, then the same tokens again
-    again = runner.verify(IDS[5:9], other)
-    assert np.array_equal(again, drafted[2:])
+    assert_drafts_are_single_steps(direct_runner(tiny(family, tied), types, tmp_path))
 
 
 def test_a_longrope_phi3_runs_its_short_factors_up_to_its_original_context(kernel, tmp_path):

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from chatcli.engine.runners import kernels
 from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.lean_file import LeanWeights
-from tests.gguf_models import Q4_K_M, fake_quantized, tiny, uniform
-from tests.test_gguf_low_bits import IDS, direct_runner
+from tests.gguf_models import Q4_K_M, tiny, uniform
+from tests.gguf_runs import assert_close, assert_drafts_are_single_steps, computed, direct_runner
 
 
 def Q4_K_M_F16_OUT(name: str, shape: tuple[int, ...], *, n_layers: int | None = None, has_output: bool = True) -> str:
@@ -81,39 +79,15 @@ def ids(case) -> str:
 def test_a_float_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family, tied, types, bound):
     model = tiny(family, tied)
     runner = direct_runner(model, types, tmp_path)
-    written = fake_quantized(model, types)  # the reference: transformers over the weights as the file holds them
-    assert {"F16", "BF16", "F32"} & set(written.values())
-    assert runner.config.types and set(runner.config.types.split("+")) == set(written.values())
-    with torch.no_grad():
-        want = model(torch.tensor([IDS])).logits[0].numpy()  # [S, V]
-    cache = runner.new_cache()
-    got = np.concatenate([runner.verify(IDS[:8], cache), *(runner.verify([t], cache) for t in IDS[8:])])
-    scale = np.abs(want).max()
-    assert np.abs(got - want).max() < bound * scale, (np.abs(got - want).max(), scale)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= (1.0 if bound < 1e-3 else 0.75)
-
-
-@pytest.fixture(params=list(kernels.BUILDS))
-def build(request, monkeypatch):
-    """Each build this CPU runs, in place of `kernels.library()`."""
-    from tests.test_kernel_builds import loaded_build
-
-    lib = loaded_build(request.param)
-    monkeypatch.setattr(kernels, "library", lambda: lib)
-    return request.param
+    c = computed(model, types, runner)
+    assert {"F16", "BF16", "F32"} & c.types and set(runner.config.types.split("+")) == c.types
+    assert_close(c, bound)
+    assert bound >= 1e-3 or (c.got.argmax(-1) == c.want.argmax(-1)).all()
 
 
 @pytest.mark.parametrize(("family", "tied", "types", "_bound"), [CASES[0], CASES[1], CASES[5]], ids=ids)
 def test_a_float_draft_gives_the_bits_of_single_steps(build, tmp_path, family, tied, types, _bound):
-    runner = direct_runner(tiny(family, tied), types, tmp_path)
-    one = runner.new_cache()
-    steps = [runner.forward(IDS[:4], one)] + [runner.forward([t], one) for t in IDS[4:9]]
-    other = runner.new_cache()
-    runner.forward(IDS[:3], other)
-    drafted = runner.verify(IDS[3:9], other)  # [6, V]
-    assert all(np.array_equal(a, b) for a, b in zip(steps, drafted, strict=True))
-    other.crop(5)  # a crop, then the same tokens again
-    assert np.array_equal(runner.verify(IDS[5:9], other), drafted[2:])
+    assert_drafts_are_single_steps(direct_runner(tiny(family, tied), types, tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -156,21 +130,14 @@ def test_the_iq4_quantizer_round_trips_through_the_gguf_package():
 def test_an_iq4_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family, tied, types):
     model = tiny(family, tied)
     runner = direct_runner(model, types, tmp_path)
-    written = fake_quantized(model, types)
-    assert {"IQ4_NL", "IQ4_XS"} & set(written.values())
-    assert set(runner.config.types.split("+")) == set(written.values())
-    with torch.no_grad():
-        want = model(torch.tensor([IDS])).logits[0].numpy()
-    cache = runner.new_cache()
-    got = np.concatenate([runner.verify(IDS[:8], cache), *(runner.verify([t], cache) for t in IDS[8:])])
-    scale = np.abs(want).max()
-    assert np.abs(got - want).max() < 0.04 * scale, (np.abs(got - want).max(), scale)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.75
+    c = computed(model, types, runner)
+    assert {"IQ4_NL", "IQ4_XS"} & c.types and set(runner.config.types.split("+")) == c.types
+    assert_close(c)
 
 
 @pytest.mark.parametrize(("family", "tied", "types"), [IQ4_CASES[0], IQ4_CASES[3]], ids=ids)
 def test_an_iq4_draft_gives_the_bits_of_single_steps(build, tmp_path, family, tied, types):
-    test_a_float_draft_gives_the_bits_of_single_steps(build, tmp_path, family, tied, types, None)
+    assert_drafts_are_single_steps(direct_runner(tiny(family, tied), types, tmp_path))
 
 
 @pytest.mark.parametrize(

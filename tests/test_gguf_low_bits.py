@@ -12,28 +12,12 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
-import torch
 
-from chatcli.engine.runners import kernels
-from chatcli.engine.runners.native import NativeRunner
 from chatcli.engine.weights.gguf_file import GGUFFile
-from chatcli.engine.weights.gguf_lean import convert_gguf_lean, direct_reason
 from chatcli.engine.weights.lean_file import LeanWeights
-from tests.gguf_models import fake_quantized, tiny, uniform, write_gguf
-
-IDS = [1, 5, 17, 200, 3, 99, 42, 7, 300, 511, 2, 64]
-
-
-def direct_runner(model, types, tmp_path) -> NativeRunner:
-    """The model written as a GGUF of `types` at tmp_path/model.gguf, read directly into
-    tmp_path/gguf.safetensors, on the native runner."""
-    path = write_gguf(model, tmp_path / "model.gguf", types)
-    assert direct_reason(GGUFFile(path)) is None
-    lean = tmp_path / "gguf.safetensors"
-    convert_gguf_lean(path, lean, 128, "test")
-    return NativeRunner(LeanWeights(lean, "gguf", "test"), threads=2)
+from tests.gguf_models import tiny, uniform
+from tests.gguf_runs import assert_close, assert_drafts_are_single_steps, computed, direct_runner
 
 
 def _layer(name: str) -> int:
@@ -87,38 +71,14 @@ ids = lambda c: getattr(c, "__name__", str(c))  # noqa: E731
 def test_a_low_bit_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family, tied, types):
     model = tiny(family, tied)
     runner = direct_runner(model, types, tmp_path)
-    written = fake_quantized(model, types)  # the reference: transformers over the weights as the file holds them
-    assert {"Q3_K", "Q2_K"} & set(written.values())
-    with torch.no_grad():
-        want = model(torch.tensor([IDS])).logits[0].numpy()  # [S, V]
-    cache = runner.new_cache()
-    got = np.concatenate([runner.verify(IDS[:8], cache), *(runner.verify([t], cache) for t in IDS[8:])])
-    scale = np.abs(want).max()
-    assert np.abs(got - want).max() < 0.04 * scale, (np.abs(got - want).max(), scale)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.75
-
-
-@pytest.fixture(params=list(kernels.BUILDS))
-def build(request, monkeypatch):
-    """Each build this CPU runs, in place of `kernels.library()`."""
-    from tests.test_kernel_builds import loaded_build
-
-    lib = loaded_build(request.param)
-    monkeypatch.setattr(kernels, "library", lambda: lib)
-    return request.param
+    c = computed(model, types, runner)
+    assert {"Q3_K", "Q2_K"} & c.types and set(runner.config.types.split("+")) == c.types
+    assert_close(c)
 
 
 @pytest.mark.parametrize(("family", "tied", "types"), [CASES[0], CASES[3]], ids=ids)
 def test_a_low_bit_draft_gives_the_bits_of_single_steps(build, tmp_path, family, tied, types):
-    runner = direct_runner(tiny(family, tied), types, tmp_path)
-    one = runner.new_cache()
-    steps = [runner.forward(IDS[:4], one)] + [runner.forward([t], one) for t in IDS[4:9]]
-    other = runner.new_cache()
-    runner.forward(IDS[:3], other)
-    drafted = runner.verify(IDS[3:9], other)  # [6, V]
-    assert all(np.array_equal(a, b) for a, b in zip(steps, drafted, strict=True))
-    other.crop(5)  # a crop, then the same tokens again
-    assert np.array_equal(runner.verify(IDS[5:9], other), drafted[2:])
+    assert_drafts_are_single_steps(direct_runner(tiny(family, tied), types, tmp_path))
 
 
 @pytest.mark.parametrize(
