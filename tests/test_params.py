@@ -16,7 +16,16 @@ from chatcli.chat import commands
 from chatcli.cli import app, pull, start_options
 from chatcli.config import ConfigError, load_config
 from chatcli.engine.load.options import LoadOptions
-from chatcli.engine.params import STRINGS, ResponseFormat, SamplingParams, Setting, collect, setting_of, settings
+from chatcli.engine.params import (
+    STRINGS,
+    ResponseFormat,
+    SamplingParams,
+    Setting,
+    ToolCalls,
+    collect,
+    setting_of,
+    settings,
+)
 from chatcli.server.schema import parse_request
 from chatcli.ui.format import sampling_line, settings_lines
 
@@ -37,6 +46,7 @@ SAMPLE = {
     "logprobs": 3,
     "logit_bias": ((42, -100.0),),
     "response_format": ResponseFormat("json_object"),
+    "tools": ToolCalls.of([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
 }
 # Where each field shows today: a change here is a change users see.
 SURFACES = {
@@ -53,6 +63,7 @@ SURFACES = {
     # read by each surface itself: the server's logprobs / top_logprobs (schema._logprobs) and response_format,
     # the one-shot's --logprobs flag and --json-schema
     "response_format": set(),
+    "tools": set(),  # the server's tools, tool_choice and parallel_tool_calls (server.tools.parse_tools)
 }
 FIELDS = SamplingParams.field_names()
 # app's own flags
@@ -131,6 +142,8 @@ def toml(value) -> str:
         return "{ " + ", ".join(f'"{t}" = {b}' for t, b in value) + " }"
     if isinstance(value, ResponseFormat):
         return f'"{value.kind}"'
+    if isinstance(value, ToolCalls):
+        return f'"{value.choice}"'
     return "[" + ", ".join(f'"{v}"' for v in value) + "]" if isinstance(value, tuple) else repr(value)
 
 
@@ -197,6 +210,10 @@ def test_a_request_field_sets_the_field_when_declared(name):
     if name == "response_format":  # OpenAI's object, read by the schema itself (schema._response_format)
         body = {"messages": USER, "response_format": {"type": "json_object"}}
         assert parse_request(body, SamplingParams()).params.response_format == SAMPLE[name]
+        return
+    if name == "tools":  # OpenAI's tools, read by the schema itself (server.tools.parse_tools)
+        body = {"messages": USER, "tools": SAMPLE[name].offered()}
+        assert parse_request(body, SamplingParams()).params.tools == SAMPLE[name]
         return
     if "api" not in SURFACES[name]:
         assert keys == ()

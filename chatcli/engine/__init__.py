@@ -13,8 +13,8 @@ The stages live in a folder each, one layer above the next (each imports only th
     runners/   the forward: native (the compiled kernel), torch lean, transformers; threads
     kv/        the KV cache: memory, sessions, prefixes, the pool, caches on disk
     weights/   files on disk: GGUF, lean files, blocks, quantization, tensor files, families
-    sample/    logits → ids: sampling, grammar, prompt lookup, logprobs
-    text/      tokenize (chat template + BPE) and detokenize
+    sample/    logits → ids: sampling, grammar (tool calls too), prompt lookup, logprobs
+    text/      tokenize (chat template + BPE), detokenize, tool calls as text
     events.py, params.py, stats.py, cpu.py: what every stage shares
 
 No UI imports anywhere below this package. Importing it is cheap (`chatcli --help` pays for it):
@@ -43,6 +43,7 @@ from chatcli.engine.params import (
     SamplingParams,
     Setting,
     Slash,
+    ToolCalls,
     setting_of,
     settings,
 )
@@ -50,6 +51,7 @@ from chatcli.engine.remote import RemoteEngine, RemoteError
 from chatcli.engine.runners.threads import release_cpu_threads
 from chatcli.engine.sample.logprobs import token_entry
 from chatcli.engine.stats import TurnStats, known
+from chatcli.engine.text.toolcalls import Call, CallScanner, parse_calls
 
 if TYPE_CHECKING:
     from chatcli.engine.engine import ContextOverflow, Engine
@@ -86,6 +88,8 @@ __all__ = [
     "MODEL_HELP",
     "SEED",
     "STRINGS",
+    "Call",
+    "CallScanner",
     "ChatEngine",
     "ContextOverflow",
     "Engine",
@@ -106,11 +110,13 @@ __all__ = [
     "Setting",
     "Slash",
     "Token",
+    "ToolCalls",
     "TurnStats",
     "default_budget_bytes",
     "fork_session",
     "known",
     "load_engine",
+    "parse_calls",
     "release_cpu_threads",
     "setting_of",
     "settings",

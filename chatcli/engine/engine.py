@@ -43,6 +43,7 @@ from chatcli.engine.sample.sampling import (
     sample,
     token_logprobs,
 )
+from chatcli.engine.sample.tools import held
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.text.tokenize import ChatTokenizer
@@ -98,17 +99,18 @@ class Engine:
 
     def check_params(self, params: SamplingParams) -> None:
         """InvalidParameter where `params.logit_bias` names an id past the vocabulary; GrammarError (one
-        line) where `params.response_format` cannot constrain this model's replies."""
+        line) where `params.response_format` or a tool's parameters cannot constrain this model's replies."""
         vocab = self.tokenizer.vocab_size
         outside = sorted(t for t, _ in params.logit_bias if t >= vocab)
         if outside:
             raise InvalidParameter(f"logit-bias: token id {outside[0]} is past the vocabulary (ids 0 to {vocab - 1})")
-        if params.response_format is not None:
-            self.grammar.check(params.response_format)
+        if params.response_format is not None or params.tools is not None:
+            self.grammar.check_params(params)
 
     def constraint_for(self, params: SamplingParams) -> Constraint | None:
-        """A turn's grammar state for `params.response_format`, or None where the reply is free."""
-        return None if params.response_format is None else self.grammar.constraint(params.response_format)
+        """A turn's grammar state for `params.response_format` or the tool calls it must make, or None
+        where the reply is free."""
+        return self.grammar.constraint_for(params) if held(params) else None
 
     def new_session(self) -> Session:
         return Session(self.runner.new_cache())
@@ -165,14 +167,15 @@ class Engine:
     # -- ingress --------------------------------------------------------------
 
     def fit_prompt(self, messages: Sequence[dict], params: SamplingParams) -> tuple[list[int], int]:
-        """Template the conversation; drop the oldest turns (never the system prompt) to leave room for a reply."""
+        """Template the conversation (with `params.tools`); drop the oldest turns (never the system prompt)
+        to leave room for a reply."""
         limit = self.context_limit
         room = min(params.max_tokens, max(1, limit // 4))
         system = [m for m in messages[:1] if m.get("role") == "system"]
         turns = list(messages[len(system) :])
         dropped = 0
         while True:
-            ids = self.tokenizer.encode_chat(system + turns)
+            ids = self.tokenizer.encode_chat(system + turns, None if params.tools is None else params.tools.offered())
             if len(ids) + room <= limit:
                 return ids, dropped
             starts = [i for i, m in enumerate(turns) if m.get("role") == "user"]
@@ -299,6 +302,8 @@ class Engine:
                 finish_reason = FinishReason.LENGTH
                 break
         ids.close()
+        if constraint is not None and constraint.cut and finish_reason == FinishReason.STOP:
+            finish_reason = FinishReason.LENGTH  # tool calls closed early to end within max_tokens
         if samples:
             # Drafting may have fed ids past the last one taken: the cache holds the prompt and
             # every sampled id but the last, whether or not a draft ran ahead.

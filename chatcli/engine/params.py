@@ -109,6 +109,41 @@ class ResponseFormat:
         return {"type": "json_schema", "json_schema": spec}
 
 
+AUTO, REQUIRED, NONE = "auto", "required", "none"  # a ToolCalls' choices, besides a function's name
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """The functions a reply may call: OpenAI's `tools` (its list as JSON text: hashable); `choice` auto
+    (text or calls), required (calls only), none (text only, no tools shown) or a function's name (a call
+    of it), held by the grammar when not auto (`chatcli.engine.sample.tools`); `parallel`: several calls."""
+
+    tools: str
+    choice: str = AUTO
+    parallel: bool = True
+
+    def __post_init__(self) -> None:
+        if self.choice not in (AUTO, REQUIRED, NONE, *(f.get("name") for f in self.functions())):
+            raise InvalidParameter(f"tool choice {self.choice!r} names no function of the tools")
+
+    @classmethod
+    def of(cls, tools: list[dict], choice: str = AUTO, parallel: bool = True) -> ToolCalls:
+        return cls(json.dumps(tools, ensure_ascii=False), choice, parallel)
+
+    def functions(self) -> list[dict]:
+        return [tool["function"] for tool in json.loads(self.tools)]
+
+    def offered(self) -> list[dict] | None:  # the tools the chat template shows the model
+        return None if self.choice == NONE else json.loads(self.tools)
+
+    @property
+    def forced(self) -> bool:  # the reply must be calls
+        return self.choice not in (AUTO, NONE)
+
+    def callable(self) -> list[dict]:  # the functions a call may name
+        return [f for f in self.functions() if self.choice in (AUTO, REQUIRED, f["name"])]
+
+
 def _declare(default, setting: Setting):
     return field(default=default, metadata={"setting": setting})
 
@@ -298,6 +333,9 @@ class SamplingParams:
             expected="a ResponseFormat (or None)",
         ),
     )
+
+    # The server's tools and tool_choice: shown to the model by its chat template, a forced choice held.
+    tools: ToolCalls | None = _declare(None, Setting("tools", FORMAT, valid=lambda v: isinstance(v, ToolCalls | None)))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))

@@ -8,21 +8,24 @@ cannot hold a reply to (an unknown keyword, a bad reference). Each step the engi
 with `Constraint.mask` (an id the grammar cannot take next gets -inf) before the sampler's chain and
 tells `advance` the id it took. A draft's positions are masked one at a time, in the order the ids are
 taken, so a drafted reply is the one single steps would give. Once the value is complete only
-end-of-turn ids are left, and `stopped` says so.
+end-of-turn ids are left, and `stopped` says so. Tool calls that must be made are held the same way,
+by the Lark grammar of `chatcli.engine.sample.tools` (`check_params`, `constraint_for`).
 
 No torch and no UI: numpy logits in, numpy logits out.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+
 import numpy as np
 
-from chatcli.engine.params import ResponseFormat
+from chatcli.engine.params import ResponseFormat, SamplingParams
+from chatcli.engine.sample.tools import JSON_OPTIONS, calls_lark, held, parameters_of, with_options
 from chatcli.engine.text.tokenize import ChatTokenizer
 
-# Compact JSON, the way `json.dumps` writes it: with free whitespace a small model can pad a reply
-# with newlines until max_tokens. A schema's own "x-guidance" options still win.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CLOSING_RESERVE = 64  # reply tokens a held tool call keeps to close itself within max_tokens
 
 
 class GrammarError(ValueError):
@@ -95,43 +98,95 @@ class TokenGrammar:
     def __init__(self, tokenizer: ChatTokenizer, vocab: int | None = None) -> None:
         self.tokenizer = _ll_tokenizer(tokenizer, vocab)
         self.vocab = self.tokenizer.vocab_size
-        self._compiled: dict[ResponseFormat, str] = {}  # a format's checked grammar (clients resend the same one)
+        self.syntax = tokenizer.tool_syntax  # how the model writes a tool call
+        self.stop_ids = sorted(t for t in tokenizer.stop_ids if t < self.vocab)
+        self._compiled: dict[object, str] = {}  # a format's checked grammar (clients resend the same one)
 
     def check(self, fmt: ResponseFormat) -> str:
         """The grammar of `fmt`, checked against this tokenizer; GrammarError naming the problem."""
-        found = self._compiled.get(fmt)
+        return self._checked(fmt, lambda: grammar_of(fmt), "the JSON schema is not usable")
+
+    def check_params(self, params: SamplingParams) -> str | None:
+        """The grammar a turn with `params` is held to (None: its reply is free), checked; each tool's
+        parameters schema checked on its own first, so that a GrammarError names the tool."""
+        if params.tools is not None:
+            for i, function in enumerate(params.tools.functions()):
+                schema = with_options(parameters_of(function))
+                where = f"tools[{i}] ({function.get('name')}): the parameters schema is not usable"
+                grammar = _llguidance().LLMatcher.grammar_from_json_schema
+                self._checked(("call", json.dumps(schema)), lambda s=schema, g=grammar: g(s), where)
+        if not held(params):
+            return None
+        fmt, tools = params.response_format, params.tools
+        if tools is None or not tools.callable():  # no calls to make (tool_choice none): the format alone
+            return self.check(fmt)
+        fmt = None if tools.forced else fmt  # calls that must be made: the format has no say; auto: either
+        lark = _llguidance().LLMatcher.grammar_from_lark
+        what = "the tools' call grammar is not usable"
+        return self._checked((tools, fmt, self.syntax), lambda: lark(calls_lark(tools, self.syntax, fmt)), what)
+
+    def _checked(self, key, build, what: str) -> str:
+        """The grammar `build()` gives, validated and probed (`first_steps`) once per `key`."""
+        found = self._compiled.get(key)
         if found is not None:
             return found
         llguidance = _llguidance()
         try:
-            grammar = grammar_of(fmt)
+            grammar = build()
         except ValueError as exc:
-            raise GrammarError(f"the JSON schema is not usable: {exc}") from None
+            raise GrammarError(f"{what}: {exc}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
-            raise GrammarError(f"the JSON schema is not usable: {' '.join(error.split())}")  # one line
+            raise GrammarError(f"{what}: {' '.join(error.split())}")  # one line
         problem = first_steps(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0), self.vocab)
         if problem:
-            raise GrammarError(f"the JSON schema is not usable: {problem}")
+            raise GrammarError(f"{what}: {problem}")
         if len(self._compiled) >= 32:
             self._compiled.clear()
-        self._compiled[fmt] = grammar
+        self._compiled[key] = grammar
         return grammar
 
     def constraint(self, fmt: ResponseFormat) -> Constraint:
-        matcher = _llguidance().LLMatcher(self.tokenizer, self.check(fmt), log_level=0)
+        return self._matched(self.check(fmt))
+
+    def constraint_for(self, params: SamplingParams) -> Constraint | None:
+        """A turn's grammar state for its response format or the calls it must make; None: a free reply.
+        Calls close themselves within max_tokens: from CLOSING_RESERVE tokens before it, where the
+        grammar takes an id that ends something (`closers`), only those (a small model can write a
+        string in a loop until max_tokens, and a call cut there would not parse)."""
+        grammar = self.check_params(params)
+        if grammar is None:
+            return None
+        closing = None
+        if params.tools is not None and params.tools.callable():
+            closing = (self.closers, params.max_tokens - min(CLOSING_RESERVE, params.max_tokens // 2))
+        return self._matched(grammar, closing)
+
+    @functools.cached_property
+    def closers(self) -> np.ndarray:
+        """[vocab] bool: the ids whose text begins with `"`, `}` or `]` (each ends a string, an object or
+        an array where the grammar takes it there), and the end-of-turn ids."""
+        out = np.array([self.tokenizer.decode_bytes([t])[:1] in (b'"', b"}", b"]") for t in range(self.vocab)])
+        out[self.stop_ids] = True
+        return out
+
+    def _matched(self, grammar: str, closing=None) -> Constraint:
+        matcher = _llguidance().LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the JSON schema is not usable: {matcher.get_error()}")
-        return Constraint(matcher, self.vocab)
+        return Constraint(matcher, self.vocab, closing)
 
 
 class Constraint:
     """One turn's grammar state: which ids may come next, advanced by each id taken."""
 
-    def __init__(self, matcher, vocab: int) -> None:
+    def __init__(self, matcher, vocab: int, closing: tuple[np.ndarray, int] | None = None) -> None:
         self.matcher = matcher
         self.vocab = vocab
         self._bits = np.zeros((vocab + 31) // 32, dtype=np.int32)  # [ceil(V/32)]: one bit an id
+        self.closing = closing  # (closer ids, the step from which they are preferred), or None
+        self.taken = 0  # ids advanced
+        self.cut = False  # closing left out an id the grammar takes: the reply was ended for max_tokens
 
     def allowed(self) -> np.ndarray:
         """[vocab] bool: the ids the grammar takes next."""
@@ -142,6 +197,10 @@ class Constraint:
         """[V] logits → a copy where every id the grammar cannot take next is -inf (ids past the
         tokenizer's vocabulary, padding rows of the head, too)."""
         allowed = self.allowed()
+        if self.closing is not None and self.taken >= self.closing[1]:
+            closers = allowed & self.closing[0]
+            if closers.any() and np.count_nonzero(closers) < np.count_nonzero(allowed):
+                allowed, self.cut = closers, True
         n = min(len(allowed), len(logits))
         allowed = allowed[:n]
         if 2 * np.count_nonzero(allowed) < n:  # few ids allowed (between values): copy those
@@ -158,6 +217,7 @@ class Constraint:
         """The id the engine took; it came from the mask, so the grammar accepts it."""
         if not self.matcher.consume_token(int(token)):
             raise GrammarError(f"the JSON schema is not usable: {matcher_error(self.matcher)}")
+        self.taken += 1
 
     @property
     def stopped(self) -> bool:

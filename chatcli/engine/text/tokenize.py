@@ -22,6 +22,8 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from chatcli.engine.text.toolcalls import fallback_messages, syntax_of, takes_tools
+
 # End-of-turn markers of widespread chat templates (ChatML, Llama 3, Gemma, Phi).
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -35,10 +37,26 @@ class ChatTokenizer:
     """What the engine needs of a tokenizer; `stop_ids` is set by the implementations."""
 
     stop_ids: frozenset[int] = frozenset()
+    template_source: str = ""  # the chat template's text
 
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        """The whole conversation, templated with the assistant's turn opened."""
+    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
+        """The whole conversation, templated with the assistant's turn opened; `tools` (OpenAI's list)
+        shown to the model (`with_tools`)."""
         raise NotImplementedError
+
+    @property
+    def tool_syntax(self) -> str:
+        """How this model writes a tool call (`chatcli.engine.text.toolcalls`: HERMES or LLAMA3)."""
+        return syntax_of(self.template_source)
+
+    def with_tools(self, messages: Sequence[dict], tools: list[dict] | None) -> tuple[list[dict], list | None]:
+        """The messages and tools the template renders: as they are where it takes tools, else the
+        fallback (the tools in the system prompt, calls and results as text: `fallback_messages`)."""
+        if takes_tools(self.template_source):
+            return list(messages), tools or None
+        if tools or any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):
+            return fallback_messages(messages, tools), None
+        return list(messages), None
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -66,6 +84,8 @@ class TransformersTokenizer(ChatTokenizer):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
+        template = tokenizer.chat_template
+        self.template_source = template if isinstance(template, str) else json.dumps(template)
         ids: set[int] = set()
         for source in (model_config, generation_config, tokenizer):
             ids.update(_as_ids(getattr(source, "eos_token_id", None)))
@@ -73,9 +93,10 @@ class TransformersTokenizer(ChatTokenizer):
         ids.update(vocab[m] for m in END_OF_TURN_MARKERS if m in vocab)
         self.stop_ids = frozenset(ids)
 
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
+        messages, tools = self.with_tools(messages, tools)
         ids = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
         )
         return [int(i) for i in ids]
 
@@ -107,7 +128,8 @@ class FolderTokenizer(ChatTokenizer):
         if settings.get("clean_up_tokenization_spaces") and type(self.tokenizer.model).__name__ != "BPE":
             raise UnsupportedTokenizer("the tokenizer cleans up spaces when it decodes")
         self.special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
-        self.template = _compile(_chat_template(folder, settings))
+        self.template_source = _chat_template(folder, settings)
+        self.template = _compile(self.template_source)
         ids: set[int] = set()
         for config in (_json(folder / "config.json"), _json(folder / "generation_config.json")):
             ids.update(_as_ids(config.get("eos_token_id")))
@@ -117,15 +139,16 @@ class FolderTokenizer(ChatTokenizer):
                 ids.add(found)
         self.stop_ids = frozenset(ids)
 
-    def render(self, messages: Sequence[dict]) -> str:
+    def render(self, messages: Sequence[dict], tools: list[dict] | None = None) -> str:
         """The chat template's text for `messages`, the assistant's turn opened (as transformers renders it)."""
+        messages, tools = self.with_tools(messages, tools)
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
         return self.template.render(
-            messages=chat, tools=None, documents=None, add_generation_prompt=True, **self.special
+            messages=chat, tools=tools, documents=None, add_generation_prompt=True, **self.special
         )
 
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        return self.encode(self.render(messages))
+    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.encode(self.render(messages, tools))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -1,0 +1,209 @@
+"""Tool calls as text: the syntax a chat template writes them in, the prompt of a template that knows
+no tools, and a reply's calls read back (whole, or piece by piece as it streams).
+
+Two call syntaxes:
+
+- HERMES: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, a block a call: the
+  templates of Qwen2.5, Qwen3 and Hermes write them so; and the fallback of a template without tools.
+- LLAMA3: the reply is one JSON object `{"name": ..., "parameters": {...}}` (Llama 3.1+'s JSON tool
+  calling; a leading `<|python_tag|>` is skipped).
+
+A chat template that mentions no `tools` gets the fallback (`fallback_messages`): the tools listed as
+JSON in the system prompt with the Hermes call syntax asked for, an assistant's calls written as
+Hermes blocks after its text, and tool results given as a user message of `<tool_response>` blocks.
+
+Stdlib only: the server reads calls with it, the grammar writes their literal text from it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+HERMES, LLAMA3 = "hermes", "llama3"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+
+FALLBACK = (
+    "You may call functions to help with the user's request. Their signatures are given as JSON "
+    "between <tools></tools>:\n<tools>\n{tools}\n</tools>\n\n"
+    "To call a function, write a JSON object with its name and arguments between <tool_call></tool_call> "
+    "tags, one block per call:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+def takes_tools(template: str) -> bool:
+    """The chat template renders `tools` itself (else the fallback)."""
+    return "tools" in template
+
+
+def syntax_of(template: str) -> str:
+    """The call syntax a chat template's model writes: LLAMA3 where the template asks for Llama 3.1's
+    JSON calls, else HERMES (Qwen, Hermes, and the fallback of a template without tools)."""
+    if takes_tools(template) and OPEN not in template and (PYTHON_TAG in template or '"parameters": ' in template):
+        return LLAMA3
+    return HERMES
+
+
+def call_text(name: str, arguments, syntax: str = HERMES) -> str:
+    """One call as the model writes it (compact JSON, as the grammar holds it)."""
+    args = arguments if isinstance(arguments, dict) else _object(arguments)
+    key = "parameters" if syntax == LLAMA3 else "arguments"
+    body = json.dumps({"name": name, key: args if args is not None else arguments}, ensure_ascii=False)
+    return body if syntax == LLAMA3 else f"{OPEN}\n{body}\n{CLOSE}"
+
+
+def fallback_messages(messages: Sequence[dict], tools: list[dict] | None) -> list[dict]:
+    """The conversation for a template without tools: the tools in the system prompt (the given one,
+    with them after it), calls as Hermes blocks in the assistant's text, tool results as user text."""
+    out: list[dict] = []
+    rest = list(messages)
+    if tools:
+        listing = FALLBACK.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        system = rest.pop(0)["content"] + "\n\n" if rest and rest[0].get("role") == "system" else ""
+        out.append({"role": "system", "content": system + listing})
+    for message in rest:
+        role, content = message.get("role"), message.get("content") or ""
+        if role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            if out and out[-1].get("tool_results"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "tool_results": True})
+            continue
+        calls = [
+            call_text(c["function"]["name"], c["function"].get("arguments")) for c in message.get("tool_calls") or ()
+        ]
+        out.append({"role": role, "content": "\n".join(([content] if content else []) + calls)})
+    return [{k: v for k, v in m.items() if k != "tool_results"} for m in out]
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: str  # the arguments object as compact JSON text (what OpenAI's function.arguments holds)
+
+
+def _object(text) -> dict | None:
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _call(text: str, syntax: str) -> Call | None:
+    """A call's JSON object, or None where it is not one."""
+    found = _object(text.strip())
+    if found is None or not isinstance(found.get("name"), str):
+        return None
+    keys = ("parameters", "arguments") if syntax == LLAMA3 else ("arguments", "parameters")
+    args = next((found[key] for key in keys if key in found), {})
+    if isinstance(args, str):
+        args = _object(args)
+    if not isinstance(args, dict):
+        return None
+    return Call(found["name"], json.dumps(args, ensure_ascii=False))
+
+
+def parse_calls(text: str, syntax: str = HERMES) -> tuple[str, list[Call]]:
+    """A reply's text outside its calls, and the calls (a block that does not parse stays text)."""
+    scanner = CallScanner(syntax)
+    pieces = scanner.push(text) + scanner.finish()
+    return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, Call)]
+
+
+class CallScanner:
+    """A streamed reply's text → its pieces: text (str) as soon as it cannot be part of a call, and each
+    `Call` once its block is complete. Text that may open a call is held back; so is whitespace, until
+    more text follows (at the end, whitespace is dropped where there were calls)."""
+
+    def __init__(self, syntax: str = HERMES) -> None:
+        self.syntax = syntax
+        self.buffer = ""
+        self.blank = ""  # whitespace held back
+        self.tried = len(OPEN)  # where in a block (the buffer) the next `</tool_call>` to try may start
+        self.calls = 0
+        self.started = False  # LLAMA3: the reply's first text decided whether it is a call
+
+    def push(self, text: str) -> list:
+        self.buffer += text
+        return self._llama() if self.syntax == LLAMA3 else self._hermes(final=False)
+
+    def finish(self) -> list:
+        out = self._hermes(final=True) if self.syntax == HERMES else self._llama(final=True)
+        if self.blank and not self.calls:
+            out.append(self.blank)
+        self.blank = ""
+        return out
+
+    def _text(self, text: str, out: list) -> None:
+        if not text:
+            return
+        stripped = text.rstrip()
+        if not stripped:
+            self.blank += text
+            return
+        out.append(self.blank + stripped)
+        self.blank = text[len(stripped) :]
+
+    def _hermes(self, final: bool) -> list:
+        """A block's end is the first `</tool_call>` before which its text is a call (the JSON's own
+        strings may hold the tag); a block that never becomes one is text (told at the end)."""
+        out: list = []
+        while True:
+            start = self.buffer.find(OPEN)
+            if start < 0:
+                keep = 0 if final else _partial(self.buffer, OPEN)
+                self._text(self.buffer[: len(self.buffer) - keep], out)
+                self.buffer = self.buffer[len(self.buffer) - keep :]
+                return out
+            if start:
+                self._text(self.buffer[:start], out)
+                self.buffer, self.tried = self.buffer[start:], len(OPEN)
+            call = None
+            while call is None:
+                end = self.buffer.find(CLOSE, self.tried)
+                if end < 0:
+                    break
+                call, self.tried = _call(self.buffer[len(OPEN) : end], HERMES), end + 1
+            if call is None:
+                if not final:
+                    return out
+                after = self.buffer.find(OPEN, 1)  # not a call: text, up to the next block
+                after = len(self.buffer) if after < 0 else after
+                self._text(self.buffer[:after], out)
+                self.buffer, self.tried = self.buffer[after:], len(OPEN)
+                continue
+            self.buffer, self.tried = self.buffer[end + len(CLOSE) :], len(OPEN)
+            self.blank = ""
+            self.calls += 1
+            out.append(call)
+
+    def _llama(self, final: bool = False) -> list:
+        out: list = []
+        head = self.buffer.lstrip().removeprefix(PYTHON_TAG).lstrip()
+        if not self.started and head and not head.startswith("{"):
+            self.started = True  # text: as it comes
+        if self.started:
+            self._text(self.buffer, out)
+            self.buffer = ""
+        elif final:
+            call = _call(head, LLAMA3) if head else None
+            if call is None:
+                self._text(self.buffer, out)
+            else:
+                self.calls += 1
+                out.append(call)
+            self.buffer = ""
+        return out
+
+
+def _partial(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that begins `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
