@@ -35,7 +35,7 @@ def test_penalties_change_the_reply_and_repeat_penalty_is_an_alias(tiny_engine, 
     "fields,param",
     [
         ({"prediction": {"type": "content", "content": "Paris"}}, "prediction"),
-        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"extra_body": {"web_search_options": {}}}, "web_search_options"),
         ({"extra_body": {"reasoning_effort": "high"}}, "reasoning_effort"),
     ],
 )

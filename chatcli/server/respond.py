@@ -18,9 +18,10 @@ import time
 import anyio
 from starlette.responses import Response
 
-from chatcli.engine import Finished, Prefilled, Token, token_entry
+from chatcli.engine import CallScanner, Finished, GrammarError, Prefilled, Token, parse_calls, token_entry
 from chatcli.server import schema
 from chatcli.server.schema import APIError, ChatRequest
+from chatcli.server.tools import call_deltas, tool_calls
 from chatcli.server.worker import Failed, GenerationWorker, Job
 
 
@@ -40,6 +41,11 @@ class CompletionResponse(Response):
         self.tokenizer = tokenizer  # names the tokens of a reply's logprobs
         self.background = None
         self.cid, self.created = schema.new_id(), int(time.time())
+        tools = getattr(request.params, "tools", None)
+        self.tools = tools if tools is not None and tools.callable() else None  # calls to read from the reply
+        self.syntax = getattr(getattr(worker.engine, "tokenizer", None), "tool_syntax", None)
+        self.scanner = CallScanner(self.syntax) if self.tools is not None and self.syntax else None
+        self.calls = 0  # calls streamed
 
     def _job(self, emit) -> Job:
         return Job(self.request.messages, self.request.params, emit, truncate=self.request.truncate)
@@ -58,7 +64,26 @@ class CompletionResponse(Response):
 
     def _whole(self, first: Prefilled, done: Finished, scored: list | None) -> dict:
         use = schema.usage(first, done.stats)
-        return schema.completion(self.cid, self.model, done.reply, done.finish_reason, use, scored)
+        text, calls = done.reply, []
+        if self.scanner is not None:
+            content, calls = parse_calls(done.reply, self.syntax)
+            calls = calls if self.tools.parallel else calls[:1]
+            text = content if calls else text
+        return schema.completion(self.cid, self.model, text, done.finish_reason, use, scored, tool_calls(calls))
+
+    def _deltas(self, text: str | None) -> list:
+        """What the reply's next text (None: its end) lets out: the text (a str, for `_piece`), or with
+        tools the scanner's pieces as deltas, text and calls (one only where parallel calls are not allowed)."""
+        if self.scanner is None:
+            return [text] if text else []
+        out = []
+        for piece in self.scanner.finish() if text is None else self.scanner.push(text):
+            if isinstance(piece, str):
+                out.append({"content": piece})
+            elif self.calls == 0 or self.tools.parallel:
+                out += call_deltas(piece, self.calls)
+                self.calls += 1
+        return out
 
     def _chunk(self, delta, reason=None, use=None, scored=None, with_usage=None) -> dict:
         with_usage = self.request.include_usage if with_usage is None else with_usage
@@ -83,6 +108,10 @@ class CompletionResponse(Response):
         def emit(item) -> None:  # called in the worker thread
             loop.call_soon_threadsafe(events.put_nowait, item)
 
+        refused = await self._check_tools()
+        if refused is not None:
+            await self._send_json(send, refused.status, refused.body())
+            return
         job = self._job(emit)
         if not self.worker.submit(job):
             busy = APIError(
@@ -108,6 +137,20 @@ class CompletionResponse(Response):
             finally:
                 job.cancel.set()  # no-op after Finished; stops a turn whose client left
                 tg.cancel_scope.cancel()
+
+    async def _check_tools(self) -> APIError | None:
+        """A 400 for tools this engine cannot offer: a parameters schema the grammar engine refuses
+        (checked off the event loop: the first check builds the tokenizer's grammar side), no tokenizer."""
+        params = self.request.params
+        if getattr(params, "tools", None) is None:
+            return None
+        if self.syntax is None:
+            return APIError(400, "tools need the in-process engine", "tools", "unsupported_parameter")
+        try:
+            await anyio.to_thread.run_sync(self.worker.engine.check_params, params)
+        except GrammarError as exc:
+            return APIError(400, str(exc), "tools", "invalid_value")
+        return None
 
     async def _respond(self, events: asyncio.Queue, send) -> None:
         first = await events.get()
@@ -149,17 +192,19 @@ class CompletionResponse(Response):
         pending = [] if self.request.params.logprobs is not None else None  # tokens whose text is not out yet
         while True:
             event = await events.get()
-            if isinstance(event, Token):
-                self._scored(event, pending)
-                if event.text:
-                    scored = pending
-                    pending = [] if pending is not None else None
-                    await data(self._piece(event.text, scored))
-            elif isinstance(event, Failed):
+            if isinstance(event, Failed):
                 await data(event.error.body())
                 break
-            elif isinstance(event, Finished):
-                await data(self._closing(schema.finish_reason(event.finish_reason)))
+            if isinstance(event, Token):
+                self._scored(event, pending)
+            elif not isinstance(event, Finished):
+                continue
+            for delta in self._deltas(event.text if isinstance(event, Token) else None):
+                scored = pending
+                pending = [] if pending is not None else None
+                await data(self._piece(delta, scored) if isinstance(delta, str) else self._chunk(delta, scored=scored))
+            if isinstance(event, Finished):
+                await data(self._closing(schema.finish_reason(event.finish_reason, self.calls > 0)))
                 if self.request.include_usage:
                     await data(self._usage_chunk(schema.usage(first, event.stats)))
                 break

@@ -25,8 +25,9 @@ from chatcli.engine import (
     SamplingParams,
     settings,
 )
+from chatcli.server.tools import ToolError, named_results, parse_tools, tool_message
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOPS = 4
 
 # SamplingParams' names in its messages ("top-k must be ...") → its field; the message is rewritten
@@ -88,7 +89,6 @@ def _truncation(value) -> bool:
 # Request fields that change what the reply is and that this server does not do (yet): a request
 # that sends one, other than as its no-op value, gets a 400 naming it instead of a reply that ignores it.
 REFUSED = {
-    "tool_choice": lambda v: v == "none",
     "modalities": lambda v: v == ["text"],
     "audio": lambda _v: False,
     "prediction": lambda _v: False,
@@ -142,8 +142,11 @@ def parse_messages(value) -> list[dict]:
         role = msg.get("role")
         if not isinstance(role, str) or role not in ROLES:
             raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
-        out.append({"role": ROLES[role], "content": _content(msg.get("content"), where)})
-    return out
+        try:
+            out.append(tool_message(msg, ROLES[role], _content(msg.get("content"), where), where))
+        except ToolError as exc:
+            raise bad(str(exc), exc.param, exc.code) from None
+    return named_results(out)
 
 
 def _stops(value) -> tuple[str, ...]:
@@ -238,8 +241,10 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
     n = number(body, "n", integer=True)
     if n is not None and n != 1:
         raise bad("only n=1 is supported", "n")
-    if body.get("tools") or body.get("functions"):
-        raise bad("tools are not supported by this server", "tools", "unsupported_parameter")
+    try:
+        tools = parse_tools(body)
+    except ToolError as exc:
+        raise bad(str(exc), exc.param, exc.code) from None
     for field, accepted in REFUSED.items():  # fields that would change the reply, not built yet
         value = body.get(field)
         if value is not None and not accepted(value):
@@ -249,6 +254,8 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
     fmt = _response_format(body.get("response_format"))
     if fmt is not None:
         extra["response_format"] = fmt
+    if tools is not None:
+        extra["tools"] = tools
     params = sampling_params(body, defaults, extra)
     return ChatRequest(messages, params, stream, include_usage, _truncation(body.get("truncation")))
 
@@ -310,12 +317,18 @@ def usage(first, stats) -> dict:
     }
 
 
-def finish_reason(reason: FinishReason) -> str:
-    """OpenAI's finish reason: "length", else "stop" (a cancelled turn only reaches a client that left)."""
-    return "length" if reason == FinishReason.LENGTH else "stop"
+def finish_reason(reason: FinishReason, calls: bool = False) -> str:
+    """OpenAI's finish reason: "length", else "tool_calls" for a reply with calls, else "stop" (a
+    cancelled turn only reaches a client that left)."""
+    return "length" if reason == FinishReason.LENGTH else "tool_calls" if calls else "stop"
 
 
-def completion(cid: str, model: str, text: str, reason: str, use: dict, logprobs: list | None = None) -> dict:
+def completion(
+    cid: str, model: str, text: str, reason: str, use: dict, logprobs: list | None = None, calls: list | None = None
+) -> dict:
+    message = {"role": "assistant", "content": text or None} if calls else {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = calls
     return {
         "id": cid,
         "object": "chat.completion",
@@ -324,8 +337,8 @@ def completion(cid: str, model: str, text: str, reason: str, use: dict, logprobs
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish_reason(reason),
+                "message": message,
+                "finish_reason": finish_reason(reason, bool(calls)),
                 "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
             }
         ],
