@@ -4,13 +4,14 @@ thread, run together as one `forward_batch` (serve's slots, `chatcli serve --par
 Contract. A turn runs in its own thread exactly as it runs alone: `Engine.complete` calls `forward`
 or `verify` and blocks until its logits come back. Inside `slot()` a turn counts as running, and the
 calls wait for those of the other running turns — until each of them has one pending, or `wait_s`
-after the oldest pending call — then one thread of the runner's own (the step thread) runs all that
-are pending in one call: every weight is read once for all their rows, and each call gets the bits
-it would get alone (`NativeRunner.forward_batch`), so a greedy reply is the same beside other
-requests. A prompt chunk rides in the same batch as the others' single decode rows: a long prompt
-delays them by at most a chunk, `SHARED_CHUNK` tokens while others run. A batch that fails runs its
-calls one by one, so that one bad call fails only itself. Only the step thread calls the runner: one
-OpenMP team, however many turns (`runners/threads.py` says what a second team costs).
+after the oldest pending call or the last batch's end, whichever is later — then one thread of the
+runner's own (the step thread) runs all that are pending in one call: every weight is read once for
+all their rows, and each call gets the bits it would get alone (`NativeRunner.forward_batch`), so a
+greedy reply is the same beside other requests. A prompt chunk rides in the same batch as the
+others' single decode rows: a long prompt delays them by at most a chunk, `SHARED_CHUNK` tokens
+while others run. A batch that fails runs its calls one by one, so that one bad call fails only
+itself. Only the step thread calls the runner: one OpenMP team, however many turns
+(`runners/threads.py` says what a second team costs).
 
 A runner without `forward_batch` (the torch runners) takes the calls one by one, in turn: the turns
 then interleave step by step instead of queueing whole. Everything else (`new_cache`,
@@ -51,6 +52,7 @@ class BatchedRunner:
         self._pending: list[_Call] = []
         self._running = 0  # turns inside slot()
         self._thread: threading.Thread | None = None
+        self._free_since = 0.0  # when the last batch ended: a call waits from then, not from its own start
         self.batches = self.rows = self.widest = 0  # calls run, their rows, the most sequences in one
 
     def __getattr__(self, name: str):
@@ -102,13 +104,16 @@ class BatchedRunner:
                 batch, self._pending = self._pending, []
             self._run(batch)
             with self._cond:
+                self._free_since = time.monotonic()
                 self._cond.notify_all()
 
     def _wait(self) -> float | None:
         """None where the pending calls should run now; else how long to sleep before looking again."""
         if not self._pending:
             return 60.0  # woken by the next call
-        left = self._pending[0].since + self.wait_s - time.monotonic()
+        # from the later of the oldest call and the last batch's end: a call that came during a batch
+        # waits for the turns that batch just answered, or two groups would take turns, half-full
+        left = max(self._pending[0].since, self._free_since) + self.wait_s - time.monotonic()
         if len(self._pending) >= self._running or left <= 0:
             return None
         return left
