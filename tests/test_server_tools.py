@@ -460,6 +460,11 @@ def function(name="f", parameters=None):
         ({"tools": [function(parameters={"type": "nosuchtype"})]}, "tools", "tools[0] (f)"),
         ({"tools": [function(), function("g", {"$ref": "#/$defs/missing"})]}, "tools", "tools[1] (g)"),
         ({"tools": [function(parameters=OPEN)]}, "tools", "too large or too open"),
+        (  # beside a good response_format, the bad tool is named
+            {"tools": [function(parameters={"type": "nosuchtype"})], "response_format": {"type": "json_object"}},
+            "tools",
+            "tools[0] (f)",
+        ),
         ({"tools": [function()], "tool_choice": {"type": "function", "function": {"name": "h"}}}, "tool_choice", "'h'"),
         ({"tools": [function()], "tool_choice": "always"}, "tool_choice", "tool_choice must be"),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),

@@ -288,8 +288,8 @@ def create_app(
             return
         try:
             await anyio.to_thread.run_sync(engine.check_params, params)
-        except GrammarError as exc:
-            raise APIError(400, str(exc), "response_format", "invalid_value") from None
+        except GrammarError as exc:  # the response_format's schema, or a tool's
+            raise APIError(400, str(exc), exc.param, "invalid_value") from None
         except InvalidParameter as exc:
             raise APIError(400, str(exc), "logit_bias", "invalid_value") from None
 

@@ -203,9 +203,9 @@ class GenerationWorker:
                         self._record(event, lease.how)
             ok = True
         except GrammarError as exc:  # the schema failed the grammar engine past its first steps: the request's fault
-            log.warning("response_format refused: %s", exc)
+            log.warning("%s refused: %s", exc.param, exc)
             self._count("failed")
-            failure = Failed(APIError(400, str(exc), "response_format", "invalid_value"))
+            failure = Failed(APIError(400, str(exc), exc.param, "invalid_value"))
         except Exception as exc:  # noqa: BLE001 - reported to the client as one line
             log.exception("generation failed")
             self._count("failed")

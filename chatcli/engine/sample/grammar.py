@@ -29,7 +29,12 @@ CLOSING_RESERVE = 64  # reply tokens a held tool call keeps to close itself with
 
 
 class GrammarError(ValueError):
-    """A response format that cannot constrain this model's replies; the message says why, in one line."""
+    """A response format (or tools) that cannot constrain this model's replies; the message says why, in
+    one line; `param` the request's field at fault (OpenAI's `param` of a 400)."""
+
+    def __init__(self, message: str, param: str = "response_format") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _llguidance():
@@ -114,7 +119,7 @@ class TokenGrammar:
                 schema = with_options(parameters_of(function))
                 where = f"tools[{i}] ({function.get('name')}): the parameters schema is not usable"
                 grammar = _llguidance().LLMatcher.grammar_from_json_schema
-                self._checked(("call", json.dumps(schema)), lambda s=schema, g=grammar: g(s), where)
+                self._checked(("call", json.dumps(schema)), lambda s=schema, g=grammar: g(s), where, "tools")
         if not held(params):
             return None
         fmt, tools = params.response_format, params.tools
@@ -123,9 +128,10 @@ class TokenGrammar:
         fmt = None if tools.forced else fmt  # calls that must be made: the format has no say; auto: either
         lark = _llguidance().LLMatcher.grammar_from_lark
         what = "the tools' call grammar is not usable"
-        return self._checked((tools, fmt, self.syntax), lambda: lark(calls_lark(tools, self.syntax, fmt)), what)
+        key = (tools, fmt, self.syntax)
+        return self._checked(key, lambda: lark(calls_lark(tools, self.syntax, fmt)), what, "tools")
 
-    def _checked(self, key, build, what: str) -> str:
+    def _checked(self, key, build, what: str, param: str = "response_format") -> str:
         """The grammar `build()` gives, validated and probed (`first_steps`) once per `key`."""
         found = self._compiled.get(key)
         if found is not None:
@@ -134,13 +140,13 @@ class TokenGrammar:
         try:
             grammar = build()
         except ValueError as exc:
-            raise GrammarError(f"{what}: {exc}") from None
+            raise GrammarError(f"{what}: {exc}", param) from None
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
-            raise GrammarError(f"{what}: {' '.join(error.split())}")  # one line
+            raise GrammarError(f"{what}: {' '.join(error.split())}", param)  # one line
         problem = first_steps(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0), self.vocab)
         if problem:
-            raise GrammarError(f"{what}: {problem}")
+            raise GrammarError(f"{what}: {problem}", param)
         if len(self._compiled) >= 32:
             self._compiled.clear()
         self._compiled[key] = grammar
