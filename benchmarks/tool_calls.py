@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
 import time
+from pathlib import Path
 
-import httpx
 import jsonschema
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_load import start_server  # noqa: E402 - beside this script: `chatcli serve` started and waited for
 
 TOOLS = [
     {
@@ -82,31 +83,6 @@ PROMPTS = [
     "Is it raining in Tokyo right now? Use fahrenheit.",
     "Search for a good pancake recipe.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(model: str | None):
-    port = free_port()
-    argv = [sys.executable, "-m", "chatcli", "serve", "--port", str(port), *(["--model", model] if model else [])]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"chatcli serve exited with {proc.returncode} before it answered")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("chatcli serve did not answer /health within 600 s")
 
 
 def problems(message, reason: str, required: bool) -> list[str]:
@@ -187,7 +163,11 @@ def main() -> None:
     args = ap.parse_args()
     from openai import OpenAI
 
-    proc, url = (None, args.url.rstrip("/").removesuffix("/v1")) if args.url else start(args.model)
+    proc, url = (
+        (None, args.url.rstrip("/").removesuffix("/v1"))
+        if args.url
+        else start_server("chatcli", args.model, 1, 0, None)
+    )
     try:
         client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
         results = [run(client, "required", args.requests, args.max_tokens)]
