@@ -90,6 +90,17 @@ def test_a_schema_request_beside_free_ones(native, serve):
 def test_a_client_that_leaves_mid_batch_frees_its_slot_and_spares_the_others(native, serve):
     native.tokenizer.stop_ids = frozenset()  # replies that run their whole length
     expected = [alone(native, [{"role": "user", "content": p}], temperature=0, max_tokens=60) for p in PROMPTS[:3]]
+    batched, alone_forward = native.runner.forward_batch, native.runner.forward
+
+    def slow_batch(requests):  # ~4 ms a step: the leaver is far from its context's end when it leaves
+        time.sleep(0.004)
+        return batched(requests)
+
+    def slow_forward(ids, cache):  # a batch of one (the leaver before the others come) as slow
+        time.sleep(0.004)
+        return alone_forward(ids, cache)
+
+    native.runner.forward_batch, native.runner.forward = slow_batch, slow_forward
     server = serve(native, parallel=4)
     worker = server.worker
     body = {"messages": USER, "temperature": 0, "max_tokens": 100_000, "stream": True}
