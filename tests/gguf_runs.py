@@ -67,3 +67,17 @@ def assert_drafts_are_single_steps(runner: NativeRunner) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(steps, drafted, strict=True))
     other.crop(5)  # a crop, then the same tokens again
     assert np.array_equal(runner.verify(IDS[5:9], other), drafted[2:])
+
+
+def assert_near_the_files_size(tmp_path, types, kinds: set, bound: float) -> None:
+    """A tiny llama written with `types` and read directly: its lean file holds the tensor types `kinds`,
+    their blocks at most `bound` times the GGUF's 2-D tensors' bytes."""
+    from tests.gguf_models import tiny
+
+    direct_runner(tiny("llama", False), types, tmp_path)
+    weights = LeanWeights(tmp_path / "gguf.safetensors", "gguf", "test")
+    assert set(weights.config.types.split("+")) == kinds
+    keys = ("w", "hi", "d", "m", "sc", "sm")
+    blocks = sum(i.nbytes for n, i in weights.file.tensors.items() if n.split(".")[-1] in keys)
+    in_file = sum(t.n_bytes for t in GGUFFile(tmp_path / "model.gguf").tensors.values() if len(t.shape) == 2)
+    assert blocks <= bound * in_file, blocks / in_file

@@ -17,10 +17,16 @@ import torch
 
 from chatcli.engine.runners.native import NativeRunner
 from chatcli.engine.weights.gguf_file import GGUFFile
-from chatcli.engine.weights.gguf_lean import convert_gguf_lean, direct_reason
-from chatcli.engine.weights.lean_file import LeanWeights
+from chatcli.engine.weights.gguf_lean import direct_reason
 from tests.gguf_models import Q4_K_M, fake_quantized, tiny, uniform, write_gguf
-from tests.gguf_runs import IDS, assert_close, assert_drafts_are_single_steps, computed, direct_runner
+from tests.gguf_runs import (
+    IDS,
+    assert_close,
+    assert_drafts_are_single_steps,
+    assert_near_the_files_size,
+    computed,
+    direct_runner,
+)
 
 CASES = [
     ("llama", True, Q4_K_M),
@@ -61,16 +67,7 @@ def test_a_longrope_phi3_runs_its_short_factors_up_to_its_original_context(kerne
 
 
 def test_the_lean_file_is_no_larger_than_the_gguf(kernel, tmp_path):
-    model = tiny("llama", False)
-    path = write_gguf(model, tmp_path / "model.gguf", Q4_K_M)
-    lean = tmp_path / "gguf.safetensors"
-    convert_gguf_lean(path, lean, 128, "test")
-    weights = LeanWeights(lean, "gguf", "test")
-    assert set(weights.config.types.split("+")) == {"Q4_K", "Q6_K"}
-    keys = ("w", "hi", "d", "m", "sc", "sm")
-    blocks = sum(i.nbytes for n, i in weights.file.tensors.items() if n.split(".")[-1] in keys)
-    in_file = sum(t.n_bytes for t in GGUFFile(path).tensors.values() if len(t.shape) == 2)
-    assert blocks <= 1.05 * in_file
+    assert_near_the_files_size(tmp_path, Q4_K_M, {"Q4_K", "Q6_K"}, 1.05)
 
 
 def test_what_is_not_read_directly_says_why(tmp_path):

@@ -17,10 +17,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatcli.engine.weights.gguf_file import GGUFFile
-from chatcli.engine.weights.lean_file import LeanWeights
 from tests.gguf_models import Q4_K_M, tiny, uniform
-from tests.gguf_runs import assert_close, assert_drafts_are_single_steps, computed, direct_runner
+from tests.gguf_runs import (
+    assert_close,
+    assert_drafts_are_single_steps,
+    assert_near_the_files_size,
+    computed,
+    direct_runner,
+)
 
 
 def Q4_K_M_F16_OUT(name: str, shape: tuple[int, ...], *, n_layers: int | None = None, has_output: bool = True) -> str:
@@ -100,14 +104,7 @@ def test_a_float_draft_gives_the_bits_of_single_steps(build, tmp_path, family, t
     ids=ids,
 )
 def test_the_lean_file_of_float_tensors_stays_near_the_ggufs_size(kernel, tmp_path, types, kinds, bound):
-    model = tiny("llama", False)
-    direct_runner(model, types, tmp_path)
-    weights = LeanWeights(tmp_path / "gguf.safetensors", "gguf", "test")
-    assert set(weights.config.types.split("+")) == kinds
-    keys = ("w", "hi", "d", "m", "sc", "sm")
-    blocks = sum(i.nbytes for n, i in weights.file.tensors.items() if n.split(".")[-1] in keys)
-    in_file = sum(t.n_bytes for t in GGUFFile(tmp_path / "model.gguf").tensors.values() if len(t.shape) == 2)
-    assert blocks <= bound * in_file, blocks / in_file
+    assert_near_the_files_size(tmp_path, types, kinds, bound)
 
 
 def test_the_iq4_quantizer_round_trips_through_the_gguf_package():
@@ -150,4 +147,4 @@ def test_an_iq4_draft_gives_the_bits_of_single_steps(build, tmp_path, family, ti
     ids=ids,
 )
 def test_the_lean_file_of_iq4_tensors_stays_near_the_ggufs_size(kernel, tmp_path, types, kinds, bound):
-    test_the_lean_file_of_float_tensors_stays_near_the_ggufs_size(kernel, tmp_path, types, kinds, bound)
+    assert_near_the_files_size(tmp_path, types, kinds, bound)

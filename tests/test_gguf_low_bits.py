@@ -14,10 +14,14 @@ import re
 
 import pytest
 
-from chatcli.engine.weights.gguf_file import GGUFFile
-from chatcli.engine.weights.lean_file import LeanWeights
 from tests.gguf_models import tiny, uniform
-from tests.gguf_runs import assert_close, assert_drafts_are_single_steps, computed, direct_runner
+from tests.gguf_runs import (
+    assert_close,
+    assert_drafts_are_single_steps,
+    assert_near_the_files_size,
+    computed,
+    direct_runner,
+)
 
 
 def _layer(name: str) -> int:
@@ -91,11 +95,4 @@ def test_a_low_bit_draft_gives_the_bits_of_single_steps(build, tmp_path, family,
     ids=ids,
 )
 def test_the_lean_file_stays_near_the_ggufs_size(kernel, tmp_path, types, kinds, bound):
-    model = tiny("llama", False)
-    direct_runner(model, types, tmp_path)
-    weights = LeanWeights(tmp_path / "gguf.safetensors", "gguf", "test")
-    assert set(weights.config.types.split("+")) == kinds
-    keys = ("w", "hi", "d", "m", "sc", "sm")
-    blocks = sum(i.nbytes for n, i in weights.file.tensors.items() if n.split(".")[-1] in keys)
-    in_file = sum(t.n_bytes for t in GGUFFile(tmp_path / "model.gguf").tensors.values() if len(t.shape) == 2)
-    assert blocks <= bound * in_file, blocks / in_file
+    assert_near_the_files_size(tmp_path, types, kinds, bound)
