@@ -10,8 +10,8 @@ all their rows, and each call gets the bits it would get alone (`NativeRunner.fo
 greedy reply is the same beside other requests. A prompt chunk rides in the same batch as the
 others' single decode rows: a long prompt delays them by at most a chunk, `SHARED_CHUNK` tokens
 while others run. A batch that fails runs its calls one by one, so that one bad call fails only
-itself. Only the step thread calls the runner: one OpenMP team, however many turns
-(`runners/threads.py` says what a second team costs).
+itself. Only the step thread calls the runner: one OpenMP team, however many turns, and let go
+while no turn runs (`runners/threads.py` says what a second team costs).
 
 A runner without `forward_batch` (the torch runners) takes the calls one by one, in turn: the turns
 then interleave step by step instead of queueing whole. Everything else (`new_cache`,
@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+
+from chatcli.engine.runners.threads import release_cpu_threads
 
 WAIT_S = 0.015  # the longest a call waits for the other running turns' calls of its step
 SHARED_CHUNK = 128  # prompt tokens a prefill call takes while other turns are running (their steps wait on it)
@@ -100,6 +102,8 @@ class BatchedRunner:
         while True:
             with self._cond:
                 while (wait := self._wait()) is not None:
+                    if not self._pending and not self._running:  # idle: its OpenMP team goes (threads.py)
+                        release_cpu_threads()
                     self._cond.wait(wait)
                 batch, self._pending = self._pending, []
             self._run(batch)
