@@ -114,8 +114,25 @@ inline void pack_low(int type, const uint8_t* x, int64_t b, int64_t o, int64_t s
   for (int g = 0; g < 8; g++) put_low_group(p, q3, b * groups + s * 8 + g, o, c + 32 * g);
 }
 
-// one output row's 32 codes of group `at` (= block * groups + group) into the codes and high bits: each
-// byte gathers codes of this row and group only, so it is stored once (o: the row within its block)
+inline uint32_t word_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline void put_word(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// one output row's 4-bit codes of group `at`, nibble `shift` (0 or 4) of q[0..31], into the codes as
+// put_group pairs them (code t low, code 4 + t high), four bytes at a time: the K-quants' fast path
+inline void put_nibbles(const Packed& p, int64_t at, int64_t o, const uint8_t* q, int shift) {
+  for (int pair = 0; pair < 4; pair++) {
+    const uint32_t lo = (word_at(q + 8 * pair) >> shift) & 0x0F0F0F0Fu, up = (word_at(q + 8 * pair + 4) >> shift) & 0x0F0F0F0Fu;
+    put_word(p.w + (at * 4 + pair) * 64 + o * 4, lo | (up << 4));
+  }
+}
+
+// one output row's 32 codes of group `at` (= block * groups + group) into the codes (q4 / q8 kinds and
+// IQ4s; the K-quants go four bytes at a time, put_nibbles): each byte gathers codes of this row and group only, so it is stored once (o: the row within its block)
 inline void put_group(const Packed& p, int type, int64_t at, int64_t o, const uint8_t* c) {
   if (type == RAW_Q8_0 || type == RAW_Q5_0 || type == RAW_Q5_1) {
     for (int q = 0; q < 8; q++) std::memcpy(p.w + (at * 8 + q) * 64 + o * 4, c + 4 * q, 4);
@@ -124,19 +141,6 @@ inline void put_group(const Packed& p, int type, int64_t at, int64_t o, const ui
   for (int pair = 0; pair < 4; pair++)
     for (int t = 0; t < 4; t++)
       p.w[(at * 4 + pair) * 64 + o * 4 + t] = static_cast<uint8_t>((c[8 * pair + t] & 15) | ((c[8 * pair + 4 + t] & 15) << 4));
-  if (type == RAW_Q5_K)
-    for (int t = 0; t < 4; t++) {
-      int bits = 0;
-      for (int q = 0; q < 8; q++) bits |= ((c[4 * q + t] >> 4) & 1) << q;
-      p.hi[at * 64 + o * 4 + t] = static_cast<uint8_t>(bits);
-    }
-  if (type == RAW_Q6_K)
-    for (int v = 0; v < 2; v++)
-      for (int t = 0; t < 4; t++) {
-        int bits = 0;
-        for (int j = 0; j < 4; j++) bits |= ((c[4 * (4 * v + j) + t] >> 4) & 3) << (2 * j);
-        p.hi[(at * 2 + v) * 64 + o * 4 + t] = static_cast<uint8_t>(bits);
-      }
 }
 
 // a float row's k elements of kBytes each into every 16th slot from dst
@@ -197,18 +201,19 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
       for (int g = 0; g < 8; g++) put_group(p, type, b * groups + s * 8 + g, o, c + 32 * g);
       continue;
     }
-    if (type == RAW_Q6_K) {
+    if (type == RAW_Q6_K) {  // ql[128] (low nibbles) | qh[64] (2 high bits) | scales[16] | d
       const uint8_t *ql = x, *qh = x + 128, *scales = x + 192;
       p.d[at] = half_at(x + 208);
       for (int j = 0; j < 16; j++) p.sc[((b * groups + s * 8) * 2 + j) * 16 + o] = scales[j];
-      uint8_t c[256];
-      for (int j = 0; j < 256; j++) {
-        const int h = j / 128, jj = j % 128;
-        const int low = (ql[h * 64 + jj % 64] >> (4 * (jj / 64))) & 15;
-        const int high = (qh[h * 32 + jj % 32] >> (2 * (jj / 32))) & 3;
-        c[j] = static_cast<uint8_t>(low | (high << 4));
+      for (int g = 0; g < 8; g++) {  // code i of group g: ql[g/4*64 + g%2*32 + i] nibble g%4/2, qh[g/4*32 + i] bits g%4
+        const int64_t ga = b * groups + s * 8 + g;
+        put_nibbles(p, ga, o, ql + g / 4 * 64 + g % 2 * 32, 4 * (g % 4 / 2));
+        for (int v = 0; v < 2; v++) {
+          uint32_t bits = 0;
+          for (int j = 0; j < 4; j++) bits |= ((word_at(qh + g / 4 * 32 + 16 * v + 4 * j) >> (2 * (g % 4))) & 0x03030303u) << (2 * j);
+          put_word(p.hi + (ga * 2 + v) * 64 + o * 4, bits);
+        }
       }
-      for (int g = 0; g < 8; g++) put_group(p, type, b * groups + s * 8 + g, o, c + 32 * g);
       continue;  // the next super-block
     }
     p.d[at] = half_at(x);
@@ -219,14 +224,16 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
       p.sc[(b * groups + s * 8 + j) * 16 + o] = sc[j];
       p.sm[(b * groups + s * 8 + j) * 16 + o] = mn[j];
     }
-    const uint8_t* qs = x + (type == RAW_Q5_K ? 48 : 16);
-    uint8_t c[256];
-    for (int j = 0; j < 256; j++) {
-      int code = (qs[j / 64 * 32 + j % 32] >> (4 * (j % 64 / 32))) & 15;
-      if (type == RAW_Q5_K) code |= ((x[16 + j % 32] >> (j / 32)) & 1) << 4;
-      c[j] = static_cast<uint8_t>(code);
+    const uint8_t* qs = x + (type == RAW_Q5_K ? 48 : 16);  // code i of group g: qs[g/2*32 + i] nibble g%2
+    for (int g = 0; g < 8; g++) {
+      const int64_t ga = b * groups + s * 8 + g;
+      put_nibbles(p, ga, o, qs + g / 2 * 32, 4 * (g % 2));
+      if (type == RAW_Q5_K) {  // the fifth bit: bit g of qh[i] (qh = x + 16)
+        uint32_t bits = 0;
+        for (int q = 0; q < 8; q++) bits |= ((word_at(x + 16 + 4 * q) >> g) & 0x01010101u) << q;
+        put_word(p.hi + ga * 64 + o * 4, bits);
+      }
     }
-    for (int g = 0; g < 8; g++) put_group(p, type, b * groups + s * 8 + g, o, c + 32 * g);
   }
 }
 
