@@ -199,9 +199,10 @@ CHUNK_BYTES = 16 << 20  # codes decoded at once (a chunk of rows, a multiple of 
 
 def write_lean_file(
     meta: GGUFFile, path: Path, limit: int, source: str, status: Status | None = None, packer=None
-) -> LeanConfig:
+) -> tuple[LeanConfig, str]:
     """Write the `gguf` lean file at `path` a chunk of rows at a time (the peak memory a chunk's, not the
-    model's), every tensor read with `pread` (the GGUF's pages stay page cache, not this process's)."""
+    model's), every tensor read with `pread` (the GGUF's pages stay page cache, not this process's):
+    its config and the file's SHA-256, hashed as it was written."""
     from chatcli.engine.weights.lean_file import block_arrays
     from chatcli.engine.weights.tensorfile import StreamedTensors
 
@@ -246,6 +247,8 @@ def write_lean_file(
                 for key, (code, shape) in arrays.items():
                     out.declare(f"{name}.{j}.{key}", code, shape)
                 parts[name].append((kind, n, (tensor, order, type_name)))
+        config = lean_config(meta, limit, source, parts, vectors)
+        out.start({"chatcli": config.to_json()})  # the header first: the file is hashed as it fills
         for name, array in small.items():
             out.write(name, 0, np.ascontiguousarray(array))
         for count, (name, listed) in enumerate(parts.items()):
@@ -253,12 +256,11 @@ def write_lean_file(
             for j, (_kind, n, (tensor, order, type_name)) in enumerate(listed):
                 _write_part(out, f"{name}.{j}.", meta, tensor, order, type_name, n, packer)
         status("Writing the lean weights", len(parts), len(parts))
-        config = lean_config(meta, limit, source, parts, vectors)
-        out.close({"chatcli": config.to_json()})
+        digest = out.close()
     except BaseException:
         out.abort()
         raise
-    return config
+    return config, digest
 
 
 def _write_part(out, prefix: str, meta: GGUFFile, tensor: str, order, type_name: str, n: int, packer) -> None:
@@ -313,5 +315,5 @@ def convert_gguf_lean(
 
     status = status or (lambda *_a, **_k: None)
     status(f"Repacking {gguf_path.name}'s blocks for the kernel (once)")
-    write_lean_file(GGUFFile(gguf_path), path, limit, source, status, packer)
-    record(path)
+    _config, digest = write_lean_file(GGUFFile(gguf_path), path, limit, source, status, packer)
+    record(path, digest)

@@ -28,12 +28,14 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def record(path: Path) -> None:
-    """Write the record of a finished file: its size, mtime and hash (atomically)."""
+def record(path: Path, sha256: str | None = None) -> None:
+    """Write the record of a finished file: its size, mtime and hash (atomically); `sha256`: the hash
+    its writer computed as it wrote it (`prefix_hash`), else the file is read and hashed here."""
     st = path.stat()
     side = path_of(path)
     tmp = side.with_name(f".{side.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}))
+    digest = sha256 or file_sha256(path)
+    tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}))
     os.replace(tmp, side)
 
 

@@ -186,7 +186,9 @@ class StreamedTensors:
     is declared first (`declare`: dtype code and shape, its place fixed, 64-byte aligned), its bytes
     written where they go as they are made (`write`, any order), and the header last (`close`). The data
     starts after a reserved header space, the header's JSON padded with spaces to fill it (safetensors
-    allows trailing spaces); the file is a temporary one beside `path`, renamed into place by `close`."""
+    allows trailing spaces); the file is a temporary one beside `path`, renamed into place by `close`.
+    Where the metadata is known once every tensor is declared, `start(metadata)` writes the header then
+    and hashes the file as it fills (`prefix_hash`): `close()` returns its SHA-256, no second read."""
 
     def __init__(self, path: str | os.PathLike, header_bytes: int = 1 << 20) -> None:
         self.path = Path(path)
@@ -195,6 +197,7 @@ class StreamedTensors:
         self._start = padded(header_bytes + 8) if header_bytes else 0
         self._entries: dict[str, dict] = {}
         self._end = 0
+        self._hash = None  # a PrefixHash once start() has written the header
 
     def declare(self, name: str, code: str, shape: tuple) -> None:
         count = 1
@@ -219,24 +222,47 @@ class StreamedTensors:
         done = 0
         while done < len(view):
             done += os.pwrite(self._fd, view[done:], self._start + begin + at + done)
+        if self._hash is not None:
+            self._hash.written(self._start + begin + at, self._start + begin + at + len(view))
 
-    def close(self, metadata: dict[str, str] | None = None) -> None:
-        """Write the header, make the file its full length, and rename it into place."""
+    def start(self, metadata: dict[str, str]) -> None:
+        """Write the header now (every tensor declared) and hash the file as it is written."""
+        from chatcli.engine.weights.prefix_hash import PrefixHash
+
+        self._write_header(metadata)
+        self._hash = PrefixHash(self._fd)
+        self._hash.written(0, self._start)
+
+    def close(self, metadata: dict[str, str] | None = None) -> str | None:
+        """Write the header (unless `start` did), make the file its full length, and rename it into place;
+        the file's SHA-256 (hex) where `start` began hashing it, else None."""
         try:
-            header = json.dumps({"__metadata__": metadata or {}, **self._entries}, separators=(",", ":")).encode()
-            if len(header) > self._start - 8:
-                raise ValueError(f"the header ({len(header)} bytes) does not fit its {self._start - 8} reserved bytes")
-            header += b" " * (self._start - 8 - len(header))
-            os.pwrite(self._fd, struct.pack("<Q", len(header)) + header, 0)
+            if self._hash is None:
+                self._write_header(metadata)
+            elif metadata is not None:
+                raise ValueError("the header was written by start(): close() takes no metadata then")
             os.ftruncate(self._fd, self._start + self._end)
+            digest = self._hash.finish(self._start + self._end) if self._hash is not None else None
+            self._hash = None
             os.close(self._fd)
             self._fd = -1
             os.replace(self._tmp, self.path)
+            return digest
         finally:
             self.abort()
 
+    def _write_header(self, metadata: dict[str, str] | None) -> None:
+        header = json.dumps({"__metadata__": metadata or {}, **self._entries}, separators=(",", ":")).encode()
+        if len(header) > self._start - 8:
+            raise ValueError(f"the header ({len(header)} bytes) does not fit its {self._start - 8} reserved bytes")
+        header += b" " * (self._start - 8 - len(header))
+        os.pwrite(self._fd, struct.pack("<Q", len(header)) + header, 0)
+
     def abort(self) -> None:
         """Remove the temporary file (after `close`, nothing is left to remove)."""
+        if self._hash is not None:
+            self._hash.cancel()
+            self._hash = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
