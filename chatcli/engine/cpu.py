@@ -7,12 +7,21 @@ from functools import lru_cache
 
 @lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
+    """The first CPU's feature names: x86's `flags` line (avx2, avx512_vnni, ...) or aarch64's
+    `Features` line (asimd, asimddp, ...)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
+            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         return frozenset()
     return frozenset(line.partition(":")[2].split())
+
+
+def is_arm() -> bool:
+    """An aarch64 (ARM64) CPU."""
+    import platform
+
+    return platform.machine().lower() in ("aarch64", "arm64")
 
 
 def has_native_bf16() -> bool:

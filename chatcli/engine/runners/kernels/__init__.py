@@ -1,8 +1,9 @@
 """The compiled decode step (`decode.cpp`), built once per machine and loaded with ctypes.
 
-There are two builds of the same source: AVX-512 with VNNI (`simd.h`, `attention.h`,
-`project.h`) and AVX2 with FMA and F16C (their `_avx2` twins); a CPU gets the first it can
-run, and both compute every row alone with exact integer dots, so either keeps drafts exact.
+There are three builds of the same source: AVX-512 with VNNI (`simd.h`, `attention.h`,
+`project.h`), AVX2 with FMA and F16C (their `_avx2` twins) and aarch64 NEON with the dot-product
+extension (their `_neon` twins); a CPU gets the first it can run, and each computes every row alone
+with exact integer dots, so any keeps drafts exact.
 The source (with the headers beside it) is compiled with the system's C++ compiler into the
 user cache dir, named by the build, a digest of the sources, the flags and the compiler, so an
 edit or a new compiler builds anew and a build is never half-written (a temporary file renamed
@@ -16,9 +17,10 @@ torch's runtime; in one that has not, the system's, which a torch imported later
 shares too (the loader reuses a loaded soname). Two runtimes would fight over the cores.
 
 `library()` returns the loaded library, or None with `why_not()` saying why in one line:
-no AVX2 (or FMA, F16C), no compiler, a failed build, a second OpenMP runtime (a torch whose
-libgomp has another name), or `CHATCLI_KERNEL=off` in the environment (`CHATCLI_KERNEL=avx2`
-takes the AVX2 build on a CPU that could run the AVX-512 one).
+no AVX2 (or FMA, F16C; on ARM no ASIMD dot products), no compiler, a failed build, a second
+OpenMP runtime (a torch whose libgomp has another name), or `CHATCLI_KERNEL=off` in the
+environment (`CHATCLI_KERNEL=avx2` takes the AVX2 build on a CPU that could run the AVX-512 one;
+`neon` names the ARM build).
 Callers then keep the pure-torch path, which stays the reference.
 """
 
@@ -52,6 +54,7 @@ BUILDS = {  # best first: each build's compiler flags and the /proc/cpuinfo name
         ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma"),
     ),
     "avx2": (["-mavx2", "-mfma", "-mf16c"], ("avx2", "fma", "f16c")),
+    "neon": (["-march=armv8.2-a+dotprod"], ("asimd", "asimddp")),  # aarch64: SDOT
 }
 ENV = "CHATCLI_KERNEL"  # "off": never build or load (the torch path runs); a build's name: that build
 
@@ -65,7 +68,7 @@ def why_not() -> str:
 
 
 def build_name() -> str:
-    """The build `library()` loaded ("avx512" or "avx2"; empty when it gave None)."""
+    """The build `library()` loaded ("avx512", "avx2" or "neon"; empty when it gave None)."""
     return _build if library() is not None else ""
 
 
@@ -77,10 +80,18 @@ def runnable() -> list[str]:
 
 
 def missing_cpu_flags() -> list[str]:
-    """What the kernel needs that this CPU lacks (empty where a build can run): the AVX2 build's needs."""
+    """What the kernel needs that this CPU lacks (empty where a build can run): the least build's
+    needs for this CPU's architecture (NEON's on ARM, AVX2's elsewhere)."""
     from chatcli.engine.cpu import cpu_flags
 
-    return [f for f in BUILDS["avx2"][1] if f not in cpu_flags()]
+    return [f for f in BUILDS[_fallback()][1] if f not in cpu_flags()]
+
+
+def _fallback() -> str:
+    """The build of this architecture that asks the least of its CPU."""
+    from chatcli.engine.cpu import is_arm
+
+    return "neon" if is_arm() else "avx2"
 
 
 STALE_S = 7 * 86400  # other builds unused this long are removed (another install may still use a newer one)
@@ -115,7 +126,7 @@ def library_path(cxx: list[str], build_name: str | None = None) -> Path:
 
 def _best() -> str:
     builds = runnable()
-    return builds[0] if builds else "avx2"
+    return builds[0] if builds else _fallback()
 
 
 def build(cxx: list[str], target: Path, build_name: str | None = None) -> None:

@@ -25,7 +25,9 @@
 // layer's strip moves on (kv_memory.Strip) and holds at least its window.
 // Attention over that cache is in attention.h, the per-row stages in simd.h.
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -39,6 +41,11 @@
 #include "project.h"
 #include "project_low.h"
 #include "simd.h"
+#elif defined(__aarch64__) && defined(__ARM_NEON)  // NEON with SDOT: the same stages on 4-lane vectors
+#include "attention_neon.h"
+#include "project_low_neon.h"
+#include "project_neon.h"
+#include "simd_neon.h"
 #else  // AVX2, FMA and F16C: the same stages on 8-lane vectors
 #include "attention_avx2.h"
 #include "project_avx2.h"

@@ -10,6 +10,9 @@
 #if defined(__AVX512F__)  // the kinds added since decode.cpp's own includes: GGUF's float tensors, IQ4_NL / IQ4_XS
 #include "project_float.h"
 #include "project_iq4.h"
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include "project_float_neon.h"
+#include "project_iq4_neon.h"
 #else
 #include "project_float_avx2.h"
 #include "project_iq4_avx2.h"
