@@ -103,7 +103,7 @@ def project_k(type_name: str, x: np.ndarray) -> np.ndarray:
 
 
 def test_the_builds_give_the_same_projection_bits():
-    libs = {name: loaded_build(name) for name in kernels.BUILDS}
+    libs = {name: loaded_build(name) for name in ("avx512", "avx2")}  # x86's two (NEON's: test_kernel_neon)
     weight, x = extreme_inputs((70, 160), 5)
     outputs = {}
     for name, lib in libs.items():

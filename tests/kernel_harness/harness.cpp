@@ -1,0 +1,228 @@
+// A driver for the decode kernel without Python (tests/test_kernel_neon.py builds it with decode.cpp for
+// aarch64 and runs it under qemu-user): it rebuilds a model's structs from a case file written by the
+// test (tests/neon_case.py) over the lean file's bytes, runs a fixed script of calls and writes every
+// logit row it got.
+//
+//   harness CASE LEAN OUT
+//
+// CASE: little-endian int64 words: "CHATNEON", the version, then the model (Model's fields in order, each
+// Matrix's with its parts, each Layer's; a float as its bits, a pointer as an offset into LEAN or -1 for
+// null; a layer's rope -2: the identity, cos 1 and sin 0 at every position), then the script's numbers: cache kind, capacity, the threads of single steps and of the rest,
+// and three id lists (a count, the ids): the prompt P, the draft D, another prompt O.
+// OUT: float32 rows of V logits, in order:
+//   P + D rows  each id of P then D alone, in turn, on one cache (one thread)
+//   1 row       P's prefill on a fresh cache, its last row
+//   D rows      D checked in one call after that prefill (a draft)
+//   O + P + D   one batched call: O on a fresh cache beside P + D on another, every row's logits
+// Exit status 0, or 1 with a line on stderr.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "decode.cpp"
+
+namespace {
+
+[[noreturn]] void fail(const std::string& why) {
+  std::fprintf(stderr, "harness: %s\n", why.c_str());
+  std::exit(1);
+}
+
+std::vector<uint8_t> read_file(const char* path) {
+  FILE* f = std::fopen(path, "rb");
+  if (!f) fail(std::string("cannot open ") + path);
+  std::fseek(f, 0, SEEK_END);
+  const long size = std::ftell(f);
+  std::fseek(f, 0, SEEK_SET);
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  if (std::fread(bytes.data(), 1, bytes.size(), f) != bytes.size()) fail(std::string("short read of ") + path);
+  std::fclose(f);
+  return bytes;
+}
+
+struct Reader {
+  std::vector<int64_t> words;
+  size_t at = 0;
+  const uint8_t* blob = nullptr;  // the lean file's bytes, 64-byte aligned
+  int64_t blob_size = 0;
+  std::deque<std::vector<Matrix>> part_arrays;  // the parts' storage (a moved vector keeps its buffer)
+
+  int64_t peek() const {
+    if (at >= words.size()) fail("the case ends early");
+    return words[at];
+  }
+  int64_t next() {
+    const int64_t word = peek();
+    at++;
+    return word;
+  }
+  float real() {
+    const int64_t bits = next();
+    const uint32_t u = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  template <typename T>
+  T* pointer() {
+    const int64_t offset = next();
+    if (offset == -1) return nullptr;
+    if (offset < 0 || offset >= blob_size) fail("a pointer outside the lean file");
+    return reinterpret_cast<T*>(const_cast<uint8_t*>(blob + offset));
+  }
+  Matrix matrix() {
+    Matrix m{};
+    m.kind = static_cast<int32_t>(next());
+    m.n = next();
+    m.k = next();
+    m.kp = next();
+    m.w = pointer<const void>();
+    m.scale = pointer<const float>();
+    m.wsum = pointer<const int32_t>();
+    m.d = pointer<const uint16_t>();
+    m.mins = pointer<const uint16_t>();
+    m.norm = pointer<const float>();
+    m.sc = pointer<const uint8_t>();
+    m.sm = pointer<const uint8_t>();
+    m.hi = pointer<const uint8_t>();
+    m.n_parts = next();
+    m.parts = nullptr;
+    if (m.n_parts > 0) {
+      std::vector<Matrix> parts;
+      for (int64_t i = 0; i < m.n_parts; i++) parts.push_back(matrix());
+      part_arrays.push_back(std::move(parts));
+      m.parts = part_arrays.back().data();
+    }
+    return m;
+  }
+  std::vector<int64_t> ids() {
+    const int64_t count = next();
+    std::vector<int64_t> out;
+    for (int64_t i = 0; i < count; i++) out.push_back(next());
+    return out;
+  }
+};
+
+// a KV cache of `layers` layers, every one holding positions 0..capacity-1
+struct OwnCache {
+  std::vector<std::vector<uint8_t>> k, v;
+  std::vector<void*> kp, vp;
+  std::vector<int64_t> capacity, base;
+  Cache view{};
+
+  OwnCache(const Model& m, int32_t kind, int64_t cap) {
+    const size_t bytes = static_cast<size_t>(m.kv_heads * cap * m.head_dim) * (kind == CACHE_BF16 ? 2 : 4);
+    for (int64_t l = 0; l < m.n_layers; l++) {
+      k.emplace_back(bytes + 64);
+      v.emplace_back(bytes + 64);
+      kp.push_back(k.back().data());
+      vp.push_back(v.back().data());
+      capacity.push_back(cap);
+      base.push_back(0);
+    }
+    view = Cache{kind, kp.data(), vp.data(), capacity.data(), base.data()};
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) fail("usage: harness CASE LEAN OUT");
+  Reader in;
+  const std::vector<uint8_t> raw = read_file(argv[1]);
+  in.words.resize(raw.size() / 8);
+  std::memcpy(in.words.data(), raw.data(), in.words.size() * 8);
+  std::vector<uint8_t> lean = read_file(argv[2]);
+  const size_t lean_size = lean.size();
+  void* aligned = std::aligned_alloc(64, (lean_size + 63) / 64 * 64);
+  if (!aligned) fail("out of memory");
+  std::memcpy(aligned, lean.data(), lean_size);
+  in.blob = static_cast<const uint8_t*>(aligned);
+  in.blob_size = static_cast<int64_t>(lean_size);
+
+  if (in.next() != 0x4e4f454e54414843LL) fail("not a case file");  // "CHATNEON"
+  if (in.next() != 1) fail("a case file of another version");
+  Model m{};
+  m.n_layers = in.next();
+  m.hidden = in.next();
+  m.heads = in.next();
+  m.kv_heads = in.next();
+  m.head_dim = in.next();
+  m.ffn = in.next();
+  m.vocab = in.next();
+  m.eps = in.real();
+  m.attn_scale = in.real();
+  m.attn_softcap = in.real();
+  m.act = static_cast<int32_t>(in.next());
+  m.embed = in.pointer<const float>();
+  std::vector<Layer> layers;
+  for (int64_t l = 0; l < m.n_layers; l++) {
+    Layer layer{};
+    layer.qkv = in.matrix();
+    layer.out = in.matrix();
+    layer.gate_up = in.matrix();
+    layer.down = in.matrix();
+    if (in.peek() == -2)  // the identity (set below, once the capacity is read)
+      in.next();
+    else
+      layer.rope = in.pointer<const float>();
+    layer.window = in.next();
+    layer.qkv_bias = in.pointer<const float>();
+    layer.q_norm = in.pointer<const float>();
+    layer.k_norm = in.pointer<const float>();
+    layer.post_attn_norm = in.pointer<const float>();
+    layer.post_ffn_norm = in.pointer<const float>();
+    layers.push_back(layer);
+  }
+  m.layers = layers.data();
+  m.head = in.matrix();
+  Matrix embed_rows{};
+  if (in.next()) {
+    embed_rows = in.matrix();
+    m.embed_rows = &embed_rows;
+  }
+  m.embed_scale = in.real();
+  const int32_t kind = static_cast<int32_t>(in.next());
+  const int64_t capacity = in.next();
+  const int32_t step_threads = static_cast<int32_t>(in.next()), threads = static_cast<int32_t>(in.next());
+  const std::vector<int64_t> prompt = in.ids(), draft = in.ids(), other = in.ids();
+  if (in.at != in.words.size()) fail("words left over in the case");
+  std::vector<float> identity(static_cast<size_t>(capacity * m.head_dim));
+  for (size_t i = 0; i < identity.size(); i += 2) identity[i] = 1.f;  // cos 1, sin 0 at every position
+  for (Layer& layer : layers)
+    if (!layer.rope) layer.rope = identity.data();
+
+  const int64_t V = m.vocab, P = static_cast<int64_t>(prompt.size()), D = static_cast<int64_t>(draft.size());
+  const int64_t O = static_cast<int64_t>(other.size());
+  std::vector<int64_t> sequence(prompt);
+  sequence.insert(sequence.end(), draft.begin(), draft.end());
+  const int64_t N = P + D;
+  std::vector<float> out(static_cast<size_t>((N + 1 + D + O + N) * V));
+  float* at = out.data();
+  auto check = [](int status, const char* what) {
+    if (status) fail(std::string(what) + " returned " + std::to_string(status));
+  };
+
+  OwnCache steps(m, kind, capacity);
+  for (int64_t i = 0; i < N; i++, at += V)
+    check(chatcli_decode(&m, &steps.view, &sequence[i], 1, i, at, 1, step_threads), "a single step");
+  OwnCache prefill(m, kind, capacity);
+  check(chatcli_decode(&m, &prefill.view, prompt.data(), P, 0, at, 1, threads), "the prefill");
+  at += V;
+  check(chatcli_decode(&m, &prefill.view, draft.data(), D, P, at, D, threads), "the draft");
+  at += D * V;
+  OwnCache beside(m, kind, capacity), again(m, kind, capacity);
+  const Segment segments[2] = {{&beside.view, 0, O, O}, {&again.view, 0, N, N}};
+  std::vector<int64_t> tokens(other);
+  tokens.insert(tokens.end(), sequence.begin(), sequence.end());
+  check(chatcli_decode_batch(&m, segments, 2, tokens.data(), at, threads), "the batch");
+
+  FILE* f = std::fopen(argv[3], "wb");
+  if (!f || std::fwrite(out.data(), sizeof(float), out.size(), f) != out.size() || std::fclose(f) != 0)
+    fail(std::string("cannot write ") + argv[3]);
+  std::free(aligned);
+  return 0;
+}
