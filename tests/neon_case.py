@@ -5,7 +5,8 @@ aarch64 cross compiler and run under qemu-user, over a native runner's model (te
 into the lean file, which the harness reads whole) and a script of ids; `run` runs the harness on it and
 gives the logit rows it wrote, in its order (see the harness's header): single steps over P + D, P's
 prefill, D as a draft, then O beside P + D in one batched call. `script` gives the same rows from a
-runner on this machine's build, with its own caches, for the bits to be compared.
+runner on this machine's build, with its own caches, for the bits to be compared. `project_neon` and
+`project_here` run one projection (a `Projection`: a Matrix over numpy arrays) on either build.
 """
 
 from __future__ import annotations
@@ -167,3 +168,51 @@ def script(runner, s: Script) -> list[np.ndarray]:
     draft = runner.verify(s.draft, cache)
     beside, again = runner.forward_batch([(s.other, runner.new_cache(), True), (sequence, runner.new_cache(), True)])
     return [steps, prefill, draft, np.concatenate([beside, again])]
+
+
+FIELDS = ("w", "scale", "wsum", "d", "mins", "norm", "sc", "sm", "hi")  # Matrix's pointers, in order
+
+
+@dataclass
+class Projection:
+    """One projection's weights: a Matrix's numbers and its arrays by field name (FIELDS)."""
+
+    kind: int
+    n: int
+    k: int
+    kp: int
+    arrays: dict[str, np.ndarray]
+
+    def matrix(self) -> Matrix:
+        """The Matrix over the arrays themselves, for this machine's build."""
+        pointers = [self.arrays[f].ctypes.data if f in self.arrays else None for f in FIELDS]
+        return Matrix(self.kind, self.n, self.k, self.kp, *pointers)
+
+
+def project_here(p: Projection, x: np.ndarray, threads: int = 2) -> np.ndarray:
+    """`x [S, k]` through this machine's build (`kernels.library()`)."""
+    y = np.zeros((len(x), p.n), np.float32)
+    m = p.matrix()
+    assert kernels.library().chatcli_project(ctypes.byref(m), x.ctypes.data, len(x), y.ctypes.data, threads) == 0
+    return y
+
+
+def project_neon(binary: Path, folder: Path, p: Projection, x: np.ndarray, threads: int = 2) -> np.ndarray:
+    """`x [S, k]` through the NEON build under qemu: the arrays in one blob (each at a multiple of 64
+    bytes), a CHATPROJ case over it (see the harness)."""
+    blob, offsets = bytearray(), {}
+    for field, array in p.arrays.items():
+        offsets[field] = len(blob)
+        blob += np.ascontiguousarray(array).tobytes()
+        blob += bytes(-len(blob) % 64)
+    words = [int.from_bytes(b"CHATPROJ", "little"), 1, p.kind, p.n, p.k, p.kp]
+    words += [offsets.get(f, -1) for f in FIELDS] + [0, len(x), threads]
+    words += np.ascontiguousarray(x, np.float32).view(np.uint32).ravel().tolist()
+    case, data, out = folder / "project.bin", folder / "blob.bin", folder / "y.bin"
+    case.write_bytes(np.array(words, dtype="<i8").tobytes())
+    data.write_bytes(bytes(blob) + bytes(64))
+    done = subprocess.run(
+        [QEMU, str(binary), str(case), str(data), str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return np.fromfile(out, dtype=np.float32).reshape(len(x), p.n)

@@ -12,7 +12,8 @@ contract on its own (a prefill's last row, a draft's rows and a sequence batched
 bits of single steps); with every rope table the identity it gives the AVX2 build's bits, row for row (the
 same integer dots and the same fp32 operations in the same order: simd_neon.h), and with the real rope
 it is within rounding of them (x86's compiler fuses rope's products: see neon_case.flat_rope). The fp32
-case also tracks the torch path.
+case also tracks the torch path. Each kind's projection alone (chatcli_project, random blocks, a partial
+last vector, activations at their extremes) gives the AVX2 build's bits too. ~30 s on two cores.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ import pytest
 import torch
 
 from chatcli.engine.runners import kernels
-from chatcli.engine.runners.kernels.structs import BLOCK_KINDS
+from chatcli.engine.runners.kernels.structs import BLOCK_KINDS, WEIGHT_F32, WEIGHT_I8
 from chatcli.engine.runners.lean import LeanRunner
 from chatcli.engine.runners.native import NativeRunner
-from chatcli.engine.weights.kquant_blocks import RUN
+from chatcli.engine.weights.kquant_blocks import RUN, tensor_parts
+from chatcli.engine.weights.layouts import pack_int8, panels
 from tests import neon_case
 from tests.gguf_models import tiny
 from tests.gguf_runs import direct_runner
+from tests.kquants import random_blocks
 from tests.test_lean import close
 from tests.tiny import lean_weights
 
@@ -174,6 +177,40 @@ def test_neon_tracks_the_torch_path(harness, avx2, tiny_loaded, tmp_path):
     cache = torch_path.new_cache()
     for t, row in zip(SCRIPT.prompt + SCRIPT.draft, steps, strict=True):
         assert close(row, torch_path.forward([t], cache), rel=1e-4)
+
+
+GGUF_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+
+
+def projection(name: str, n: int = 39) -> neon_case.Projection:
+    """A projection of `n` outputs (not a multiple of 4: a last, partial vector) of kind `name`: int8 and
+    fp32 panels over 50 inputs (padded), a GGUF type's random blocks (tests.kquants) over 96 or 512, F16,
+    BF16 and F32 rows over 51 (an odd input last)."""
+    rng = np.random.default_rng(len(name))
+    if name in ("int8", "fp32"):
+        weight = torch.from_numpy(rng.standard_normal((n, 50)).astype(np.float32))
+        weight[0], weight[1] = 1.0, -1.0
+        if name == "fp32":
+            return neon_case.Projection(WEIGHT_F32, n, 50, 50, {"w": panels(weight.t().contiguous()).numpy()})
+        packed, scale, wsum = (t.numpy() for t in pack_int8(weight))
+        return neon_case.Projection(WEIGHT_I8, n, 50, 52, {"w": packed, "scale": scale, "wsum": wsum})
+    k = 51 if name in ("F16", "BF16", "F32") else 512 if name.endswith("_K") or name == "IQ4_XS" else 96
+    kind, arrays = tensor_parts(name, random_blocks(n, k, name, rng))
+    arrays = {("mins" if key == "m" else key): a for key, a in arrays.items()}
+    return neon_case.Projection(BLOCK_KINDS[kind], n, k, k, arrays)
+
+
+@pytest.mark.parametrize("name", ["int8", "fp32", *GGUF_TYPES, "F16", "BF16", "F32"])
+def test_each_projection_gives_the_avx2_builds_bits(harness, avx2, tmp_path, name):
+    """chatcli_project of 7 rows (passes of 4 and 3) and of one, two at the activations' extremes (all
+    +1, all -1): the NEON build's outputs are the AVX2 build's, bit for bit, partial last block included."""
+    p = projection(name)
+    x = (np.random.default_rng(1).standard_normal((7, p.k)) * 3).astype(np.float32)
+    x[0], x[1] = 1.0, -1.0
+    for rows in (x, x[2:3]):
+        here = neon_case.project_here(p, rows)
+        assert np.abs(here).max() > 0
+        assert np.array_equal(neon_case.project_neon(harness, tmp_path, p, rows), here), name
 
 
 def test_the_library_builds_for_arm_as_kernels_builds_it(tmp_path):

@@ -14,6 +14,8 @@
 //   1 row       P's prefill on a fresh cache, its last row
 //   D rows      D checked in one call after that prefill (a draft)
 //   O + P + D   one batched call: O on a fresh cache beside P + D on another, every row's logits
+// Or CASE starts "CHATPROJ", the version, one Matrix over LEAN (any blob of its arrays), the rows S, the
+// threads and S x k floats (as bits, a word each): OUT is chatcli_project's y, S x n floats.
 // Exit status 0, or 1 with a line on stderr.
 #include <cstdio>
 #include <cstdlib>
@@ -106,6 +108,26 @@ struct Reader {
   }
 };
 
+void write_floats(const std::vector<float>& out, const char* path) {
+  FILE* f = std::fopen(path, "wb");
+  if (!f || std::fwrite(out.data(), sizeof(float), out.size(), f) != out.size() || std::fclose(f) != 0)
+    fail(std::string("cannot write ") + path);
+}
+
+// a CHATPROJ case: one projection of S rows
+int project(Reader& in, const char* out_path) {
+  const Matrix m = in.matrix();
+  const int64_t rows = in.next();
+  const int32_t threads = static_cast<int32_t>(in.next());
+  std::vector<float> x(static_cast<size_t>(rows * m.k)), y(static_cast<size_t>(rows * m.n));
+  for (float& v : x) v = in.real();
+  if (in.at != in.words.size()) fail("words left over in the case");
+  const int status = chatcli_project(&m, x.data(), rows, y.data(), threads);
+  if (status) fail("chatcli_project returned " + std::to_string(status));
+  write_floats(y, out_path);
+  return 0;
+}
+
 // a KV cache of `layers` layers, every one holding positions 0..capacity-1
 struct OwnCache {
   std::vector<std::vector<uint8_t>> k, v;
@@ -143,8 +165,10 @@ int main(int argc, char** argv) {
   in.blob = static_cast<const uint8_t*>(aligned);
   in.blob_size = static_cast<int64_t>(lean_size);
 
-  if (in.next() != 0x4e4f454e54414843LL) fail("not a case file");  // "CHATNEON"
+  const int64_t magic = in.next();
   if (in.next() != 1) fail("a case file of another version");
+  if (magic == 0x4a4f525054414843LL) return project(in, argv[3]);  // "CHATPROJ"
+  if (magic != 0x4e4f454e54414843LL) fail("not a case file");      // "CHATNEON"
   Model m{};
   m.n_layers = in.next();
   m.hidden = in.next();
@@ -220,9 +244,7 @@ int main(int argc, char** argv) {
   tokens.insert(tokens.end(), sequence.begin(), sequence.end());
   check(chatcli_decode_batch(&m, segments, 2, tokens.data(), at, threads), "the batch");
 
-  FILE* f = std::fopen(argv[3], "wb");
-  if (!f || std::fwrite(out.data(), sizeof(float), out.size(), f) != out.size() || std::fclose(f) != 0)
-    fail(std::string("cannot write ") + argv[3]);
+  write_floats(out, argv[3]);
   std::free(aligned);
   return 0;
 }
