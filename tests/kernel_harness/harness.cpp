@@ -7,8 +7,9 @@
 //
 // CASE: little-endian int64 words: "CHATNEON", the version, then the model (Model's fields in order, each
 // Matrix's with its parts, each Layer's; a float as its bits, a pointer as an offset into LEAN or -1 for
-// null; a layer's rope -2: the identity, cos 1 and sin 0 at every position), then the script's numbers: cache kind, capacity, the threads of single steps and of the rest,
-// and three id lists (a count, the ids): the prompt P, the draft D, another prompt O.
+// null; a layer's rope -2: the identity, cos 1 and sin 0 at every position), then the script's numbers:
+// cache kind, capacity, the threads of single steps and of the rest, and three id lists (a count, the
+// ids): the prompt P, the draft D, another prompt O.
 // OUT: float32 rows of V logits, in order:
 //   P + D rows  each id of P then D alone, in turn, on one cache (one thread)
 //   1 row       P's prefill on a fresh cache, its last row
