@@ -139,6 +139,25 @@ def test_the_kernels_packing_is_numpys(kernel, type_name):
         assert np.array_equal(flat, reference[: flat.size]) and not reference[flat.size :].any(), key
 
 
+def test_packing_through_one_arena_gives_fresh_arrays_bytes(kernel):
+    """A first start packs every chunk into one buffer kept from call to call (`arena`): each call's
+    arrays are those of a fresh packing, padding included, whatever the buffer held before (a larger
+    tensor of every byte 0xFF, another type, other shapes)."""
+    rng = np.random.default_rng(13)
+    arena: dict = {}
+    kb.tensor_parts("Q4_K", random_blocks(64, 1024, "Q4_K", rng), packer=kernel, arena=arena)
+    arena["out"][:] = 0xFF  # what stale bytes could be
+    for type_name, n, k in [("Q6_K", 37, 512), ("Q4_K", 21, 256), ("Q8_0", 19, 96), ("Q6_K", 37, 512)]:
+        raw = random_blocks(n, k, type_name, rng)
+        _, fresh = kb.tensor_parts(type_name, raw, packer=kernel)
+        _, reused = kb.tensor_parts(type_name, raw, packer=kernel, arena=arena)
+        assert set(fresh) == set(reused)
+        for key, array in fresh.items():
+            assert reused[key].dtype == array.dtype and np.array_equal(
+                reused[key].view(np.uint8), array.view(np.uint8)
+            ), key
+
+
 def extreme_blocks(type_name: str, n: int, k: int, rng) -> np.ndarray:
     """Random blocks whose first 8 rows hold the largest codes, half of them at the largest scales (and
     mins), half at the most negative (Q3_K, IQ4_XS: -32) or the smallest (Q2_K: 0); d and dmin kept.

@@ -206,10 +206,11 @@ class GGUFFile:
         """`<arch>.<key>`, or `default` where the file does not say."""
         return self.fields.get(f"{self.arch}.{key}", default)
 
-    def read(self, t: Tensor, r0: int, r1: int) -> np.ndarray:
-        """Rows r0..r1 of 2-D tensor `t`'s raw bytes (`[r1 - r0, row bytes]` uint8), read with `pread`."""
+    def read(self, t: Tensor, r0: int, r1: int, into: np.ndarray | None = None) -> np.ndarray:
+        """Rows r0..r1 of 2-D tensor `t`'s raw bytes (`[r1 - r0, row bytes]` uint8), read with `pread`;
+        `into`: a uint8 buffer to read them into (at least that long), else a new one."""
         row = t.n_bytes // t.rows
-        buffer = np.empty((r1 - r0) * row, np.uint8)
+        buffer = np.empty((r1 - r0) * row, np.uint8) if into is None else into[: (r1 - r0) * row]
         view, at, done = memoryview(buffer), t.offset + r0 * row, 0
         while done < len(view):
             got = os.preadv(self._fd, [view[done:]], at + done)

@@ -251,10 +251,11 @@ def write_lean_file(
         out.start({"chatcli": config.to_json()})  # the header first: the file is hashed as it fills
         for name, array in small.items():
             out.write(name, 0, np.ascontiguousarray(array))
+        arena: dict = {}
         for count, (name, listed) in enumerate(parts.items()):
             status("Writing the lean weights", count, len(parts))
             for j, (_kind, n, (tensor, order, type_name)) in enumerate(listed):
-                _write_part(out, f"{name}.{j}.", meta, tensor, order, type_name, n, packer)
+                _write_part(out, f"{name}.{j}.", meta, tensor, order, type_name, n, packer, arena)
         status("Writing the lean weights", len(parts), len(parts))
         digest = out.close()
     except BaseException:
@@ -263,17 +264,23 @@ def write_lean_file(
     return config, digest
 
 
-def _write_part(out, prefix: str, meta: GGUFFile, tensor: str, order, type_name: str, n: int, packer) -> None:
-    """One GGUF tensor's blocks into its arrays, a chunk of rows at a time."""
+def _write_part(
+    out, prefix: str, meta: GGUFFile, tensor: str, order, type_name: str, n: int, packer, arena: dict
+) -> None:
+    """One GGUF tensor's blocks into its arrays, a chunk of rows at a time, through the buffers of `arena`,
+    kept from one chunk and tensor to the next: pages touched for the first time are what a first start
+    pays most for on a VM (~2 ms a MB here), and a 1B model's chunks would touch ~1.6 GB of them."""
     t = meta.tensors[tensor]
     row_bytes = int(t.n_bytes) // n
     step = max(64, CHUNK_BYTES // max(1, int(t.shape[0])) // 64 * 64)
     whole = meta.read(t, 0, n)[order] if order is not None else None  # q/k rows put in order: small tensors
+    if whole is None and len(arena.get("raw", ())) < min(n, step) * row_bytes:
+        arena["raw"] = np.empty(min(n, step) * row_bytes, np.uint8)
     written: dict[str, int] = {}
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        raw = whole[r0:r1] if whole is not None else meta.read(t, r0, r1)
-        _kind, arrays = tensor_parts(type_name, raw.reshape(r1 - r0, row_bytes), packer=packer)
+        raw = whole[r0:r1] if whole is not None else meta.read(t, r0, r1, arena["raw"])
+        _kind, arrays = tensor_parts(type_name, raw.reshape(r1 - r0, row_bytes), packer=packer, arena=arena)
         for key, array in arrays.items():
             out.write(prefix + key, written.get(key, 0), np.ascontiguousarray(array))
             written[key] = written.get(key, 0) + array.nbytes

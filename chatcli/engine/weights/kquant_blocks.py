@@ -268,9 +268,11 @@ def kind_of(type_name: str) -> str | None:
     return RUN.get(type_name)
 
 
-def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
+def packed_by(packer, type_name: str, raw: np.ndarray, arena: dict | None = None) -> dict[str, np.ndarray]:
     """The arrays `tensor_parts` gives (`lean_file.block_arrays`' shapes), made by the compiled kernel's
-    `chatcli_pack` (`packer`: its library)."""
+    `chatcli_pack` (`packer`: its library). `arena`: where to carve them from, one buffer kept from call
+    to call (`arena["out"]`, grown where need be), so that a first start's chunks are packed into the
+    same pages, not ~0.8 GB of new ones; the arrays returned are then overwritten by the next call."""
     n = raw.shape[0]
     kind = kind_of(type_name)
     k = raw.shape[1] // BLOCK_BYTES[type_name] * BLOCK_INPUTS[type_name]
@@ -278,7 +280,19 @@ def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
     if type_name in MINS:
         arrays["m"] = arrays["d"]
     dtypes = {code: FLOAT_DTYPES.get(code, np.uint8) for code in ("U8", "F16", "BF16", "F32")}  # by safetensors code
-    out = {key: np.zeros(shape, dtypes[code]) for key, (code, shape) in arrays.items()}
+    if arena is None:
+        out = {key: np.zeros(shape, dtypes[code]) for key, (code, shape) in arrays.items()}
+    else:
+        sizes = {key: int(np.prod(shape)) * np.dtype(dtypes[code]).itemsize for key, (code, shape) in arrays.items()}
+        total = sum(-(-size // 64) * 64 for size in sizes.values())
+        if len(arena.get("out", ())) < total:
+            arena["out"] = np.empty(total, np.uint8)
+        buffer = arena["out"]
+        buffer[:total] = 0  # chatcli_pack leaves the padding alone
+        out, at = {}, 0
+        for key, (code, shape) in arrays.items():
+            out[key] = buffer[at : at + sizes[key]].view(dtypes[code]).reshape(shape)
+            at += -(-sizes[key] // 64) * 64
     raw = np.ascontiguousarray(raw)
     ptr = lambda key: out[key].ctypes.data if key in out else None  # noqa: E731
     if packer.chatcli_pack(TYPE_IDS[type_name], raw.ctypes.data, n, k, *map(ptr, ("w", "hi", "d", "m", "sc", "sm"))):
@@ -287,15 +301,16 @@ def packed_by(packer, type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def tensor_parts(
-    type_name: str, raw: np.ndarray, order: np.ndarray | None = None, packer=None
+    type_name: str, raw: np.ndarray, order: np.ndarray | None = None, packer=None, arena: dict | None = None
 ) -> tuple[str, dict] | None:
     """One GGUF tensor's raw rows as (its kernel type: q4, q8, q2k, q3k, q4k, q5k, q6k, f16, bf16, f32,
     iq4nl or iq4xs; the kernel's arrays), rows in `order`; None where the kernel has no type for it (the
     caller converts).
-    `packer`: the compiled kernel's library, which packs ~20x faster than numpy (the same bytes, unpadded)."""
+    `packer`: the compiled kernel's library, which packs ~20x faster than numpy (the same bytes, unpadded);
+    `arena`: a buffer to pack into, kept from call to call (`packed_by`)."""
     raw = raw if order is None else raw[order]
     if packer is not None and type_name in TYPE_IDS:
-        return kind_of(type_name), packed_by(packer, type_name, raw)
+        return kind_of(type_name), packed_by(packer, type_name, raw, arena)
     if type_name in KINDS:
         return KINDS[type_name], pack_k(decode_k(type_name, raw))
     if type_name in FLOATS:
