@@ -33,14 +33,16 @@ _found = []  # the runtime's omp_pause_resource_all, once a runtime is loaded
 
 def _pause():
     """`omp_pause_resource_all` of the process's OpenMP runtime (torch's, or the one the compiled
-    kernel loaded: the same `libgomp.so.1` where both are there); None while none is loaded."""
+    kernel loaded: the same `libgomp.so.1` where both are there; on macOS torch's `libomp.dylib`,
+    which the kernel links); None while none is loaded."""
     if _found:
         return _found[0]
     names = []
     if "torch" in sys.modules:
         import torch
 
-        names += glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))
+        lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        names += glob.glob(os.path.join(lib, "libgomp*.so*")) + glob.glob(os.path.join(lib, "libomp*.dylib"))  # macOS
     from chatcli.engine.runners.kernels import openmp_runtimes
 
     names += sorted(openmp_runtimes())  # already mapped: opening them loads nothing new

@@ -15,12 +15,14 @@ process with a bus error). It is linked
 against OpenMP by soname (`libgomp.so.1`): in a process that has torch, the kernel shares
 torch's runtime; in one that has not, the system's, which a torch imported later then
 shares too (the loader reuses a loaded soname). Two runtimes would fight over the cores.
+On macOS (`macos.py`: untested on a Mac) Apple's clang builds it against libomp, torch's
+`libomp.dylib` where torch ships one, and the loaded runtimes are listed through dyld.
 
 `library()` returns the loaded library, or None with `why_not()` saying why in one line:
-no AVX2 (or FMA, F16C; on ARM no ASIMD dot products), no compiler, a failed build, a second
-OpenMP runtime (a torch whose libgomp has another name), or `CHATCLI_KERNEL=off` in the
-environment (`CHATCLI_KERNEL=avx2` takes the AVX2 build on a CPU that could run the AVX-512 one;
-`neon` names the ARM build).
+no AVX2 (or FMA, F16C; on ARM no ASIMD dot products), no compiler, no libomp (macOS), a failed
+build, a second OpenMP runtime (a torch whose libgomp has another name), or `CHATCLI_KERNEL=off`
+in the environment (`CHATCLI_KERNEL=avx2` takes the AVX2 build on a CPU that could run the AVX-512
+one; `neon` names the ARM build).
 Callers then keep the pure-torch path, which stays the reference.
 """
 
@@ -32,11 +34,13 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from functools import cache, lru_cache
 from pathlib import Path
 
+from chatcli.engine.runners.kernels import macos
 from chatcli.engine.weights import sidecar
 
 SOURCE = Path(__file__).with_name("decode.cpp")
@@ -98,11 +102,21 @@ STALE_S = 7 * 86400  # other builds unused this long are removed (another instal
 
 
 def compiler() -> list[str] | None:
-    """The C++ compiler's command: `$CXX` (which may carry arguments, e.g. `ccache g++`), else g++."""
+    """The C++ compiler's command: `$CXX` (which may carry arguments, e.g. `ccache g++`), else g++ (on
+    macOS clang++, Apple's: its g++ is the same clang)."""
     if os.environ.get("CXX"):
         return shlex.split(os.environ["CXX"])
-    found = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    names = ("clang++", "c++", "g++") if sys.platform == "darwin" else ("g++", "c++", "clang++")
+    found = next(filter(None, map(shutil.which, names)), None)
     return [found] if found else None
+
+
+def compile_flags(name: str) -> list[str]:
+    """The compiler's flags for a build (a key of BUILDS): FLAGS and the build's own; on macOS as Apple's
+    clang takes them, with libomp (`macos.flags`)."""
+    if sys.platform == "darwin":
+        return macos.flags(FLAGS) + BUILDS[name][0]
+    return FLAGS + BUILDS[name][0]
 
 
 def library_path(cxx: list[str], build_name: str | None = None) -> Path:
@@ -119,7 +133,7 @@ def library_path(cxx: list[str], build_name: str | None = None) -> Path:
         compiler_id = " ".join(cxx)
     sources = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in sorted(SOURCE.parent.glob("*.h")))
     name = build_name or _best()
-    flags = " ".join(FLAGS + BUILDS[name][0])
+    flags = " ".join(compile_flags(name))
     digest = hashlib.sha256(sources + flags.encode() + compiler_id.encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"decode-{name}-{digest}.so"
 
@@ -136,8 +150,11 @@ def build(cxx: list[str], target: Path, build_name: str | None = None) -> None:
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        flags = FLAGS + BUILDS[build_name or _best()][0]
+        flags = compile_flags(build_name or _best())
         done = subprocess.run([*cxx, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        setup = macos.compiler_error(done.stderr or "") if done.returncode != 0 and sys.platform == "darwin" else None
+        if setup:
+            raise RuntimeError(setup)
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
             raise RuntimeError(f"{Path(cxx[0]).name} failed: {errors[0] if errors else 'exit ' + str(done.returncode)}")
@@ -170,7 +187,12 @@ def _prune(keep: Path) -> None:
 
 
 def openmp_runtimes() -> set[str]:
-    """The OpenMP runtime files mapped into this process (one expected: torch's)."""
+    """The OpenMP runtime files mapped into this process (one expected: torch's), from /proc/self/maps.
+    macOS has no /proc: there dyld lists the images it loaded (`macos.openmp_runtimes`: libomp, libgomp,
+    libiomp by real path), so a kernel linked against Homebrew's libomp beside torch's own is seen as
+    two. Untested on a Mac; where neither can be read, the set is empty and the check passes."""
+    if sys.platform == "darwin":
+        return macos.openmp_runtimes()
     try:
         with open("/proc/self/maps", encoding="utf-8") as f:
             return {os.path.realpath(line.split()[-1]) for line in f if "libgomp" in line and "/" in line}
@@ -211,7 +233,9 @@ def load(name: str) -> tuple[ctypes.CDLL | None, str]:
     one line). Loading it with another OpenMP runtime mapped is `library()`'s check."""
     cxx = compiler()
     if cxx is None:
-        return None, "no C++ compiler (g++) found"
+        return None, macos.NO_COMPILER if sys.platform == "darwin" else "no C++ compiler (g++) found"
+    if sys.platform == "darwin" and macos.why_not_openmp():
+        return None, macos.why_not_openmp()
     try:
         target = library_path(cxx, name)
         try:
