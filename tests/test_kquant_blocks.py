@@ -158,6 +158,34 @@ def test_packing_through_one_arena_gives_fresh_arrays_bytes(kernel):
             ), key
 
 
+@pytest.fixture
+def amx(kernel):
+    """The AVX-512 build's AMX path for K-quant passes of 16 rows (project_amx.h), put back as it was after."""
+    lib = kernels.library()
+    if not lib.chatcli_amx(ctypes.c_int32(1)):
+        pytest.skip(f"no AMX here (the {kernels.build_name()} build, or a CPU without amx_int8)")
+    yield lib
+    lib.chatcli_amx(ctypes.c_int32(1))
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_amx_passes_give_vnnis_bits_and_each_rows_alone(amx, type_name):
+    """37 rows of a K-quant projection (two AMX passes of 16 and 5 rows on VNNI) give, bit for bit, the same
+    rows projected one at a time and the same 37 rows with AMX off; and the textbook within rounding."""
+    rng = np.random.default_rng(21)
+    n, k = 40, 512
+    raw = random_blocks(n, k, type_name, rng)
+    m, _arrays = matrix(type_name, raw, k)
+    x = rng.standard_normal((37, k)).astype(np.float32) * np.linspace(0.1, 4, k, dtype=np.float32)
+    together = project(m, x, n)
+    alone = np.concatenate([project(m, x[i : i + 1], n) for i in range(len(x))])
+    assert amx.chatcli_amx(ctypes.c_int32(0)) == 0
+    vnni = project(m, x, n)
+    assert np.array_equal(together, alone) and np.array_equal(together, vnni)
+    want = textbook(x, dequantized(type_name, raw, k))
+    assert np.allclose(together, want, rtol=1e-4, atol=1e-3 * np.abs(want).max())
+
+
 def extreme_blocks(type_name: str, n: int, k: int, rng) -> np.ndarray:
     """Random blocks whose first 8 rows hold the largest codes, half of them at the largest scales (and
     mins), half at the most negative (Q3_K, IQ4_XS: -32) or the smallest (Q2_K: 0); d and dmin kept.

@@ -18,7 +18,9 @@
 // logits of a row do not depend on how many rows share the call or on the thread count:
 // checking a draft gives the numbers that decoding its tokens one by one would give.
 //
-// Projections (fp32 panels, int8, q4 / q8 blocks, K-quants) are in project.h, Q3_K and Q2_K in project_low.h.
+// Projections (fp32 panels, int8, q4 / q8 blocks, K-quants) are in project.h, Q3_K and Q2_K in project_low.h;
+// where the CPU has AMX, a K-quant projection of 16 rows or more (a prompt's chunk) runs on its tiles
+// (project_amx.h), to the same bits.
 // The KV cache holds, per layer, keys [KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and
 // values [KV, capacity, hd], in fp32 or bf16 (round to nearest even), of positions base..base+capacity-1;
 // capacity and base are multiples of 16. A layer that attends to every position has base 0; a sliding
@@ -358,6 +360,19 @@ int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_
 int chatcli_pack(int32_t type, const uint8_t* raw, int64_t n, int64_t k, uint8_t* w, uint8_t* hi, uint16_t* d,
                  uint16_t* m, uint8_t* sc, uint8_t* sm) {
   return pack_rows(type, raw, n, k, Packed{w, hi, d, m, sc, sm});
+}
+
+// whether K-quant projections of 16 rows or more run on AMX (project_amx.h): mode 0 never, 1 where the CPU
+// has it, -1 leave as is; returns the state now (1: AMX runs). Tests compare the two paths with it.
+int chatcli_amx(int32_t mode) {
+#if defined(__AVX512F__)
+  if (mode == 0) g_amx.store(0);
+  if (mode == 1) g_amx.store(amx_available() ? 1 : 0);
+  return amx_ready() ? 1 : 0;
+#else
+  (void)mode;
+  return 0;
+#endif
 }
 
 // y [rows, n] = x [rows, k] W^T through one projection, each row as if alone (for tests)

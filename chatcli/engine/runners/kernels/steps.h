@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "common.h"
 #if defined(__AVX512F__)  // the kinds added since decode.cpp's own includes: GGUF's float tensors, IQ4_NL / IQ4_XS
+#include "project_amx.h"
 #include "project_float.h"
 #include "project_iq4.h"
 #elif defined(__aarch64__) && defined(__ARM_NEON)
@@ -26,6 +28,28 @@ void rms_norm_scaled(float* x, const float* w, int64_t d, float eps) {
   for (int64_t i = 0; i < d; i++) x[i] *= w[i];
 }
 
+// a K-quant projection: rows in passes of 16 on AMX where the CPU has it (project_amx.h, the same bits),
+// else in VNNI's (AVX2's, NEON's) passes
+template <int kKind>
+void project_kquant(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
+  const auto vnni = [&](int64_t b, auto r, int64_t s) {
+    kquant_block<decltype(r)::value, kKind>(m, b, in, s, y, ldy, accumulate);
+  };
+#if defined(__AVX512F__)
+  if (in.count >= kAmxRows && amx_ready()) {
+    thread_local std::vector<uint8_t> codes;  // a block's codes unpacked: groups x 512 bytes
+    if (codes.size() < static_cast<size_t>(m.kp / 32 * 512 + 64)) codes.resize(m.kp / 32 * 512 + 64);
+    uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(codes.data()) + 63) / 64 * 64);
+    const auto amx = [&](int64_t b, int64_t first, int64_t count) {
+      kquant_amx<kKind>(m, b, in, first, count, y, ldy, accumulate, aligned);
+    };
+    split_tiles(in, (m.n + 15) / 16, amx, vnni);
+    return;
+  }
+#endif
+  split<kRowsPerPass>(in, (m.n + 15) / 16, vnni);
+}
+
 // y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team
 void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
   if (m.kind == WEIGHT_PARTS) {  // each part into its columns (a barrier after each)
@@ -35,17 +59,11 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
       at += m.parts[i].n;
     }
   } else if (m.kind == WEIGHT_Q4K)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      kquant_block<decltype(r)::value, WEIGHT_Q4K>(m, b, in, s, y, ldy, accumulate);
-    });
+    project_kquant<WEIGHT_Q4K>(m, in, y, ldy, accumulate);
   else if (m.kind == WEIGHT_Q5K)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      kquant_block<decltype(r)::value, WEIGHT_Q5K>(m, b, in, s, y, ldy, accumulate);
-    });
+    project_kquant<WEIGHT_Q5K>(m, in, y, ldy, accumulate);
   else if (m.kind == WEIGHT_Q6K)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      kquant_block<decltype(r)::value, WEIGHT_Q6K>(m, b, in, s, y, ldy, accumulate);
-    });
+    project_kquant<WEIGHT_Q6K>(m, in, y, ldy, accumulate);
   else if (m.kind == WEIGHT_Q3K)
     split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
       low_block<decltype(r)::value, WEIGHT_Q3K>(m, b, in, s, y, ldy, accumulate);
