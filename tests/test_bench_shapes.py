@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from chatcli.bench import bench_command
 from chatcli.bench import shapes as sh
+from chatcli.engine.runners import kernels
 
 TINY = dict(
     hidden_size=128,
@@ -31,6 +32,7 @@ def test_a_shape_runs_each_kind(kernel, quantize):
     ours = result["chatcli"]
     assert ours["kind"] == sh.KINDS[quantize] and result["llama_cpp"] is None
     assert ours["decode_tok_s"] > 0 and ours["prefill_tok_s"] > 0 and ours["peak_rss_kib"] > 1000
+    assert ours["kernel"] == kernels.build_name() and ours["kernel"] in kernels.BUILDS  # the build the child ran
     if quantize in ("q4", "q8"):  # every projection part (7 a layer) and the head: the GGUF's own blocks
         assert ours["blocks"].startswith(f"Took {7 * TINY['num_hidden_layers'] + 1} weights")
 
@@ -83,6 +85,7 @@ def test_the_table_names_both_sides(kernel):
     render_shape({"cpu": "test cpu", **result}, console)
     text = console.export_text()
     assert "chatcli q4" in text and "decode tok/s" in text and "peak RSS MiB" in text
+    assert f"threads · kernel {kernels.build_name()}" in " ".join(text.split())  # the title may wrap
     assert "llama.cpp: not installed" in text
     failed = {**result, "cpu": "c", "llama_cpp": {"quant": "Q4_0", "file_mib": 1.0, "error": "RuntimeError: exit -11"}}
     console = Console(record=True, width=120)

@@ -113,7 +113,8 @@ def render_shape(result: dict, console) -> None:
 
     ours, theirs = result["chatcli"], result.get("llama_cpp") or {}
     quant = theirs.get("quant", "")
-    table = Table(title=f"random {result['shape']} · {result['cpu']} · {result['threads']} threads")
+    kernel = f" · kernel {ours['kernel']}" if ours.get("kernel") else ""
+    table = Table(title=f"random {result['shape']} · {result['cpu']} · {result['threads']} threads{kernel}")
     for col in ("metric", f"chatcli {ours['kind']}", f"llama.cpp {quant}".strip(), "ratio"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     if theirs.get("error"):
@@ -145,7 +146,8 @@ def render_gguf_type(result: dict, console) -> None:
 
     ours, theirs = result["chatcli"], result.get("llama_cpp") or {}
     title = f"random {result['shape']} · {result['gguf_type']} ({result['file_mib']:.0f} MiB) · {result['cpu']}"
-    table = Table(title=f"{title} · {result['threads']} threads")
+    kernel = f" · kernel {ours['kernel']}" if ours.get("kernel") else ""
+    table = Table(title=f"{title} · {result['threads']} threads{kernel}")
     for col in ("metric", f"chatcli ({ours.get('weights', '')})", "llama.cpp", "ratio"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     if theirs.get("error"):

@@ -95,8 +95,8 @@ def round_to(model, qtype: str) -> None:
                 p.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, kind)))
 
 
-# A child that decodes on a lean file (or on a model as `chatcli -m` loads it) and reports its speed and
-# peak memory (a fresh process, so VmHWM is its own).
+# A child that decodes on a lean file (or on a model as `chatcli -m` loads it) and reports its speed, the kernel
+# build that ran and its peak memory (a fresh process, so VmHWM is its own).
 CHATCLI_CHILD = r"""
 import json, statistics, sys, time
 a = json.loads(sys.argv[1])
@@ -121,7 +121,8 @@ for _ in range(a["new_tokens"] - 1):
     steps.append(time.perf_counter() - t0)
 peak = next((int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")), None)
 print(json.dumps({"decode_tok_s": 1 / statistics.median(steps), "prefill_tok_s": len(a["prefill"]) / prefill_s,
-                  "weights": runner.weights_dtype, "weights_mib": runner.weight_bytes / 2**20, "peak_rss_kib": peak}))
+                  "weights": runner.weights_dtype, "weights_mib": runner.weight_bytes / 2**20, "peak_rss_kib": peak,
+                  "kernel": runner.kernel}))
 """
 
 

@@ -91,6 +91,7 @@ def lean_engine(
         dense = lean_weights(folder, f"{dtype}-dense", status, model_loader)
         int8 = lean_weights(folder, INT8, status, model_loader) if quantize else None
         runner = LeanRunner(dense, device=torch.device(device), kv_dtype=DTYPES[kv], int8=int8)
+        runner.kernel_off = _why_no_kernel(kernel, device, dtype, kv) if kernel else "the torch lean runner, asked"
     return Engine(runner, tokenizer or folder_tokenizer(source.folder), source.name)
 
 

@@ -21,6 +21,7 @@ class ModelRunner(ABC):
     device: object  # a torch.device, or "cpu"
     dtype: object  # a torch.dtype, or its name
     quantized: bool = False
+    kernel_off = "the torch path"  # why a CPU forward is not the compiled kernel's (the loader says)
 
     @property
     def exact_verify(self) -> bool:
@@ -41,6 +42,13 @@ class ModelRunner(ABC):
     def verify(self, ids: list[int], cache: KVCache):
         """`forward`, returning fp32 logits `[S, V]` (numpy) of every position: one pass that checks a
         drafted continuation (see `chatcli.engine.sample.lookup`); the caller crops what it rejects."""
+
+    @property
+    def kernel(self) -> str | None:
+        """Which build of the compiled kernel runs the forward ("avx512", "avx2", "neon": the native
+        runner's), else "off (why)" on the CPU (`chatcli bench` and the TUI's header say it); None off the
+        CPU, where the kernel never runs."""
+        return f"off ({self.kernel_off})" if str(getattr(self.device, "type", self.device)) == "cpu" else None
 
     @property
     def weights_dtype(self) -> str:

@@ -72,6 +72,8 @@ class HFCache(KVCache):
 class HFRunner(ModelRunner):
     """The reference: the transformers model's own forward with a DynamicCache."""
 
+    kernel_off = "the transformers runner"
+
     def __init__(self, model, context_limit: int, quantized: bool = False) -> None:
         self.model = model
         self.context_limit = context_limit

@@ -99,6 +99,8 @@ class LeanLayer:
 class LeanRunner(ModelRunner):
     """A `ModelRunner` over a dense lean file (and, for int8 decode steps, an int8 one), on torch."""
 
+    kernel_off = "the lean runner on torch"  # the loader says why (`load.lean`)
+
     def __init__(
         self, weights: LeanWeights, device="cpu", kv_dtype: torch.dtype | None = None, int8: LeanWeights | None = None
     ) -> None:

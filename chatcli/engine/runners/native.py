@@ -111,6 +111,11 @@ def parts_matrix(parts: list[Matrix], k: int, kp: int, norm=None) -> Matrix:
 class NativeRunner(ModelRunner):
     """A `ModelRunner` over a lean file (`float32-panels` or `int8`) through the compiled kernel."""
 
+    @property
+    def kernel(self) -> str:
+        """The kernel's build that runs this forward: avx512, avx2 or neon."""
+        return kernels.build_name()
+
     def __init__(self, weights: LeanWeights, kv_dtype: str = "float32", threads: int | None = None) -> None:
         lib = kernels.library()
         if lib is None:
