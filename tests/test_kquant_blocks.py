@@ -170,18 +170,20 @@ def amx(kernel):
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_amx_passes_give_vnnis_bits_and_each_rows_alone(amx, type_name):
-    """37 rows of a K-quant projection (two AMX passes of 16 and 5 rows on VNNI) give, bit for bit, the same
-    rows projected one at a time and the same 37 rows with AMX off; and the textbook within rounding."""
+    """45 rows of a K-quant projection (on 2 threads: row blocks of 32 and 13, AMX passes of 16 and the rest
+    on VNNI) give, bit for bit, the same rows projected one at a time and the same 45 rows with AMX off; and
+    the textbook within rounding. 8 rows (a batch of decode steps) stay on VNNI, to the same bits."""
     rng = np.random.default_rng(21)
     n, k = 40, 512
     raw = random_blocks(n, k, type_name, rng)
     m, _arrays = matrix(type_name, raw, k)
-    x = rng.standard_normal((37, k)).astype(np.float32) * np.linspace(0.1, 4, k, dtype=np.float32)
-    together = project(m, x, n)
+    x = rng.standard_normal((45, k)).astype(np.float32) * np.linspace(0.1, 4, k, dtype=np.float32)
+    together, eight = project(m, x, n), project(m, x[:8], n)
     alone = np.concatenate([project(m, x[i : i + 1], n) for i in range(len(x))])
     assert amx.chatcli_amx(ctypes.c_int32(0)) == 0
     vnni = project(m, x, n)
     assert np.array_equal(together, alone) and np.array_equal(together, vnni)
+    assert np.array_equal(eight, alone[:8])
     want = textbook(x, dequantized(type_name, raw, k))
     assert np.allclose(together, want, rtol=1e-4, atol=1e-3 * np.abs(want).max())
 
