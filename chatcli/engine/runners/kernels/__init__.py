@@ -1,9 +1,11 @@
 """The compiled decode step (`decode.cpp`), built once per machine and loaded with ctypes.
 
-There are three builds of the same source: AVX-512 with VNNI (`simd.h`, `attention.h`,
-`project.h`), AVX2 with FMA and F16C (their `_avx2` twins) and aarch64 NEON with the dot-product
-extension (their `_neon` twins); a CPU gets the first it can run, and each computes every row alone
-with exact integer dots, so any keeps drafts exact.
+There are four builds of the same source: AVX-512 with VNNI (`simd.h`, `attention.h`,
+`project.h`; K-quant prompt chunks on AMX's tiles where the CPU has them, `project_amx.h`), AVX2 with
+FMA and F16C (their `_avx2` twins), the same with AVX-VNNI's 256-bit int8 dots (`avxvnni`: Alder Lake
+and later, Zen 5) and aarch64 NEON with the dot-product extension (their `_neon` twins); a CPU gets the
+first it can run, and each computes every row alone with exact integer dots, so any keeps drafts exact
+and all give the same bits but for rounding in rope (x86's g++ fuses it, aarch64's does not).
 The source (with the headers beside it) is compiled with the system's C++ compiler into the
 user cache dir, named by the build, a digest of the sources, the flags and the compiler, so an
 edit or a new compiler builds anew and a build is never half-written (a temporary file renamed
@@ -57,6 +59,7 @@ BUILDS = {  # best first: each build's compiler flags and the /proc/cpuinfo name
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma"],
         ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma"),
     ),
+    "avxvnni": (["-mavx2", "-mfma", "-mf16c", "-mavxvnni"], ("avx2", "fma", "f16c", "avx_vnni")),  # AVX2's, VNNI dots
     "avx2": (["-mavx2", "-mfma", "-mf16c"], ("avx2", "fma", "f16c")),
     "neon": (["-march=armv8.2-a+dotprod"], ("asimd", "asimddp")),  # aarch64: SDOT
 }
@@ -72,7 +75,7 @@ def why_not() -> str:
 
 
 def build_name() -> str:
-    """The build `library()` loaded ("avx512", "avx2" or "neon"; empty when it gave None)."""
+    """The build `library()` loaded ("avx512", "avxvnni", "avx2" or "neon"; empty when it gave None)."""
     return _build if library() is not None else ""
 
 

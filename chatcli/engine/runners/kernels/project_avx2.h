@@ -1,8 +1,9 @@
 // The decode step's projections (see decode.cpp) on AVX2, in project.h's weight layouts (described
 // there). AVX2 has no VPDPBUSD: the int8 and q8 dots widen bytes to int16 and sum pairs (VPMADDWD),
 // q4's 4-bit codes and the K-quants' 4- to 6-bit ones multiply bytes (VPMADDUBSW), their int16 sums
-// widened before they could saturate (kquant_block). Every dot is still exact in integers, so each
-// output is what project.h's gives.
+// widened before they could saturate (kquant_block). The `avxvnni` build (Alder Lake and later, Zen 5:
+// __AVXVNNI__) sums q4's, q8's and the K-quants' bytes straight into int32 with AVX-VNNI's 256-bit
+// VPDPBUSD. Every dot is still exact in integers, so each output is what project.h's gives.
 #pragma once
 
 #include <immintrin.h>
@@ -87,6 +88,28 @@ void int8_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y
 // the exact dots of one group of 32 inputs, 16 outputs: lo 0..7, hi 8..15 (kQuads 4: q4, 8: q8)
 template <int kQuads>
 inline void group_dots(const uint8_t* wg, const int32_t* xr, __m256i& lo, __m256i& hi) {
+#if defined(__AVXVNNI__)
+  lo = hi = _mm256_setzero_si256();
+  if constexpr (kQuads == 4) {  // quad 2p in the low nibbles, 2p + 1 in the high ones
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    for (int p = 0; p < 4; p++) {
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + p * 64));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + p * 64 + 32));
+      const __m256i x0 = _mm256_set1_epi32(xr[2 * p]), x1 = _mm256_set1_epi32(xr[2 * p + 1]);
+      lo = _mm256_dpbusd_avx_epi32(lo, _mm256_and_si256(v0, nibble), x0);
+      hi = _mm256_dpbusd_avx_epi32(hi, _mm256_and_si256(v1, nibble), x0);
+      lo = _mm256_dpbusd_avx_epi32(lo, _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble), x1);
+      hi = _mm256_dpbusd_avx_epi32(hi, _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble), x1);
+    }
+  } else {
+    for (int j = 0; j < 8; j++) {
+      const __m256i x = _mm256_set1_epi32(xr[j]);
+      lo = _mm256_dpbusd_avx_epi32(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + j * 64)), x);
+      hi = _mm256_dpbusd_avx_epi32(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + j * 64 + 32)), x);
+    }
+  }
+  return;
+#endif
   if constexpr (kQuads == 4) {  // codes 0..15: a group's 16 products a pair slot sum to at most 30480 in int16
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
@@ -214,6 +237,11 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
         const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8 + 2 * p;
         const __m256i x0 = _mm256_set1_epi32(xr[0]), x1 = _mm256_set1_epi32(xr[1]);
         for (int h = 0; h < 2; h++) {
+#if defined(__AVXVNNI__)  // straight into int32
+          acc[r][h][slot] = _mm256_dpbusd_avx_epi32(acc[r][h][slot], c[h][0], x0);
+          acc[r][h][slot] = _mm256_dpbusd_avx_epi32(acc[r][h][slot], c[h][1], x1);
+          continue;
+#endif
           part[r][h] = _mm256_add_epi16(part[r][h], _mm256_maddubs_epi16(c[h][0], x0));
           part[r][h] = _mm256_add_epi16(part[r][h], _mm256_maddubs_epi16(c[h][1], x1));
           if ((p + 1) % kSteps == 0) {  // widen: int32 lane o holds output o's dot
