@@ -155,6 +155,21 @@ def kernel():
     return require_kernel()
 
 
+@pytest.fixture
+def amx(kernel):
+    """The AVX-512 build's AMX path for K-quant passes of 16 rows (project_amx.h), on, put back after; the
+    library, whose chatcli_amx(0) turns it off (a CPU without AMX, or another build: skipped)."""
+    import ctypes
+
+    import chatcli.engine.runners.kernels as kernels
+
+    lib = kernels.library()
+    if not lib.chatcli_amx(ctypes.c_int32(1)):
+        pytest.skip(f"no AMX here (the {kernels.build_name()} build, or a CPU without amx_int8)")
+    yield lib
+    lib.chatcli_amx(ctypes.c_int32(1))
+
+
 @pytest.fixture(params=list(BUILDS))
 def build(request, monkeypatch):
     """Each kernel build this CPU runs, in place of `kernels.library()` (one it cannot run: skipped)."""

@@ -8,20 +8,10 @@ import ctypes
 import numpy as np
 import pytest
 
-from chatcli.engine.runners import kernels
 from tests.gguf_models import Q4_K_M, tiny
 from tests.gguf_runs import direct_runner
 
 pytest.importorskip("gguf")
-
-
-@pytest.fixture
-def amx(kernel):
-    lib = kernels.library()
-    if not lib.chatcli_amx(ctypes.c_int32(1)):
-        pytest.skip(f"no AMX here (the {kernels.build_name()} build, or a CPU without amx_int8)")
-    yield lib
-    lib.chatcli_amx(ctypes.c_int32(1))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

@@ -158,16 +158,6 @@ def test_packing_through_one_arena_gives_fresh_arrays_bytes(kernel):
             ), key
 
 
-@pytest.fixture
-def amx(kernel):
-    """The AVX-512 build's AMX path for K-quant passes of 16 rows (project_amx.h), put back as it was after."""
-    lib = kernels.library()
-    if not lib.chatcli_amx(ctypes.c_int32(1)):
-        pytest.skip(f"no AMX here (the {kernels.build_name()} build, or a CPU without amx_int8)")
-    yield lib
-    lib.chatcli_amx(ctypes.c_int32(1))
-
-
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_amx_passes_give_vnnis_bits_and_each_rows_alone(amx, type_name):
     """45 rows of a K-quant projection (on 2 threads: row blocks of 32 and 13, AMX passes of 16 and the rest

@@ -139,6 +139,55 @@ inline __m512i shift16(__m512i v, int bits) {
   return bits >= 0 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(bits)) : _mm512_srl_epi16(v, _mm_cvtsi32_si128(-bits));
 }
 
+// a K-quant group's codes of quads 2p (c0) and 2p + 1 (c1), whole: the low 4 bits from the group's codes wg,
+// the high ones (Q5_K: one, Q6_K: two) from its vectors `high` (kquant_block's and project_amx.h's)
+template <int kKind>
+inline void kquant_codes(const uint8_t* wg, const __m512i (&high)[2], int p, __m512i& c0, __m512i& c1) {
+  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
+  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(kKind == WEIGHT_Q6K ? 0x30 : 0x10);
+  const __m512i v = _mm512_loadu_si512(wg + p * 64);
+  c0 = _mm512_and_si512(v, nibble);
+  c1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  if constexpr (kHigh == 1) {  // quad q's bit q -> bit 4
+    c0 = _mm512_or_si512(c0, _mm512_and_si512(shift16(high[0], 4 - 2 * p), top));
+    c1 = _mm512_or_si512(c1, _mm512_and_si512(shift16(high[0], 3 - 2 * p), top));
+  } else if constexpr (kHigh == 2) {  // quad q's bits 2(q%4), +1 of vector q/4 -> bits 4, 5
+    const __m512i hv = high[p / 2];
+    c0 = _mm512_or_si512(c0, _mm512_and_si512(shift16(hv, 4 - 2 * (2 * p % 4)), top));
+    c1 = _mm512_or_si512(c1, _mm512_and_si512(shift16(hv, 4 - 2 * ((2 * p + 1) % 4)), top));
+  }
+}
+
+// The fp32 sums that follow a group's exact int32 dots (dot(r, h): row r's, of the group's scale h), for rows
+// s0..s0+R of a K-quant block: d sc gs dot - dmin m gsum (Q4_K, Q5_K) or gs (d sc_a dot_a + d sc_b dot_b) (Q6_K,
+// its dots less 32 times their activations' sums). kquant_block and kquant_amx (project_amx.h) both sum so,
+// so a row gives the same bits from either.
+template <int R, bool k6, typename Dot>
+inline void kquant_sums(__m512 (&sum)[R], const Rows& in, int64_t s0, int64_t g, int64_t groups, __m512 d, __m512 dmin,
+                        const uint8_t* scp, const uint8_t* smp, Dot dot) {
+  if constexpr (k6) {
+    const int64_t halves = 2 * groups;
+    const __m512 da = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 32)))));
+    const __m512 db = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 32 + 16)))));
+    for (int r = 0; r < R; r++) {
+      const int64_t s = s0 + r;
+      const int32_t* hs = in.hsum + s * halves + 2 * g;
+      const __m512 a = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot(r, 0), _mm512_set1_epi32(32 * hs[0])));
+      const __m512 bb = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot(r, 1), _mm512_set1_epi32(32 * hs[1])));
+      const __m512 t = _mm512_fmadd_ps(da, a, _mm512_mul_ps(db, bb));
+      sum[r] = _mm512_fmadd_ps(_mm512_set1_ps(in.gs[s * groups + g]), t, sum[r]);
+    }
+  } else {
+    const __m512 dg = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 16)))));
+    const __m512 mg = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(smp + g * 16)))));
+    for (int r = 0; r < R; r++) {
+      const int64_t at = (s0 + r) * groups + g;
+      sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(dg, _mm512_set1_ps(in.gs[at])), _mm512_cvtepi32_ps(dot(r, 0)), sum[r]);
+      sum[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(in.gsum[at]), sum[r]);
+    }
+  }
+}
+
 // y[s, n0..n0+16) for rows s0..s0+R, K-quant block b (kKind: WEIGHT_Q4K, _Q5K or _Q6K). Per group of 32 inputs
 // the codes' dot with a row's int8 activations is exact in int32 (Q6_K: one dot per 16 inputs, less 32 times
 // their sum); the row's fp32 sum then adds, groups in order, d sc gs dot - dmin m gsum (Q4_K, Q5_K) or
@@ -148,14 +197,13 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
   constexpr bool k6 = kKind == WEIGHT_Q6K;
   constexpr int kScales = k6 ? 2 : 1;                                         // scales a group: per 16 or 32 inputs
   constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
-  const int64_t groups = m.kp / 32, supers = m.kp / 256, halves = m.kp / 16;
+  const int64_t groups = m.kp / 32, supers = m.kp / 256;
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
   const uint16_t* dp = m.d + b * supers * 16;
   const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
   const uint8_t* scp = m.sc + b * groups * 16 * kScales;
   const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
   const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
-  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(k6 ? 0x30 : 0x10);
   __m512 sum[R];
   for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
   __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
@@ -172,16 +220,8 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
     for (int r = 0; r < R; r++)
       for (int h = 0; h < kScales; h++) acc[r][h] = _mm512_setzero_si512();
     for (int p = 0; p < 4; p++) {
-      const __m512i v = _mm512_loadu_si512(wg + p * 64);
-      __m512i c0 = _mm512_and_si512(v, nibble), c1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-      if constexpr (kHigh == 1) {  // quad q's bit q -> bit 4
-        c0 = _mm512_or_si512(c0, _mm512_and_si512(shift16(high[0], 4 - 2 * p), top));
-        c1 = _mm512_or_si512(c1, _mm512_and_si512(shift16(high[0], 3 - 2 * p), top));
-      } else if constexpr (kHigh == 2) {  // quad q's bits 2(q%4), +1 of vector q/4 -> bits 4, 5
-        const __m512i hv = high[p / 2];
-        c0 = _mm512_or_si512(c0, _mm512_and_si512(shift16(hv, 4 - 2 * (2 * p % 4)), top));
-        c1 = _mm512_or_si512(c1, _mm512_and_si512(shift16(hv, 4 - 2 * ((2 * p + 1) % 4)), top));
-      }
+      __m512i c0, c1;
+      kquant_codes<kKind>(wg, high, p, c0, c1);
       const int slot = k6 ? p / 2 : 0;
       for (int r = 0; r < R; r++) {
         const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8 + 2 * p;
@@ -189,26 +229,7 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
         acc[r][slot] = _mm512_dpbusd_epi32(acc[r][slot], c1, _mm512_set1_epi32(xr[1]));
       }
     }
-    if constexpr (k6) {
-      const __m512 da = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 32)))));
-      const __m512 db = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 32 + 16)))));
-      for (int r = 0; r < R; r++) {
-        const int64_t s = s0 + r;
-        const int32_t* hs = in.hsum + s * halves + 2 * g;
-        const __m512 a = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][0], _mm512_set1_epi32(32 * hs[0])));
-        const __m512 bb = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][1], _mm512_set1_epi32(32 * hs[1])));
-        const __m512 t = _mm512_fmadd_ps(da, a, _mm512_mul_ps(db, bb));
-        sum[r] = _mm512_fmadd_ps(_mm512_set1_ps(in.gs[s * groups + g]), t, sum[r]);
-      }
-    } else {
-      const __m512 dg = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 16)))));
-      const __m512 mg = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(smp + g * 16)))));
-      for (int r = 0; r < R; r++) {
-        const int64_t at = (s0 + r) * groups + g;
-        sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(dg, _mm512_set1_ps(in.gs[at])), _mm512_cvtepi32_ps(acc[r][0]), sum[r]);
-        sum[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(in.gsum[at]), sum[r]);
-      }
-    }
+    kquant_sums<R, k6>(sum, in, s0, g, groups, d, dmin, scp, smp, [&](int r, int h) { return acc[r][h]; });
   }
   store_block<R>(sum, m, b, s0, y, ldy, accumulate);
 }

@@ -63,24 +63,14 @@ struct TileConfig {
 // 2p + 1 (the layout of AMX's B tile: 16 outputs x 4 inputs a row)
 template <int kKind>
 inline void unpack_group(const Matrix& m, int64_t b, int64_t g, uint8_t* out) {
-  constexpr bool k6 = kKind == WEIGHT_Q6K;
   constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
   const int64_t groups = m.kp / 32;
   const uint8_t* wg = static_cast<const uint8_t*>(m.w) + (b * groups + g) * 256;
-  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(k6 ? 0x30 : 0x10);
   __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
   for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(m.hi + ((b * groups + g) * kHigh + v) * 64);
   for (int p = 0; p < 4; p++) {
-    const __m512i v = _mm512_loadu_si512(wg + p * 64);
-    __m512i c0 = _mm512_and_si512(v, nibble), c1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-    if constexpr (kHigh == 1) {
-      c0 = _mm512_or_si512(c0, _mm512_and_si512(shift16(high[0], 4 - 2 * p), top));
-      c1 = _mm512_or_si512(c1, _mm512_and_si512(shift16(high[0], 3 - 2 * p), top));
-    } else if constexpr (kHigh == 2) {
-      const __m512i hv = high[p / 2];
-      c0 = _mm512_or_si512(c0, _mm512_and_si512(shift16(hv, 4 - 2 * (2 * p % 4)), top));
-      c1 = _mm512_or_si512(c1, _mm512_and_si512(shift16(hv, 4 - 2 * ((2 * p + 1) % 4)), top));
-    }
+    __m512i c0, c1;
+    kquant_codes<kKind>(wg, high, p, c0, c1);
     _mm512_store_si512(out + 2 * p * 64, c0);
     _mm512_store_si512(out + (2 * p + 1) * 64, c1);
   }
@@ -130,7 +120,7 @@ __attribute__((target("amx-tile,amx-int8"))) void kquant_amx(const Matrix& m, in
                                                               uint8_t* codes) {
   constexpr bool k6 = kKind == WEIGHT_Q6K;
   constexpr int kScales = k6 ? 2 : 1;
-  const int64_t groups = m.kp / 32, supers = m.kp / 256, halves = m.kp / 16;
+  const int64_t groups = m.kp / 32, supers = m.kp / 256;
   const uint16_t* dp = m.d + b * supers * 16;
   const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
   const uint8_t* scp = m.sc + b * groups * 16 * kScales;
@@ -160,26 +150,8 @@ __attribute__((target("amx-tile,amx-int8"))) void kquant_amx(const Matrix& m, in
         d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + g / 8 * 16)));
         if constexpr (!k6) dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + g / 8 * 16)));
       }
-      if constexpr (k6) {  // kquant_block's sums, row by row
-        const __m512 da = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 32)))));
-        const __m512 db = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 32 + 16)))));
-        for (int r = 0; r < kAmxRows; r++) {
-          const int64_t s = s0 + r;
-          const int32_t* hs = in.hsum + s * halves + 2 * g;
-          const __m512 a = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(dot[0][r]), _mm512_set1_epi32(32 * hs[0])));
-          const __m512 bb = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(dot[kScales - 1][r]), _mm512_set1_epi32(32 * hs[1])));
-          const __m512 t = _mm512_fmadd_ps(da, a, _mm512_mul_ps(db, bb));
-          sum[r] = _mm512_fmadd_ps(_mm512_set1_ps(in.gs[s * groups + g]), t, sum[r]);
-        }
-      } else {
-        const __m512 dg = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scp + g * 16)))));
-        const __m512 mg = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(smp + g * 16)))));
-        for (int r = 0; r < kAmxRows; r++) {
-          const int64_t at = (s0 + r) * groups + g;
-          sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(dg, _mm512_set1_ps(in.gs[at])), _mm512_cvtepi32_ps(_mm512_load_si512(dot[0][r])), sum[r]);
-          sum[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(in.gsum[at]), sum[r]);
-        }
-      }
+      kquant_sums<kAmxRows, k6>(sum, in, s0, g, groups, d, dmin, scp, smp,
+                                [&](int r, int h) { return _mm512_load_si512(dot[h][r]); });
     }
     store_block<kAmxRows>(sum, m, b, s0, y, ldy, accumulate);
   }
