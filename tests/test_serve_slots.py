@@ -204,3 +204,26 @@ def test_a_long_prompt_goes_in_small_chunks_beside_a_running_turn(native):
     assert replies == {"long": want_long, "short": want_short}
     assert any(len(s) > 1 for s in sizes), "the two turns never shared a call"
     assert max(max(s) for s in sizes) <= SHARED_CHUNK
+
+
+def test_a_follow_up_sent_the_moment_a_reply_ends_finds_its_cache(native, serve, monkeypatch):
+    """The session goes back to the pool before the client hears the reply's end: a follow-up sent the
+    moment the last chunk arrives, taken by another slot at once, continues the cached conversation (the
+    pool's release is slowed, so a release after the end would come too late)."""
+    from chatcli.engine.kv.pool import SessionPool
+
+    release = SessionPool.release
+
+    def slow_release(self, lease, ok=True):
+        time.sleep(0.3)
+        release(self, lease, ok)
+
+    monkeypatch.setattr(SessionPool, "release", slow_release)
+    server = serve(native, parallel=2)
+    messages = [{"role": "user", "content": "France?"}]
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as http:
+        first = http.post("/v1/chat/completions", json={"messages": messages, "temperature": 0, "max_tokens": 8})
+        reply = first.json()["choices"][0]["message"]["content"]
+        follow = messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And Italy?"}]
+        second = http.post("/v1/chat/completions", json={"messages": follow, "temperature": 0, "max_tokens": 8})
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= first.json()["usage"]["prompt_tokens"]

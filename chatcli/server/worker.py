@@ -189,7 +189,7 @@ class GenerationWorker:
             return
         templated = time.perf_counter() - t_submit
         lease = self.pool.acquire(target)
-        ok, failure = False, None
+        ok, failure, released = False, None, False
         slot = getattr(self.engine.runner, "slot", None)  # a BatchedRunner's: the others' steps wait for ours
         try:
             with slot() if slot is not None else nullcontext():
@@ -198,9 +198,13 @@ class GenerationWorker:
                     target, lease.session, job.params, job.cancel, dropped, time.perf_counter() - templated
                 )
                 for event in turn:
-                    self._emit(job, event)
-                    if isinstance(event, Finished):
+                    if isinstance(event, Finished):  # the turn's last event: nothing touches the session after it
                         self._record(event, lease.how)
+                        # back in the pool before the client hears the end: a follow-up it sends at once,
+                        # taken by another slot, finds this conversation's cache
+                        self.pool.release(lease, True)
+                        released = True
+                    self._emit(job, event)
             ok = True
         except GrammarError as exc:  # the schema failed the grammar engine past its first steps: the request's fault
             log.warning("%s refused: %s", exc.param, exc)
@@ -211,7 +215,8 @@ class GenerationWorker:
             self._count("failed")
             failure = Failed(APIError(500, f"generation failed: {one_line(exc)}", type="server_error"))
         finally:
-            self.pool.release(lease, ok)  # before the client hears of a failure: the pool is settled
+            if not released:
+                self.pool.release(lease, ok)  # before the client hears of a failure: the pool is settled
         if failure is not None:
             self._emit(job, failure)
 
