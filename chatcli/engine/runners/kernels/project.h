@@ -102,7 +102,7 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
   for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t* wg = w + g * kQuads * 64;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * kQuads * 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wg + 16 * kQuads * 64), _MM_HINT_T0);
     __m512i acc[R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
     for (int p = 0; p < 4; p++) {

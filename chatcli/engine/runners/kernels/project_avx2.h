@@ -148,7 +148,7 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
   for (int r = 0; r < R; r++) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t* wg = w + g * kQuads * 64;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * kQuads * 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wg + 16 * kQuads * 64), _MM_HINT_T0);
     __m256 d[2], mn[2];
     for (int h = 0; h < 2; h++) {
       d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g * 16 + 8 * h)));
