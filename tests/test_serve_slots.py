@@ -227,3 +227,21 @@ def test_a_follow_up_sent_the_moment_a_reply_ends_finds_its_cache(native, serve,
         follow = messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And Italy?"}]
         second = http.post("/v1/chat/completions", json={"messages": follow, "temperature": 0, "max_tokens": 8})
     assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= first.json()["usage"]["prompt_tokens"]
+
+
+def test_closing_the_worker_ends_the_step_thread(native):
+    """A worker with slots runs its steps on a thread of the BatchedRunner's own; closing the worker ends
+    it (after the calls it has), and a call after that is refused, not left waiting."""
+    from chatcli.engine.kv.pool import SessionPool
+    from chatcli.server.worker import GenerationWorker, Job
+
+    worker = GenerationWorker(native, SessionPool(native.new_session, 1 << 30), parallel=2)
+    got: list = []
+    assert worker.submit(Job([], SamplingParams(temperature=0, max_tokens=4), got.append, prompt=[1, 2, 3]))
+    assert worker.wait_idle(30) and isinstance(got[-1], Finished)
+    step = worker.engine.runner._thread
+    assert step is not None and step.is_alive()
+    worker.close()
+    assert not step.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        worker.engine.runner.forward([1], native.new_session().cache)

@@ -55,6 +55,7 @@ class BatchedRunner:
         self._running = 0  # turns inside slot()
         self._thread: threading.Thread | None = None
         self._free_since = 0.0  # when the last batch ended: a call waits from then, not from its own start
+        self._closed = False
         self.batches = self.rows = self.widest = 0  # calls run, their rows, the most sequences in one
 
     def __getattr__(self, name: str):
@@ -84,9 +85,21 @@ class BatchedRunner:
     def verify(self, ids: list[int], cache) -> np.ndarray:
         return self._submit(ids, cache, every=True)
 
+    def close(self, timeout: float = 10.0) -> None:
+        """End the step thread once the calls pending are answered (a server that stops leaves no thread
+        behind); a call after this raises RuntimeError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
     def _submit(self, ids: list[int], cache, every: bool) -> np.ndarray:
         call = _Call(list(ids), cache, every, time.monotonic(), len(cache.ids))
         with self._cond:
+            if self._closed:
+                raise RuntimeError("the batched runner is closed")
             if self._thread is None:
                 self._thread = threading.Thread(target=self._steps, name="chatcli-step", daemon=True)
                 self._thread.start()
@@ -98,12 +111,14 @@ class BatchedRunner:
         return call.result
 
     def _steps(self) -> None:
-        """The step thread: gather the pending calls, run them, hand back their logits; forever."""
+        """The step thread: gather the pending calls, run them, hand back their logits; until closed."""
         while True:
             with self._cond:
                 while (wait := self._wait()) is not None:
                     if not self._pending and not self._running:  # idle: its OpenMP team goes (threads.py)
                         release_cpu_threads()
+                    if self._closed and not self._pending:
+                        return
                     self._cond.wait(wait)
                 batch, self._pending = self._pending, []
             self._run(batch)
