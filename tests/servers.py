@@ -26,14 +26,21 @@ def alone(engine, messages, **params) -> str:
 
 
 def slow(engine, delay: float):
-    """Make each forward take `delay` s longer, so requests overlap and disconnects land mid-reply."""
-    forward = engine.runner.forward
+    """Make each forward take `delay` s longer, so requests overlap and disconnects land mid-reply; and
+    each batched step (`forward_batch`, serve's slots), where the runner has them."""
+    forward, batch = engine.runner.forward, getattr(engine.runner, "forward_batch", None)
 
     def slow_forward(ids, cache):
         time.sleep(delay)
         return forward(ids, cache)
 
+    def slow_batch(requests):
+        time.sleep(delay)
+        return batch(requests)
+
     engine.runner.forward = slow_forward
+    if batch is not None:
+        engine.runner.forward_batch = slow_batch
     return engine
 
 
