@@ -45,7 +45,7 @@ class ModelRunner(ABC):
 
     @property
     def kernel(self) -> str | None:
-        """Which build of the compiled kernel runs the forward ("avx512", "avx2", "neon": the native
+        """Which build of the compiled kernel runs the forward ("avx512", "avxvnni", "avx2", "neon": the native
         runner's), else "off (why)" on the CPU (`chatcli bench` and the TUI's header say it); None off the
         CPU, where the kernel never runs."""
         return f"off ({self.kernel_off})" if str(getattr(self.device, "type", self.device)) == "cpu" else None

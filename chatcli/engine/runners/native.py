@@ -113,7 +113,7 @@ class NativeRunner(ModelRunner):
 
     @property
     def kernel(self) -> str:
-        """The kernel's build that runs this forward: avx512, avx2 or neon."""
+        """The kernel's build that runs this forward: avx512, avxvnni, avx2 or neon."""
         return kernels.build_name()
 
     def __init__(self, weights: LeanWeights, kv_dtype: str = "float32", threads: int | None = None) -> None:

@@ -48,7 +48,7 @@ class InfoBar(Static):
 
 def engine_label(engine) -> str:
     """The header's model: its name, device and weights, and on the CPU the compiled kernel's build that
-    runs it (avx512, avx2, neon) or why it is off; a server's model and where it is."""
+    runs it (avx512, avxvnni, avx2, neon) or why it is off; a server's model and where it is."""
     weights = getattr(engine, "weights", None)
     if weights is None:  # a server: its model and where it is
         return f"{engine.name} · {engine.backend}"
