@@ -245,3 +245,25 @@ def test_closing_the_worker_ends_the_step_thread(native):
     assert not step.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         worker.engine.runner.forward([1], native.new_session().cache)
+
+
+@pytest.mark.parametrize(
+    "now, pending, want_wait",
+    [
+        (0.020, 1, True),  # came at 0, during the batch that ended at 0.010: waits to 0.025 for the other turn
+        (0.026, 1, False),  # past 0.010 + WAIT_S: runs, half full, rather than wait on
+        (0.012, 2, False),  # every running turn has its call in: at once
+    ],
+)
+def test_a_call_that_came_during_a_batch_waits_from_its_end(now, pending, want_wait):
+    """The step thread's wait (`BatchedRunner._wait`), on a clock of the test's: a call that came while a
+    batch ran waits up to WAIT_S from that batch's end, not from its own coming, for the other running
+    turns' calls. Counted from its coming, the turns the batch just answered would miss it: two groups
+    would take turns, in half-full batches (what serve_load first measured)."""
+    from chatcli.engine.runners import batched as b
+
+    runner = b.BatchedRunner(object(), clock=lambda: now)
+    runner._running, runner._free_since = 2, 0.010
+    runner._pending = [b._Call([1], None, False, since=0.0, start=0) for _ in range(pending)]
+    wait = runner._wait()
+    assert (wait is not None and wait > 0) == want_wait

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -47,9 +47,10 @@ class _Call:
 
 
 class BatchedRunner:
-    def __init__(self, runner, wait_s: float = WAIT_S) -> None:
+    def __init__(self, runner, wait_s: float = WAIT_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
         self.wait_s = wait_s
+        self._clock = clock  # the calls' and batches' times (tests: a clock of their own)
         self._cond = threading.Condition()
         self._pending: list[_Call] = []
         self._running = 0  # turns inside slot()
@@ -96,7 +97,7 @@ class BatchedRunner:
             thread.join(timeout)
 
     def _submit(self, ids: list[int], cache, every: bool) -> np.ndarray:
-        call = _Call(list(ids), cache, every, time.monotonic(), len(cache.ids))
+        call = _Call(list(ids), cache, every, self._clock(), len(cache.ids))
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batched runner is closed")
@@ -123,7 +124,7 @@ class BatchedRunner:
                 batch, self._pending = self._pending, []
             self._run(batch)
             with self._cond:
-                self._free_since = time.monotonic()
+                self._free_since = self._clock()
                 self._cond.notify_all()
 
     def _wait(self) -> float | None:
@@ -132,7 +133,7 @@ class BatchedRunner:
             return 60.0  # woken by the next call
         # from the later of the oldest call and the last batch's end: a call that came during a batch
         # waits for the turns that batch just answered, or two groups would take turns, half-full
-        left = max(self._pending[0].since, self._free_since) + self.wait_s - time.monotonic()
+        left = max(self._pending[0].since, self._free_since) + self.wait_s - self._clock()
         if len(self._pending) >= self._running or left <= 0:
             return None
         return left
