@@ -17,7 +17,16 @@ from chatcli.engine import SamplingParams, ToolCalls
 from chatcli.engine.engine import Engine
 from chatcli.engine.events import Token
 from chatcli.engine.text.tokenize import TransformersTokenizer
-from chatcli.engine.text.toolcalls import HERMES, LLAMA3, Call, CallScanner, call_text, parse_calls, syntax_of
+from chatcli.engine.text.toolcalls import (
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    Call,
+    CallScanner,
+    call_text,
+    parse_calls,
+    syntax_of,
+)
 from tests.tiny import CHATML
 
 # A Qwen2.5-style template (the tools in the system turn, calls as <tool_call> blocks, results as
@@ -62,6 +71,18 @@ LLAMA_TOOLS = (
     "{%- elif message.role == 'tool' %}{{- '<|im_start|>ipython\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# A Mistral v0.3-style template: the tools in `[AVAILABLE_TOOLS]`, calls as `[TOOL_CALLS]` and a JSON list.
+MISTRAL_TOOLS = (
+    "{%- if tools %}{{- '[AVAILABLE_TOOLS] ' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.tool_calls %}{{- '[TOOL_CALLS] [' }}"
+    '{%- for tc in message.tool_calls %}{{- \'{"name": "\' + tc.function.name + \'", "arguments": \' }}'
+    "{{- tc.function.arguments | tojson }}{{- '}' }}{%- endfor %}{{- ']</s>' }}"
+    "{%- elif message.role == 'tool' %}{{- '[TOOL_RESULTS] ' + message.content + '[/TOOL_RESULTS]' }}"
+    "{%- elif message.role == 'user' %}{{- '[INST] ' + message.content + '[/INST]' }}"
+    "{%- else %}{{- message.content + '</s>' }}{%- endif %}{%- endfor %}"
 )
 
 # Bounded strings, so that even the tiny random model's calls end well within max_tokens.
@@ -136,6 +157,11 @@ def fallback(tools_loaded, qwen):
 @pytest.fixture(scope="module")
 def llama(tools_loaded, qwen):
     return with_template(tools_loaded, LLAMA_TOOLS, qwen.runner)
+
+
+@pytest.fixture(scope="module")
+def mistral(tools_loaded, qwen):
+    return with_template(tools_loaded, MISTRAL_TOOLS, qwen.runner)
 
 
 def client(server):
@@ -412,6 +438,47 @@ def test_llama_json_calls(llama, serve):
         assert len(validated(done.choices[0].message.tool_calls)) == 1  # Llama 3.1 calls one at a time
         final, _ = streamed(server, tool_choice="required", **sampling)
         assert validated(final.choices[0].message.tool_calls) == validated(done.choices[0].message.tool_calls)
+
+
+def test_mistral_list_calls(mistral, serve):
+    """Mistral's syntax: calls held to a JSON list (one or more), read back the same streamed or not; a
+    conversation with a call and its result renders in the template's own words."""
+    assert mistral.tokenizer.tool_syntax == MISTRAL
+    server = serve(mistral)
+    for seed in (None, 1, 2):
+        sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+        one = {"tool_choice": "required", "parallel_tool_calls": False, **sampling}
+        done = ask(server, **one)
+        calls = validated(done.choices[0].message.tool_calls)
+        assert len(calls) == 1 and done.choices[0].finish_reason == "tool_calls"
+        final, _ = streamed(server, **one)
+        assert validated(final.choices[0].message.tool_calls) == calls
+    several = ask(server, tool_choice="required", temperature=0, max_tokens=900)  # a list of up to MAX_CALLS
+    assert len(validated(several.choices[0].message.tool_calls)) >= 1
+    done = ask(server, messages=round_trip(), temperature=0, max_tokens=10)  # a call and its result, answered
+    assert done.choices[0].finish_reason in ("stop", "length")
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    turns = [*ASK, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "sunny"}]
+    text = mistral.tokenizer.decode(mistral.tokenizer.encode_chat(turns, TOOLS), skip_special_tokens=False)
+    assert "[TOOL_CALLS] " + call_text("get_weather", {"city": "Paris"}, MISTRAL) in text
+    assert "[TOOL_RESULTS] sunny[/TOOL_RESULTS]" in text and "[AVAILABLE_TOOLS]" in text
+
+
+def test_mistral_scanner():
+    two = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome"}}, {"name": "search", "arguments": {}}]'
+    for text in (two, two.removeprefix("[TOOL_CALLS]"), "\n" + two):  # the token is special: often not in the text
+        content, calls = parse_calls(text, MISTRAL)
+        assert content == "" and calls == [Call("get_weather", '{"city": "Rome"}'), Call("search", "{}")]
+        for size in (1, 5):
+            scanner = CallScanner(MISTRAL)
+            pieces = [p for i in range(0, len(text), size) for p in scanner.push(text[i : i + size])]
+            assert pieces == [] and scanner.finish() == calls  # held to the end, read whole
+    for text in ("[a link](x) and text", '[{"name": 3}]', "[]", "[1, 2]", "plain words"):
+        assert parse_calls(text, MISTRAL) == (text, [])  # not calls: text, as it was
+    scanner = CallScanner(MISTRAL)
+    assert scanner.push("Sure") == ["Sure"]  # text that cannot open a call is not held
+    assert call_text("f", {"a": 1}, MISTRAL) == '[{"name": "f", "arguments": {"a": 1}}]'
+    assert syntax_of(MISTRAL_TOOLS) == MISTRAL and syntax_of(LLAMA_TOOLS) == LLAMA3
 
 
 def test_syntax_and_scanner():

@@ -3,7 +3,8 @@ the tools' parameter schemas, so that every call parses and validates.
 
 Under `tool_choice` required or a named function (`ToolCalls.forced`) the reply is calls only: for
 the Hermes syntax one `<tool_call>` block, or up to MAX_CALLS of them a line apart where parallel
-calls are allowed; for Llama 3.1's JSON calls one object. Each function's call is its own `%json`
+calls are allowed; for Llama 3.1's JSON calls one object; for Mistral's a JSON list of calls (one, or up
+to MAX_CALLS where parallel calls are allowed). Each function's call is its own `%json`
 schema in a Lark grammar (llguidance's): `{"name": <its name>, "arguments": <its parameters>}`, the
 parameters' `$defs` moved up to the call's root so that their references still resolve, and each object
 with `properties` that does not say `additionalProperties` closed (as OpenAI's strict mode and llama.cpp's
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 
 from chatcli.engine.params import ResponseFormat, SamplingParams, ToolCalls
-from chatcli.engine.text.toolcalls import CLOSE, LLAMA3, OPEN
+from chatcli.engine.text.toolcalls import CLOSE, LLAMA3, MISTRAL, OPEN
 
 MAX_CALLS = 16  # calls in one reply, where parallel calls are allowed: a small model's loop ends
 # Compact JSON, the way `json.dumps` writes it (with free whitespace a small model can pad a reply
@@ -90,6 +91,9 @@ def calls_lark(tools: ToolCalls, syntax: str, fmt: ResponseFormat | None = None)
     rules.append("fn: " + " | ".join(f"fn{i}" for i in range(len(functions))))
     if syntax == LLAMA3:  # Llama 3.1 makes one call a reply
         rules.append("calls: fn")
+    elif syntax == MISTRAL:  # a JSON list of calls (its `[TOOL_CALLS]` token is not text)
+        more = f'(", " fn){{0,{MAX_CALLS - 1}}}' if tools.parallel else ""
+        rules.append(f'calls: "[" fn {more} "]"')
     else:
         rules.append(f"call: {json.dumps(OPEN + chr(10))} fn {json.dumps(chr(10) + CLOSE)}")
         rules.append(f'calls: call ("\\n" call){{0,{MAX_CALLS - 1}}}' if tools.parallel else "calls: call")

@@ -7,6 +7,9 @@ Two call syntaxes:
   templates of Qwen2.5, Qwen3 and Hermes write them so; and the fallback of a template without tools.
 - LLAMA3: the reply is one JSON object `{"name": ..., "parameters": {...}}` (Llama 3.1+'s JSON tool
   calling; a leading `<|python_tag|>` is skipped).
+- MISTRAL: the reply is `[TOOL_CALLS]` then a JSON list of `{"name": ..., "arguments": {...}}` (Mistral 7B
+  v0.3, Nemo, Small: templates with `[AVAILABLE_TOOLS]`); `[TOOL_CALLS]` is a special token there, so the
+  reply's text, decoded without special tokens, begins at the list (a leading `[TOOL_CALLS]` is skipped).
 
 A chat template that mentions no `tools` gets the fallback (`fallback_messages`): the tools listed as
 JSON in the system prompt with the Hermes call syntax asked for, an assistant's calls written as
@@ -21,9 +24,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-HERMES, LLAMA3 = "hermes", "llama3"
+HERMES, LLAMA3, MISTRAL = "hermes", "llama3", "mistral"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+TOOL_CALLS = "[TOOL_CALLS]"
 
 FALLBACK = (
     "You may call functions to help with the user's request. Their signatures are given as JSON "
@@ -40,8 +44,11 @@ def takes_tools(template: str) -> bool:
 
 
 def syntax_of(template: str) -> str:
-    """The call syntax a chat template's model writes: LLAMA3 where the template asks for Llama 3.1's
-    JSON calls, else HERMES (Qwen, Hermes, and the fallback of a template without tools)."""
+    """The call syntax a chat template's model writes: MISTRAL where it writes `[TOOL_CALLS]`, LLAMA3 where
+    it asks for Llama 3.1's JSON calls, else HERMES (Qwen, Hermes, and the fallback of a template without
+    tools)."""
+    if takes_tools(template) and OPEN not in template and TOOL_CALLS in template:
+        return MISTRAL
     if takes_tools(template) and OPEN not in template and (PYTHON_TAG in template or '"parameters": ' in template):
         return LLAMA3
     return HERMES
@@ -51,7 +58,10 @@ def call_text(name: str, arguments, syntax: str = HERMES) -> str:
     """One call as the model writes it (compact JSON, as the grammar holds it)."""
     args = arguments if isinstance(arguments, dict) else _object(arguments)
     key = "parameters" if syntax == LLAMA3 else "arguments"
-    body = json.dumps({"name": name, key: args if args is not None else arguments}, ensure_ascii=False)
+    call = {"name": name, key: args if args is not None else arguments}
+    if syntax == MISTRAL:
+        return json.dumps([call], ensure_ascii=False)
+    body = json.dumps(call, ensure_ascii=False)
     return body if syntax == LLAMA3 else f"{OPEN}\n{body}\n{CLOSE}"
 
 
@@ -130,10 +140,10 @@ class CallScanner:
 
     def push(self, text: str) -> list:
         self.buffer += text
-        return self._llama() if self.syntax == LLAMA3 else self._hermes(final=False)
+        return self._hermes(final=False) if self.syntax == HERMES else self._whole()
 
     def finish(self) -> list:
-        out = self._hermes(final=True) if self.syntax == HERMES else self._llama(final=True)
+        out = self._hermes(final=True) if self.syntax == HERMES else self._whole(final=True)
         if self.blank and not self.calls:
             out.append(self.blank)
         self.blank = ""
@@ -182,23 +192,37 @@ class CallScanner:
             self.calls += 1
             out.append(call)
 
-    def _llama(self, final: bool = False) -> list:
+    def _whole(self, final: bool = False) -> list:
+        """LLAMA3 and MISTRAL: a reply that begins as a call (`{`, `[`) is held to its end and read whole;
+        one that does not is text as it comes."""
         out: list = []
-        head = self.buffer.lstrip().removeprefix(PYTHON_TAG).lstrip()
-        if not self.started and head and not head.startswith("{"):
+        llama = self.syntax == LLAMA3
+        head = self.buffer.lstrip().removeprefix(PYTHON_TAG if llama else TOOL_CALLS).lstrip()
+        if not self.started and head and not head.startswith("{" if llama else "["):
             self.started = True  # text: as it comes
         if self.started:
             self._text(self.buffer, out)
             self.buffer = ""
         elif final:
-            call = _call(head, LLAMA3) if head else None
-            if call is None:
+            calls = ([_call(head, LLAMA3)] if llama else _mistral_calls(head)) if head else None
+            if not calls or None in calls:
                 self._text(self.buffer, out)
             else:
-                self.calls += 1
-                out.append(call)
+                self.calls += len(calls)
+                out.extend(calls)
             self.buffer = ""
         return out
+
+
+def _mistral_calls(text: str) -> list | None:
+    """MISTRAL: the calls of a JSON list of call objects (None where it is not one)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not value:
+        return None
+    return [_call(json.dumps(item), MISTRAL) if isinstance(item, dict) else None for item in value]
 
 
 def _partial(text: str, tag: str) -> int:
