@@ -141,19 +141,27 @@ int64_t row_blocks(int64_t units, int64_t rows, int64_t pass) {
   return best;
 }
 
+// every (unit, row block) pair once over the team: block(unit, first, count) for rows first..first+count,
+// row blocks of whole passes of kPass rows (split's, project_amx.h's split_tiles')
+template <int kPass, typename Block>
+void split_blocks(const Rows& in, int64_t units, Block block) {
+  const int64_t rb = row_blocks(units, in.count, kPass);
+  const int64_t per = ((in.count + rb - 1) / rb + kPass - 1) / kPass * kPass;  // rows a block, whole passes
+#pragma omp for schedule(static)
+  for (int64_t item = 0; item < units * rb; item++) {
+    const int64_t first = (item % rb) * per;
+    if (first < in.count) block(item / rb, first, std::min(per, in.count - first));
+  }
+}
+
 // every (unit, row block) pair once over the team: work(unit, rows) with a view of the rows
 template <int kRows, typename Work>
 void split(const Rows& in, int64_t units, Work work) {
-  const int64_t rb = row_blocks(units, in.count, kRows);
-  const int64_t per = ((in.count + rb - 1) / rb + kRows - 1) / kRows * kRows;  // rows a block, whole passes
-#pragma omp for schedule(static)
-  for (int64_t item = 0; item < units * rb; item++) {
-    const int64_t unit = item / rb, first = (item % rb) * per;
-    if (first >= in.count) continue;
+  split_blocks<kRows>(in, units, [&](int64_t unit, int64_t first, int64_t count) {
     Rows part = in;
-    part.count = std::min(per, in.count - first);
+    part.count = count;
     each_row_pass<kRows>(part, [&](auto r, int64_t s) { work(unit, r, first + s); });
-  }
+  });
 }
 
 // a key row into its transposed block (kt: one KV head's [capacity/16, hd, 16]); a value row as it is

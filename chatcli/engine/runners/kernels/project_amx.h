@@ -162,20 +162,15 @@ __attribute__((target("amx-tile,amx-int8"))) void kquant_amx(const Matrix& m, in
 // AMX (amx(unit, first, count)), what is left in VNNI's passes (vnni(unit, r, s), as split's work)
 template <typename Amx, typename Vnni>
 void split_tiles(const Rows& in, int64_t units, Amx amx, Vnni vnni) {
-  const int64_t rb = row_blocks(units, in.count, kAmxRows);
-  const int64_t per = ((in.count + rb - 1) / rb + kAmxRows - 1) / kAmxRows * kAmxRows;
-#pragma omp for schedule(static)
-  for (int64_t item = 0; item < units * rb; item++) {
-    const int64_t unit = item / rb, first = (item % rb) * per;
-    if (first >= in.count) continue;
-    const int64_t count = std::min(per, in.count - first), tiled = count / kAmxRows * kAmxRows;
+  split_blocks<kAmxRows>(in, units, [&](int64_t unit, int64_t first, int64_t count) {
+    const int64_t tiled = count / kAmxRows * kAmxRows;
     if (tiled) amx(unit, first, tiled);
     if (tiled < count) {
       Rows part = in;
       part.count = count - tiled;
       each_row_pass<kRowsPerPass>(part, [&](auto r, int64_t s) { vnni(unit, r, first + tiled + s); });
     }
-  }
+  });
 }
 
 }  // namespace
