@@ -39,6 +39,7 @@ import numpy as np
 from chatcli.engine.weights.gguf_file import TYPES
 from chatcli.engine.weights.lean_file import block_arrays
 from chatcli.engine.weights.quant_blocks import Codes, gguf_codes, pack
+from chatcli.engine.weights.tensorfile import padded
 
 SUPER = 256  # inputs a K-quant super-block holds
 KINDS = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k", "Q3_K": "q3k", "Q2_K": "q2k"}
@@ -284,7 +285,7 @@ def packed_by(packer, type_name: str, raw: np.ndarray, arena: dict | None = None
         out = {key: np.zeros(shape, dtypes[code]) for key, (code, shape) in arrays.items()}
     else:
         sizes = {key: int(np.prod(shape)) * np.dtype(dtypes[code]).itemsize for key, (code, shape) in arrays.items()}
-        total = sum(-(-size // 64) * 64 for size in sizes.values())
+        total = sum(map(padded, sizes.values()))
         if len(arena.get("out", ())) < total:
             arena["out"] = np.empty(total, np.uint8)
         buffer = arena["out"]
@@ -292,7 +293,7 @@ def packed_by(packer, type_name: str, raw: np.ndarray, arena: dict | None = None
         out, at = {}, 0
         for key, (code, shape) in arrays.items():
             out[key] = buffer[at : at + sizes[key]].view(dtypes[code]).reshape(shape)
-            at += -(-sizes[key] // 64) * 64
+            at += padded(sizes[key])
     raw = np.ascontiguousarray(raw)
     ptr = lambda key: out[key].ctypes.data if key in out else None  # noqa: E731
     if packer.chatcli_pack(TYPE_IDS[type_name], raw.ctypes.data, n, k, *map(ptr, ("w", "hi", "d", "m", "sc", "sm"))):
