@@ -127,9 +127,8 @@ class GenerationWorker:
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        close = getattr(self.engine.runner, "close", None)  # the slots' BatchedRunner: its step thread ends
-        if self.parallel > 1 and close is not None:
-            close(max(0.0, deadline - time.monotonic()))
+        if self.parallel > 1:  # the slots' BatchedRunner (engine.batched()): its step thread ends
+            self.engine.runner.close(max(0.0, deadline - time.monotonic()))
 
     @property
     def pending(self) -> int:
