@@ -106,7 +106,11 @@ def _object(text) -> dict | None:
 
 def _call(text: str, syntax: str) -> Call | None:
     """A call's JSON object, or None where it is not one."""
-    found = _object(text.strip())
+    return _call_of(_object(text.strip()), syntax)
+
+
+def _call_of(found: dict | None, syntax: str) -> Call | None:
+    """The call a parsed JSON object is, or None where it is not one."""
     if found is None or not isinstance(found.get("name"), str):
         return None
     keys = ("parameters", "arguments") if syntax == LLAMA3 else ("arguments", "parameters")
@@ -222,7 +226,7 @@ def _mistral_calls(text: str) -> list | None:
         return None
     if not isinstance(value, list) or not value:
         return None
-    return [_call(json.dumps(item), MISTRAL) if isinstance(item, dict) else None for item in value]
+    return [_call_of(item, MISTRAL) if isinstance(item, dict) else None for item in value]
 
 
 def _partial(text: str, tag: str) -> int:
