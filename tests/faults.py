@@ -98,11 +98,16 @@ def fault_app() -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    app = Starlette(
+    app = scenario_app(models, chat)
+    app.state.faults = state
+    return app
+
+
+def scenario_app(models, chat) -> Starlette:
+    """An app that answers `/{scenario}/v1/models` and `/{scenario}/v1/chat/completions` with these handlers."""
+    return Starlette(
         routes=[
             Route("/{scenario}/v1/models", models, methods=["GET"]),
             Route("/{scenario}/v1/chat/completions", chat, methods=["POST"]),
         ]
     )
-    app.state.faults = state
-    return app

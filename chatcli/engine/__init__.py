@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from chatcli.engine.events import ChatEngine, Event, Finished, FinishReason, Prefilled, Token
+from chatcli.engine.events import ChatEngine, Event, Finished, FinishReason, Prefilled, Token, call_syntax
 from chatcli.engine.kv.memory import default_budget_bytes
 from chatcli.engine.load.options import MODEL_HELP, LoadError, LoadOptions
 from chatcli.engine.params import (
@@ -112,6 +112,7 @@ __all__ = [
     "Token",
     "ToolCalls",
     "TurnStats",
+    "call_syntax",
     "default_budget_bytes",
     "fork_session",
     "known",

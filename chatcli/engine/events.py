@@ -63,6 +63,16 @@ class Finished:
 Event = Prefilled | Token | Finished
 
 
+def call_syntax(engine) -> str | None:
+    """The syntax `engine`'s replies write tool calls in: the one way to read a reply's calls from either
+    engine is `parse_calls(done.reply, call_syntax(engine))` (text outside the calls, and the `Call`s), or
+    `CallScanner(call_syntax(engine))` over the Tokens' text as they stream. The in-process engine's is its
+    model's (`tokenizer.tool_syntax`); `RemoteEngine.tool_syntax` is HERMES, the blocks it writes the
+    server's structured calls as; None: an engine that says neither (the tests' fakes)."""
+    own = getattr(engine, "tool_syntax", None)
+    return own if own is not None else getattr(getattr(engine, "tokenizer", None), "tool_syntax", None)
+
+
 @runtime_checkable
 class ChatEngine(Protocol):
     """What the front ends need from an engine (the in-process `Engine`, `RemoteEngine`, the tests' fake)."""

@@ -13,6 +13,14 @@ Faults are `RemoteError`, one line each: refused connections, unknown hosts, 401
 the turn with `FinishReason.ERROR` and the text so far, so nothing received is lost. A cancel
 closes the stream: the server sees the client leave and stops generating.
 
+Tools (`SamplingParams.tools`, an assistant's `tool_calls`, `tool` results) go to the server as
+OpenAI's fields (`chatcli.engine.remote_tools`). The server's structured calls come back in the
+reply's text as Hermes `<tool_call>` blocks — one `Token` of their text when the reply finishes, and
+in `Finished.reply` — so a consumer reads a reply's calls the same way from either engine:
+`parse_calls(done.reply, call_syntax(engine))`, or `CallScanner(call_syntax(engine))` over the
+Tokens (`call_syntax`: `chatcli.engine.events`; here it is `RemoteEngine.tool_syntax`, HERMES).
+A reply of calls finishes with `FinishReason.STOP`. A 400 to a request with tools says so, one line.
+
 httpx and httpx-sse, imported when a remote engine is made: a local start does not pay for them.
 """
 
@@ -26,6 +34,7 @@ from pathlib import Path
 
 from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
 from chatcli.engine.params import SamplingParams
+from chatcli.engine.remote_tools import HINT, SYNTAX, CallParts, tool_fields, wire_messages
 from chatcli.engine.stats import TurnStats
 from chatcli.errors import one_line
 
@@ -57,6 +66,7 @@ class RemoteSession:
 
 class RemoteEngine:
     keeps_cache = False  # the server holds it: no bytes to show, nothing to save
+    tool_syntax = SYNTAX  # how a reply's calls are written into its text (`call_syntax`)
 
     def __init__(self, url: str, api_key: str | None = None, model: str | None = None, timeout: float = TIMEOUT_S):
         import httpx
@@ -155,7 +165,7 @@ class RemoteEngine:
     def body(self, messages: Sequence[dict], params: SamplingParams) -> dict:
         body = {
             "model": self.name,
-            "messages": list(messages),
+            "messages": wire_messages(messages),
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": params.temperature,
@@ -174,6 +184,8 @@ class RemoteEngine:
             body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
         if params.response_format is not None:
             body["response_format"] = params.response_format.to_openai()
+        if params.tools is not None:
+            body.update(tool_fields(params.tools))
         if self.send_extras:
             body.update(top_k=params.top_k, min_p=params.min_p, repetition_penalty=params.repeat_penalty)
         return body
@@ -186,14 +198,16 @@ class RemoteEngine:
 
         turn = _Turn(t_submit)
         url = self.url + "/chat/completions"
+        body = self.body(messages, params)
         try:
-            with connect_sse(self.client, "POST", url, json=self.body(messages, params)) as source:
+            with connect_sse(self.client, "POST", url, json=body) as source:
                 response = source.response
                 if response.status_code >= 400:
                     response.read()
                     if response.status_code == 400 and self.send_extras and _names_extra(response):
                         raise _ExtrasRefused
-                    raise RemoteError(self._status(response))
+                    hint = HINT if response.status_code == 400 and "tools" in body else ""
+                    raise RemoteError(self._status(response) + hint)
                 closer = _close_on(cancel, response)
                 try:
                     for sse in source.iter_sse():
@@ -213,6 +227,7 @@ class RemoteEngine:
                 turn.fail(f"the server's stream ended mid-reply ({one_line(exc)})")
         if cancel.is_set() and not turn.error:
             turn.reason = FinishReason.CANCELLED
+        yield from turn.calls_out()  # those of a stream that ended without a finish_reason
         t_end = time.perf_counter()
         if not turn.started:
             yield Prefilled(None, None, None, t_end - t_submit, 0)
@@ -282,6 +297,7 @@ class _Turn:
         self.t_submit = t_submit
         self.t_first: float | None = None
         self.reply: list[str] = []
+        self.calls = CallParts()
         self.chunks = 0
         self.usage: dict = {}
         self.reason = FinishReason.LENGTH  # a stream that ends without saying why ran out
@@ -310,19 +326,32 @@ class _Turn:
             return
         self.usage = chunk.get("usage") or self.usage
         for choice in chunk.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content") or ""
-            if text:
-                now = time.perf_counter()
+            delta = choice.get("delta") or {}
+            text, parts = delta.get("content") or "", delta.get("tool_calls")
+            if text or parts:
                 if self.t_first is None:
-                    self.t_first = now
-                    yield Prefilled(None, None, None, now - self.t_submit, 0)
+                    self.t_first = time.perf_counter()
+                    yield Prefilled(None, None, None, self.t_first - self.t_submit, 0)
                 self.chunks += 1
-                self.reply.append(text)
-                rate = (self.chunks - 1) / (now - self.t_first) if now > self.t_first else 0.0
-                yield Token(-1, text, self.chunks, rate, now - self.t_submit)
+                self.calls.take(parts)
+            if text:
+                yield self._token(text)
             ended = choice.get("finish_reason")
-            if ended:
+            if ended:  # "tool_calls" too: STOP, as the in-process engine's reply of calls
                 self.reason = FinishReason.LENGTH if ended == "length" else FinishReason.STOP
+                yield from self.calls_out()
+
+    def calls_out(self) -> Iterator[Token]:
+        """The calls put together so far, as one Token of their text (Hermes blocks)."""
+        text = self.calls.render(after_text=bool(self.reply))
+        if text:
+            yield self._token(text)
+
+    def _token(self, text: str) -> Token:
+        now = time.perf_counter()
+        self.reply.append(text)
+        rate = (self.chunks - 1) / (now - self.t_first) if now > self.t_first else 0.0
+        return Token(-1, text, self.chunks, rate, now - self.t_submit)
 
 
 class _ExtrasRefused(Exception):
