@@ -77,6 +77,16 @@ def with_files(text: str, files: tuple[str, ...]) -> str:
         raise UserError(f"-f {exc}", 2) from None
 
 
+def mcp_servers(config, names: tuple[str, ...], allow_tools: bool) -> list:
+    """The [mcp.NAME] servers --mcp picks; a name the config lacks, or --allow-tools alone, is a usage error."""
+    if allow_tools and not names:
+        raise UserError("--allow-tools runs the tools of --mcp NAME: name a server too", 2)
+    try:
+        return config.mcp_servers(names)
+    except ConfigError as exc:
+        raise UserError(f"--mcp: {exc}", 2) from None
+
+
 def _json_text(value: str) -> bool:
     """Whether a --json-schema value is JSON text rather than a file name: it parses, or it opens an object."""
     import json
@@ -89,10 +99,21 @@ def _json_text(value: str) -> bool:
 
 
 def start_options(
-    *, model=None, system=None, theme=None, api=None, api_key=None, preset=None, json_schema=None, **flags
+    *,
+    model=None,
+    system=None,
+    theme=None,
+    api=None,
+    api_key=None,
+    preset=None,
+    json_schema=None,
+    mcp=(),
+    allow_tools=False,
+    **flags,
 ) -> StartOptions:
     """Config file first, then the preset (`--preset`), then the flags that were given. `flags`: the
-    values of the model flags and the sampling flags (`chatcli.flags`), by field name."""
+    values of the model flags and the sampling flags (`chatcli.flags`), by field name; `mcp`: the
+    --mcp names, resolved to the config's [mcp.NAME] servers."""
     load = load_options({k: flags.pop(k) for k in LOAD_FIELDS if k in flags})
     if json_schema is not None:
         flags["response_format"] = read_json_schema(json_schema)
@@ -109,6 +130,7 @@ def start_options(
         raise UserError(f"config: {exc}", 2) from None
     except InvalidParameter as exc:
         raise UserError(str(exc), 2) from None
+    servers = mcp_servers(config, mcp, allow_tools)
     return StartOptions(
         model=model,
         load=load,
@@ -120,6 +142,8 @@ def start_options(
         api=api or config.api,
         # the config's key goes only to the config's server, never to another --api URL
         api_key=api_key or (config.api_key if api in (None, config.api) else None),
+        mcp=servers,
+        allow_tools=allow_tools,
     )
 
 
@@ -150,6 +174,18 @@ def start_options(
     help="A [presets.NAME] of the config file: its system prompt and sampling.",
 )
 @click.option("--theme", default=None, help="TUI theme.")
+@click.option(
+    "--mcp",
+    "mcp",
+    multiple=True,
+    metavar="NAME",
+    help="Offer the model the tools of the config's [mcp.NAME] MCP server; repeatable.",
+)
+@click.option(
+    "--allow-tools",
+    is_flag=True,
+    help="Run the --mcp tools the model calls without asking (without it the one-shot runs none, the TUI asks).",
+)
 @JSON.option(help="One-shot: print one JSON object.")
 @click.option(
     "--json-schema",
@@ -177,6 +213,8 @@ def app(
     system,
     preset,
     theme,
+    mcp,
+    allow_tools,
     json_out,
     json_schema,
     stats,
@@ -196,6 +234,8 @@ def app(
         api_key=api_key,
         preset=preset,
         json_schema=json_schema,
+        mcp=mcp,
+        allow_tools=allow_tools,
         **flags,
     )
     start.continue_last, start.conversation = continue_last, conversation

@@ -13,6 +13,11 @@ Lives at `<user config dir>/config.toml` (or `$CHATCLI_CONFIG`):
     [presets.coder]                   # `--preset coder`, `/preset coder`
     system = "You write Python. Code first, then one line of explanation."
     temperature = 0.2                 # a preset may set any [sampling] key too
+    [mcp.time]                        # `--mcp time`: an MCP server (stdio) whose tools the model may call
+    command = "uvx"                   # the keys of other MCP clients' `mcpServers`: command, args, env (, cwd)
+    args = ["mcp-server-time"]
+    env = { TZ = "Europe/Paris" }
+    timeout = 60                      # seconds a call may take (default 60); startup_timeout: to start (30)
 
 `[sampling]` takes the SamplingParams fields whose `Setting` says `config=True`, each checked
 against its declared kind and range; a preset's keys are checked the same way.
@@ -23,6 +28,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from chatcli.engine import (
     BIAS,
@@ -37,8 +43,12 @@ from chatcli.engine import (
 )
 from chatcli.paths import config_file
 
+if TYPE_CHECKING:
+    from chatcli.chat.mcp import Server
+
 SAMPLING_KEYS = tuple(name for name, setting in settings() if setting.config)  # the SamplingParams fields
-TOP_KEYS = ("model", "api", "api_key", "theme", "system", "save", "sampling", "presets")
+TOP_KEYS = ("model", "api", "api_key", "theme", "system", "save", "sampling", "presets", "mcp")
+MCP_KEYS = ("command", "args", "env", "cwd", "timeout", "startup_timeout")
 TEXT_KEYS = ("model", "api", "api_key", "theme", "system")
 
 
@@ -57,6 +67,7 @@ class Config:
     api_key: str | None = None
     presets: dict[str, Preset] = field(default_factory=dict)
     save: bool = True  # one-shots saved as conversations (`save = false`: --no-save by default)
+    mcp: dict[str, Server] = field(default_factory=dict)  # [mcp.NAME]: the MCP servers --mcp picks from
 
     def params(self, base: SamplingParams | None = None) -> SamplingParams:
         """`base` (the defaults) with the [sampling] values; ConfigError for a wrong type or range."""
@@ -68,6 +79,14 @@ class Config:
             known = ", ".join(sorted(self.presets)) or f"none: add a [presets.{name}] table to {self.path}"
             raise ConfigError(f"no preset {name!r} (known: {known})")
         return self.presets[name]
+
+    def mcp_servers(self, names) -> list[Server]:
+        """The [mcp.NAME] servers `names` picks (--mcp), each once; ConfigError naming the ones there are."""
+        for name in names:
+            if name not in self.mcp:
+                known = ", ".join(sorted(self.mcp)) or f"none: add an [mcp.{name}] table to {self.path}"
+                raise ConfigError(f"no MCP server {name!r} (known: {known})")
+        return [self.mcp[name] for name in dict.fromkeys(names)]
 
 
 @dataclass
@@ -146,6 +165,7 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"{path}: save must be true or false")
     config.save = data.get("save", True)
     config.presets = _presets(path, data.get("presets", {}))
+    config.mcp = _mcp(path, data.get("mcp", {}))
     config.params()  # validate the values now, with the file's name in the message
     for preset in config.presets.values():
         preset.params(SamplingParams())
@@ -165,4 +185,37 @@ def _presets(path: Path, tables) -> dict[str, Preset]:
         if bad:
             raise ConfigError(f"{path}: unknown {where} key {bad[0]!r} (known: system, {', '.join(SAMPLING_KEYS)})")
         out[name] = Preset(name, system, {k: v for k, v in table.items() if k != "system"}, path)
+    return out
+
+
+def _mcp(path: Path, tables) -> dict[str, Server]:
+    """[mcp.NAME] tables: stdio MCP servers, as other MCP clients write them (command, args, env)."""
+    if not tables:
+        return {}
+    from chatcli.chat.mcp import STARTUP_TIMEOUT_S, TIMEOUT_S, Server  # only where there are servers
+
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise ConfigError(f"{path}: [mcp] must hold tables, one a server: [mcp.NAME] with command = ...")
+    out = {}
+    for name, table in tables.items():
+        where = f"{path}: [mcp.{name}]"
+        bad = sorted(set(table) - set(MCP_KEYS))
+        if bad:
+            raise ConfigError(f"{where}: unknown key {bad[0]!r} (known: {', '.join(MCP_KEYS)})")
+        command, args, env = table.get("command"), table.get("args", []), table.get("env", {})
+        if not isinstance(command, str) or not command.strip():
+            raise ConfigError(f"{where}: command must be a string: the program that starts the server")
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ConfigError(f"{where}: args must be a list of strings")
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise ConfigError(f'{where}: env must be a table of strings ({{ NAME = "value" }})')
+        if not isinstance(table.get("cwd", ""), str):
+            raise ConfigError(f"{where}: cwd must be a string")
+        limits = {}
+        for key, default in (("timeout", TIMEOUT_S), ("startup_timeout", STARTUP_TIMEOUT_S)):
+            value = table.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+                raise ConfigError(f"{where}: {key} must be a number of seconds > 0, got {value!r}")
+            limits[key] = float(value)
+        out[name] = Server(name, command, tuple(args), dict(env), table.get("cwd"), **limits)
     return out

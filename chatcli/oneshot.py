@@ -169,18 +169,51 @@ def _answer(start: StartOptions, text: str, json_out: bool, show_stats: bool, re
 
 def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: bool, conversation, new: bool) -> int:
     """One exchange in `conversation` (a saved one under its turn lock): the prompt saved once the engine
-    takes it (a prompt refused as too long is not), the reply after it; nothing saved with --no-save
-    (`store` None: no saved conversation read either)."""
+    takes it (a prompt refused as too long is not), the reply after it (with --mcp, each reply with tool
+    calls and each result as they come); nothing saved with --no-save (`store` None: no saved
+    conversation read either)."""
+    saving = store is not None and start.save
+    if saving and not new:  # another process may have answered in it while this one waited for the lock
+        conversation, _ = open_conversation(store, start, conversation.id, False)
+    hub = start_tools(start)  # the MCP servers start while the model loads
+    try:
+        return _exchange(store, start, text, json_out, show_stats, conversation, new, hub)
+    finally:
+        if hub is not None:
+            hub.close()
+
+
+def start_tools(start: StartOptions):
+    """The --mcp servers, starting (a Hub), or None without --mcp."""
+    if not start.mcp:
+        return None
+    from chatcli.chat.mcp import Hub
+
+    return Hub(start.mcp).start()
+
+
+def tools_ready(hub):
+    """The Toolbox of the started servers; a server that did not start is one line and exit 1."""
+    if hub is None:
+        return None
+    from chatcli.chat.toolturn import Toolbox
+
+    failed = hub.wait()
+    if failed:
+        raise UserError(next(iter(failed.values())))
+    return Toolbox(hub)
+
+
+def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats: bool, conversation, new, hub) -> int:
     from dataclasses import asdict
 
     from chatcli.chat.saved import kv_path, save_kv
     from chatcli.engine import FinishReason
 
     saving = store is not None and start.save
-    if saving and not new:  # another process may have answered in it while this one waited for the lock
-        conversation, _ = open_conversation(store, start, conversation.id, False)
     engine = load_engine(start)
     check_params(engine, start.params)
+    toolbox = tools_ready(hub)
     prompt = conversation.add_user(text)
     saved = []
 
@@ -199,10 +232,19 @@ def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: boo
     scored = [] if json_out and start.params.logprobs is not None else None
     if scored is not None and not hasattr(engine, "tokenizer"):
         raise UserError("--logprobs needs the in-process engine (a server's logprobs are not read)")
-    done, pieces = stream_reply(
-        engine, conversation, session, start.params, out if not json_out else None, scored, accepted
-    )
-    accepted()
+
+    def save(message, params=None) -> None:
+        if saving:
+            store.add_message(conversation.id, message, params)
+
+    if toolbox is None:
+        done, pieces = stream_reply(
+            engine, conversation, session, start.params, out if not json_out else None, scored, accepted
+        )
+        accepted()
+        calls = []
+    else:
+        done, pieces, calls = tool_rounds(engine, conversation, session, start, toolbox, out, json_out, accepted, save)
     if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
         stopped = conversation.add_reply("".join(pieces), FinishReason.CANCELLED)
         if saving:
@@ -226,6 +268,8 @@ def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: boo
             record["error"] = done.error
         if scored is not None:
             record["logprobs"] = scored
+        if calls:
+            record["tool_calls"] = calls
         out.write(json.dumps(record, ensure_ascii=False) + "\n")
     elif pieces and not pieces[-1].endswith("\n"):
         out.write("\n")
@@ -244,3 +288,52 @@ def _turn(store, start: StartOptions, text: str, json_out: bool, show_stats: boo
         sys.stderr.write(f"chatcli: error: {done.error} (the reply above is partial)\n")
         return 1
     return 0
+
+
+def tool_rounds(engine, conversation, session, start: StartOptions, toolbox, out, json_out: bool, accepted, save):
+    """The model's replies until one is text: each reply with calls saved, each call printed on stderr
+    and run with --allow-tools (else said not run), its result fed back. Returns (Finished or None,
+    the last reply's pieces, the calls as --json lists them)."""
+    from dataclasses import asdict
+
+    from chatcli.chat.mcp import DENIED, Result
+    from chatcli.chat.toolturn import (
+        MAX_ROUNDS,
+        NOT_ALLOWED_TEXT,
+        HeldCalls,
+        call_line,
+        run_call,
+        split_reply,
+        syntax_of,
+        told,
+    )
+
+    syntax = syntax_of(engine)
+    writer = None if json_out else HeldCalls(out, syntax)
+    listed: list[dict] = []
+    for round_ in range(MAX_ROUNDS + 1):
+        params = toolbox.params(start.params) if round_ < MAX_ROUNDS else start.params  # the last: text only
+        done, pieces = stream_reply(engine, conversation, session, params, writer, None, accepted)
+        accepted()
+        if writer is not None:
+            writer.finish()
+        text, calls = split_reply(done.reply, syntax) if done is not None else ("", [])
+        if not calls or round_ == MAX_ROUNDS:
+            return done, pieces, listed
+        if writer is not None and writer.wrote and not writer.wrote.endswith("\n"):
+            out.write("\n")  # the reply's words so far, then the calls' lines on stderr
+            out.flush()
+        save(conversation.add_reply(text, done.finish_reason, done.stats.to_dict(), calls), asdict(start.params))
+        for call in calls:
+            if start.allow_tools:
+                sys.stderr.write(f"chatcli: tool: {call_line(call)}\n")
+                sys.stderr.flush()
+                result = run_call(toolbox.hub, call)
+                sys.stderr.write(f"chatcli: tool {call['name']}: {told(result)}\n")
+            else:
+                result = Result(NOT_ALLOWED_TEXT, DENIED)
+                sys.stderr.write(f"chatcli: tool call not run (--allow-tools runs it): {call_line(call)}\n")
+            sys.stderr.flush()
+            save(conversation.add_result(call, result.text, result.status))
+            listed.append({**call, "status": result.status, "result": result.text})
+    raise AssertionError("unreachable")

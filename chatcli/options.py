@@ -7,9 +7,13 @@ handed to the TUI, one-shot mode or the server.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from chatcli.config import Config
 from chatcli.engine import LoadOptions, SamplingParams
+
+if TYPE_CHECKING:
+    from chatcli.chat.mcp import Server
 
 
 @dataclass
@@ -27,6 +31,8 @@ class StartOptions:
     api: str | None = None  # --api URL (or the config's `api`): a remote engine instead of a model here
     api_key: str | None = None
     save: bool = True  # one-shot: save the exchange (--save / --no-save, else the config's `save`)
+    mcp: list[Server] = field(default_factory=list)  # --mcp NAME: the config's [mcp.NAME] servers, their tools offered
+    allow_tools: bool = False  # --allow-tools: run the calls without asking (the one-shot runs none without it)
 
     def load_engine(self, status=None):
         """The engine to answer with: a remote one over `api`, else the model loaded here (slow the

@@ -19,7 +19,7 @@ def test_a_schema_1_database_is_migrated_and_indexed(tmp_path):
     shutil.copy(V1, path)
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 1
     store = Store(path)
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert [s.messages for s in store.summaries()] == [4, 2]  # nothing lost
     france = store.load("6bbcc0beb54c")
     assert [m.content for m in france.messages][1] == "The capital of France is Paris."
@@ -28,7 +28,7 @@ def test_a_schema_1_database_is_migrated_and_indexed(tmp_path):
     assert "[Paris]" in hits[0].snippet and hits[0].title == "What is the capital of France?"
     assert [h.index for h in store.search("cafe")] == [2]  # accents folded
     store.close()
-    assert Store(path).db.execute("PRAGMA user_version").fetchone()[0] == 3  # migrated once
+    assert Store(path).db.execute("PRAGMA user_version").fetchone()[0] == 4  # migrated once
 
 
 def saved(store: Store, *texts: str) -> Conversation:
@@ -111,7 +111,7 @@ def test_branches_are_stored_with_their_parent_and_listed_as_a_tree(tmp_path):
 
 
 def test_a_schema_2_database_gets_the_branch_columns(tmp_path):
-    """Schema 2 (the index, before branches) existed in this project's history: it upgrades to 3."""
+    """Schema 2 (the index, before branches) existed in this project's history: it upgrades to 3, then 4."""
     from chatcli.chat.schema import SCHEMA_V1, SCHEMA_V2
 
     path = tmp_path / "chatcli.db"
@@ -122,5 +122,5 @@ def test_a_schema_2_database_gets_the_branch_columns(tmp_path):
     db.commit()
     db.close()
     store = Store(path)
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == 4
     assert store.load("a").parent_id is None and [h.conversation_id for h in store.search("hola")] == ["a"]

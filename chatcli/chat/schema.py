@@ -1,7 +1,7 @@
 """The conversation database's schema, one version at a time: what `store.Store` creates in a new
 file and the statements that bring an earlier chatcli's file up to date (`PRAGMA user_version`)."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -48,4 +48,8 @@ SCHEMA_V3 = """
 ALTER TABLE conversations ADD COLUMN parent_id TEXT;
 ALTER TABLE conversations ADD COLUMN fork_at INTEGER;
 """
-UPGRADES = {1: SCHEMA_V2, 2: SCHEMA_V3}  # from version N to N + 1
+# 4: tool calls (MCP): an assistant message's calls, a tool result's call (JSON; see conversation.Message)
+SCHEMA_V4 = """
+ALTER TABLE messages ADD COLUMN tools TEXT;
+"""
+UPGRADES = {1: SCHEMA_V2, 2: SCHEMA_V3, 3: SCHEMA_V4}  # from version N to N + 1

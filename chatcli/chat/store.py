@@ -8,7 +8,8 @@ The schema version lives in `PRAGMA user_version`. An older database is migrated
 newer one (from a later chatcli) is refused with a clear message, never a traceback.
 Version 2 adds a full-text index of every message (SQLite FTS5, kept by triggers) for
 `search`: ranked by BM25, with a snippet around the words found; version 3 each
-conversation's parent and fork point, for branches (`/edit`).
+conversation's parent and fork point, for branches (`/edit`); version 4 the tool calls of a reply
+and the call a tool result answers (MCP tools).
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ class Store:
 
     def _insert(self, conversation_id: str, message: Message, sampling: dict | None, now: float) -> None:
         self.db.execute(
-            "INSERT INTO messages (conversation_id, role, content, finish_reason, stats, sampling, created)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO messages (conversation_id, role, content, finish_reason, stats, sampling, created, tools)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id,
                 message.role,
@@ -180,6 +181,7 @@ class Store:
                 json.dumps(message.stats) if message.stats is not None else None,
                 json.dumps(sampling) if sampling is not None else None,
                 now,
+                _tools_json(message),
             ),
         )
 
@@ -235,11 +237,15 @@ class Store:
             return None
         title, system, parent_id, fork_at = rows[0]
         conversation = Conversation(system=system, id=conversation_id, name=title, parent_id=parent_id, fork_at=fork_at)
-        for role, content, finish, stats in self._read(
-            "SELECT role, content, finish_reason, stats FROM messages WHERE conversation_id=? ORDER BY id",
+        for role, content, finish, stats, tools in self._read(
+            "SELECT role, content, finish_reason, stats, tools FROM messages WHERE conversation_id=? ORDER BY id",
             (conversation_id,),
         ):
-            conversation.messages.append(Message(role, content, finish, json.loads(stats) if stats else None))
+            message = Message(role, content, finish, json.loads(stats) if stats else None)
+            if tools:
+                found = json.loads(tools)
+                message.tool_calls, message.tool_call = (found, None) if isinstance(found, list) else (None, found)
+            conversation.messages.append(message)
         return conversation
 
     def summaries(self) -> list[Summary]:
@@ -334,6 +340,12 @@ class Store:
         conversation = from_export(data)
         self.create(conversation, str(data.get("model", "")))
         return conversation
+
+
+def _tools_json(message: Message) -> str | None:
+    """The `tools` column: a reply's calls (a list) or a tool result's call (an object)."""
+    found = message.tool_calls or message.tool_call
+    return json.dumps(found, ensure_ascii=False) if found else None
 
 
 def _shown_title(title: str | None, first_user_message: str | None) -> str:

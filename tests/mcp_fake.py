@@ -1,0 +1,58 @@
+"""A scripted engine that calls tools, for the MCP tests: the tests' fake engine (`tests/ui/fake.py`) with
+a template that writes an assistant's calls as Hermes `<tool_call>` blocks after its text, as the
+fallback of a template without tools does, so the KV cache's reuse across a tool round trip shows.
+
+Its script: a user message `call NAME {JSON}` (several joined by ` ; `) is answered with "Calling."
+and those calls; a tool result with "The tool said: " and the result's start; anything else is echoed.
+`python -m tests.mcp_fake ARGS` runs chatcli's command line with it in place of a model.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from chatcli.engine.text.toolcalls import call_text
+from tests.ui.fake import END, ROLE, FakeEngine, FakeTokenizer
+
+TOOL = 6
+
+
+class ToolTokenizer(FakeTokenizer):
+    tool_syntax = "hermes"
+
+    def encode_chat(self, messages, tools=None) -> list[int]:
+        ids: list[int] = []
+        for m in messages:
+            calls = [call_text(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or ()]
+            text = "\n".join(([m["content"]] if m["content"] else []) + calls)
+            ids += [ROLE.get(m["role"], TOOL), *(ord(c) + 10 for c in text), END]
+        return ids + [ROLE["assistant"]]
+
+
+def reply_to(messages) -> str:
+    last = messages[-1]
+    if last["role"] == "tool":
+        return f"The tool said: {' '.join(last['content'].split())[:60]}"
+    text = last["content"]
+    if not text.startswith("call "):
+        return f"You said: {text}"
+    blocks = []
+    for part in text.split(" ; "):
+        name, _, arguments = part.strip().removeprefix("call ").partition(" ")
+        blocks.append(call_text(name, arguments or "{}"))
+    return "Calling.\n" + "\n".join(blocks)
+
+
+class ToolEngine(FakeEngine):
+    def __init__(self, context_limit: int = 100_000, **kwargs) -> None:
+        script = lambda _text: reply_to(self.calls[-1]["messages"])  # noqa: E731 - the turn's messages
+        super().__init__(script=script, context_limit=context_limit, **kwargs)
+        self.tokenizer = ToolTokenizer()
+
+
+if __name__ == "__main__":
+    from chatcli.cli import main
+    from chatcli.options import StartOptions
+
+    StartOptions.load_engine = lambda self, status=None: ToolEngine()
+    main(sys.argv[1:])
