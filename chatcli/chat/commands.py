@@ -107,6 +107,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("retry", "regenerate the last reply"),
     CommandSpec("undo", "remove the last exchange"),
     CommandSpec("theme", "switch theme (bare: list them)", "[NAME]"),
+    CommandSpec("tools", "list the MCP servers' tools (--mcp) and which run without asking"),
     CommandSpec("tokens", "show or hide the token inspector: the last turn's tokens and their probabilities (F4)"),
     CommandSpec("top-logprobs", "alternatives the token inspector records per token (default 5)", "N"),
     CommandSpec("quit", "leave chatcli", "", ("exit", "bye")),
@@ -118,7 +119,7 @@ for _spec in COMMANDS:
         _BY_NAME[_n] = _spec
 
 NO_ARGUMENT = frozenset(
-    {"help", "settings", "stats", "backend", "models", "clear", "new", "delete", "retry", "undo", "quit"}
+    {"help", "settings", "stats", "backend", "models", "clear", "new", "delete", "retry", "undo", "quit", "tools"}
 )
 NEEDS_ARGUMENT = frozenset({"switch", "rename", "save", "load"})
 EXPORT_FORMATS = {".md": "md", ".json": "json"}

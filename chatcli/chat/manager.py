@@ -91,6 +91,11 @@ class Chats:
         if conv.id in self.stored:
             self._save("add_message", conv.id, message, asdict(params))
 
+    def save_result(self, conv: Conversation, message: Message) -> None:
+        """A tool's result (MCP), after the reply whose call it answers."""
+        if conv.id in self.stored:
+            self._save("add_message", conv.id, message)
+
     def forget_last(self, conv: Conversation, count: int) -> None:
         if count and conv.id in self.stored:
             self._save("remove_last", conv.id, count)

@@ -275,9 +275,9 @@ class Hub:
     def _timed_out(server: Server, name: str) -> Result:
         return Result(f"Error: the tool {name} did not answer within {server.timeout:g} s, so it was stopped.", TIMEOUT)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10) -> None:
         """Stop the servers (their sessions close, their processes end) and the loop's thread."""
-        if not self._started:
+        if not self._started or self._loop.is_closed():
             return
         self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=timeout)

@@ -29,9 +29,13 @@ def syntax_of(engine) -> str:
 class Toolbox:
     """The tools of one run: the MCP hub and the tools the user allowed for the rest of it ("always")."""
 
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: Hub, allow_all: bool = False) -> None:
         self.hub = hub
         self.always: set[str] = set()
+        self.allow_all = allow_all  # --allow-tools: every call runs without asking
+
+    def allowed(self, name: str) -> bool:
+        return self.allow_all or name in self.always
 
     def params(self, params):
         """`params` offering the tools (tool_choice auto), where there are any."""
@@ -42,7 +46,7 @@ class Toolbox:
         """/tools: each tool, its server, whether it runs without asking; then the servers that failed."""
         lines = []
         for tool in self.hub.tools:
-            allowed = "always allowed" if tool.name in self.always else "asks first"
+            allowed = "runs without asking" if self.allowed(tool.name) else "asks first"
             about = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
             lines.append(f"{tool.name} ({tool.server}, {allowed})" + (f": {about[:80]}" if about else ""))
         lines += [f"not started: {why}" for why in self.hub.failed.values()]
@@ -69,9 +73,11 @@ def call_line(call: dict, width: int = 200) -> str:
 def run_call(hub: Hub, call: dict) -> Result:
     """Run `call` (blocking); arguments that are not a JSON object are an error result, not a run."""
     arguments = arguments_of(call)
-    if arguments is None:
-        return Result(f"Error: the arguments of {call['name']} are not a JSON object.", ERROR)
-    return hub.call(call["name"], arguments)
+    return bad_arguments(call) if arguments is None else hub.call(call["name"], arguments)
+
+
+def bad_arguments(call: dict) -> Result:
+    return Result(f"Error: the arguments of {call['name']} are not a JSON object.", ERROR)
 
 
 def arguments_of(call: dict) -> dict | None:

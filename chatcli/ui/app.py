@@ -16,7 +16,7 @@ from textual.binding import Binding
 
 from chatcli.errors import one_line
 from chatcli.ui import themes
-from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, ModelLoaded
+from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, ModelLoaded, ToolsReady
 from chatcli.ui.persist import PromptHistory, remember_theme
 from chatcli.ui.screens.chat import ChatScreen
 
@@ -58,6 +58,7 @@ class ChatApp(App):
         self.chat_theme = ""
         self.register_theme(themes.high_contrast_palette())
         self.chat_screen: ChatScreen | None = None
+        self.hub = None  # chat.mcp.Hub: the --mcp servers
 
     # -- themes ----------------------------------------------------------------
 
@@ -109,12 +110,33 @@ class ChatApp(App):
         if store_error:
             self.notify(f"{store_error}. Conversations are not saved.", title="Not saved", severity="error", timeout=10)
         self.start_load(self.chat_screen)
+        if start.mcp:
+            self.start_tools(self.chat_screen)
 
     def start_load(self, screen: ChatScreen) -> None:
         """Load the engine (connect to the --api server) for `screen`: `EngineReady` or `LoadFailed`
         comes. A daemon thread, not a worker: a model load cannot be cancelled, and quitting during
         it must not wait for it to finish."""
         threading.Thread(target=self._load, args=(screen,), name="chatcli-load", daemon=True).start()
+
+    def start_tools(self, screen: ChatScreen) -> None:
+        """Start the --mcp servers (beside the model's load): `ToolsReady` comes once all started or failed."""
+        from chatcli.chat.mcp import Hub
+
+        self.hub = hub = Hub(self.start.mcp).start()
+        screen.tools_starting = True
+
+        def wait() -> None:
+            failed = hub.wait()
+            screen.post_message(ToolsReady(hub, list(failed.values())))
+
+        threading.Thread(target=wait, name="chatcli-mcp-start", daemon=True).start()
+
+    def close_tools(self) -> None:
+        """The --mcp servers stop (their processes end with their sessions)."""
+        if self.hub is not None:
+            self.hub.close(timeout=3)
+            self.hub = None
 
     def _load(self, screen: ChatScreen) -> None:
         """Load thread: never touches a widget, only posts messages."""
@@ -162,6 +184,7 @@ class ChatApp(App):
         """Quit at any moment: cancel a running reply (it stops within one step), then exit."""
         if self.chat_screen is not None:
             self.chat_screen.stop_all()
+        self.close_tools()
         self.exit(0)
 
 

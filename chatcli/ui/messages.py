@@ -55,6 +55,14 @@ class CacheNotSaved(Message):
 
 
 @dataclass
+class ToolsReady(Message):
+    """The --mcp servers started (`hub`, chat.mcp.Hub), but those in `failed` (one line each)."""
+
+    hub: object
+    failed: list[str]
+
+
+@dataclass
 class ModelLoaded(Message):
     """`/model NAME` loaded another engine (or failed to: `error`); the old one answers until then."""
 

@@ -30,6 +30,7 @@ from chatcli.ui.messages import CacheNotSaved, TurnEvent, TurnFailed
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.loading import EngineLoading
+from chatcli.ui.screens.tool_turns import ToolTurns
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.tokens import turn_pieces
@@ -40,7 +41,7 @@ TICK_S = 1 / 10  # UI refresh while a reply streams: smooth enough, and leaves t
 PANEL_EVERY = 3
 
 
-class ChatScreen(EngineLoading, ConversationScreen):
+class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "toggle_panels", "Panels"),
@@ -99,7 +100,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
                 self.prompt.restore(text)  # kept, not sent
                 return
         text, self.attachments = with_attachments(text, self.attachments), []  # /file's files, before the text
-        waiting = self.busy or self.engine is None
+        waiting = self.busy or self.engine is None or self.tools_starting
         widget = self.pane.add_user(text, queued=waiting)
         self.pane.follow()
         self.queue.append(widget)
@@ -107,7 +108,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
             self._next_in_queue()
 
     def _next_in_queue(self) -> None:
-        if self.busy or self.engine is None or not self.queue:
+        if self.busy or self.engine is None or self.tools_starting or not self.queue:
             return
         widget = self.queue.pop(0)
         widget.remove_class("-queued")
@@ -143,6 +144,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
         self._turn_params = self.params
         self._prompt_ids, self._reply_tokens, self._tokens_of = ([], 0), [], self.conversation.id
         params = self.params.with_(logprobs=self.top_logprobs) if self.tokens.display else self.params
+        params = self.tool_params(params)  # --mcp: the tools offered (self._turn_params stays without them)
         kv = self.chats.kv_path(self.conversation)
         self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, params, self.cancel, kv)
 
@@ -185,6 +187,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
         self.live.cache(message.context_tokens, message.kv_cache_bytes)
         match message.event:
             case Token(text=text) as token:
+                text = self.visible(text)  # a reply's tool calls show as tool boxes, not text
                 if text:
                     self._buffer.append(text)
                     self._streamed.append(text)
@@ -221,12 +224,14 @@ class ChatScreen(EngineLoading, ConversationScreen):
 
     async def _finish(self, done: Finished) -> None:
         self._stop_tick()
+        self._buffer.append(self.visible("", final=True))
         await self._flush()
         reply = self._reply
         if reply is not None:
             await reply.end_stream()
         stats = done.stats
-        reply_msg = self.conversation.add_reply(done.reply, done.finish_reason, stats.to_dict())
+        text, calls = self.reply_calls(done.reply)
+        reply_msg = self.conversation.add_reply(text, done.finish_reason, stats.to_dict(), calls)
         self.chats.save_reply(self.conversation, reply_msg, self._turn_params)
         self.last_stats = stats
         self.turns_done += 1
@@ -242,7 +247,10 @@ class ChatScreen(EngineLoading, ConversationScreen):
         self.refresh_pool()
         if self.tokens.display:
             self.show_tokens()
-        self._end_turn()
+        if calls:  # the turn goes on: the calls, then the model again
+            self.start_calls(calls)
+        else:
+            self._end_turn()
 
     def action_toggle_thinking(self) -> None:
         """Show or fold the reasoning of the newest reply that has some."""
@@ -348,6 +356,7 @@ class ChatScreen(EngineLoading, ConversationScreen):
 
     def _end_turn(self) -> None:
         self.busy = False
+        self.tool_round = 0
         self.cancel = None
         self._reply = None
         self._next_in_queue()
@@ -380,3 +389,4 @@ class ChatScreen(EngineLoading, ConversationScreen):
 
     def on_unmount(self) -> None:
         self.stop_all()
+        self.app.close_tools()

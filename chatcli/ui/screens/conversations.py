@@ -223,6 +223,9 @@ class ConversationScreen(Screen):
         for n, m in enumerate(conv.messages, 1):  # numbered as /copy N and /edit N take them
             if m.role == "user":
                 self.pane.add_user(m.content).number(n).message = m
+            elif m.role == "tool":  # under the call it answers
+                call = conv.call_of(m) or {"name": (m.tool_call or {}).get("name", "?"), "arguments": "{}"}
+                self.pane.add_tool_call(call).show(m)
             else:
                 note = reply_note(m.finish_reason, saved_stats(m.stats))
                 self.pane.add_saved_reply(m.content, note, n).message = m

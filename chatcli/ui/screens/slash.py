@@ -307,6 +307,16 @@ async def delete(screen: SlashTarget, _arg: str) -> None:
     screen.open_screen(Confirm(question), answered)
 
 
+async def tools(screen: SlashTarget, _arg: str) -> None:
+    box = screen.toolbox
+    if box is None:
+        starting = "the MCP servers are still starting" if screen.tools_starting else None
+        screen.note(starting or "No tools: start chatcli with --mcp NAME (an [mcp.NAME] server of the config file).")
+        return
+    lines = box.listing()
+    screen.note("\n".join([f"Tools ({len(box.hub.tools)}); a call asks first unless it says otherwise:", *lines]))
+
+
 async def tokens(screen: SlashTarget, _arg: str) -> None:
     screen.action_toggle_tokens()
 
@@ -354,6 +364,7 @@ HANDLERS: dict[str, Handler] = {
     "undo": undo,
     "theme": theme,
     "tokens": tokens,
+    "tools": tools,
     "top-logprobs": top_logprobs,
     "quit": quit_,
 }

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from chatcli.chat.conversation import Conversation, Message
     from chatcli.chat.manager import Chats
+    from chatcli.chat.toolturn import Toolbox
     from chatcli.config import Config
     from chatcli.engine import ChatEngine, SamplingParams, TurnStats
 
@@ -33,6 +34,8 @@ class SlashTarget(Protocol):
     last_stats: TurnStats | None  # the conversation's latest turn
     top_logprobs: int  # alternatives the token inspector records (a command may set it)
     attachments: list  # chat.attach.Attachment: /file's files, sent before the next message (a command adds to it)
+    toolbox: Toolbox | None  # the --mcp servers' tools (None: none, or still starting)
+    tools_starting: bool
 
     @property
     def config(self) -> Config: ...  # the config file's values (its presets)

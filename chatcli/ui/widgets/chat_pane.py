@@ -9,6 +9,7 @@ from textual.widgets import Collapsible, LoadingIndicator, Markdown, Static
 
 from chatcli.chat.reasoning import THINKING, ReasoningStream
 from chatcli.chat.reasoning import split as split_reasoning
+from chatcli.ui.widgets.tool_call import ToolCallBox
 
 
 class UserMessage(Static):
@@ -182,6 +183,11 @@ class ChatPane(VerticalScroll):
         """A finished reply of a reopened conversation (rendered once, no stream), message `number`."""
         box = ReplyBox(text)
         box.set_note(note, number)
+        self.mount(box)
+        return box
+
+    def add_tool_call(self, call: dict) -> ToolCallBox:
+        box = ToolCallBox(call)
         self.mount(box)
         return box
 
