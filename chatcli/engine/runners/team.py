@@ -1,11 +1,14 @@
 """How many threads the compiled kernel's team gets for a call, learned from the decode steps' times.
 
-A forward is one OpenMP parallel region in which every stage ends at a barrier: about eight a
-layer, some 250 a decode step of a 30-layer model. On an idle machine every core is ours and a
-team as wide as the machine is fastest. When another process keeps a core busy (a browser, a
-build), the scheduler takes one of our threads off its core for a time slice now and then, and
-the whole team waits at the next barrier until it is back: decode fell from ~300 to 1-22 tok/s on
-2 cores. One thread fewer runs on the cores that are free and never waits.
+A prefill is one OpenMP parallel region in which every stage ends at a barrier: about eight a
+layer. On an idle machine every core is ours and a team as wide as the machine is fastest. When
+another process keeps a core busy (a browser, a build), the scheduler takes one of our threads off
+its core for a time slice now and then, and the whole team waits at the next barrier until it is
+back: decode fell from ~300 to 1-22 tok/s on 2 cores. A decode step no longer waits so (its stages
+run without barriers: kernels/tolerant.h; the whole team then kept 82 of 267 tok/s beside a busy
+process, where barriers kept 11), but one thread fewer is still faster there: a helper thread that
+the scheduler holds back rarely gets a core back within the step, and the caller's thread (which
+samples between steps) gets only its share. One thread fewer runs on the cores that are free.
 
 So the decode steps (calls of a few rows: many, alike, and cheap to try another width on) keep a
 moving average of the seconds a row took at each width tried, run at the fastest, and try another

@@ -28,29 +28,102 @@ void rms_norm_scaled(float* x, const float* w, int64_t d, float eps) {
   for (int64_t i = 0; i < d; i++) x[i] *= w[i];
 }
 
-// a K-quant projection: rows in passes of 16 on AMX where the CPU has it (project_amx.h, the same bits),
-// else in VNNI's (AVX2's, NEON's) passes
-template <int kKind>
-void project_kquant(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-  const auto vnni = [&](int64_t b, auto r, int64_t s) {
-    kquant_block<decltype(r)::value, kKind>(m, b, in, s, y, ldy, accumulate);
-  };
+// the outputs a unit of a projection writes: 16 (a block), or kPanel (an fp32 panel)
+inline int64_t unit_width(const Matrix& m) { return m.kind == WEIGHT_F32 ? kPanel : 16; }
+
+// y [S, n] (row stride ldy) = in · W^T, or += with accumulate, of a matrix that is not WEIGHT_PARTS, through
+// `split(pass, units, work)`: work(unit, rows, s) for each of its units (unit_width outputs) and each pass of
+// rows (`rows`: an integral_constant, at most `pass`'s; s: the pass's first row) that the caller gives it
+template <typename Split>
+void project_units(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate, Split split) {
+  const int64_t blocks = (m.n + 15) / 16;
+  using Int = std::integral_constant<int, kRowsPerPass>;
+  using Float = std::integral_constant<int, kFloatRows>;
+  if (m.kind == WEIGHT_Q4K)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      kquant_block<decltype(r)::value, WEIGHT_Q4K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q5K)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      kquant_block<decltype(r)::value, WEIGHT_Q5K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q6K)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      kquant_block<decltype(r)::value, WEIGHT_Q6K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q3K)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      low_block<decltype(r)::value, WEIGHT_Q3K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q2K)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      low_block<decltype(r)::value, WEIGHT_Q2K>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_F16)
+    split(Float{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      float_block<decltype(r)::value, WEIGHT_F16>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_BF16)
+    split(Float{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      float_block<decltype(r)::value, WEIGHT_BF16>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_F32R)
+    split(Float{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      float_block<decltype(r)::value, WEIGHT_F32R>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_IQ4NL)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      iq4_block<decltype(r)::value, WEIGHT_IQ4NL>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_IQ4XS)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      iq4_block<decltype(r)::value, WEIGHT_IQ4XS>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_Q4)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) { group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate); });
+  else if (m.kind == WEIGHT_Q8)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) { group_block<decltype(r)::value, 8>(m, b, in, s, y, ldy, accumulate); });
+  else if (m.kind == WEIGHT_I8)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) { int8_block<decltype(r)::value>(m, b, in, s, y, ldy, accumulate); });
+  else
+    split(std::integral_constant<int, kF32Rows>{}, (m.n + kPanel - 1) / kPanel, [&](int64_t p, auto r, int64_t s) {
+      f32_panel<decltype(r)::value>(m, p, in, s, y, ldy, accumulate);
+    });
+}
+
+// a K-quant projection of 16 rows or more where the CPU has AMX: rows in passes of 16 on its tiles
+// (project_amx.h, the same bits as VNNI's passes, which take the rows left over); false: not here
+inline bool project_amx(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
 #if defined(__AVX512F__)
-  if (in.count >= kAmxRows && amx_ready()) {
-    thread_local std::vector<uint8_t> codes;  // a block's codes unpacked: groups x 512 bytes
-    if (codes.size() < static_cast<size_t>(m.kp / 32 * 512 + 64)) codes.resize(m.kp / 32 * 512 + 64);
-    uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(codes.data()) + 63) / 64 * 64);
+  if (m.kind < WEIGHT_Q4K || m.kind > WEIGHT_Q6K || in.count < kAmxRows || !amx_ready()) return false;
+  thread_local std::vector<uint8_t> codes;  // a block's codes unpacked: groups x 512 bytes
+  if (codes.size() < static_cast<size_t>(m.kp / 32 * 512 + 64)) codes.resize(m.kp / 32 * 512 + 64);
+  uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(codes.data()) + 63) / 64 * 64);
+  const auto run = [&](auto kind) {
+    constexpr int kKind = decltype(kind)::value;
+    const auto vnni = [&](int64_t b, auto r, int64_t s) {
+      kquant_block<decltype(r)::value, kKind>(m, b, in, s, y, ldy, accumulate);
+    };
     const auto amx = [&](int64_t b, int64_t first, int64_t count) {
       kquant_amx<kKind>(m, b, in, first, count, y, ldy, accumulate, aligned);
     };
     split_tiles(in, (m.n + 15) / 16, amx, vnni);
-    return;
-  }
+  };
+  if (m.kind == WEIGHT_Q4K)
+    run(std::integral_constant<int, WEIGHT_Q4K>{});
+  else if (m.kind == WEIGHT_Q5K)
+    run(std::integral_constant<int, WEIGHT_Q5K>{});
+  else
+    run(std::integral_constant<int, WEIGHT_Q6K>{});
+  return true;
+#else
+  (void)m, (void)in, (void)y, (void)ldy, (void)accumulate;
+  return false;
 #endif
-  split<kRowsPerPass>(in, (m.n + 15) / 16, vnni);
 }
 
-// y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team
+// y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team, each
+// unit and row block by one of them (split)
 void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
   if (m.kind == WEIGHT_PARTS) {  // each part into its columns (a barrier after each)
     int64_t at = 0;
@@ -58,56 +131,11 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
       project(m.parts[i], in, y + at, ldy, accumulate);
       at += m.parts[i].n;
     }
-  } else if (m.kind == WEIGHT_Q4K)
-    project_kquant<WEIGHT_Q4K>(m, in, y, ldy, accumulate);
-  else if (m.kind == WEIGHT_Q5K)
-    project_kquant<WEIGHT_Q5K>(m, in, y, ldy, accumulate);
-  else if (m.kind == WEIGHT_Q6K)
-    project_kquant<WEIGHT_Q6K>(m, in, y, ldy, accumulate);
-  else if (m.kind == WEIGHT_Q3K)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      low_block<decltype(r)::value, WEIGHT_Q3K>(m, b, in, s, y, ldy, accumulate);
+  } else if (!project_amx(m, in, y, ldy, accumulate)) {
+    project_units(m, in, y, ldy, accumulate, [&](auto pass, int64_t units, auto work) {
+      split<decltype(pass)::value>(in, units, work);
     });
-  else if (m.kind == WEIGHT_Q2K)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      low_block<decltype(r)::value, WEIGHT_Q2K>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_F16)
-    split<kFloatRows>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      float_block<decltype(r)::value, WEIGHT_F16>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_BF16)
-    split<kFloatRows>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      float_block<decltype(r)::value, WEIGHT_BF16>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_F32R)
-    split<kFloatRows>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      float_block<decltype(r)::value, WEIGHT_F32R>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_IQ4NL)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      iq4_block<decltype(r)::value, WEIGHT_IQ4NL>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_IQ4XS)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      iq4_block<decltype(r)::value, WEIGHT_IQ4XS>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_Q4)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_Q8)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      group_block<decltype(r)::value, 8>(m, b, in, s, y, ldy, accumulate);
-    });
-  else if (m.kind == WEIGHT_I8)
-    split<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, auto r, int64_t s) {
-      int8_block<decltype(r)::value>(m, b, in, s, y, ldy, accumulate);
-    });
-  else
-    split<kF32Rows>(in, (m.n + kPanel - 1) / kPanel, [&](int64_t p, auto r, int64_t s) {
-      f32_panel<decltype(r)::value>(m, p, in, s, y, ldy, accumulate);
-    });
+  }
 }
 
 // row r of a K-quant matrix, dequantized into out [k], times `scale` (see dequantize_row)

@@ -1,0 +1,235 @@
+// One call's rows and what its stages share (see decode.cpp): the model, cache and segment structs the
+// runner passes, the activation buffers, a row's preparation for a projection, the attention tasks.
+// Both ways of running the stages take a Step: decode.cpp's barrier forward and tolerant.h's.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+
+extern "C" {
+
+enum { CACHE_F32 = 0, CACHE_BF16 = 1 };
+
+struct Layer {
+  Matrix qkv, out, gate_up, down;
+  const float* rope;      // [T, hd/2, 2]: cos, sin (this layer's table)
+  int64_t window;         // positions a row attends to at most, itself included (0: all)
+  const float* qkv_bias;  // [(H + 2 KV) hd] or null
+  const float* q_norm;    // [hd] or null (with k_norm): RMSNorm of each q and k head before rope
+  const float* k_norm;
+  const float* post_attn_norm;  // [D] or null (with post_ffn_norm): RMSNorm of each block's output
+  const float* post_ffn_norm;
+};
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+struct Model {
+  int64_t n_layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
+  float eps;
+  float attn_scale;    // scores' scale
+  float attn_softcap;  // scores -> cap * tanh(scores / cap) (0: none)
+  int32_t act;         // ACT_SILU or ACT_GELU_TANH
+  const float* embed;  // [V, D], or null: rows of embed_rows
+  const Layer* layers;
+  Matrix head;
+  const Matrix* embed_rows;  // q4 / q8 files: the embedding's blocks (a tied model's head), or null
+  float embed_scale;         // what each row looked up from embed_rows is multiplied by (Gemma: sqrt(D))
+};
+
+struct Cache {
+  int32_t kind;             // CACHE_F32 or CACHE_BF16
+  void* const* k;           // per layer: [KV, capacity/16, hd, 16]
+  void* const* v;           // per layer: [KV, capacity, hd]
+  const int64_t* capacity;  // per layer: the positions it holds
+  const int64_t* base;      // per layer: the first of them
+};
+
+// One sequence's rows in a step (`chatcli_decode_batch`): `rows` consecutive positions from `pos` on,
+// their keys and values into `cache`, logits for its last `logit_rows` rows (1 or rows)
+struct Segment {
+  const Cache* cache;
+  int64_t pos, rows, logit_rows;
+};
+
+}  // extern "C"
+
+namespace {
+
+struct Scratch {
+  std::vector<float> x, h, qkv, att, gu, scores, post;
+  std::vector<uint8_t> xq;
+  std::vector<float> xs, gs, gsum;
+  std::vector<int32_t> xz, hsum;
+
+  // room for `rows` rows of up to `width` inputs (padded to 256) in every activation buffer but h
+  void size_activations(int64_t rows, int64_t width) {
+    const int64_t padded = (width + 255) / 256 * 256;
+    xq.resize(rows * (padded + 64));
+    xs.resize(rows);
+    xz.resize(rows);
+    gs.resize(rows * (padded / 32 + 2));
+    gsum.resize(rows * (padded / 32 + 2));
+    hsum.resize(rows * (padded / 16 + 2));
+  }
+};
+
+// The rows a projection reads: `src [count, k]` itself, or its normalised rows in sc.h
+Rows rows_for(const Matrix& m, const float* src, int64_t lds, int64_t count, bool norm, const Scratch& sc) {
+  Rows rows{count, src, lds, sc.xq.data(), sc.xs.data(), sc.xz.data(), sc.gs.data(), sc.gsum.data(), sc.hsum.data()};
+  if (norm) {
+    rows.x = sc.h.data();
+    rows.ldx = m.k;
+  }
+  return rows;
+}
+
+// row s of src [S, lds] -> normalised into sc.h (times the matrix's norm weight) or not and, for an int8
+// projection, quantized into sc's activation buffers (what rows_for's Rows read)
+void prepare_row(const Matrix& m, const float* src, int64_t lds, int64_t s, bool norm, float eps, Scratch& sc) {
+  if (norm) {
+    float* h = sc.h.data() + s * m.k;
+    rms_norm(src + s * lds, m.k, eps, h);
+    if (m.norm)
+      for (int64_t i = 0; i < m.k; i++) h[i] *= m.norm[i];
+  }
+  const float* x = norm ? sc.h.data() + s * m.k : src + s * lds;
+  if (m.kind == WEIGHT_I8) quantize_row(x, m.k, m.kp, sc.xq.data() + s * m.kp, &sc.xs[s], &sc.xz[s]);
+  if (grouped(m)) {
+    const int64_t groups = m.kp / 32;
+    int8_t* xq = reinterpret_cast<int8_t*>(sc.xq.data()) + s * m.kp;
+    quantize_groups(x, m.k, m.kp, xq, &sc.gs[s * groups], &sc.gsum[s * groups]);
+    if (reads_hsum(m)) {
+      int32_t* hs = &sc.hsum[s * (m.kp / 16)];
+      for (int64_t h = 0; h < m.kp / 16; h++) {
+        int32_t t = 0;
+        for (int i = 0; i < 16; i++) t += xq[h * 16 + i];
+        hs[h] = t;
+      }
+    }
+  }
+}
+
+// An attention task: `positions` rows of segment `seg` from row `s` (of the step) on, `heads` heads from
+// `head`, of KV group g
+struct Task {
+  int64_t seg, s, positions, g, head, heads;
+};
+
+// Every segment's attention tasks: one head a task where a segment has few rows (a decode step), so
+// that every thread has some; else tiles of positions. The tiling changes no bits (attend: a row's
+// sums in the same order whatever the rows around it).
+std::vector<Task> attention_tasks(const Segment* segs, int64_t n_segs, int64_t KV, int64_t group, int threads) {
+  const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together
+  const int64_t parts = (group + part - 1) / part;
+  std::vector<Task> tasks;
+  int64_t first = 0;
+  for (int64_t j = 0; j < n_segs; j++) {
+    const int64_t S = segs[j].rows;
+    const int64_t per_task = S * KV * parts >= 4 * threads ? part : 1;
+    const int64_t tile = per_task == 1 ? 1 : std::max<int64_t>(1, kTileRows / per_task);  // positions a task
+    const int64_t tiles = (S + tile - 1) / tile, tasks_per_group = (group + per_task - 1) / per_task;
+    for (int64_t task = 0; task < tiles * KV * tasks_per_group; task++) {
+      const int64_t s = task / (KV * tasks_per_group) * tile, g = task / tasks_per_group % KV;
+      const int64_t head = g * group + task % tasks_per_group * per_task;
+      tasks.push_back({j, first + s, std::min(tile, S - s), g, head, std::min(per_task, (g + 1) * group - head)});
+    }
+    first += S;
+  }
+  return tasks;
+}
+
+// act(gate) * up of a row [2F] (gate, then up), in place of gate
+inline void act_row(const Model& m, float* row, int64_t F) {
+  if (m.act == ACT_GELU_TANH)
+    gelu_tanh_mul_row(row, F);
+  else
+    silu_mul_row(row, F);
+}
+
+// The rows of n_segs sequences (tokens: every segment's in turn), each with its own cache and position:
+// which segment and position each row has, the rows with logits, the buffers the stages share, the
+// residual stream x with the tokens' embeddings, the attention tasks
+struct Step {
+  const Model& m;
+  const Segment* segs;
+  int64_t n_segs;
+  std::vector<int64_t> row_seg, row_pos, picked;  // per row: its segment and position; the rows with logits
+  int64_t S = 0, L = 0, longest = 0;              // rows, rows with logits, the most positions a row sees
+  int64_t D, H, KV, hd, F, n_qkv, widest;
+  Scratch sc;
+  std::vector<Task> tasks;
+  size_t scratch_per_thread;  // attention's: a thread's share of sc.scores
+
+  Step(const Model& model, const Segment* segments, int64_t n, const int64_t* tokens, int threads)
+      : m(model), segs(segments), n_segs(n), D(m.hidden), H(m.heads), KV(m.kv_heads), hd(m.head_dim), F(m.ffn) {
+    n_qkv = (H + 2 * KV) * hd;
+    widest = std::max({D, F, H * hd});
+    for (int64_t j = 0; j < n_segs; j++) {
+      for (int64_t r = 0; r < segs[j].rows; r++) {
+        if (r >= segs[j].rows - segs[j].logit_rows) picked.push_back(static_cast<int64_t>(row_seg.size()));
+        row_seg.push_back(j);
+        row_pos.push_back(segs[j].pos + r);
+      }
+      longest = std::max(longest, segs[j].pos + segs[j].rows);
+    }
+    S = static_cast<int64_t>(row_seg.size()), L = static_cast<int64_t>(picked.size());
+    sc.x.resize(S * D);
+    sc.h.resize(S * widest);
+    sc.qkv.resize(S * n_qkv);
+    sc.att.resize(S * H * hd);
+    sc.gu.resize(S * 2 * F);
+    sc.post.resize(S * D);
+    sc.size_activations(S, widest);
+    tasks = attention_tasks(segs, n_segs, KV, H / KV, threads);
+    scratch_per_thread = static_cast<size_t>(kTileRows) * (2 * hd + longest + 48);
+    sc.scores.resize(static_cast<size_t>(threads) * scratch_per_thread);
+    for (int64_t s = 0; s < S; s++) {
+      if (m.embed)
+        std::memcpy(&sc.x[s * D], m.embed + tokens[s] * D, D * sizeof(float));
+      else
+        dequantize_row(*m.embed_rows, tokens[s], m.embed_scale, &sc.x[s * D]);
+    }
+  }
+
+  // row s's bias, q/k norms and rope (adjacent pairs) on its qkv row (in place, at `row`), by one thread
+  void rope_qkv(const Layer& layer, int64_t s, float* row) const {
+    if (layer.qkv_bias)
+      for (int64_t i = 0; i < n_qkv; i++) row[i] += layer.qkv_bias[i];
+    if (layer.q_norm)
+      for (int64_t h = 0; h < H + KV; h++) rms_norm_scaled(row + h * hd, h < H ? layer.q_norm : layer.k_norm, hd, m.eps);
+    rope_row(row, layer.rope + row_pos[s] * hd, H + KV, hd / 2);  // rope [hd/2, 2] of this position
+  }
+
+  // row s's key and value (of its roped qkv `row`) into its segment's cache of layer l
+  template <typename T>
+  void store_kv(int64_t l, int64_t s, const float* row) const {
+    const Cache& c = *segs[row_seg[s]].cache;
+    T* kl = static_cast<T*>(c.k[l]);  // [KV, capacity/16, hd, 16]
+    T* vl = static_cast<T*>(c.v[l]);  // [KV, capacity, hd]
+    const int64_t cap = c.capacity[l], at = row_pos[s] - c.base[l];
+    for (int64_t g = 0; g < KV; g++) {
+      store_key(kl + g * cap * hd, at, row + (H + g) * hd, hd);
+      store_value(vl + (g * cap + at) * hd, row + (H + KV + g) * hd, hd);
+    }
+  }
+
+  // attention task i of layer l: its q rows (at q, stride n_qkv, from the task's first row) over the cache,
+  // outputs at out (row stride ldo); scratch: a thread's share of sc.scores
+  template <typename T>
+  void attend_task(int64_t l, int64_t i, const float* q, float* scratch, float* out, int64_t ldo) const {
+    const Task& t = tasks[i];
+    const Layer& layer = m.layers[l];
+    const Cache& c = *segs[t.seg].cache;
+    const int64_t cap = c.capacity[l], base = c.base[l];
+    const T* kl = static_cast<const T*>(c.k[l]) + t.g * cap * hd;
+    const T* vl = static_cast<const T*>(c.v[l]) + t.g * cap * hd;
+    attend(q + t.head * hd, n_qkv, t.positions, t.heads, kl, vl, base, row_pos[t.s] + 1, hd, layer.window,
+           m.attn_scale, m.attn_softcap, scratch, out, ldo);
+  }
+};
+
+}  // namespace
