@@ -7,7 +7,8 @@ three ways of sizing the compiled kernel's team: `learned` (the default: runners
 width from the calls' times), `whole team` (every call as wide as the machine: chatcli before the
 team learned its width) and `one thread`. Each runs idle, then beside a busy process (a Python
 loop spinning on one core, as a browser tab or a build would), in interleaved rounds; the table
-gives each one's median decode and prefill tok/s. The native runner only (the torch path is
+gives each one's median decode and prefill tok/s, and the cores the process used over the reply
+(its CPU seconds a second). The native runner only (the torch path is
 torch's own threads).
 """
 
@@ -26,12 +27,15 @@ from chatcli.engine import LoadOptions, SamplingParams, load_engine
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 4
 
 
-def reply_rates(engine, tokens: int) -> tuple[float, float]:
-    """(decode tok/s, prefill tok/s) of one greedy reply in a fresh session."""
+def reply_rates(engine, tokens: int) -> tuple[float, float, float]:
+    """(decode tok/s, prefill tok/s, cores: this process's CPU seconds a second) of one greedy reply in a
+    fresh session."""
     params = SamplingParams(temperature=0, max_tokens=tokens, lookup=0)
+    cpu, wall = os.times(), time.perf_counter()
     events = list(engine.generate([{"role": "user", "content": PROMPT}], engine.new_session(), params))
+    used, wall = os.times(), time.perf_counter() - wall
     stats = events[-1].stats
-    return stats.decode_tok_s, stats.prefill_tok_s
+    return stats.decode_tok_s, stats.prefill_tok_s, (used.user + used.system - cpu.user - cpu.system) / wall
 
 
 def sized(engine, how: str, most: int):
@@ -62,7 +66,7 @@ def main() -> None:
         sys.exit(f"busy.py measures the compiled kernel's team; this model runs on {type(engine.runner).__name__}")
     most = engine.runner.threads
     hows = ["learned", "whole team", "one thread"]
-    rates: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    rates: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for _ in range(args.rounds):
         for load in ("idle", "busy"):
             other = busy_process() if load == "busy" else None
@@ -85,8 +89,9 @@ def main() -> None:
         "rounds": args.rounds,
         "runs": {
             f"{how} / {load}": {
-                "decode_tok_s": round(statistics.median(d for d, _ in runs), 1),
-                "prefill_tok_s": round(statistics.median(p for _, p in runs), 1),
+                "decode_tok_s": round(statistics.median(d for d, _, _ in runs), 1),
+                "prefill_tok_s": round(statistics.median(p for _, p, _ in runs), 1),
+                "cores": round(statistics.median(c for _, _, c in runs), 2),
             }
             for (how, load), runs in rates.items()
         },
@@ -95,12 +100,13 @@ def main() -> None:
         print(json.dumps(result, indent=1))
         return
     print(f"{result['model']} ({result['weights']}), {most} threads, {result['cpu']}; median of {args.rounds}")
-    print(f"{'':12s} {'decode idle':>12s} {'decode busy':>12s} {'prefill idle':>13s} {'prefill busy':>13s}")
+    print(f"{'':12s} {'decode idle':>12s} {'decode busy':>12s} {'prefill idle':>13s} {'prefill busy':>13s}", end="")
+    print(f" {'cores idle':>11s} {'cores busy':>11s}")
     for how in hows:
         idle, busy = result["runs"][f"{how} / idle"], result["runs"][f"{how} / busy"]
         print(
             f"{how:12s} {idle['decode_tok_s']:12.1f} {busy['decode_tok_s']:12.1f} "
-            f"{idle['prefill_tok_s']:13.1f} {busy['prefill_tok_s']:13.1f}"
+            f"{idle['prefill_tok_s']:13.1f} {busy['prefill_tok_s']:13.1f} {idle['cores']:11.2f} {busy['cores']:11.2f}"
         )
 
 
