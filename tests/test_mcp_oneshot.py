@@ -120,9 +120,10 @@ def test_a_tool_that_raises_hangs_or_floods_is_a_result_the_model_sees(tools_cli
 
 
 def test_calls_and_results_are_saved_exported_and_resumed(tools_cli):
-    assert tools_cli("-p", 'call add {"a": 2, "b": 3}', "--mcp", "tiny", "--allow-tools").returncode == 0
+    first = tools_cli("-p", 'call add {"a": 2, "b": 3}', "--mcp", "tiny", "--allow-tools")
+    assert first.returncode == 0, first.stderr
     again = tools_cli("-c", "-p", "and now?", "--mcp", "tiny")
-    assert again.returncode == 0 and again.stdout == "You said: and now?\n", again.stderr
+    assert (again.returncode, again.stdout) == (0, "You said: and now?\n"), again.stderr
     markdown = tools_cli.export("md")
     assert '**Tool call:** `add` `{"a": 2, "b": 3}`' in markdown
     assert "### Tool result: `add`\n\n```\n5\n```" in markdown

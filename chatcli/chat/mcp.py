@@ -107,6 +107,12 @@ def _offered_name(server: str, name: str, taken: set[str]) -> str:
     return base if base not in taken else NAME.sub("_", f"{server}_{name}")[:64]
 
 
+def _unheard(task) -> None:
+    """A call given up on: its end (a result, an error, a cancel) is read so that nothing warns of it."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Hub:
     """The chosen servers, started together on the hub's own loop; `start()` then `tools`, `call()`."""
 
@@ -252,15 +258,21 @@ class Hub:
         session = self._sessions.get(tool.server)
         if session is None:
             return Result(f"Error: the MCP server {tool.server!r} is not running.", ERROR)
+        # The SDK's own read timeout ends the call; the wait beside it is the backstop, and it does not
+        # cancel: a cancelled request first tells the server (a write that can itself wait), and
+        # asyncio.wait_for would wait for that. A call left behind ends with its session.
+        task = asyncio.ensure_future(session.call_tool(tool.real_name, arguments, read_timeout_seconds=server.timeout))
         try:
-            result = await asyncio.wait_for(
-                session.call_tool(tool.real_name, arguments, read_timeout_seconds=server.timeout),
-                server.timeout + 1,
-            )
-        except TimeoutError:
-            return self._timed_out(server, name)
-        except asyncio.CancelledError:
+            finished, _ = await asyncio.wait({task}, timeout=server.timeout + 1)
+        except asyncio.CancelledError:  # the user stopped it (Esc): the call is not waited for
+            task.add_done_callback(_unheard)
+            task.cancel()
             raise
+        if not finished:
+            task.add_done_callback(_unheard)
+            return self._timed_out(server, name)
+        try:
+            result = task.result()
         except Exception as exc:  # noqa: BLE001 - the model is told, the chat goes on
             if "timed out" in str(exc):
                 return self._timed_out(server, name)

@@ -11,7 +11,7 @@ import json
 import uuid
 
 from chatcli.chat.mcp import DENIED, ERROR, MAX_RESULT_CHARS, STOPPED, Hub, Result
-from chatcli.engine import Call, CallScanner, ToolCalls, parse_calls
+from chatcli.engine import Call, CallScanner, ToolCalls, call_syntax, parse_calls
 
 MAX_ROUNDS = 8  # replies with calls in one turn: a small model that calls on and on is stopped there
 HERMES = "hermes"  # the call syntax where an engine does not say its own (chatcli.engine.text.toolcalls)
@@ -22,8 +22,9 @@ NOT_ALLOWED_TEXT = "This call was not run: tools run only when the user allows t
 
 
 def syntax_of(engine) -> str:
-    """How the engine's model writes a tool call (its tokenizer says; else the Hermes blocks)."""
-    return getattr(getattr(engine, "tokenizer", None), "tool_syntax", None) or HERMES
+    """How the engine's replies write a tool call (`call_syntax`: the in-process model's own, the remote
+    engine's Hermes blocks; else, a test's fake, the Hermes blocks)."""
+    return call_syntax(engine) or HERMES
 
 
 class Toolbox:

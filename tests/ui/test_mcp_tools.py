@@ -27,7 +27,7 @@ def tiny(**changes) -> StartOptions:
 
 async def with_tools(pilot):
     screen = await ready(pilot)
-    await wait_for(pilot, lambda: screen.toolbox is not None)
+    await wait_for(pilot, lambda: screen.toolbox is not None, timeout=60)  # a server starts in ~1 s, on a busy CPU more
     return screen
 
 
@@ -176,3 +176,20 @@ async def test_a_resumed_conversation_shows_its_calls_and_results():
         assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
         assert sent[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 2, "b": 3}}
         assert sent[2]["tool_call_id"] == sent[1]["tool_calls"][0]["id"] and sent[2]["name"] == "add"
+
+
+async def test_esc_stops_a_running_call():
+    start = StartOptions(mcp=[Server("tiny", sys.executable, (SERVER,), timeout=60)], allow_tools=True)
+    engine = ToolEngine()
+    app = make_app(engine, start=start)
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await with_tools(pilot)
+        screen.prompt.load_text('call sleep {"seconds": 30}')
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.pane.query(ToolCallBox))
+        box = screen.pane.query(ToolCallBox).last()
+        await wait_for(pilot, lambda: "running" in str(box.state.render()))
+        await pilot.press("escape")
+        await done(pilot, 1)
+        assert screen.conversation.messages[-1].tool_call["status"] == "stopped"
+        assert len(engine.calls) == 1 and str(box.state.render()).startswith("stopped")
