@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from chatcli.chat.mcp import Server
+from chatcli.engine.text.toolcalls import call_text
 from chatcli.options import StartOptions
 from chatcli.ui.screens.allow_tool import AllowTool
 from chatcli.ui.widgets.chat_pane import ReplyBox
@@ -193,3 +194,19 @@ async def test_esc_stops_a_running_call():
         await done(pilot, 1)
         assert screen.conversation.messages[-1].tool_call["status"] == "stopped"
         assert len(engine.calls) == 1 and str(box.state.render()).startswith("stopped")
+
+
+async def test_a_call_in_a_reply_stopped_by_esc_is_not_run():
+    engine = ToolEngine(hold_at=10)  # its reply's whole call block, then it waits
+    block = call_text("add", '{"a": 1, "b": 2}')
+    engine.script = lambda _text: f"Calling.\n{block}\nand more words"
+    app = make_app(engine, start=tiny(allow_tools=True))
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await with_tools(pilot)
+        screen.prompt.load_text("add them")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.live.tokens == 10)
+        await pilot.press("escape")
+        await done(pilot, 1)
+        assert roles(screen) == ["user", "assistant"] and not screen.pane.query(ToolCallBox)
+        assert screen.conversation.messages[-1].finish_reason == "cancelled"

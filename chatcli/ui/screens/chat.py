@@ -230,7 +230,7 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
         if reply is not None:
             await reply.end_stream()
         stats = done.stats
-        text, calls = self.reply_calls(done.reply)
+        text, calls = self.reply_calls(done)
         reply_msg = self.conversation.add_reply(text, done.finish_reason, stats.to_dict(), calls)
         self.chats.save_reply(self.conversation, reply_msg, self._turn_params)
         self.last_stats = stats

@@ -23,7 +23,7 @@ from chatcli.chat.toolturn import (
     stopped,
     syntax_of,
 )
-from chatcli.engine import CallScanner
+from chatcli.engine import CallScanner, FinishReason
 from chatcli.errors import one_line
 from chatcli.ui.messages import ToolsReady
 from chatcli.ui.screens.allow_tool import ALWAYS, NO, STOP, AllowTool
@@ -62,11 +62,13 @@ class ToolTurns:
         pieces = self._scanner.push(text) + (self._scanner.finish() if final else [])
         return "".join(p for p in pieces if isinstance(p, str))
 
-    def reply_calls(self, reply: str) -> tuple[str, list[dict]]:
-        """A finished reply's text and its calls (none where no tools were offered)."""
-        if self._scanner is None or self.toolbox is None or self.tool_round >= MAX_ROUNDS:
-            return reply, []
-        return split_reply(reply, syntax_of(self.engine))
+    def reply_calls(self, done) -> tuple[str, list[dict]]:
+        """A finished reply's text and its calls: none where no tools were offered, or where the user
+        stopped the reply (Esc: a call it had written is not run)."""
+        offered = self._scanner is not None and self.toolbox is not None and self.tool_round < MAX_ROUNDS
+        if not offered or done.finish_reason == FinishReason.CANCELLED:
+            return done.reply, []
+        return split_reply(done.reply, syntax_of(self.engine))
 
     # -- the calls ------------------------------------------------------------------------
 
