@@ -30,7 +30,7 @@ from pathlib import Path
 
 from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
 from chatcli.engine.kv.cache import KVCache
-from chatcli.engine.kv.prefix import common_prefix, reusable_prefix
+from chatcli.engine.kv.prefix import common_prefix, realigned, reusable_prefix
 from chatcli.engine.kv.session import Session
 from chatcli.engine.runners.base import ModelRunner
 from chatcli.engine.sample.grammar import Constraint, TokenGrammar
@@ -249,6 +249,8 @@ class Engine:
     def _turn(self, target: list[int], truncated: int, session: Session, params, cancel, t_submit) -> Iterator[Event]:
         cache = session.cache
         constraint = self.constraint_for(params)  # a bad schema fails here, before any work
+        spelled = lambda ids: self.tokenizer.decode(ids, False)  # noqa: E731 - special tokens kept
+        target = realigned(cache.ids, target, self.tokenizer.token_bytes, spelled)  # the cache's ids, same text
         cached = self.reuse(cache, target)  # prefill's own crop then keeps it as it is
         stats = TurnStats(
             prompt_tokens=len(target),
