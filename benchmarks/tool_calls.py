@@ -11,7 +11,10 @@ the same ones with `auto`. A required reply counts as good when it has calls and
 call names one of the tools with arguments that are JSON valid against the function's parameters
 (jsonschema, on the schema as the client sent it); its finish_reason is tool_calls, or length where
 the calls were closed early to end within max_tokens (counted apart: `cut`). For auto the replies
-with calls are counted, and of those the ones whose calls all validate.
+with calls are counted, and of those the ones whose calls all validate. Each good required reply is
+followed by a round trip (`round_trip`): its calls and a result for each sent back, and the server's
+`usage.prompt_tokens_details.cached_tokens` says whether the call stayed in the KV cache (issue 35's
+goal: a round trip costs one prefill of the result).
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def run(client, choice: str, n: int, max_tokens: int) -> dict:
     from openai import LengthFinishReasonError
 
     good = with_calls = calls = cut = 0
-    failures = []
+    failures, trips = [], []
     t0 = time.perf_counter()
     for i in range(n):
         ask = dict(
@@ -125,7 +128,7 @@ def run(client, choice: str, n: int, max_tokens: int) -> dict:
         )
         try:
             if i % 2:
-                with client.chat.completions.stream(**ask) as stream:
+                with client.chat.completions.stream(**ask, stream_options={"include_usage": True}) as stream:
                     done = stream.get_final_completion()
             else:
                 done = client.chat.completions.create(**ask)
@@ -140,6 +143,8 @@ def run(client, choice: str, n: int, max_tokens: int) -> dict:
             failures.append({"request": i, "problems": wrong, "reply": message.content})
         elif choice == "required" or message.tool_calls:
             good += 1
+            if choice == "required":
+                trips.append(round_trip(client, ask, message, done.usage))
     return {
         "tool_choice": choice,
         "requests": n,
@@ -149,7 +154,22 @@ def run(client, choice: str, n: int, max_tokens: int) -> dict:
         "cut": cut,
         "failures": failures,
         "seconds": round(time.perf_counter() - t0, 1),
+        "round_trips": trips,
     }
+
+
+def round_trip(client, ask: dict, message, usage) -> dict:
+    """The request again with the reply's calls and a result for each, under auto, for one token: the
+    tokens the server read from its KV cache and the ones it prefilled (the call kept: the cache held the
+    first prompt and the whole reply)."""
+    calls = [{"id": c.id, "type": "function", "function": c.function.model_dump()} for c in message.tool_calls]
+    results = [{"role": "tool", "tool_call_id": c.id, "content": f"{c.function.name}: ok"} for c in message.tool_calls]
+    follow = {**ask, "tool_choice": "auto", "temperature": 0, "max_tokens": 1}
+    follow["messages"] = [*ask["messages"], {"role": "assistant", "content": None, "tool_calls": calls}, *results]
+    after = client.chat.completions.create(**follow).usage
+    cached = after.prompt_tokens_details.cached_tokens if after.prompt_tokens_details else 0
+    held = usage.prompt_tokens + usage.completion_tokens
+    return {"held": held, "cached": cached, "prefilled": after.prompt_tokens - cached, "kept": cached >= held - 1}
 
 
 def main() -> None:
@@ -184,6 +204,13 @@ def main() -> None:
         if r["tool_choice"] == "required":
             line = f"required: {r['valid_replies']}/{r['requests']} replies parse and validate"
             line += f", {r['cut']} closed at max_tokens"
+            trips = r["round_trips"]
+            if trips:
+                filled = sorted(t["prefilled"] for t in trips)
+                print(
+                    f"round trips: {sum(t['kept'] for t in trips)}/{len(trips)} kept the call in the cache; "
+                    f"prefilled a follow-up: median {filled[len(filled) // 2]} tokens ({filled[0]}-{filled[-1]})"
+                )
         else:
             line = (
                 f"auto:     {r['replies_with_calls']}/{r['requests']} replies made calls, "
