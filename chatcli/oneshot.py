@@ -304,6 +304,7 @@ def tool_rounds(engine, conversation, session, start: StartOptions, toolbox, out
         call_line,
         run_call,
         split_reply,
+        stopped,
         syntax_of,
         told,
     )
@@ -324,16 +325,23 @@ def tool_rounds(engine, conversation, session, start: StartOptions, toolbox, out
             out.write("\n")  # the reply's words so far, then the calls' lines on stderr
             out.flush()
         save(conversation.add_reply(text, done.finish_reason, done.stats.to_dict(), calls), asdict(start.params))
-        for call in calls:
-            if start.allow_tools:
-                sys.stderr.write(f"chatcli: tool: {call_line(call)}\n")
+        answered = 0
+        try:
+            for call in calls:
+                if start.allow_tools:
+                    sys.stderr.write(f"chatcli: tool: {call_line(call)}\n")
+                    sys.stderr.flush()
+                    result = run_call(toolbox.hub, call)
+                    sys.stderr.write(f"chatcli: tool {call['name']}: {told(result)}\n")
+                else:
+                    result = Result(NOT_ALLOWED_TEXT, DENIED)
+                    sys.stderr.write(f"chatcli: tool call not run (--allow-tools runs it): {call_line(call)}\n")
                 sys.stderr.flush()
-                result = run_call(toolbox.hub, call)
-                sys.stderr.write(f"chatcli: tool {call['name']}: {told(result)}\n")
-            else:
-                result = Result(NOT_ALLOWED_TEXT, DENIED)
-                sys.stderr.write(f"chatcli: tool call not run (--allow-tools runs it): {call_line(call)}\n")
-            sys.stderr.flush()
-            save(conversation.add_result(call, result.text, result.status))
-            listed.append({**call, "status": result.status, "result": result.text})
+                save(conversation.add_result(call, result.text, result.status))
+                listed.append({**call, "status": result.status, "result": result.text})
+                answered += 1
+        except KeyboardInterrupt:  # Ctrl+C in a call: the calls left answer as stopped, so -c resumes a whole turn
+            for call in calls[answered:]:
+                save(conversation.add_result(call, stopped().text, stopped().status))
+            raise
     raise AssertionError("unreachable")

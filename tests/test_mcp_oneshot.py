@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -133,6 +134,30 @@ def test_calls_and_results_are_saved_exported_and_resumed(tools_cli):
     assert (call["name"], call["arguments"]) == ("add", '{"a": 2, "b": 3}')
     assert messages[2]["tool_call"] == {"id": call["id"], "name": "add", "status": "ok"}
     assert messages[2]["content"] == "5" and messages[3]["content"] == "The tool said: 5"
+
+
+def test_ctrl_c_in_a_call_answers_it_as_stopped_and_c_resumes(tools_cli, tmp_path):
+    """The reply with the call is saved before the call runs; Ctrl+C while it runs saves the call's result
+    as stopped (exit 130), so the conversation stays whole and -c goes on from it."""
+    tools_cli.config.write_text(server_table(timeout=60), encoding="utf-8")
+    env = {**os.environ, "CHATCLI_CONFIG": str(tools_cli.config), "CHATCLI_DATA_DIR": str(tmp_path / "data")}
+    argv = [sys.executable, "-m", "tests.mcp_fake", "-p", 'call sleep {"seconds": 30}']
+    argv += ["--mcp", "tiny", "--allow-tools"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT, text=True)
+    try:
+        line = proc.stderr.readline()  # the call, printed as it starts
+        assert line.startswith("chatcli: tool: sleep"), line
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    messages = json.loads(tools_cli.export("json"))["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[2]["tool_call"]["status"] == "stopped"
+    again = tools_cli("-c", "-p", "and now?", "--mcp", "tiny")
+    assert (again.returncode, again.stdout) == (0, "You said: and now?\n"), again.stderr
 
 
 # -- the config's [mcp.NAME] tables ---------------------------------------------------------------
