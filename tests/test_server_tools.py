@@ -73,12 +73,15 @@ LLAMA_TOOLS = (
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# A Mistral v0.3-style template: the tools in `[AVAILABLE_TOOLS]`, calls as `[TOOL_CALLS]` and a JSON list.
+# A Mistral v0.3-style template: the tools in `[AVAILABLE_TOOLS]`, calls as `[TOOL_CALLS]` and a JSON list, and
+# (as Mistral's own templates do) a call's id refused unless it is 9 letters and digits.
 MISTRAL_TOOLS = (
     "{%- if tools %}{{- '[AVAILABLE_TOOLS] ' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message.tool_calls %}{{- '[TOOL_CALLS] [' }}"
-    '{%- for tc in message.tool_calls %}{{- \'{"name": "\' + tc.function.name + \'", "arguments": \' }}'
+    "{%- for tc in message.tool_calls %}{%- if tc.id is not defined or tc.id | length != 9 %}"
+    "{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}"
+    '{{- \'{"name": "\' + tc.function.name + \'", "arguments": \' }}'
     "{{- tc.function.arguments | tojson }}{{- '}' }}{%- endfor %}{{- ']</s>' }}"
     "{%- elif message.role == 'tool' %}{{- '[TOOL_RESULTS] ' + message.content + '[/TOOL_RESULTS]' }}"
     "{%- elif message.role == 'user' %}{{- '[INST] ' + message.content + '[/INST]' }}"
@@ -176,10 +179,11 @@ def ask(server, **fields):
 
 
 def validated(calls) -> list[tuple[str, dict]]:
-    """(name, arguments) of each call, each checked: a known function, arguments valid against its schema."""
+    """(name, arguments) of each call, each checked: a known function, arguments valid against its schema, an id
+    of OpenAI's shape (or Mistral's: 9 letters and digits)."""
     out = []
     for call in calls:
-        assert call.type == "function" and call.id.startswith("call_")
+        assert call.type == "function" and (call.id.startswith("call_") or (len(call.id) == 9 and call.id.isalnum()))
         arguments = json.loads(call.function.arguments)
         jsonschema.validate(arguments, SCHEMAS[call.function.name])
         out.append((call.function.name, arguments))
@@ -386,12 +390,12 @@ def test_a_response_format_beside_auto_tools_is_that_json_or_calls(qwen):
 # -- conversations with calls and results ------------------------------------------------------
 
 
-def round_trip(arguments='{"city": "Paris", "unit": "celsius"}'):
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+def round_trip(arguments='{"city": "Paris", "unit": "celsius"}', call_id: str = "call_1"):
+    call = {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
     return [
         *ASK,
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees and sunny"},
+        {"role": "tool", "tool_call_id": call_id, "content": "18 degrees and sunny"},
     ]
 
 
@@ -453,11 +457,17 @@ def test_mistral_list_calls(mistral, serve):
         assert len(calls) == 1 and done.choices[0].finish_reason == "tool_calls"
         final, _ = streamed(server, **one)
         assert validated(final.choices[0].message.tool_calls) == calls
+        for reply in (done, final):  # the ids the server gave come back in the template, which takes them
+            (call,) = reply.choices[0].message.tool_calls
+            assert len(call.id) == 9 and call.id.isalnum()
+            result = {"role": "tool", "tool_call_id": call.id, "content": "sunny"}
+            follow = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}, result]
+            assert ask(server, messages=follow, temperature=0, max_tokens=4).choices[0].finish_reason
     several = ask(server, tool_choice="required", temperature=0, max_tokens=900)  # a list of up to MAX_CALLS
     assert len(validated(several.choices[0].message.tool_calls)) >= 1
-    done = ask(server, messages=round_trip(), temperature=0, max_tokens=10)  # a call and its result, answered
+    done = ask(server, messages=round_trip(call_id="a1b2c3d4e"), temperature=0, max_tokens=10)  # call, result
     assert done.choices[0].finish_reason in ("stop", "length")
-    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    call = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
     turns = [*ASK, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "sunny"}]
     text = mistral.tokenizer.decode(mistral.tokenizer.encode_chat(turns, TOOLS), skip_special_tokens=False)
     assert "[TOOL_CALLS] " + call_text("get_weather", {"city": "Paris"}, MISTRAL) in text

@@ -8,10 +8,9 @@ with text (at most MAX_ROUNDS replies with calls a turn).
 from __future__ import annotations
 
 import json
-import uuid
 
 from chatcli.chat.mcp import DENIED, ERROR, MAX_RESULT_CHARS, STOPPED, Hub, Result
-from chatcli.engine import Call, CallScanner, ToolCalls, call_syntax, parse_calls
+from chatcli.engine import Call, CallScanner, ToolCalls, call_syntax, new_call_id, parse_calls
 
 MAX_ROUNDS = 8  # replies with calls in one turn: a small model that calls on and on is stopped there
 HERMES = "hermes"  # the call syntax where an engine does not say its own (chatcli.engine.text.toolcalls)
@@ -54,15 +53,16 @@ class Toolbox:
         return lines
 
 
-def new_call(call: Call) -> dict:
-    """A call as a message keeps it: an id (as OpenAI's), the name, the arguments as JSON text."""
-    return {"id": "call_" + uuid.uuid4().hex[:24], "name": call.name, "arguments": call.arguments}
+def new_call(call: Call, syntax: str | None = None) -> dict:
+    """A call as a message keeps it: an id (OpenAI's shape, or what the call syntax takes back: Mistral's 9
+    letters and digits), the name, the arguments as JSON text."""
+    return {"id": new_call_id(syntax), "name": call.name, "arguments": call.arguments}
 
 
 def split_reply(text: str, syntax: str) -> tuple[str, list[dict]]:
     """A reply's text outside its calls, and its calls (`new_call`)."""
     rest, calls = parse_calls(text, syntax)
-    return rest, [new_call(c) for c in calls]
+    return rest, [new_call(c, syntax) for c in calls]
 
 
 def call_line(call: dict, width: int = 200) -> str:

@@ -69,7 +69,8 @@ class CompletionResponse(Response):
             content, calls = parse_calls(done.reply, self.syntax)
             calls = calls if self.tools.parallel else calls[:1]
             text = content if calls else text
-        return schema.completion(self.cid, self.model, text, done.finish_reason, use, scored, tool_calls(calls))
+        listed = tool_calls(calls, self.syntax)
+        return schema.completion(self.cid, self.model, text, done.finish_reason, use, scored, listed)
 
     def _deltas(self, text: str | None) -> list:
         """What the reply's next text (None: its end) lets out: the text (a str, for `_piece`), or with
@@ -81,7 +82,7 @@ class CompletionResponse(Response):
             if isinstance(piece, str):
                 out.append({"content": piece})
             elif self.calls == 0 or self.tools.parallel:
-                out += call_deltas(piece, self.calls)
+                out += call_deltas(piece, self.calls, self.syntax)
                 self.calls += 1
         return out
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 
-from chatcli.engine import Call, ToolCalls
+from chatcli.engine import Call, ToolCalls, new_call_id
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's function names
 
@@ -142,22 +141,19 @@ def named_results(messages: list[dict]) -> list[dict]:
 # -- the reply ---------------------------------------------------------------------------------
 
 
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def tool_calls(calls: list[Call]) -> list[dict]:
-    """A reply's calls as `message.tool_calls`."""
+def tool_calls(calls: list[Call], syntax: str | None) -> list[dict]:
+    """A reply's calls as `message.tool_calls` (ids as the model's call syntax takes them back)."""
     return [
-        {"id": new_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        {"id": new_call_id(syntax), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
     ]
 
 
-def call_deltas(call: Call, index: int) -> list[dict]:
+def call_deltas(call: Call, index: int, syntax: str | None) -> list[dict]:
     """A streamed call as OpenAI streams one: its id, type and name with empty arguments, then the arguments."""
     opening = {
         "index": index,
-        "id": new_call_id(),
+        "id": new_call_id(syntax),
         "type": "function",
         "function": {"name": call.name, "arguments": ""},
     }

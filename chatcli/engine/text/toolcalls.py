@@ -21,6 +21,7 @@ Stdlib only: the server reads calls with it, the grammar writes their literal te
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -235,3 +236,9 @@ def _partial(text: str, tag: str) -> int:
         if tag.startswith(text[-n:]):
             return n
     return 0
+
+
+def new_call_id(syntax: str | None) -> str:
+    """A new call's id: OpenAI's shape (`call_` and 24 hex digits), or 9 letters and digits for Mistral's
+    syntax, whose templates refuse any other id."""
+    return uuid.uuid4().hex[:9] if syntax == MISTRAL else "call_" + uuid.uuid4().hex[:24]
