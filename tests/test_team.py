@@ -46,7 +46,7 @@ def test_the_widths_tried():
 
 def test_an_idle_machine_keeps_the_whole_team_and_tries_less_and_less():
     clock = Clock()
-    team = TeamWidth(2, clock, QUIET)
+    team = TeamWidth(2, clock, QUIET, tolerant=False)
     ran = drive(team, clock, IDLE, 60.0)
     assert team.current == 2 and ran[0][1] == 2 and ran[FIRST_TRY - 1][1] == 1  # the second step tries one thread
     at = tries(ran, 1)
@@ -58,7 +58,7 @@ def test_an_idle_machine_keeps_the_whole_team_and_tries_less_and_less():
 
 def test_a_busy_core_moves_decode_to_one_thread_at_once_and_back_when_it_is_free():
     clock = Clock()
-    team = TeamWidth(2, clock, QUIET)
+    team = TeamWidth(2, clock, QUIET, tolerant=False)
     drive(team, clock, IDLE, 30.0)
     busy = drive(team, clock, BUSY, 30.0)
     assert busy[2][1] == 1 and team.current == 1  # slowed past 1.5x: one thread from the next steps on
@@ -73,14 +73,14 @@ def test_a_busy_core_moves_decode_to_one_thread_at_once_and_back_when_it_is_free
 
 def test_a_process_started_on_a_busy_machine_learns_at_its_second_step():
     clock = Clock()
-    team = TeamWidth(2, clock, QUIET)
+    team = TeamWidth(2, clock, QUIET, tolerant=False)
     ran = drive(team, clock, BUSY, 10.0)
     assert [w for _, w in ran[:3]] == [2, 1, 1] and len(tries(ran, 2)) <= 4
 
 
 def test_a_prefill_runs_at_the_width_a_look_gives_and_teaches_nothing():
     clock = Clock()
-    team = TeamWidth(2, clock, QUIET)
+    team = TeamWidth(2, clock, QUIET, tolerant=False)
     assert team.width(512) == 2  # a quiet machine: the whole team
     drive(team, clock, BUSY, 5.0)
     team.others = lambda: 1  # the look sees what slowed the steps
@@ -89,9 +89,42 @@ def test_a_prefill_runs_at_the_width_a_look_gives_and_teaches_nothing():
     assert team.current == 1 and team.per_row[1] == pytest.approx(BUSY[1])
 
 
-def test_a_look_at_a_busy_machine_starts_the_turn_at_one_thread():
+# -2: the whole team without barriers, the caller's thread asleep (2 and 1: with barriers)
+TOLERANT_IDLE = {2: 0.0032, -2: 0.0034, 1: 0.0062}
+TOLERANT_BUSY = {2: 0.0600, -2: 0.0045, 1: 0.0065}  # a core busy: the barriers wait, the team without does not
+
+
+def test_a_busy_machine_moves_decode_to_the_team_without_barriers_and_back():
+    """On an idle machine the whole team with barriers; a look that sees another process running starts
+    the steps without barriers (the prefill one thread narrower); when it has gone, barriers again."""
     clock = Clock()
-    team = TeamWidth(2, clock, lambda: 1)  # another process runs on one of the two cores
+    team = TeamWidth(2, clock, QUIET)
+    assert team.widths == [2, 1, -2]
+    idle = drive(team, clock, TOLERANT_IDLE, 20.0)
+    assert team.current == 2 and len(tries(idle, -2)) + len(tries(idle, 1)) <= 10
+    team.others = lambda: 1
+    assert team.width(512) == 1 and team.current == -2  # the prefill narrower, the steps without barriers
+    busy = drive(team, clock, TOLERANT_BUSY, 20.0)
+    assert busy[0][1] == -2 and team.current == -2 and len(tries(busy, 2)) <= 5  # barriers tried now and then
+    team.others = QUIET
+    clock.now += 1.0
+    assert team.width(512) == 2 and team.current == 2  # the next turn's look: barriers again
+
+
+def test_a_process_that_comes_mid_reply_moves_the_steps_off_barriers():
+    clock = Clock()
+    team = TeamWidth(2, clock, QUIET)
+    drive(team, clock, TOLERANT_IDLE, 10.0)
+    slowed = drive(team, clock, TOLERANT_BUSY, 2.0)  # the step that slows tries the others at once
+    assert team.current == -2 and len(tries(slowed, 2)) <= 4
+    drive(team, clock, TOLERANT_IDLE, 30.0)
+    assert team.current == 2  # the core is free again: a try with barriers is faster, and takes over
+
+
+def test_a_look_at_a_busy_machine_starts_the_turn_at_one_thread():
+    """Where decode steps have barriers (CHATCLI_TOLERANT=off), the look sizes them too."""
+    clock = Clock()
+    team = TeamWidth(2, clock, lambda: 1, tolerant=False)  # another process runs on one of the two cores
     assert team.width(512) == 1  # the prefill, before any decode step
     ran = drive(team, clock, BUSY, 3.0)
     assert {w for _, w in ran} == {1} and team.current == 1  # the look is evidence: no slow try of the team
@@ -106,7 +139,7 @@ def test_a_look_at_a_busy_machine_starts_the_turn_at_one_thread():
 
 def test_a_look_at_a_quiet_machine_spares_the_reply_a_slow_try():
     clock = Clock()
-    team = TeamWidth(2, clock, QUIET)
+    team = TeamWidth(2, clock, QUIET, tolerant=False)
     assert team.width(512) == 2
     ran = drive(team, clock, IDLE, 3.0)  # a reply of a few seconds: no step at one thread
     assert {w for _, w in ran} == {2}

@@ -1,8 +1,9 @@
-"""Decode steps without barriers (kernels/tolerant.h): a call of fewer than 16 rows splits each stage's
-items over the team, and a thread that has done its own range does the items of a thread that is not
-there. Every item is committed by exactly one thread, from the finished stages' buffers, so the logits
-and the cache are the bits of the barrier forward: whether the whole team is there, or its last thread
-sleeps before each of its commits (`chatcli_tolerant(1, us)`) and the others take its items over.
+"""Decode steps without barriers (kernels/tolerant.h, on a negative number of threads: pool.h's threads,
+the caller's asleep): a call of fewer than 16 rows splits each stage's items over the team, and a thread
+that has done its own range does the items of a thread that is not there. Every item is committed by
+exactly one thread, from the finished stages' buffers, so the logits and the cache are the bits of the
+barrier forward: whether the whole team is there, or its last thread sleeps before each of its commits
+(`chatcli_tolerant(1, us)`) and the others take its items over.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def test_steps_without_barriers_give_the_barrier_forwards_bits(lib, tmp_path, fa
     """K-quant parts (Q4_K_M's fused projections in two types), q/k norms, Gemma 3's sandwich norms and
     sliding layers; two and three threads, the last one stalled or not."""
     runner = direct_runner(tiny(family, True), Q4_K_M, tmp_path)
-    runner.threads = threads
+    runner.threads = -threads  # as many threads, decode steps without barriers
     barrier, tolerant, stalled, taken = each_way(lib, lambda: calls(runner))
     assert equal(tolerant, barrier)
     assert equal(stalled, barrier)
@@ -72,7 +73,7 @@ def test_steps_without_barriers_give_the_barrier_forwards_bits(lib, tmp_path, fa
 @pytest.mark.parametrize("kind", ["float32-panels", "int8"])
 def test_lean_kinds_too(lib, tiny_loaded, tmp_path, kind):
     """fp32 panels (units of 64 outputs) and int8 rows."""
-    runner = NativeRunner(lean_weights(tiny_loaded.model, kind, tmp_path, tiny_loaded.tokenizer), threads=2)
+    runner = NativeRunner(lean_weights(tiny_loaded.model, kind, tmp_path, tiny_loaded.tokenizer), threads=-2)
     barrier, tolerant, stalled, taken = each_way(lib, lambda: calls(runner))
     assert equal(tolerant, barrier) and equal(stalled, barrier) and taken > 0
 
@@ -80,6 +81,7 @@ def test_lean_kinds_too(lib, tiny_loaded, tmp_path, kind):
 def test_a_batch_of_sequences_too(lib, tmp_path):
     """Several segments in a call (serve's batches): each with its own cache, the rows with logits gathered."""
     runner = direct_runner(tiny("llama", True), Q4_K_M, tmp_path)
+    runner.threads = -2
     barrier, tolerant, stalled, taken = each_way(lib, lambda: batched(runner, STEPS))
     assert same(tolerant[0], barrier[0]) and same(stalled[0], barrier[0]) and taken > 0
     for caches in (tolerant[1], stalled[1]):
@@ -94,6 +96,7 @@ def test_every_build_this_cpu_runs(build, tmp_path):
 
     lib = kernels.library()
     runner = direct_runner(tiny("llama", True), Q4_K_M, tmp_path)
+    runner.threads = -2
     try:
         barrier, tolerant, stalled, taken = each_way(lib, lambda: calls(runner))
     finally:

@@ -139,7 +139,8 @@ class NativeRunner(ModelRunner):
         self.kv_dtype = kv_dtype
         self.threads = threads or kernel_threads()
         # the team's width per call, learned (runners/team.py); a fixed `threads` (tests, benchmarks) is kept
-        self.team = TeamWidth(self.threads) if threads is None and self.threads > 1 else None
+        tolerant = bool(lib.chatcli_tolerant(-1, -1))  # decode steps without barriers (kernels/tolerant.h)
+        self.team = TeamWidth(self.threads, tolerant=tolerant) if threads is None and self.threads > 1 else None
         shapes, vectors = c.shapes(), c.vectors()
 
         def vector(name: str):  # a family's vector, or null where it has none

@@ -1,14 +1,17 @@
 """How many threads the compiled kernel's team gets for a call, learned from the decode steps' times.
 
-A prefill is one OpenMP parallel region in which every stage ends at a barrier: about eight a
+A forward is one OpenMP parallel region in which every stage ends at a barrier: about eight a
 layer. On an idle machine every core is ours and a team as wide as the machine is fastest. When
 another process keeps a core busy (a browser, a build), the scheduler takes one of our threads off
 its core for a time slice now and then, and the whole team waits at the next barrier until it is
-back: decode fell from ~300 to 1-22 tok/s on 2 cores. A decode step no longer waits so (its stages
-run without barriers: kernels/tolerant.h; the whole team then kept 82 of 267 tok/s beside a busy
-process, where barriers kept 11), but one thread fewer is still faster there: a helper thread that
-the scheduler holds back rarely gets a core back within the step, and the caller's thread (which
-samples between steps) gets only its share. One thread fewer runs on the cores that are free.
+back: decode fell from ~300 to 1-22 tok/s on 2 cores. One thread fewer runs on the cores that are
+free and never waits, but gets under half of the idle speed (one core's memory bandwidth). So a
+decode step has one more way to run: a negative width, the whole team without barriers
+(kernels/tolerant.h: a thread does the items of one the scheduler has taken off its core), on the
+kernel's own threads while the caller's sleeps (kernels/pool.h: the caller is then given a core as
+soon as the step is done, and the team's threads get their share: 1.3 cores of 2 beside a busy
+process). It is a few percent slower than barriers on an idle machine, two thirds of the idle speed
+beside a busy process.
 
 So the decode steps (calls of a few rows: many, alike, and cheap to try another width on) keep a
 moving average of the seconds a row took at each width tried, run at the fastest, and try another
@@ -19,9 +22,11 @@ steps), and at the next step when the current width slows down past 1.5x its bes
 rows) teaches nothing (its time varies too much with its length); it runs at the width a look at
 the machine gives: the whole team less one thread per thread of another process running now
 (`others_running`: /proc/stat's count less ours, the least of a few reads a millisecond apart, so a
-passing process is not taken for a busy one). That look also starts the decode steps there (they
-try another width 4 s later, not at their second step: the look is evidence, and the next turn
-looks again), so a turn, a one-shot's first included, starts right.
+passing process is not taken for a busy one). That look also starts the decode steps there, or
+without barriers where another process is running (they try another width 4 s later, not at their
+second step: the look is evidence, and the next turn looks again), so a turn, a one-shot's first
+included, starts right. Steps without barriers are kept only while they are clearly faster: a try
+with barriers that is faster at all takes over.
 
 A row's numbers do not depend on the width (the kernel computes every row alone, in a fixed
 order), so switching changes the speed, never a reply.
@@ -41,7 +46,8 @@ FIRST_WAIT_S = 1.0  # seconds to the next try after a width takes over, or the c
 LAST_WAIT_S = 8.0  # the longest wait between tries while the other widths keep losing
 SLOWER = 1.5  # the current width this much slower than its own best: try the others at once
 CLEARLY = 0.9  # a tried width takes over when it ran a row in this fraction of the current's time
-DECODE_ROWS = 16  # calls of at most this many rows are decode steps (and drafts); more: prefill
+DECODE_ROWS = 15  # calls of at most this many rows are decode steps (and drafts; the kernel runs them without
+# barriers, kernels/tolerant.h); more: prefill
 SMOOTH = 0.25  # weight of a step's time in the moving average of its width
 
 
@@ -90,14 +96,21 @@ class TeamWidth:
     """`width(rows)` before a call, `record(rows, width, seconds)` after it (or `timed`). Thread-safe."""
 
     def __init__(
-        self, most: int, clock: Callable[[], float] = time.perf_counter, others: Callable[[], int] = others_running
+        self,
+        most: int,
+        clock: Callable[[], float] = time.perf_counter,
+        others: Callable[[], int] = others_running,
+        tolerant: bool = True,
     ) -> None:
         self.most = max(1, most)
         self.others = others  # threads of other processes running now (tests: a fixed answer)
+        self.tolerant = tolerant  # decode steps may run without barriers (a negative width: kernels/pool.h)
         self.looked: float | None = None  # clock time of the last look
-        self.widths = widths(self.most)
+        # and the whole team without barriers, the caller's thread asleep (kernels/tolerant.h, pool.h)
+        self.widths = widths(self.most) + ([-self.most] if tolerant and self.most > 1 else [])
         self.clock = clock
-        self.current = self.most
+        self.current = self.most  # the decode steps' width
+        self.prefill = self.most  # a prefill's: the last look's
         self.per_row: dict[int, float] = {}  # width -> moving average of a decode step's seconds a row
         self.best = float("inf")  # the current width's best average since it took over or slowed
         self.steps = 0
@@ -111,7 +124,7 @@ class TeamWidth:
         with self._lock:
             if rows > DECODE_ROWS:
                 self._look()
-                return self.current
+                return self.prefill
             self.steps += 1
             others = [w for w in self.widths if w != self.current]
             due = self.steps >= FIRST_TRY if self.next_try is None else self.clock() >= self.next_try
@@ -122,13 +135,16 @@ class TeamWidth:
             return self.current
 
     def _look(self) -> None:
-        """A prefill: the width the machine allows now becomes the current one, tried against the
-        other a second of decode steps later (the look is reused for LOOK_EVERY_S)."""
+        """A prefill: the width the machine allows now is the prefill's (the look is reused for
+        LOOK_EVERY_S); the decode steps start there too, or, where they can run without barriers and
+        another process is running, at the whole team without barriers (a negative width)."""
         now = self.clock()
         if self.most == 1 or (self.looked is not None and now - self.looked < LOOK_EVERY_S):
             return
         self.looked = now
-        want = max(1, self.most - self.others())
+        self.prefill = want = max(1, self.most - self.others())
+        if self.tolerant and want < self.most:
+            want = -self.most
         if want != self.current:
             self.current, self.best, self.wait_s = want, float("inf"), FIRST_WAIT_S
         # the look is evidence either way, and the next turn's prefill looks again: the steps wait
@@ -143,7 +159,9 @@ class TeamWidth:
         with self._lock:
             if width != self.current:  # a try: its own time now, not an average of old ones
                 self.per_row[width] = per
-                if per < CLEARLY * self.per_row.get(self.current, float("inf")):
+                # the caller's thread asleep (a negative width) is kept only while it is clearly faster
+                margin = 1.0 if self.current < 0 < width else CLEARLY
+                if per < margin * self.per_row.get(self.current, float("inf")):
                     self.current, self.best, self.wait_s = width, per, FIRST_WAIT_S
                 else:
                     self.wait_s = min(2 * self.wait_s, LAST_WAIT_S)

@@ -6,8 +6,10 @@ FMA and F16C (their `_avx2` twins), the same with AVX-VNNI's 256-bit int8 dots (
 and later, Zen 5) and aarch64 NEON with the dot-product extension (their `_neon` twins); a CPU gets the
 first it can run, and each computes every row alone with exact integer dots, so any keeps drafts exact
 and all give the same bits but for rounding in rope (x86's g++ fuses it, aarch64's does not).
-A decode step (a call of fewer than 16 rows) runs its stages without barriers (`tolerant.h`: a thread
-does the items of one the scheduler has taken off its core; `CHATCLI_TOLERANT=off` keeps barriers).
+A decode step (a call of fewer than 16 rows) on a negative number of threads runs its stages without
+barriers (`tolerant.h`: a thread does the items of one the scheduler has taken off its core) on threads
+of the kernel's own while the caller's sleeps (`pool.h`); runners/team.py picks that where another
+process keeps a core busy. `CHATCLI_TOLERANT=off` keeps barriers.
 The source (with the headers beside it) is compiled with the system's C++ compiler into the
 user cache dir, named by the build, a digest of the sources, the flags and the compiler, so an
 edit or a new compiler builds anew and a build is never half-written (a temporary file renamed

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -139,13 +140,17 @@ void forward_barrier(Step& step, float* logits, int threads) {
 // The rows of n_segs sequences (tokens: every segment's in turn) through every layer, each row with its
 // own cache and position; logits [sum of logit_rows, V]: each segment's last logit_rows rows in turn.
 // A call of a few rows (a decode step) runs its stages without barriers where that is on (tolerant.h).
+// `threads` < 0: as many, and a call of a few rows (a decode step) without barriers, on pool.h's threads
+// while the caller's sleeps (tolerant.h): slower than barriers on an idle machine, far faster beside a busy
+// process; runners/team.py learns which (and how many threads) from the steps' times.
 template <typename T>
 void forward(const Model& m, const Segment* segs, int64_t n_segs, const int64_t* tokens, float* logits, int threads) {
-  Step step(m, segs, n_segs, tokens, threads);
-  if (tolerant(step.S, threads))
-    forward_tolerant<T>(step, logits, threads);
+  const int width = std::max(1, std::abs(threads));
+  Step step(m, segs, n_segs, tokens, width);
+  if (threads < 0 && tolerant(step.S, width))
+    forward_tolerant<T>(step, logits, width);
   else
-    forward_barrier<T>(step, logits, threads);
+    forward_barrier<T>(step, logits, width);
 }
 
 
@@ -171,7 +176,8 @@ int check_segments(const Model* m, const Segment* segs, int64_t n_segs) {
 
 extern "C" {
 
-// S rows at positions pos.. -> logits [logit_rows, V] of the last logit_rows rows (1 or S)
+// S rows at positions pos.. -> logits [logit_rows, V] of the last logit_rows rows (1 or S); threads < 0: as
+// many, a decode step without barriers (see forward)
 int chatcli_decode_batch(const Model* m, const Segment* segs, int64_t n_segs, const int64_t* tokens, float* logits,
                          int32_t threads) {
   if (check_segments(m, segs, n_segs)) return 1;
@@ -213,8 +219,8 @@ int chatcli_amx(int32_t mode) {
 #endif
 }
 
-// whether calls of fewer than 16 rows run without barriers (tolerant.h): mode 0 never, 1 on, -1 leave as
-// is; returns the state now. stall_us >= 0 (tests): the team's last thread sleeps this long before each of
+// whether calls of fewer than 16 rows on a negative number of threads run without barriers (tolerant.h):
+// mode 0 never, 1 yes, -1 leave as is; returns the state now. stall_us >= 0 (tests): the team's last thread sleeps this long before each of
 // its commits, so that the others do its items (-1 leaves it as is).
 int chatcli_tolerant(int32_t mode, int64_t stall_us) {
   if (mode == 0 || mode == 1) g_tolerant.store(mode);

@@ -3,7 +3,8 @@
 // decode.cpp's barrier forward ends each of its stages (about eight a layer) at a barrier of the team.
 // When another process keeps a core busy, the scheduler takes one of our threads off its core for a time
 // slice (milliseconds) now and then, and every other thread waits at the next barrier until it is back.
-// Here, for a call of fewer than kTolerantRows rows (decode steps, drafts, serve's batches), a stage's
+// Here, for a call of fewer than kTolerantRows rows (decode steps, drafts, serve's batches) on a negative
+// number of threads (runners/team.py picks it where another process keeps a core busy), a stage's
 // items (a projection's output blocks, attention's tasks, the rows' cache stores) are split over the
 // threads in ranges, and a thread that has done its own range does the items of a thread that is not
 // there, from the back of that range, itself:
@@ -21,25 +22,21 @@
 // A thread waits for another's items only while that thread is in the stage and its next item comes
 // within a few items' time; an idle machine runs as with barriers, with fewer stages. Every row is
 // still computed alone and in the same order: the same bits as the barrier forward.
-// The OpenMP region still ends with the whole team (what the threads read must outlive the call).
+// The threads are pool.h's (not an OpenMP team) while the caller's sleeps; the call returns once every
+// one has returned.
 #pragma once
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
+#include <functional>
 #include <thread>
 #include <vector>
 
+#include "pool.h"
 #include "step.h"
 
 namespace {
@@ -65,19 +62,6 @@ inline int tolerant_state() {
 // whether a call of `rows` rows on `threads` threads runs here
 inline bool tolerant(int64_t rows, int threads) { return threads > 1 && rows < kTolerantRows && tolerant_state() == 1; }
 
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-inline void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 class Stages {
  public:
   Stages(int threads, int64_t items) : threads_(threads), progress_(threads), state_(items) {
@@ -89,24 +73,6 @@ class Stages {
   // whether stage k is done (a thread has gone past it): a thread that the scheduler held back skips
   // its per-row work for the stages the others have done
   bool done(int64_t k) const { return gone_past(k); }
-
-  // thread t has run its last stage: it waits for every other to have done so, first spinning a little,
-  // then asleep (its core is then free for a thread that the scheduler held back), so that none spins at
-  // the OpenMP region's end while the one it waits for has no core
-  void leave() {
-    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
-    if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) {
-      lock.lock();
-      all_left_.notify_all();
-      return;
-    }
-    for (int spin = 0; spin < 256; spin++) {
-      if (left_.load(std::memory_order_acquire) == threads_) return;
-      relax();
-    }
-    lock.lock();
-    all_left_.wait(lock, [&] { return left_.load(std::memory_order_acquire) == threads_; });
-  }
 
   // The next stage of thread t (`stage` counts them; every thread runs the same sequence): n items, each
   // computed by compute(i) into the thread's own buffers and committed by commit(i) by one thread.
@@ -173,9 +139,6 @@ class Stages {
   }
 
   int threads_;
-  std::atomic<int> left_{0};
-  std::mutex mutex_;
-  std::condition_variable all_left_;
   std::vector<Progress> progress_;
   std::vector<std::atomic<int64_t>> state_;
 };
@@ -233,9 +196,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
   const int64_t D = step.D, H = step.H, hd = step.hd, F = step.F, n_qkv = step.n_qkv, S = step.S, L = step.L;
   const int64_t n_tasks = static_cast<int64_t>(step.tasks.size());
   Stages stages(threads, std::max({threads * kItemsPerThread, n_tasks, S}));
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num();
+  const std::function<void(int)> body = [&](int t) {
     int64_t stage = 0;
     Own own;
     own.sc.h.resize(S * step.widest);
@@ -306,8 +267,8 @@ void forward_tolerant(Step& step, float* logits, int threads) {
     }
     const Rows rows = prepare_own(m.head, x, D, L, true);
     project_stage(stages, t, stage, m.head, rows, logits, m.vocab, false, own.out);
-    stages.leave();
-  }
+  };
+  pool().run(threads, body);
 }
 
 }  // namespace
