@@ -3,9 +3,11 @@
     python benchmarks/busy.py [--model PATH] [--quantize auto] [--tokens 128] [--rounds 3] [--json]
 
 A reply of `--tokens` greedy tokens (prompt lookup off) through the engine, as a user gets it, for
-three ways of sizing the compiled kernel's team: `learned` (the default: runners/team.py picks the
-width from the calls' times), `whole team` (every call as wide as the machine: chatcli before the
-team learned its width) and `one thread`. Each runs idle, then beside a busy process (a Python
+four ways of sizing the compiled kernel's team: `learned` (the default: runners/team.py picks the
+width from the calls' times), `whole team` (every call as wide as the machine, with barriers:
+chatcli before the team learned its width), `no barriers` (as wide, decode steps without barriers
+on the kernel's own threads while the caller's sleeps: kernels/tolerant.h, pool.h) and `one thread`.
+Each runs idle, then beside a busy process (a Python
 loop spinning on one core, as a browser tab or a build would), in interleaved rounds; the table
 gives each one's median decode and prefill tok/s, and the cores the process used over the reply
 (its CPU seconds a second). The native runner only (the torch path is
@@ -44,8 +46,8 @@ def sized(engine, how: str, most: int):
         from chatcli.engine.runners.team import TeamWidth
 
         runner.team, runner.threads = TeamWidth(most), most
-    else:
-        runner.team, runner.threads = None, most if how == "whole team" else 1
+    else:  # a negative width: decode steps without barriers, the caller's thread asleep (kernels/pool.h)
+        runner.team, runner.threads = None, {"whole team": most, "no barriers": -most}.get(how, 1)
     return engine
 
 
@@ -65,7 +67,7 @@ def main() -> None:
     if getattr(engine.runner, "team", "none") == "none":
         sys.exit(f"busy.py measures the compiled kernel's team; this model runs on {type(engine.runner).__name__}")
     most = engine.runner.threads
-    hows = ["learned", "whole team", "one thread"]
+    hows = ["learned", "whole team", "no barriers", "one thread"]
     rates: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for _ in range(args.rounds):
         for load in ("idle", "busy"):

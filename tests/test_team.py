@@ -121,6 +121,22 @@ def test_a_process_that_comes_mid_reply_moves_the_steps_off_barriers():
     assert team.current == 2  # the core is free again: a try with barriers is faster, and takes over
 
 
+def test_steps_without_barriers_that_vary_keep_the_team():
+    """Beside a busy process a step without barriers now and then takes longer (a worker held back); that
+    is no reason to try the others at once, and a try is held to the team's best."""
+    clock = Clock()
+    team = TeamWidth(2, clock, lambda: 1)
+    team.width(512)  # the look: steps without barriers
+    ran = []
+    for i in range(4000):
+        width = team.width(1)
+        ran.append(width)
+        seconds = 0.020 if width == -2 and i % 50 == 49 else TOLERANT_BUSY[width]
+        clock.now += seconds
+        team.record(1, width, seconds)
+    assert team.current == -2 and ran.count(1) <= 5 and ran.count(2) <= 5
+
+
 def test_a_look_at_a_busy_machine_starts_the_turn_at_one_thread():
     """Where decode steps have barriers (CHATCLI_TOLERANT=off), the look sizes them too."""
     clock = Clock()

@@ -159,9 +159,11 @@ class TeamWidth:
         with self._lock:
             if width != self.current:  # a try: its own time now, not an average of old ones
                 self.per_row[width] = per
-                # the caller's thread asleep (a negative width) is kept only while it is clearly faster
+                # the caller's thread asleep (a negative width) is kept only while it is clearly faster; its
+                # steps vary beside a busy process (a worker held back), so a try is held to its best
                 margin = 1.0 if self.current < 0 < width else CLEARLY
-                if per < margin * self.per_row.get(self.current, float("inf")):
+                incumbent = self.per_row.get(self.current, float("inf"))
+                if per < margin * (min(incumbent, self.best) if self.current < 0 else incumbent):
                     self.current, self.best, self.wait_s = width, per, FIRST_WAIT_S
                 else:
                     self.wait_s = min(2 * self.wait_s, LAST_WAIT_S)
@@ -170,7 +172,7 @@ class TeamWidth:
             old = self.per_row.get(width)
             self.per_row[width] = average = per if old is None else old + SMOOTH * (per - old)
             self.best = min(self.best, average)
-            if average > SLOWER * self.best:  # slowed down: another process came? try the others now
+            if average > SLOWER * self.best and width > 0:  # slowed down: another process came? try the others now
                 self.best, self.wait_s = average, FIRST_WAIT_S
                 self.next_try = self.clock()
 
