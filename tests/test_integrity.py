@@ -86,7 +86,7 @@ def mapped(own_kernel_cache, monkeypatch):
     def cdll(path, *_a, **_k):
         seen.append((Path(path), kernels.intact(Path(path))))
         functions = ("chatcli_decode", "chatcli_decode_batch", "chatcli_project", "chatcli_pack", "chatcli_tolerant")
-        functions += ("chatcli_taken_over",)
+        functions += ("chatcli_taken_over", "chatcli_fail_thread")
         return types.SimpleNamespace(**{f: types.SimpleNamespace() for f in functions})
 
     monkeypatch.setattr(kernels.ctypes, "CDLL", cdll)

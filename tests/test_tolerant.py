@@ -102,3 +102,20 @@ def test_every_build_this_cpu_runs(build, tmp_path):
     finally:
         lib.chatcli_tolerant(ctypes.c_int32(1), ctypes.c_int64(0))
     assert equal(tolerant, barrier) and equal(stalled, barrier) and taken > 0
+
+
+def test_a_thread_that_fails_fails_the_call_and_the_next_one_runs(lib, tmp_path):
+    """A worker that throws (a failed allocation, say) does not end the process: the call fails (an error
+    the runner raises) and the next one runs, with the bits it would have had."""
+    runner = direct_runner(tiny("llama", True), Q4_K_M, tmp_path)
+    runner.threads = -2
+    want = calls(runner)
+    cache = runner.new_cache()
+    runner.verify(IDS[:6], cache)
+    lib.chatcli_fail_thread(ctypes.c_int32(1))
+    try:
+        with pytest.raises(ValueError, match="status 2"):
+            runner.verify([IDS[6]], cache)
+    finally:
+        lib.chatcli_fail_thread(ctypes.c_int32(-1))
+    assert equal(calls(runner), want)

@@ -231,6 +231,9 @@ int chatcli_tolerant(int32_t mode, int64_t stall_us) {
 // the items a thread of a tolerant team has done from another's range since the library loaded (tests)
 int64_t chatcli_taken_over() { return g_taken_over.load(); }
 
+// tests: thread t of every step without barriers throws at its start (-1: none); the step fails (status 2)
+void chatcli_fail_thread(int32_t t) { g_fail_thread.store(t); }
+
 // y [rows, n] = x [rows, k] W^T through one projection, each row as if alone (for tests)
 int chatcli_project(const Matrix* m, const float* x, int64_t rows, float* y, int32_t threads) {
   if (rows < 1) return 1;

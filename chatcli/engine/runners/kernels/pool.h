@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 namespace {
@@ -58,6 +59,7 @@ class Pool {
     }
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return left_.load(std::memory_order_acquire) == n; });
+    if (failed_.exchange(false)) throw std::runtime_error("a worker failed");  // (a failed allocation)
   }
 
  private:
@@ -104,7 +106,11 @@ class Pool {
       const int n = static_cast<int>(seen & 0xFFFF);  // cannot miss it, nor take the next one for it
       needed = w < n;
       if (!needed) continue;
-      (*body_)(w);
+      try {  // no exception may end the thread (the others do its items; the call then fails)
+        (*body_)(w);
+      } catch (...) {
+        failed_.store(true);
+      }
       if (left_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
         std::lock_guard<std::mutex> lock(mutex_);
         done_.notify_one();
@@ -117,6 +123,7 @@ class Pool {
   std::condition_variable work_, done_;
   std::atomic<uint64_t> job_{0};  // the job's number << 16 | its width
   std::atomic<int> left_{0};       // the job's threads that have returned
+  std::atomic<bool> failed_{false};  // one of them threw
   int sleepers_ = 0;               // workers asleep (under mutex_)
   const std::function<void(int)>* body_ = nullptr;
   int workers_ = 0;

@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -44,6 +45,7 @@ namespace {
 std::atomic<int> g_tolerant{-1};      // 1 on, 0 every call with barriers ($CHATCLI_TOLERANT=off, chatcli_tolerant)
 std::atomic<int64_t> g_stall_us{0};   // tests: the team's last thread sleeps this long before each commit
 std::atomic<int64_t> g_taken_over{0};  // items a thread did from another's range (chatcli_taken_over)
+std::atomic<int> g_fail_thread{-1};    // tests: this thread of a step throws at its start (chatcli_tolerant)
 
 constexpr int64_t kTolerantRows = 16;    // calls of fewer rows run here (AMX's prompt chunks do not)
 constexpr int64_t kItemsPerThread = 8;   // a projection's items, per thread
@@ -197,6 +199,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
   const int64_t n_tasks = static_cast<int64_t>(step.tasks.size());
   Stages stages(threads, std::max({threads * kItemsPerThread, n_tasks, S}));
   const std::function<void(int)> body = [&](int t) {
+    if (t == g_fail_thread.load(std::memory_order_relaxed)) throw std::runtime_error("a test's failure");
     int64_t stage = 0;
     Own own;
     own.sc.h.resize(S * step.widest);
