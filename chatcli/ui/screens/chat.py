@@ -25,7 +25,7 @@ from chatcli.chat.saved import save_kv
 from chatcli.engine import Finished, FinishReason, Prefilled, Token, TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import drafts_text, reply_note, turn_line
-from chatcli.ui.live import LiveTurn, final_values, prompt_opens_thinking
+from chatcli.ui.live import DrawPace, LiveTurn, final_values, prompt_opens_thinking
 from chatcli.ui.messages import CacheNotSaved, TurnEvent, TurnFailed
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
@@ -35,7 +35,7 @@ from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.tokens import turn_pieces
 
-TICK_S = 1 / 10  # UI refresh while a reply streams: smooth enough, and leaves the GIL to the decode loop
+TICK_S = 1 / 10  # UI ticks while a reply streams (a draw at each, or fewer: ui/live.py DrawPace)
 # The live panels refresh every PANEL_EVERY ticks: a number that changes 10 times a second is
 # unreadable, and on 2 cores their repaint took ~15 % of decode speed (33 -> 36 tok/s without it).
 PANEL_EVERY = 3
@@ -139,6 +139,7 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
         self.panels.reset()
         self.pane.follow()
         self._ticks = 0
+        self._pace = DrawPace(TICK_S)
         self._tick = self.set_interval(TICK_S, self._on_tick)
         self.session = self.chats.session_for(self.conversation)  # a new one if the pool evicted it
         self._turn_params = self.params
@@ -201,6 +202,8 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
                 await self._finish(done)
 
     async def _on_tick(self) -> None:
+        if not self._pace.due():  # drawing costs the UI more than its share: not at every tick
+            return
         await self._flush()
         self._ticks += 1
         if self._tick is not None and self._ticks % PANEL_EVERY == 1:  # the turn may have finished meanwhile
