@@ -18,7 +18,16 @@ import time
 import anyio
 from starlette.responses import Response
 
-from chatcli.engine import CallScanner, Finished, GrammarError, Prefilled, Token, parse_calls, token_entry
+from chatcli.engine import (
+    CallScanner,
+    Finished,
+    GrammarError,
+    Prefilled,
+    Token,
+    call_syntax,
+    parse_calls,
+    token_entry,
+)
 from chatcli.server import schema
 from chatcli.server.schema import APIError, ChatRequest
 from chatcli.server.tools import call_deltas, tool_calls
@@ -43,7 +52,7 @@ class CompletionResponse(Response):
         self.cid, self.created = schema.new_id(), int(time.time())
         tools = getattr(request.params, "tools", None)
         self.tools = tools if tools is not None and tools.callable() else None  # calls to read from the reply
-        self.syntax = getattr(getattr(worker.engine, "tokenizer", None), "tool_syntax", None)
+        self.syntax = call_syntax(worker.engine)
         self.scanner = CallScanner(self.syntax) if self.tools is not None and self.syntax else None
         self.calls = 0  # calls streamed
 
