@@ -341,7 +341,8 @@ def tool_rounds(engine, conversation, session, start: StartOptions, toolbox, out
                 listed.append({**call, "status": result.status, "result": result.text})
                 answered += 1
         except KeyboardInterrupt:  # Ctrl+C in a call: the calls left answer as stopped, so -c resumes a whole turn
+            cut = stopped()
             for call in calls[answered:]:
-                save(conversation.add_result(call, stopped().text, stopped().status))
+                save(conversation.add_result(call, cut.text, cut.status))
             raise
     raise AssertionError("unreachable")

@@ -249,7 +249,7 @@ class Engine:
     def _turn(self, target: list[int], truncated: int, session: Session, params, cancel, t_submit) -> Iterator[Event]:
         cache = session.cache
         constraint = self.constraint_for(params)  # a bad schema fails here, before any work
-        spelled = lambda ids: self.tokenizer.decode(ids, False)  # noqa: E731 - special tokens kept
+        spelled = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
         target = realigned(cache.ids, target, self.tokenizer.token_bytes, spelled)  # the cache's ids, same text
         cached = self.reuse(cache, target)  # prefill's own crop then keeps it as it is
         stats = TurnStats(
