@@ -46,8 +46,8 @@ FIRST_WAIT_S = 1.0  # seconds to the next try after a width takes over, or the c
 LAST_WAIT_S = 8.0  # the longest wait between tries while the other widths keep losing
 SLOWER = 1.5  # the current width this much slower than its own best: try the others at once
 CLEARLY = 0.9  # a tried width takes over when it ran a row in this fraction of the current's time
-DECODE_ROWS = 15  # calls of at most this many rows are decode steps (and drafts; the kernel runs them without
-# barriers, kernels/tolerant.h); more: prefill
+DECODE_ROWS = 15  # calls of at most this many rows are decode steps (and drafts; on a negative width the kernel
+# runs them without barriers, kernels/tolerant.h); more: prefill
 SMOOTH = 0.25  # weight of a step's time in the moving average of its width
 
 

@@ -9,8 +9,8 @@
 // at positions pos..pos+S-1. It computes what `LeanRunner.decode_one_token` computes
 // (RMSNorm weights folded into the projections, q/k rows in adjacent rope pairs), but with
 // no per-op dispatch: one OpenMP team for the whole step, a barrier between stages (a call of fewer
-// than 16 rows, a decode step, runs its stages without barriers: tolerant.h; step.h holds what both
-// share). With a
+// than 16 rows on a negative number of threads runs its stages without barriers: tolerant.h; step.h
+// holds what both share). With a
 // bf16 cache, keys and values are stored in bf16 but q and the attention output stay fp32
 // (the torch path rounds those to bf16 too).
 //
@@ -139,7 +139,6 @@ void forward_barrier(Step& step, float* logits, int threads) {
 
 // The rows of n_segs sequences (tokens: every segment's in turn) through every layer, each row with its
 // own cache and position; logits [sum of logit_rows, V]: each segment's last logit_rows rows in turn.
-// A call of a few rows (a decode step) runs its stages without barriers where that is on (tolerant.h).
 // `threads` < 0: as many, and a call of a few rows (a decode step) without barriers, on pool.h's threads
 // while the caller's sleeps (tolerant.h): slower than barriers on an idle machine, far faster beside a busy
 // process; runners/team.py learns which (and how many threads) from the steps' times.
@@ -152,7 +151,6 @@ void forward(const Model& m, const Segment* segs, int64_t n_segs, const int64_t*
   else
     forward_barrier<T>(step, logits, width);
 }
-
 
 // 0 where every segment's rows fit its cache (and the model's heads the kernel's), else 1
 int check_segments(const Model* m, const Segment* segs, int64_t n_segs) {
@@ -220,8 +218,8 @@ int chatcli_amx(int32_t mode) {
 }
 
 // whether calls of fewer than 16 rows on a negative number of threads run without barriers (tolerant.h):
-// mode 0 never, 1 yes, -1 leave as is; returns the state now. stall_us >= 0 (tests): the team's last thread sleeps this long before each of
-// its commits, so that the others do its items (-1 leaves it as is).
+// mode 0 never, 1 yes, -1 leave as is; returns the state now. stall_us >= 0 (tests): the team's last
+// thread sleeps this long before each of its commits, so that the others do its items (-1: as is).
 int chatcli_tolerant(int32_t mode, int64_t stall_us) {
   if (mode == 0 || mode == 1) g_tolerant.store(mode);
   if (stall_us >= 0) g_stall_us.store(stall_us);
@@ -251,4 +249,3 @@ int chatcli_project(const Matrix* m, const float* x, int64_t rows, float* y, int
 }
 
 }  // extern "C"
-

@@ -45,7 +45,7 @@ namespace {
 std::atomic<int> g_tolerant{-1};      // 1 on, 0 every call with barriers ($CHATCLI_TOLERANT=off, chatcli_tolerant)
 std::atomic<int64_t> g_stall_us{0};   // tests: the team's last thread sleeps this long before each commit
 std::atomic<int64_t> g_taken_over{0};  // items a thread did from another's range (chatcli_taken_over)
-std::atomic<int> g_fail_thread{-1};    // tests: this thread of a step throws at its start (chatcli_tolerant)
+std::atomic<int> g_fail_thread{-1};    // tests: this thread of a step throws at its start (chatcli_fail_thread)
 
 constexpr int64_t kTolerantRows = 16;    // calls of fewer rows run here (AMX's prompt chunks do not)
 constexpr int64_t kItemsPerThread = 8;   // a projection's items, per thread
