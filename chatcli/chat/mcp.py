@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chatcli.errors import one_line
+from chatcli.errors import clip, one_line
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -71,8 +71,7 @@ class Result:
 
     def short(self, width: int = 100) -> str:
         """One line of it, for a status line."""
-        line = " ".join(self.text.split())
-        return line if len(line) <= width else line[: width - 1] + "…"
+        return clip(self.text, width)
 
 
 def cut(text: str, limit: int = MAX_RESULT_CHARS) -> Result:

@@ -11,6 +11,7 @@ import json
 
 from chatcli.chat.mcp import DENIED, ERROR, MAX_RESULT_CHARS, STOPPED, Hub, Result
 from chatcli.engine import Call, CallScanner, ToolCalls, call_syntax, new_call_id, parse_calls
+from chatcli.errors import clip
 
 MAX_ROUNDS = 8  # replies with calls in one turn: a small model that calls on and on is stopped there
 HERMES = "hermes"  # the call syntax where an engine does not say its own (chatcli.engine.text.toolcalls)
@@ -67,8 +68,7 @@ def split_reply(text: str, syntax: str) -> tuple[str, list[dict]]:
 
 def call_line(call: dict, width: int = 200) -> str:
     """`name {"arg": value}`, on one line."""
-    line = f"{call['name']} {' '.join(call.get('arguments', '{}').split())}"
-    return line if len(line) <= width else line[: width - 1] + "…"
+    return clip(f"{call['name']} {call.get('arguments', '{}')}", width)
 
 
 def run_call(hub: Hub, call: dict) -> Result:

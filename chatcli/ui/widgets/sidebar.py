@@ -22,6 +22,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from chatcli.chat.manager import Row
+from chatcli.errors import clip
 
 TITLE_WIDTH = 26
 
@@ -35,11 +36,6 @@ def when(ts: float | None, now: float | None = None) -> str:
     if (t.tm_year, t.tm_yday) == (n.tm_year, n.tm_yday):
         return time.strftime("%H:%M", t)
     return time.strftime("%b %d" if t.tm_year == n.tm_year else "%Y-%m-%d", t)
-
-
-def clip(text: str, width: int = TITLE_WIDTH) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class Sidebar(Vertical):
