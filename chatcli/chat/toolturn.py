@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 
 from chatcli.chat.mcp import DENIED, ERROR, MAX_RESULT_CHARS, STOPPED, Hub, Result
-from chatcli.engine import Call, CallScanner, ToolCalls, call_syntax, new_call_id, parse_calls
+from chatcli.engine import HERMES, Call, CallScanner, ToolCalls, call_syntax, new_call_id, parse_calls
 from chatcli.errors import clip
 
 MAX_ROUNDS = 8  # replies with calls in one turn: a small model that calls on and on is stopped there
-HERMES = "hermes"  # the call syntax where an engine does not say its own (chatcli.engine.text.toolcalls)
 
 DENIED_TEXT = "The user did not allow this call, so it was not run."
 STOPPED_TEXT = "The user stopped the turn before this call ran."

@@ -51,7 +51,7 @@ from chatcli.engine.remote import RemoteEngine, RemoteError
 from chatcli.engine.runners.threads import release_cpu_threads
 from chatcli.engine.sample.logprobs import token_entry
 from chatcli.engine.stats import TurnStats, known
-from chatcli.engine.text.toolcalls import Call, CallScanner, new_call_id, parse_calls
+from chatcli.engine.text.toolcalls import HERMES, Call, CallScanner, new_call_id, parse_calls
 
 if TYPE_CHECKING:
     from chatcli.engine.engine import ContextOverflow, Engine
@@ -83,6 +83,7 @@ def __getattr__(name: str):
 __all__ = [
     "BIAS",
     "FLOAT",
+    "HERMES",
     "INT",
     "MAX_TOP_LOGPROBS",
     "MODEL_HELP",
