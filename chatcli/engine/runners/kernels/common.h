@@ -108,6 +108,15 @@ void rope_row(float* row, const float* rope, int64_t heads, int64_t half) {
     }
 }
 
+// kBytes from p on into L1, every cache line of them: a block's group of weights some groups ahead (the hardware's
+// own prefetcher, a line at a time, left a decode step's row waiting on memory). Never faults: p may be past the end.
+template <int kBytes>
+inline void prefetch_lines(const void* p) {
+  for (int at = 0; at < kBytes; at += 64) __builtin_prefetch(static_cast<const char*>(p) + at, 0, 3);
+}
+
+constexpr int kPrefetchGroups = 16;  // how many groups ahead of the one being read the weights are fetched
+
 // the last pass: `left` (< R) rows from s
 template <int R, typename Block>
 void tail_pass(int64_t left, int64_t s, Block& block) {

@@ -33,7 +33,7 @@
 
 namespace {
 
-constexpr int kRowsPerPass = 4;  // int8: activation rows that share one read of a weight block (at most)
+constexpr int kRowsPerPass = 8;  // int8, q4, q8, K-quants: rows that share one read of a weight block (at most)
 constexpr int kF32Rows = 6;      // fp32: rows a pass over a panel computes (6 x 4 accumulators)
 
 // y[s, n0..n0+16) for rows s0..s0+R, int8 block b; accumulate: y += instead of y =
@@ -102,7 +102,7 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
   for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t* wg = w + g * kQuads * 64;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 16 * kQuads * 64), _MM_HINT_T0);
+    prefetch_lines<kQuads * 64>(wg + kPrefetchGroups * kQuads * 64);
     __m512i acc[R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
     for (int p = 0; p < 4; p++) {
@@ -213,7 +213,8 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
       if constexpr (!k6) dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + g / 8 * 16)));
     }
     const uint8_t* wg = w + g * 256;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * 256), _MM_HINT_T0);
+    prefetch_lines<256>(wg + kPrefetchGroups * 256);
+    if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(hip + (g + kPrefetchGroups) * kHigh * 64);
     __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(hip + (g * kHigh + v) * 64);
     __m512i acc[R][kScales];

@@ -148,7 +148,7 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
   for (int r = 0; r < R; r++) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t* wg = w + g * kQuads * 64;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 16 * kQuads * 64), _MM_HINT_T0);
+    prefetch_lines<kQuads * 64>(wg + kPrefetchGroups * kQuads * 64);
     __m256 d[2], mn[2];
     for (int h = 0; h < 2; h++) {
       d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g * 16 + 8 * h)));
@@ -207,7 +207,8 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
         if constexpr (!k6) dmin[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g / 8 * 16 + 8 * h)));
       }
     const uint8_t* wg = w + g * 256;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * 256), _MM_HINT_T0);
+    prefetch_lines<256>(wg + kPrefetchGroups * 256);
+    if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(hip + (g + kPrefetchGroups) * kHigh * 64);
     __m256i high[2][2] = {};  // [vector][half]
     for (int v = 0; v < kHigh; v++)
       for (int h = 0; h < 2; h++) high[v][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hip + (g * kHigh + v) * 64 + 32 * h));

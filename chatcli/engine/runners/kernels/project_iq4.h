@@ -40,7 +40,7 @@ void iq4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
     if (!xs || g % 8 == 0)
       d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + (xs ? g / 8 : g) * 16)));
     const uint8_t* wg = w + g * 256;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * 256), _MM_HINT_T0);
+    prefetch_lines<256>(wg + kPrefetchGroups * 256);
     __m512i acc[R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
     for (int p = 0; p < 4; p++) {

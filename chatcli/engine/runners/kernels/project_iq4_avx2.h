@@ -33,7 +33,7 @@ void iq4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
       for (int h = 0; h < 2; h++)
         d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + (xs ? g / 8 : g) * 16 + 8 * h)));
     const uint8_t* wg = w + g * 256;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * 256), _MM_HINT_T0);
+    prefetch_lines<256>(wg + kPrefetchGroups * 256);
     const int32_t* xr[R];
     for (int r = 0; r < R; r++) xr[r] = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8;
     for (int h = 0; h < 2; h++) {

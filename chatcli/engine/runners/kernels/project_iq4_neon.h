@@ -33,7 +33,7 @@ void iq4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
     if (!xs || g % 8 == 0)
       for (int c = 0; c < 4; c++) d[c] = load_half4(dp + (xs ? g / 8 : g) * 16 + 4 * c);
     const uint8_t* wg = w + g * 256;
-    __builtin_prefetch(wg + 4 * 256);
+    prefetch_lines<256>(wg + kPrefetchGroups * 256);
     for (int c = 0; c < 4; c++) {
       int32x4_t acc[R];
       for (int r = 0; r < R; r++) acc[r] = vdupq_n_s32(0);

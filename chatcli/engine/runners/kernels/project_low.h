@@ -49,7 +49,8 @@ void low_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
       if constexpr (!k3) dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + g / 8 * 16)));
     }
     const uint8_t* wg = w + g * 128;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 8 * 128), _MM_HINT_T0);
+    prefetch_lines<128>(wg + kPrefetchGroups * 128);
+    if constexpr (k3) prefetch_lines<64>(hip + (g + kPrefetchGroups) * 64);
     const __m512i high = k3 ? _mm512_loadu_si512(hip + g * 64) : _mm512_setzero_si512();
     __m512i acc[R][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();

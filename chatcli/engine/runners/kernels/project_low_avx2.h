@@ -42,7 +42,8 @@ void low_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
         if constexpr (!k3) dmin[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g / 8 * 16 + 8 * h)));
       }
     const uint8_t* wg = w + g * 128;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 8 * 128), _MM_HINT_T0);
+    prefetch_lines<128>(wg + kPrefetchGroups * 128);
+    if constexpr (k3) prefetch_lines<64>(hip + (g + kPrefetchGroups) * 64);
     for (int h = 0; h < 2; h++) {
       const __m256i high = k3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hip + g * 64 + 32 * h)) : _mm256_setzero_si256();
       __m256i dot[R][2];  // per row and 16: the int32 dots

@@ -43,7 +43,8 @@ void low_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
         if constexpr (!k3) dmin[c] = load_half4(mp + g / 8 * 16 + 4 * c);
       }
     const uint8_t* wg = w + g * 128;
-    __builtin_prefetch(wg + 8 * 128);
+    prefetch_lines<128>(wg + kPrefetchGroups * 128);
+    if constexpr (k3) prefetch_lines<64>(hip + (g + kPrefetchGroups) * 64);
     // per output: the scales' bytes of the group's two 16s (sc [16][2]), split
     const int8x16x2_t pairs = vld2q_s8(reinterpret_cast<const int8_t*>(scp + g * 32));
     for (int c = 0; c < 4; c++) {

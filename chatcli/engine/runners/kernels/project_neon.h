@@ -96,7 +96,7 @@ void group_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* 
     for (int c = 0; c < 4; c++) sum[r][c] = vdupq_n_f32(0.f);
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t* wg = w + g * kQuads * 64;
-    __builtin_prefetch(wg + 4 * kQuads * 64);
+    prefetch_lines<kQuads * 64>(wg + kPrefetchGroups * kQuads * 64);
     int32x4_t acc[R][4];
     for (int r = 0; r < R; r++)
       for (int c = 0; c < 4; c++) acc[r][c] = vdupq_n_s32(0);
@@ -182,7 +182,8 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
         if constexpr (!k6) dmin[c] = load_half4(mp + g / 8 * 16 + 4 * c);
       }
     const uint8_t* wg = w + g * 256;
-    __builtin_prefetch(wg + 4 * 256);
+    prefetch_lines<256>(wg + kPrefetchGroups * 256);
+    if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(hip + (g + kPrefetchGroups) * kHigh * 64);
     int32x4_t acc[R][4][kScales];
     for (int r = 0; r < R; r++)
       for (int c = 0; c < 4; c++)
