@@ -66,6 +66,8 @@ inline void unpack_group(const Matrix& m, int64_t b, int64_t g, uint8_t* out) {
   constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
   const int64_t groups = m.kp / 32;
   const uint8_t* wg = static_cast<const uint8_t*>(m.w) + (b * groups + g) * 256;
+  prefetch_lines<256>(wg + kPrefetchGroups * 256);
+  if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(m.hi + (b * groups + g + kPrefetchGroups) * kHigh * 64);
   __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
   for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(m.hi + ((b * groups + g) * kHigh + v) * 64);
   for (int p = 0; p < 4; p++) {
