@@ -102,6 +102,23 @@ def project_k(type_name: str, x: np.ndarray) -> np.ndarray:
     return project(m, wide, 40)
 
 
+def many_rows(x: np.ndarray, count: int = 13) -> np.ndarray:
+    """`x`'s rows, then random ones, `count` in all: enough for a K-quant projection's passes over a block's codes
+    unpacked once (AVX2: kUnpackRows), and a shorter pass after them."""
+    extra = (np.random.default_rng(7).standard_normal((count - len(x), x.shape[1])) * 3).astype(np.float32)
+    return np.vstack([x, extra])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_a_build_gives_k_quant_rows_their_bits_alone(build, type_name):
+    """Many rows at once (each block's codes unpacked once on AVX2, AMX's tiles from 16) are the rows alone."""
+    _weight, x = extreme_inputs((70, 160), 5)
+    rows = many_rows(x, 21)
+    together = project_k(type_name, rows)
+    alone = np.vstack([project_k(type_name, rows[i : i + 1]) for i in range(len(rows))])
+    assert np.array_equal(together, alone)
+
+
 def test_the_builds_give_the_same_projection_bits():
     names = [name for name in ("avx512", "avxvnni", "avx2") if name in kernels.runnable()]  # NEON's: test_kernel_neon
     if len(names) < 2:
@@ -116,7 +133,7 @@ def test_the_builds_give_the_same_projection_bits():
             outputs[name] += [
                 project_grouped(codes_of(weight, b, mn), 70, 160, x) for b, mn in [(4, True), (4, False), (8, False)]
             ]
-            outputs[name] += [project_k(type_name, x) for type_name in ("Q4_K", "Q5_K", "Q6_K")]
+            outputs[name] += [project_k(type_name, many_rows(x)) for type_name in ("Q4_K", "Q5_K", "Q6_K")]
     first, *others = outputs.values()
     for other in others:
         assert all(np.array_equal(a, b) for a, b in zip(first, other, strict=True))

@@ -54,6 +54,7 @@
 #else  // AVX2, FMA and F16C: the same stages on 8-lane vectors
 #include "attention_avx2.h"
 #include "project_avx2.h"
+#include "project_kquant_avx2.h"
 #include "project_low_avx2.h"
 #include "simd_avx2.h"
 #endif

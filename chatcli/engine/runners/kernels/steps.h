@@ -122,6 +122,39 @@ inline bool project_amx(const Matrix& m, const Rows& in, float* y, int64_t ldy, 
 #endif
 }
 
+// a K-quant projection of kUnpackRows rows or more on AVX2: each block's codes unpacked once (unpack_codes), its
+// passes of rows reading them; the same dots, so the same bits as kquant_block's own passes; false: not here
+inline bool project_unpacked(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
+#if !defined(__AVX512F__) && !defined(__aarch64__)
+  if (m.kind < WEIGHT_Q4K || m.kind > WEIGHT_Q6K || in.count < kUnpackRows) return false;
+  thread_local std::vector<uint8_t> unpacked;  // a block unpacked (unpack_codes)
+  const size_t bytes = static_cast<size_t>(m.kp / 32 * kUnpackedBytes + 32);
+  if (unpacked.size() < bytes) unpacked.resize(bytes);
+  uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(unpacked.data()) + 31) / 32 * 32);
+  const auto run = [&](auto kind) {
+    constexpr int kKind = decltype(kind)::value;
+    split_blocks<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
+      unpack_codes<kKind>(m, b, aligned);
+      Rows part = in;
+      part.count = count;
+      each_row_pass<kRowsPerPass>(part, [&](auto r, int64_t s) {
+        kquant_block<decltype(r)::value, kKind, true>(m, b, in, first + s, y, ldy, accumulate, aligned);
+      });
+    });
+  };
+  if (m.kind == WEIGHT_Q4K)
+    run(std::integral_constant<int, WEIGHT_Q4K>{});
+  else if (m.kind == WEIGHT_Q5K)
+    run(std::integral_constant<int, WEIGHT_Q5K>{});
+  else
+    run(std::integral_constant<int, WEIGHT_Q6K>{});
+  return true;
+#else
+  (void)m, (void)in, (void)y, (void)ldy, (void)accumulate;
+  return false;
+#endif
+}
+
 // y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team, each
 // unit and row block by one of them (split)
 void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
@@ -131,7 +164,7 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
       project(m.parts[i], in, y + at, ldy, accumulate);
       at += m.parts[i].n;
     }
-  } else if (!project_amx(m, in, y, ldy, accumulate)) {
+  } else if (!project_amx(m, in, y, ldy, accumulate) && !project_unpacked(m, in, y, ldy, accumulate)) {
     project_units(m, in, y, ldy, accumulate, [&](auto pass, int64_t units, auto work) {
       split<decltype(pass)::value>(in, units, work);
     });

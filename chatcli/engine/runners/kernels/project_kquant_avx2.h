@@ -1,0 +1,211 @@
+// The K-quants' projections (Q4_K, Q5_K, Q6_K) on AVX2 (project_avx2.h's other kinds; project.h's kquant_block
+// on AVX-512): the same exact dots and the same fp32 sums in order, so the same bits. A prompt's chunk unpacks
+// each block's codes and scales once (unpack_codes) and its passes of two rows read them (steps.h's
+// project_unpacked); a decode step's rows unpack the codes as they go.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "common.h"
+#include "project_avx2.h"
+
+namespace {
+
+// a K-quant group's codes of quads 2p (c0) and 2p + 1 (c1) in half h, whole: the low 4 bits from the group's
+// codes wg, the high ones (Q5_K: one, Q6_K: two) from its vectors high [vector][half]
+template <int kKind>
+inline void kquant_codes(const uint8_t* wg, const __m256i (&high)[2][2], int p, int h, __m256i& c0, __m256i& c1) {
+  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(kKind == WEIGHT_Q6K ? 0x30 : 0x10);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + p * 64 + 32 * h));
+  c0 = _mm256_and_si256(v, nibble);
+  c1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+  if constexpr (kHigh == 1) {  // quad q's bit q -> bit 4
+    c0 = _mm256_or_si256(c0, _mm256_and_si256(shift16(high[0][h], 4 - 2 * p), top));
+    c1 = _mm256_or_si256(c1, _mm256_and_si256(shift16(high[0][h], 3 - 2 * p), top));
+  } else if constexpr (kHigh == 2) {  // quad q's bits 2(q%4), +1 of vector q/4 -> bits 4, 5
+    const __m256i hv = high[p / 2][h];
+    c0 = _mm256_or_si256(c0, _mm256_and_si256(shift16(hv, 4 - 2 * (2 * p % 4)), top));
+    c1 = _mm256_or_si256(c1, _mm256_and_si256(shift16(hv, 4 - 2 * ((2 * p + 1) % 4)), top));
+  }
+}
+
+// group g's high bits: [vector][half] (none for Q4_K)
+template <int kHigh>
+inline void kquant_high(const uint8_t* hip, int64_t g, __m256i (&high)[2][2]) {
+  for (int v = 0; v < kHigh; v++)
+    for (int h = 0; h < 2; h++) high[v][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hip + (g * kHigh + v) * 64 + 32 * h));
+}
+
+// group g's two scale vectors of half h (8 outputs), from its super-block's d and dmin (halves h): d sc and
+// dmin m (Q4_K, Q5_K), or d sc_a and d sc_b (Q6_K: a scale per 16 inputs); scp, smp: the block's scales, mins
+template <int kKind>
+inline void kquant_group_scales(__m256 d, __m256 dmin, const uint8_t* scp, const uint8_t* smp, int64_t g, int h,
+                                __m256& s0, __m256& s1) {
+  if constexpr (kKind == WEIGHT_Q6K) {
+    const uint8_t* sg = scp + g * 32 + 8 * h;
+    s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg)))));
+    s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg + 16)))));
+  } else {
+    s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scp + g * 16 + 8 * h)))));
+    s1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(smp + g * 16 + 8 * h)))));
+  }
+}
+
+constexpr int kUnpackRows = 8;  // rows from which a K-quant projection unpacks each block's codes once (unpack_codes)
+
+// K-quant block b's codes, every group's, one byte a code as kquant_block makes them: out [groups][4 p][2 halves]
+// [2: quads 2p, 2p + 1][32], then its groups' scale vectors (kquant_group_scales) [groups][2 halves][2][8 floats]:
+// what kquant_block<R, kKind, true> reads for each pass of rows instead of unpacking the block again (a prompt's
+// chunk: a block unpacked once, not once every two rows). out: kUnpackedBytes a group, 32-byte aligned.
+constexpr int64_t kUnpackedBytes = 512 + 128;
+template <int kKind>
+void unpack_codes(const Matrix& m, int64_t b, uint8_t* out) {
+  constexpr bool k6 = kKind == WEIGHT_Q6K;
+  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
+  const int64_t groups = m.kp / 32, supers = m.kp / 256;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
+  const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
+  const uint16_t* dp = m.d + b * supers * 16;
+  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
+  const uint8_t* scp = m.sc + b * groups * 16 * (k6 ? 2 : 1);
+  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
+  float* scales = reinterpret_cast<float*>(out + groups * 512);
+  for (int64_t g = 0; g < groups; g++) {
+    for (int h = 0; h < 2; h++) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g / 8 * 16 + 8 * h)));
+      const __m256 dmin =
+          k6 ? _mm256_setzero_ps() : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g / 8 * 16 + 8 * h)));
+      __m256 s0, s1;
+      kquant_group_scales<kKind>(d, dmin, scp, smp, g, h, s0, s1);
+      _mm256_store_ps(scales + (g * 2 + h) * 16, s0);
+      _mm256_store_ps(scales + (g * 2 + h) * 16 + 8, s1);
+    }
+    const uint8_t* wg = w + g * 256;
+    prefetch_lines<256>(wg + kPrefetchGroups * 256);
+    if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(hip + (g + kPrefetchGroups) * kHigh * 64);
+    __m256i high[2][2] = {};
+    kquant_high<kHigh>(hip, g, high);
+    for (int p = 0; p < 4; p++)
+      for (int h = 0; h < 2; h++) {
+        __m256i c0, c1;
+        kquant_codes<kKind>(wg, high, p, h, c0, c1);
+        uint8_t* o = out + ((g * 4 + p) * 2 + h) * 64;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o), c0);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32), c1);
+      }
+  }
+}
+
+// y[s, n0..n0+16) for rows s0..s0+R, K-quant block b (kKind: WEIGHT_Q4K, _Q5K or _Q6K): project.h's
+// kquant_block, the same exact dots and the same fp32 sums in order, on two halves of 8 outputs (a
+// 64-byte vector of codes or high bits: bytes 0..31 outputs 0..7, 32..63 outputs 8..15, 4 bytes each).
+// The codes (unsigned, below 2^kBits) times a row's int8 activations go through VPMADDUBSW: each int16
+// of its result is 2 products, and an int16 sum of n products is at most n * 128 * (2^kBits - 1) in
+// magnitude, so it is widened to int32 (VPMADDWD with ones) every kSteps quad pairs (4 products each):
+// Q4_K 4 (16 products, at most 30720), Q5_K 2 (8, 31744), Q6_K 1 (4, 32256), all below 32768.
+// kUnpacked: the codes from `codes`, the block's as unpack_codes left them, not from the weights.
+template <int R, int kKind, bool kUnpacked = false>
+void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate,
+                  const uint8_t* codes = nullptr) {
+  constexpr bool k6 = kKind == WEIGHT_Q6K;
+  constexpr int kScales = k6 ? 2 : 1;                                         // scales a group: per 16 or 32 inputs
+  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
+  constexpr int kSteps = 4 >> kHigh;                                          // quad pairs summed in int16
+  static_assert(kSteps * 4 * 128 * ((16 << kHigh) - 1) <= 32768, "the int16 sums would saturate");
+  const int64_t groups = m.kp / 32, supers = m.kp / 256, halves = m.kp / 16;
+  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
+  const uint16_t* dp = m.d + b * supers * 16;
+  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
+  const uint8_t* scp = m.sc + b * groups * 16 * kScales;
+  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
+  const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 sum[R][2];
+  for (int r = 0; r < R; r++) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
+  __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g = 0; g < groups; g++) {
+    if (!kUnpacked && g % 8 == 0)
+      for (int h = 0; h < 2; h++) {
+        d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g / 8 * 16 + 8 * h)));
+        if constexpr (!k6) dmin[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g / 8 * 16 + 8 * h)));
+      }
+    const uint8_t* wg = w + g * 256;
+    __m256i high[2][2] = {};  // [vector][half]
+    if constexpr (!kUnpacked) {
+      prefetch_lines<256>(wg + kPrefetchGroups * 256);
+      if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(hip + (g + kPrefetchGroups) * kHigh * 64);
+      kquant_high<kHigh>(hip, g, high);
+    }
+    __m256i acc[R][2][kScales], part[R][2];  // per row and half: the int32 dots, the int16 sums not yet in them
+    for (int r = 0; r < R; r++)
+      for (int h = 0; h < 2; h++) {
+        part[r][h] = _mm256_setzero_si256();
+        for (int j = 0; j < kScales; j++) acc[r][h][j] = _mm256_setzero_si256();
+      }
+    for (int p = 0; p < 4; p++) {
+      __m256i c[2][2];  // [half][quad 2p, 2p + 1]: the codes, whole
+      for (int h = 0; h < 2; h++) {
+        if constexpr (kUnpacked) {
+          const uint8_t* o = codes + ((g * 4 + p) * 2 + h) * 64;
+          c[h][0] = _mm256_load_si256(reinterpret_cast<const __m256i*>(o));
+          c[h][1] = _mm256_load_si256(reinterpret_cast<const __m256i*>(o + 32));
+        } else {
+          kquant_codes<kKind>(wg, high, p, h, c[h][0], c[h][1]);
+        }
+      }
+      const int slot = k6 ? p / 2 : 0;
+      for (int r = 0; r < R; r++) {
+        const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8 + 2 * p;
+        const __m256i x0 = _mm256_set1_epi32(xr[0]), x1 = _mm256_set1_epi32(xr[1]);
+        for (int h = 0; h < 2; h++) {
+#if defined(__AVXVNNI__)  // straight into int32
+          acc[r][h][slot] = _mm256_dpbusd_avx_epi32(acc[r][h][slot], c[h][0], x0);
+          acc[r][h][slot] = _mm256_dpbusd_avx_epi32(acc[r][h][slot], c[h][1], x1);
+          continue;
+#endif
+          part[r][h] = _mm256_add_epi16(part[r][h], _mm256_maddubs_epi16(c[h][0], x0));
+          part[r][h] = _mm256_add_epi16(part[r][h], _mm256_maddubs_epi16(c[h][1], x1));
+          if ((p + 1) % kSteps == 0) {  // widen: int32 lane o holds output o's dot
+            acc[r][h][slot] = _mm256_add_epi32(acc[r][h][slot], _mm256_madd_epi16(part[r][h], ones));
+            part[r][h] = _mm256_setzero_si256();
+          }
+        }
+      }
+    }
+    for (int h = 0; h < 2; h++) {
+      __m256 first, second;  // the group's scale vectors: d sc, dmin m (Q6_K: d sc_a, d sc_b)
+      if constexpr (kUnpacked) {
+        const float* scales = reinterpret_cast<const float*>(codes + groups * 512) + (g * 2 + h) * 16;
+        first = _mm256_load_ps(scales), second = _mm256_load_ps(scales + 8);
+      } else {
+        kquant_group_scales<kKind>(d[h], dmin[h], scp, smp, g, h, first, second);
+      }
+      if constexpr (k6) {
+        const __m256 da = first, db = second;
+        for (int r = 0; r < R; r++) {
+          const int64_t s = s0 + r;
+          const int32_t* hs = in.hsum + s * halves + 2 * g;
+          const __m256 a = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h][0], _mm256_set1_epi32(32 * hs[0])));
+          const __m256 bb = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h][1], _mm256_set1_epi32(32 * hs[1])));
+          const __m256 t = _mm256_fmadd_ps(da, a, _mm256_mul_ps(db, bb));
+          sum[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(in.gs[s * groups + g]), t, sum[r][h]);
+        }
+      } else {
+        const __m256 dg = first, mg = second;
+        for (int r = 0; r < R; r++) {
+          const int64_t at = (s0 + r) * groups + g;
+          sum[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(dg, _mm256_set1_ps(in.gs[at])), _mm256_cvtepi32_ps(acc[r][h][0]), sum[r][h]);
+          sum[r][h] = _mm256_fnmadd_ps(mg, _mm256_set1_ps(in.gsum[at]), sum[r][h]);
+        }
+      }
+    }
+  }
+  const int64_t n0 = b * 16;
+  for (int r = 0; r < R; r++)
+    for (int h = 0; h < 2; h++) store_first(y + (s0 + r) * ldy + n0 + 8 * h, m.n - n0 - 8 * h, sum[r][h], accumulate);
+}
+
+}  // namespace
