@@ -133,12 +133,12 @@ inline bool project_unpacked(const Matrix& m, const Rows& in, float* y, int64_t 
   uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(unpacked.data()) + 31) / 32 * 32);
   const auto run = [&](auto kind) {
     constexpr int kKind = decltype(kind)::value;
-    split_blocks<kRowsPerPass>(in, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
+    split_blocks<kUnpackedPass>(in, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
       unpack_codes<kKind>(m, b, aligned);
       Rows part = in;
       part.count = count;
-      each_row_pass<kRowsPerPass>(part, [&](auto r, int64_t s) {
-        kquant_block<decltype(r)::value, kKind, true>(m, b, in, first + s, y, ldy, accumulate, aligned);
+      each_row_pass<kUnpackedPass>(part, [&](auto r, int64_t s) {
+        kquant_block_unpacked<decltype(r)::value, kKind>(m, b, in, first + s, y, ldy, accumulate, aligned);
       });
     });
   };
