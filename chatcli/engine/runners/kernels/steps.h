@@ -91,30 +91,40 @@ void project_units(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool 
     });
 }
 
-// a K-quant projection of 16 rows or more where the CPU has AMX: rows in passes of 16 on its tiles
-// (project_amx.h, the same bits as VNNI's passes, which take the rows left over); false: not here
-inline bool project_amx(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-#if defined(__AVX512F__)
-  if (m.kind < WEIGHT_Q4K || m.kind > WEIGHT_Q6K || in.count < kAmxRows || !amx_ready()) return false;
-  thread_local std::vector<uint8_t> codes;  // a block's codes unpacked: groups x 512 bytes
-  if (codes.size() < static_cast<size_t>(m.kp / 32 * 512 + 64)) codes.resize(m.kp / 32 * 512 + 64);
-  uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(codes.data()) + 63) / 64 * 64);
-  const auto run = [&](auto kind) {
-    constexpr int kKind = decltype(kind)::value;
-    const auto vnni = [&](int64_t b, auto r, int64_t s) {
-      kquant_block<decltype(r)::value, kKind>(m, b, in, s, y, ldy, accumulate);
-    };
-    const auto amx = [&](int64_t b, int64_t first, int64_t count) {
-      kquant_amx<kKind>(m, b, in, first, count, y, ldy, accumulate, aligned);
-    };
-    split_tiles(in, (m.n + 15) / 16, amx, vnni);
-  };
+// run(integral_constant<int, kind>) with a K-quant matrix's kind (WEIGHT_Q4K, _Q5K or _Q6K)
+template <typename Run>
+void with_kquant_kind(const Matrix& m, Run run) {
   if (m.kind == WEIGHT_Q4K)
     run(std::integral_constant<int, WEIGHT_Q4K>{});
   else if (m.kind == WEIGHT_Q5K)
     run(std::integral_constant<int, WEIGHT_Q5K>{});
   else
     run(std::integral_constant<int, WEIGHT_Q6K>{});
+}
+
+// this thread's scratch of at least `bytes`, 64-byte aligned (a block's codes unpacked), kept for its next calls
+inline uint8_t* thread_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buffer;
+  if (buffer.size() < bytes + 64) buffer.resize(bytes + 64);
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) / 64 * 64);
+}
+
+// a K-quant projection of 16 rows or more where the CPU has AMX: rows in passes of 16 on its tiles
+// (project_amx.h, the same bits as VNNI's passes, which take the rows left over); false: not here
+inline bool project_amx(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
+#if defined(__AVX512F__)
+  if (m.kind < WEIGHT_Q4K || m.kind > WEIGHT_Q6K || in.count < kAmxRows || !amx_ready()) return false;
+  uint8_t* codes = thread_scratch(static_cast<size_t>(m.kp / 32 * 512));  // a block's codes unpacked
+  with_kquant_kind(m, [&](auto kind) {
+    constexpr int kKind = decltype(kind)::value;
+    const auto vnni = [&](int64_t b, auto r, int64_t s) {
+      kquant_block<decltype(r)::value, kKind>(m, b, in, s, y, ldy, accumulate);
+    };
+    const auto amx = [&](int64_t b, int64_t first, int64_t count) {
+      kquant_amx<kKind>(m, b, in, first, count, y, ldy, accumulate, codes);
+    };
+    split_tiles(in, (m.n + 15) / 16, amx, vnni);
+  });
   return true;
 #else
   (void)m, (void)in, (void)y, (void)ldy, (void)accumulate;
@@ -127,27 +137,18 @@ inline bool project_amx(const Matrix& m, const Rows& in, float* y, int64_t ldy, 
 inline bool project_unpacked(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
 #if !defined(__AVX512F__) && !defined(__aarch64__)
   if (m.kind < WEIGHT_Q4K || m.kind > WEIGHT_Q6K || in.count < kUnpackRows) return false;
-  thread_local std::vector<uint8_t> unpacked;  // a block unpacked (unpack_codes)
-  const size_t bytes = static_cast<size_t>(m.kp / 32 * kUnpackedBytes + 32);
-  if (unpacked.size() < bytes) unpacked.resize(bytes);
-  uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(unpacked.data()) + 31) / 32 * 32);
-  const auto run = [&](auto kind) {
+  uint8_t* unpacked = thread_scratch(static_cast<size_t>(m.kp / 32 * kUnpackedBytes));  // a block (unpack_codes)
+  with_kquant_kind(m, [&](auto kind) {
     constexpr int kKind = decltype(kind)::value;
     split_blocks<kUnpackedPass>(in, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
-      unpack_codes<kKind>(m, b, aligned);
+      unpack_codes<kKind>(m, b, unpacked);
       Rows part = in;
       part.count = count;
       each_row_pass<kUnpackedPass>(part, [&](auto r, int64_t s) {
-        kquant_block_unpacked<decltype(r)::value, kKind>(m, b, in, first + s, y, ldy, accumulate, aligned);
+        kquant_block_unpacked<decltype(r)::value, kKind>(m, b, in, first + s, y, ldy, accumulate, unpacked);
       });
     });
-  };
-  if (m.kind == WEIGHT_Q4K)
-    run(std::integral_constant<int, WEIGHT_Q4K>{});
-  else if (m.kind == WEIGHT_Q5K)
-    run(std::integral_constant<int, WEIGHT_Q5K>{});
-  else
-    run(std::integral_constant<int, WEIGHT_Q6K>{});
+  });
   return true;
 #else
   (void)m, (void)in, (void)y, (void)ldy, (void)accumulate;
