@@ -188,6 +188,23 @@ def test_others_running_sees_a_busy_process():
         busy.wait()
 
 
+def test_a_burst_of_another_process_is_not_a_busy_one():
+    """A look that sees another process for its first milliseconds, then none (a client sending its requests),
+    counts none: the prompt it came with is prefilled on the whole team. One that stays is counted."""
+    from chatcli.engine.runners.team import others_running
+
+    def machine(busy_reads: int):
+        reads = iter([1] * busy_reads + [0] * 100)
+        return lambda: next(reads)
+
+    slept: list[float] = []
+    assert others_running(sample=machine(8), sleep=slept.append) == 0  # 8 reads: longer than the first five
+    assert sum(slept) >= 0.01
+    assert others_running(sample=machine(1000), sleep=lambda s: None) == 1
+    assert others_running(confirm_s=0.0, sample=machine(8), sleep=lambda s: None) == 1  # five reads alone: fooled
+    assert others_running(sample=lambda: None, sleep=lambda s: None) == 0  # no /proc
+
+
 def test_one_thread_has_nothing_to_learn():
     clock = Clock()
     team = TeamWidth(1, clock, QUIET)

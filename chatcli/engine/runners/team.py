@@ -21,12 +21,13 @@ a try of the whole team under contention costs a slow step, so tries are spaced 
 steps), and at the next step when the current width slows down past 1.5x its best. A prefill (many
 rows) teaches nothing (its time varies too much with its length); it runs at the width a look at
 the machine gives: the whole team less one thread per thread of another process running now
-(`others_running`: /proc/stat's count less ours, the least of a few reads a millisecond apart, so a
-passing process is not taken for a busy one). That look also starts the decode steps there, or
-without barriers where another process is running (they try another width 4 s later, not at their
-second step: the look is evidence, and the next turn looks again), so a turn, a one-shot's first
-included, starts right. Steps without barriers are kept only while they are clearly faster: a try
-with barriers that is faster at all takes over.
+(`others_running`: /proc/stat's count less ours, the least of a few reads a millisecond apart and,
+where those see one, of reads for 30 ms more, so that a process in a burst is not taken for a busy
+one: the benchmark's own clients sending their requests halved the prefill of their prompts). That
+look also starts the decode steps there, or without barriers where another process is running (they
+try another width 4 s later, not at their second step: the look is evidence, and the next turn looks
+again), so a turn, a one-shot's first included, starts right. Steps without barriers are kept only
+while they are clearly faster: a try with barriers that is faster at all takes over.
 
 A row's numbers do not depend on the width (the kernel computes every row alone, in a fixed
 order), so switching changes the speed, never a reply.
@@ -49,41 +50,56 @@ CLEARLY = 0.9  # a tried width takes over when it ran a row in this fraction of 
 DECODE_ROWS = 15  # calls of at most this many rows are decode steps (and drafts; on a negative width the kernel
 # runs them without barriers, kernels/tolerant.h); more: prefill
 SMOOTH = 0.25  # weight of a step's time in the moving average of its width
+CONFIRM_S = 0.03  # a look that sees another process running checks this much longer that it stays (a burst)
 
 
-def others_running(reads: int = 5) -> int:
+def others_running(reads: int = 5, confirm_s: float = CONFIRM_S, sample=None, sleep=time.sleep) -> int:
     """Threads of other processes on a CPU now: /proc/stat's procs_running less this process's own
-    running threads, the least of `reads` reads 1 ms apart. 0 where there is no /proc (macOS), and
-    where this process may use only some of the machine's CPUs (a container's cpuset, `taskset`):
-    the count is the whole machine's, most of it on CPUs that are not ours."""
+    running threads, the least of `reads` reads 1 ms apart and, where those all saw some, of reads
+    every 5 ms for `confirm_s` more: a process that runs in a burst (a client sending its requests, a
+    terminal drawing) is not taken for a busy one, which would halve a prompt's prefill. 0 where there
+    is no /proc (macOS), and where this process may use only some of the machine's CPUs (a container's
+    cpuset, `taskset`): the count is the whole machine's, most of it on CPUs that are not ours.
+    `sample`: one read (tests: a scripted machine)."""
+    if sample is None:
+        try:
+            if len(os.sched_getaffinity(0)) < (os.cpu_count() or 1):
+                return 0
+        except (AttributeError, OSError):  # no affinity call (macOS): no /proc either
+            return 0
+        sample = _others_now
+    least = None
+    spacing = [0.001] * (reads - 1) + [0.005] * round(confirm_s / 0.005)
+    for i in range(len(spacing) + 1):
+        now = sample()
+        if now is None:
+            return 0
+        least = now if least is None else min(least, now)
+        if least <= 0:
+            return 0
+        if i < len(spacing):
+            sleep(spacing[i])
+    return max(0, least or 0)
+
+
+def _others_now() -> int | None:
+    """One read: /proc/stat's procs_running less this process's threads in state R (None: no /proc)."""
     import glob
 
     try:
-        if len(os.sched_getaffinity(0)) < (os.cpu_count() or 1):
-            return 0
-    except (AttributeError, OSError):  # no affinity call (macOS): no /proc either
-        return 0
-    least = None
-    for i in range(reads):
+        with open("/proc/stat", encoding="ascii") as f:
+            running = next(int(line.split()[1]) for line in f if line.startswith("procs_running"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    ours = 0
+    for path in glob.glob("/proc/self/task/*/stat"):
         try:
-            with open("/proc/stat", encoding="ascii") as f:
-                running = next(int(line.split()[1]) for line in f if line.startswith("procs_running"))
-        except (OSError, StopIteration, ValueError):
-            return 0
-        ours = 0
-        for path in glob.glob("/proc/self/task/*/stat"):
-            try:
-                with open(path, encoding="ascii", errors="replace") as f:
-                    stat = f.read()
-            except OSError:  # a thread that ended since the listing
-                continue
-            ours += stat[stat.rindex(")") + 2 : stat.rindex(")") + 3] == "R"
-        least = running - ours if least is None else min(least, running - ours)
-        if least <= 0:
-            return 0
-        if i + 1 < reads:
-            time.sleep(0.001)
-    return max(0, least or 0)
+            with open(path, encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:  # a thread that ended since the listing
+            continue
+        ours += stat[stat.rindex(")") + 2 : stat.rindex(")") + 3] == "R"
+    return running - ours
 
 
 def widths(most: int) -> list[int]:
