@@ -34,6 +34,7 @@
 namespace {
 
 constexpr int kRowsPerPass = 8;  // int8, q4, q8, K-quants: rows that share one read of a weight block (at most)
+constexpr int kUnpackRows = 16;  // rows from which a K-quant projection unpacks each block's codes once (steps.h)
 constexpr int kF32Rows = 6;      // fp32: rows a pass over a panel computes (6 x 4 accumulators)
 
 // y[s, n0..n0+16) for rows s0..s0+R, int8 block b; accumulate: y += instead of y =
@@ -158,6 +159,26 @@ inline void kquant_codes(const uint8_t* wg, const __m512i (&high)[2], int p, __m
   }
 }
 
+// group g's codes of K-quant block b as kquant_block makes them, one byte a code: out [8][64], quad 2p then 2p + 1
+// (the layout of AMX's B tile: 16 outputs x 4 inputs a row), for the passes over many rows that read them unpacked
+// (kquant_block<R, kKind, true>, kquant_amx)
+template <int kKind>
+inline void unpack_group(const Matrix& m, int64_t b, int64_t g, uint8_t* out) {
+  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
+  const int64_t groups = m.kp / 32;
+  const uint8_t* wg = static_cast<const uint8_t*>(m.w) + (b * groups + g) * 256;
+  prefetch_lines<256>(wg + kPrefetchGroups * 256);
+  if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(m.hi + (b * groups + g + kPrefetchGroups) * kHigh * 64);
+  __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(m.hi + ((b * groups + g) * kHigh + v) * 64);
+  for (int p = 0; p < 4; p++) {
+    __m512i c0, c1;
+    kquant_codes<kKind>(wg, high, p, c0, c1);
+    _mm512_store_si512(out + 2 * p * 64, c0);
+    _mm512_store_si512(out + (2 * p + 1) * 64, c1);
+  }
+}
+
 // The fp32 sums that follow a group's exact int32 dots (dot(r, h): row r's, of the group's scale h), for rows
 // s0..s0+R of a K-quant block: d sc gs dot - dmin m gsum (Q4_K, Q5_K) or gs (d sc_a dot_a + d sc_b dot_b) (Q6_K,
 // its dots less 32 times their activations' sums). kquant_block and kquant_amx (project_amx.h) both sum so,
@@ -192,8 +213,10 @@ inline void kquant_sums(__m512 (&sum)[R], const Rows& in, int64_t s0, int64_t g,
 // the codes' dot with a row's int8 activations is exact in int32 (Q6_K: one dot per 16 inputs, less 32 times
 // their sum); the row's fp32 sum then adds, groups in order, d sc gs dot - dmin m gsum (Q4_K, Q5_K) or
 // gs (d sc_a dot_a + d sc_b dot_b) (Q6_K).
-template <int R, int kKind>
-void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
+// kUnpacked: the codes from `codes`, the block's every group's as unpack_group left them, not from the weights.
+template <int R, int kKind, bool kUnpacked = false>
+void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate,
+                  const uint8_t* codes = nullptr) {
   constexpr bool k6 = kKind == WEIGHT_Q6K;
   constexpr int kScales = k6 ? 2 : 1;                                         // scales a group: per 16 or 32 inputs
   constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
@@ -213,16 +236,23 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
       if constexpr (!k6) dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + g / 8 * 16)));
     }
     const uint8_t* wg = w + g * 256;
-    prefetch_lines<256>(wg + kPrefetchGroups * 256);
-    if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(hip + (g + kPrefetchGroups) * kHigh * 64);
     __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-    for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(hip + (g * kHigh + v) * 64);
+    if constexpr (!kUnpacked) {
+      prefetch_lines<256>(wg + kPrefetchGroups * 256);
+      if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(hip + (g + kPrefetchGroups) * kHigh * 64);
+      for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(hip + (g * kHigh + v) * 64);
+    }
     __m512i acc[R][kScales];
     for (int r = 0; r < R; r++)
       for (int h = 0; h < kScales; h++) acc[r][h] = _mm512_setzero_si512();
     for (int p = 0; p < 4; p++) {
       __m512i c0, c1;
-      kquant_codes<kKind>(wg, high, p, c0, c1);
+      if constexpr (kUnpacked) {
+        c0 = _mm512_load_si512(codes + g * 512 + 2 * p * 64);
+        c1 = _mm512_load_si512(codes + g * 512 + (2 * p + 1) * 64);
+      } else {
+        kquant_codes<kKind>(wg, high, p, c0, c1);
+      }
       const int slot = k6 ? p / 2 : 0;
       for (int r = 0; r < R; r++) {
         const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8 + 2 * p;

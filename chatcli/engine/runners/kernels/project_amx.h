@@ -59,25 +59,6 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-// the group's codes of K-quant block b as kquant_block makes them, one byte a code: out [8][64], quad 2p then
-// 2p + 1 (the layout of AMX's B tile: 16 outputs x 4 inputs a row)
-template <int kKind>
-inline void unpack_group(const Matrix& m, int64_t b, int64_t g, uint8_t* out) {
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
-  const int64_t groups = m.kp / 32;
-  const uint8_t* wg = static_cast<const uint8_t*>(m.w) + (b * groups + g) * 256;
-  prefetch_lines<256>(wg + kPrefetchGroups * 256);
-  if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(m.hi + (b * groups + g + kPrefetchGroups) * kHigh * 64);
-  __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-  for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(m.hi + ((b * groups + g) * kHigh + v) * 64);
-  for (int p = 0; p < 4; p++) {
-    __m512i c0, c1;
-    kquant_codes<kKind>(wg, high, p, c0, c1);
-    _mm512_store_si512(out + 2 * p * 64, c0);
-    _mm512_store_si512(out + (2 * p + 1) * 64, c1);
-  }
-}
-
 // one dot of 16 rows (tile 4, from xq with stride kp) by a scale's codes (tile 5) into tile kC, stored at dots;
 // AMX's intrinsics take tile numbers as literals
 template <int kC>

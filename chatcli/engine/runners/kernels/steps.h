@@ -132,27 +132,42 @@ inline bool project_amx(const Matrix& m, const Rows& in, float* y, int64_t ldy, 
 #endif
 }
 
-// a K-quant projection of kUnpackRows rows or more on AVX2: each block's codes unpacked once (unpack_codes), its
-// passes of rows reading them; the same dots, so the same bits as kquant_block's own passes; false: not here
+// a K-quant projection of kUnpackRows rows or more (a prompt's chunk) on the vector units: each block's codes
+// unpacked once, then its passes of rows read them. AVX-512: unpack_group, kRowsPerPass rows a pass; AVX2:
+// unpack_codes (the scale vectors too) and kquant_block_unpacked, kUnpackedPass rows a pass, half a block at a
+// time. The same dots and sums, so the same bits as kquant_block's own passes; false: not here (NEON, fewer rows)
 inline bool project_unpacked(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
-#if !defined(__AVX512F__) && !defined(__aarch64__)
+#if defined(__aarch64__)
+  (void)m, (void)in, (void)y, (void)ldy, (void)accumulate;
+  return false;
+#else
   if (m.kind < WEIGHT_Q4K || m.kind > WEIGHT_Q6K || in.count < kUnpackRows) return false;
-  uint8_t* unpacked = thread_scratch(static_cast<size_t>(m.kp / 32 * kUnpackedBytes));  // a block (unpack_codes)
+#if defined(__AVX512F__)
+  constexpr int kPass = kRowsPerPass;
+  uint8_t* unpacked = thread_scratch(static_cast<size_t>(m.kp / 32 * 512));
+  const auto unpack = [&](auto kind, int64_t b) {
+    for (int64_t g = 0; g < m.kp / 32; g++) unpack_group<decltype(kind)::value>(m, b, g, unpacked + g * 512);
+  };
+  const auto pass = [&](auto kind, auto rows, int64_t b, int64_t s) {
+    kquant_block<decltype(rows)::value, decltype(kind)::value, true>(m, b, in, s, y, ldy, accumulate, unpacked);
+  };
+#else
+  constexpr int kPass = kUnpackedPass;
+  uint8_t* unpacked = thread_scratch(static_cast<size_t>(m.kp / 32 * kUnpackedBytes));
+  const auto unpack = [&](auto kind, int64_t b) { unpack_codes<decltype(kind)::value>(m, b, unpacked); };
+  const auto pass = [&](auto kind, auto rows, int64_t b, int64_t s) {
+    kquant_block_unpacked<decltype(rows)::value, decltype(kind)::value>(m, b, in, s, y, ldy, accumulate, unpacked);
+  };
+#endif
   with_kquant_kind(m, [&](auto kind) {
-    constexpr int kKind = decltype(kind)::value;
-    split_blocks<kUnpackedPass>(in, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
-      unpack_codes<kKind>(m, b, unpacked);
+    split_blocks<kPass>(in, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
+      unpack(kind, b);
       Rows part = in;
       part.count = count;
-      each_row_pass<kUnpackedPass>(part, [&](auto r, int64_t s) {
-        kquant_block_unpacked<decltype(r)::value, kKind>(m, b, in, first + s, y, ldy, accumulate, unpacked);
-      });
+      each_row_pass<kPass>(part, [&](auto rows, int64_t s) { pass(kind, rows, b, first + s); });
     });
   });
   return true;
-#else
-  (void)m, (void)in, (void)y, (void)ldy, (void)accumulate;
-  return false;
 #endif
 }
 
