@@ -22,7 +22,8 @@
 //
 // Projections (fp32 panels, int8, q4 / q8 blocks, K-quants) are in project.h, Q3_K and Q2_K in project_low.h;
 // where the CPU has AMX, a K-quant projection of 16 rows or more (a prompt's chunk) runs on its tiles
-// (project_amx.h), to the same bits.
+// (project_amx.h), to the same bits; else its passes of rows read each block's codes unpacked once (steps.h's
+// project_unpacked). The AVX2 build's K-quants are in project_kquant_avx2.h.
 // The KV cache holds, per layer, keys [KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and
 // values [KV, capacity, hd], in fp32 or bf16 (round to nearest even), of positions base..base+capacity-1;
 // capacity and base are multiples of 16. A layer that attends to every position has base 0; a sliding

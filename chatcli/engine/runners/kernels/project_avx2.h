@@ -1,7 +1,7 @@
 // The decode step's projections (see decode.cpp) on AVX2, in project.h's weight layouts (described
 // there). AVX2 has no VPDPBUSD: the int8 and q8 dots widen bytes to int16 and sum pairs (VPMADDWD),
 // q4's 4-bit codes and the K-quants' 4- to 6-bit ones multiply bytes (VPMADDUBSW), their int16 sums
-// widened before they could saturate (kquant_block). The `avxvnni` build (Alder Lake and later, Zen 5:
+// widened before they could saturate (project_kquant_avx2.h's kquant_block). The `avxvnni` build (Alder Lake and later, Zen 5:
 // __AVXVNNI__) sums q4's, q8's and the K-quants' bytes straight into int32 with AVX-VNNI's 256-bit
 // VPDPBUSD. Every dot is still exact in integers, so each output is what project.h's gives.
 #pragma once
