@@ -108,6 +108,33 @@ void rope_row(float* row, const float* rope, int64_t heads, int64_t half) {
     }
 }
 
+// vectors of high bits (64 bytes each) a K-quant group has: none (Q4_K), the codes' 5th bits (Q5_K), their 5th
+// and 6th (Q6_K)
+template <int kKind>
+constexpr int kHighVectors = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
+
+// K-quant block b's parts (kKind: WEIGHT_Q4K, _Q5K or _Q6K; project.h gives the layouts): the codes' low 4 bits,
+// d and dmin (fp16) per super-block, the 6-bit scales and mins per group (Q6_K: int8 scales per 16 inputs, no
+// mins), the codes' high bits (none for Q4_K)
+struct KBlock {
+  const uint8_t* w;
+  const uint16_t* d;
+  const uint16_t* dmin;
+  const uint8_t* sc;
+  const uint8_t* sm;
+  const uint8_t* hi;
+};
+
+template <int kKind>
+inline KBlock k_block(const Matrix& m, int64_t b) {
+  constexpr bool k6 = kKind == WEIGHT_Q6K;
+  constexpr int kHigh = kHighVectors<kKind>;
+  const int64_t groups = m.kp / 32, supers = m.kp / 256;
+  return {static_cast<const uint8_t*>(m.w) + b * groups * 256, m.d + b * supers * 16,
+          k6 ? nullptr : m.mins + b * supers * 16,       m.sc + b * groups * 16 * (k6 ? 2 : 1),
+          k6 ? nullptr : m.sm + b * groups * 16,         kHigh ? m.hi + b * groups * 64 * kHigh : nullptr};
+}
+
 // kBytes from p on into L1, every cache line of them: a block's group of weights some groups ahead (the hardware's
 // own prefetcher, a line at a time, left a decode step's row waiting on memory). Never faults: p may be past the end.
 template <int kBytes>

@@ -144,7 +144,7 @@ inline __m512i shift16(__m512i v, int bits) {
 // the high ones (Q5_K: one, Q6_K: two) from its vectors `high` (kquant_block's and project_amx.h's)
 template <int kKind>
 inline void kquant_codes(const uint8_t* wg, const __m512i (&high)[2], int p, __m512i& c0, __m512i& c1) {
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
+  constexpr int kHigh = kHighVectors<kKind>;
   const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(kKind == WEIGHT_Q6K ? 0x30 : 0x10);
   const __m512i v = _mm512_loadu_si512(wg + p * 64);
   c0 = _mm512_and_si512(v, nibble);
@@ -164,13 +164,13 @@ inline void kquant_codes(const uint8_t* wg, const __m512i (&high)[2], int p, __m
 // (kquant_block<R, kKind, true>, kquant_amx)
 template <int kKind>
 inline void unpack_group(const Matrix& m, int64_t b, int64_t g, uint8_t* out) {
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
-  const int64_t groups = m.kp / 32;
-  const uint8_t* wg = static_cast<const uint8_t*>(m.w) + (b * groups + g) * 256;
+  constexpr int kHigh = kHighVectors<kKind>;
+  const KBlock block = k_block<kKind>(m, b);
+  const uint8_t* wg = block.w + g * 256;
   prefetch_lines<256>(wg + kPrefetchGroups * 256);
-  if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(m.hi + (b * groups + g + kPrefetchGroups) * kHigh * 64);
+  if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(block.hi + (g + kPrefetchGroups) * kHigh * 64);
   __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-  for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(m.hi + ((b * groups + g) * kHigh + v) * 64);
+  for (int v = 0; v < kHigh; v++) high[v] = _mm512_loadu_si512(block.hi + (g * kHigh + v) * 64);
   for (int p = 0; p < 4; p++) {
     __m512i c0, c1;
     kquant_codes<kKind>(wg, high, p, c0, c1);
@@ -219,14 +219,9 @@ void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float*
                   const uint8_t* codes = nullptr) {
   constexpr bool k6 = kKind == WEIGHT_Q6K;
   constexpr int kScales = k6 ? 2 : 1;                                         // scales a group: per 16 or 32 inputs
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
-  const int64_t groups = m.kp / 32, supers = m.kp / 256;
-  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
-  const uint16_t* dp = m.d + b * supers * 16;
-  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
-  const uint8_t* scp = m.sc + b * groups * 16 * kScales;
-  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
-  const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
+  constexpr int kHigh = kHighVectors<kKind>;
+  const int64_t groups = m.kp / 32;
+  const auto [w, dp, mp, scp, smp, hip] = k_block<kKind>(m, b);
   __m512 sum[R];
   for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
   __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();

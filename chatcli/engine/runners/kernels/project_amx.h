@@ -103,11 +103,10 @@ __attribute__((target("amx-tile,amx-int8"))) void kquant_amx(const Matrix& m, in
                                                               uint8_t* codes) {
   constexpr bool k6 = kKind == WEIGHT_Q6K;
   constexpr int kScales = k6 ? 2 : 1;
-  const int64_t groups = m.kp / 32, supers = m.kp / 256;
-  const uint16_t* dp = m.d + b * supers * 16;
-  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
-  const uint8_t* scp = m.sc + b * groups * 16 * kScales;
-  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
+  const int64_t groups = m.kp / 32;
+  const KBlock block = k_block<kKind>(m, b);
+  const uint16_t *dp = block.d, *mp = block.dmin;
+  const uint8_t *scp = block.sc, *smp = block.sm;
   for (int64_t g = 0; g < groups; g++) unpack_group<kKind>(m, b, g, codes + g * 512);
   TileConfig config;
   for (int t = 0; t < 4; t++) config.rows[t] = kAmxRows, config.colsb[t] = 64;

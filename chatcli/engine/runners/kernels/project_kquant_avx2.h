@@ -1,7 +1,8 @@
 // The K-quants' projections (Q4_K, Q5_K, Q6_K) on AVX2 (project_avx2.h's other kinds; project.h's kquant_block
 // on AVX-512): the same exact dots and the same fp32 sums in order, so the same bits. A prompt's chunk unpacks
-// each block's codes and scales once (unpack_codes) and its passes of two rows read them (steps.h's
-// project_unpacked); a decode step's rows unpack the codes as they go.
+// each block's codes and scale vectors once (unpack_codes), and its passes of rows read them half a block at a
+// time (kquant_block_unpacked, through steps.h's project_unpacked); a decode step's rows unpack the codes as they
+// go (kquant_block).
 #pragma once
 
 #include <immintrin.h>
@@ -17,7 +18,7 @@ namespace {
 // codes wg, the high ones (Q5_K: one, Q6_K: two) from its vectors high [vector][half]
 template <int kKind>
 inline void kquant_codes(const uint8_t* wg, const __m256i (&high)[2][2], int p, int h, __m256i& c0, __m256i& c1) {
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
+  constexpr int kHigh = kHighVectors<kKind>;
   const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(kKind == WEIGHT_Q6K ? 0x30 : 0x10);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + p * 64 + 32 * h));
   c0 = _mm256_and_si256(v, nibble);
@@ -43,14 +44,23 @@ inline void kquant_high(const uint8_t* hip, int64_t g, __m256i (&high)[2][2]) {
 // dmin m (Q4_K, Q5_K), or d sc_a and d sc_b (Q6_K: a scale per 16 inputs); scp, smp: the block's scales, mins
 template <int kKind>
 inline void kquant_group_scales(__m256 d, __m256 dmin, const uint8_t* scp, const uint8_t* smp, int64_t g, int h,
-                                __m256& s0, __m256& s1) {
+                                __m256& first, __m256& second) {
   if constexpr (kKind == WEIGHT_Q6K) {
     const uint8_t* sg = scp + g * 32 + 8 * h;
-    s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg)))));
-    s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg + 16)))));
+    first = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg)))));
+    second = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg + 16)))));
   } else {
-    s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scp + g * 16 + 8 * h)))));
-    s1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(smp + g * 16 + 8 * h)))));
+    first = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scp + g * 16 + 8 * h)))));
+    second = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(smp + g * 16 + 8 * h)))));
+  }
+}
+
+// super-block g / 8's d and dmin (none for Q6_K), each as two halves of 8 outputs
+template <bool k6>
+inline void kquant_super_scales(const uint16_t* dp, const uint16_t* mp, int64_t g, __m256 (&d)[2], __m256 (&dmin)[2]) {
+  for (int h = 0; h < 2; h++) {
+    d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g / 8 * 16 + 8 * h)));
+    if constexpr (!k6) dmin[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g / 8 * 16 + 8 * h)));
   }
 }
 
@@ -69,24 +79,18 @@ constexpr int64_t kUnpackedBytes = 512 + 128;
 template <int kKind>
 void unpack_codes(const Matrix& m, int64_t b, uint8_t* out) {
   constexpr bool k6 = kKind == WEIGHT_Q6K;
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;
-  const int64_t groups = m.kp / 32, supers = m.kp / 256;
-  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
-  const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
-  const uint16_t* dp = m.d + b * supers * 16;
-  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
-  const uint8_t* scp = m.sc + b * groups * 16 * (k6 ? 2 : 1);
-  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
+  constexpr int kHigh = kHighVectors<kKind>;
+  const int64_t groups = m.kp / 32;
+  const auto [w, dp, mp, scp, smp, hip] = k_block<kKind>(m, b);
   float* scales = reinterpret_cast<float*>(out + groups * 512);
+  __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t g = 0; g < groups; g++) {
+    if (g % 8 == 0) kquant_super_scales<k6>(dp, mp, g, d, dmin);
     for (int h = 0; h < 2; h++) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g / 8 * 16 + 8 * h)));
-      const __m256 dmin =
-          k6 ? _mm256_setzero_ps() : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g / 8 * 16 + 8 * h)));
-      __m256 s0, s1;
-      kquant_group_scales<kKind>(d, dmin, scp, smp, g, h, s0, s1);
-      _mm256_store_ps(scales + (g * 2 + h) * 16, s0);
-      _mm256_store_ps(scales + (g * 2 + h) * 16 + 8, s1);
+      __m256 first, second;
+      kquant_group_scales<kKind>(d[h], dmin[h], scp, smp, g, h, first, second);
+      _mm256_store_ps(scales + (g * 2 + h) * 16, first);
+      _mm256_store_ps(scales + (g * 2 + h) * 16 + 8, second);
     }
     const uint8_t* wg = w + g * 256;
     prefetch_lines<256>(wg + kPrefetchGroups * 256);
@@ -110,7 +114,7 @@ void unpack_codes(const Matrix& m, int64_t b, uint8_t* out) {
 template <int kKind>
 inline void kquant_dot_step(__m256i (&acc)[2], __m256i& part, __m256i c0, __m256i c1, __m256i x0, __m256i x1, int p,
                             __m256i ones) {
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
+  constexpr int kHigh = kHighVectors<kKind>;
   constexpr int kSteps = 4 >> kHigh;                                          // quad pairs summed in int16
   static_assert(kSteps * 4 * 128 * ((16 << kHigh) - 1) <= 32768, "the int16 sums would saturate");
   const int slot = kKind == WEIGHT_Q6K ? p / 2 : 0;
@@ -156,24 +160,15 @@ inline __m256 kquant_group_sum(__m256 sum, const __m256i (&acc)[2], __m256 first
 template <int R, int kKind>
 void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
   constexpr bool k6 = kKind == WEIGHT_Q6K;
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
-  const int64_t groups = m.kp / 32, supers = m.kp / 256;
-  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
-  const uint16_t* dp = m.d + b * supers * 16;
-  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
-  const uint8_t* scp = m.sc + b * groups * 16 * (k6 ? 2 : 1);
-  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
-  const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
+  constexpr int kHigh = kHighVectors<kKind>;
+  const int64_t groups = m.kp / 32;
+  const auto [w, dp, mp, scp, smp, hip] = k_block<kKind>(m, b);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 sum[R][2];
   for (int r = 0; r < R; r++) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
   __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t g = 0; g < groups; g++) {
-    if (g % 8 == 0)
-      for (int h = 0; h < 2; h++) {
-        d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g / 8 * 16 + 8 * h)));
-        if constexpr (!k6) dmin[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g / 8 * 16 + 8 * h)));
-      }
+    if (g % 8 == 0) kquant_super_scales<k6>(dp, mp, g, d, dmin);
     const uint8_t* wg = w + g * 256;
     prefetch_lines<256>(wg + kPrefetchGroups * 256);
     if constexpr (kHigh > 0) prefetch_lines<64 * kHigh>(hip + (g + kPrefetchGroups) * kHigh * 64);

@@ -161,14 +161,9 @@ template <int R, int kKind>
 void kquant_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
   constexpr bool k6 = kKind == WEIGHT_Q6K;
   constexpr int kScales = k6 ? 2 : 1;                                         // scales a group: per 16 or 32 inputs
-  constexpr int kHigh = kKind == WEIGHT_Q4K ? 0 : kKind == WEIGHT_Q5K ? 1 : 2;  // vectors of high bits a group
-  const int64_t groups = m.kp / 32, supers = m.kp / 256, halves = m.kp / 16;
-  const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
-  const uint16_t* dp = m.d + b * supers * 16;
-  const uint16_t* mp = k6 ? nullptr : m.mins + b * supers * 16;
-  const uint8_t* scp = m.sc + b * groups * 16 * kScales;
-  const uint8_t* smp = k6 ? nullptr : m.sm + b * groups * 16;
-  const uint8_t* hip = kHigh ? m.hi + b * groups * 64 * kHigh : nullptr;
+  constexpr int kHigh = kHighVectors<kKind>;
+  const int64_t groups = m.kp / 32, halves = m.kp / 16;
+  const auto [w, dp, mp, scp, smp, hip] = k_block<kKind>(m, b);
   const uint8x16_t nibble = vdupq_n_u8(0x0F), low = vdupq_n_u8(k6 ? 3 : 1);
   float32x4_t sum[R][4];
   for (int r = 0; r < R; r++)
