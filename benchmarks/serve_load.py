@@ -8,8 +8,11 @@ For each number of clients N the server is started once with a slot a client (`c
 --parallel N`, or `llama-server -np N` on the same GGUF where a binary is given or on PATH), warmed
 with one request, then N threads each send one streamed chat completion at once (greedy, `--tokens`
 tokens, `ignore_eos`-free: a prompt that asks for a long answer, different per client so no prefix
-is shared). Reported: the aggregate decode rate (all tokens / the wall time from the first request
-to the last token), each client's own rate (median), and time to first token (p50, p95). The OpenAI-
+is shared). Reported: the aggregate rate (all tokens / the wall time from the first request to the
+last token: prompts' prefill included), the aggregate decode rate (the tokens after each client's first
+/ the time from the earliest first token to the last token: what llama-batched-bench calls S_TG, the
+generation of sequences decoded together), each client's own rate (median), and time to first token
+(p50, p95). The OpenAI-
 compatible `stream_options.include_usage` gives the token counts where the server sends them, else
 the streamed chunks are counted.
 """
@@ -111,14 +114,21 @@ def load(url: str, clients: int, tokens: int) -> dict:
         w.start()
     for w in workers:
         w.join()
+    return summary(clients, results)
+
+
+def summary(clients: int, results: list) -> dict:
+    """The row for `clients` from each client's (seconds to its first token, tokens, seconds to its last)."""
     ttft = sorted(r[0] for r in results)
     total = sum(r[1] for r in results)
     wall = max(r[2] for r in results)
     own = [(r[1] - 1) / (r[2] - r[0]) for r in results if r[1] > 1 and r[2] > r[0]]
+    decoded, span = sum(max(r[1] - 1, 0) for r in results), wall - min(r[0] for r in results)
     return {
         "clients": clients,
         "tokens": total,
         "aggregate_tok_s": round(total / wall, 1) if wall > 0 else 0.0,
+        "decode_tok_s": round(decoded / span, 1) if span > 0 else 0.0,
         "per_client_tok_s": round(statistics.median(own), 1) if own else 0.0,
         "ttft_p50_s": round(statistics.median(ttft), 3),
         "ttft_p95_s": round(ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))], 3),
@@ -151,11 +161,12 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     print(f"{args.tokens} tokens a client, greedy; {os.cpu_count()} CPUs")
-    print(f"{'server':14s} {'clients':>7s} {'aggregate':>10s} {'per client':>11s} {'TTFT p50':>9s} {'TTFT p95':>9s}")
+    head = f"{'server':14s} {'clients':>7s} {'aggregate':>10s} {'decode':>7s} {'per client':>11s}"
+    print(f"{head} {'TTFT p50':>9s} {'TTFT p95':>9s}")
     for r in rows:
         print(
-            f"{r['server']:14s} {r['clients']:7d} {r['aggregate_tok_s']:10.1f} {r['per_client_tok_s']:11.1f} "
-            f"{r['ttft_p50_s']:9.3f} {r['ttft_p95_s']:9.3f}"
+            f"{r['server']:14s} {r['clients']:7d} {r['aggregate_tok_s']:10.1f} {r['decode_tok_s']:7.1f} "
+            f"{r['per_client_tok_s']:11.1f} {r['ttft_p50_s']:9.3f} {r['ttft_p95_s']:9.3f}"
         )
 
 

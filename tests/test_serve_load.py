@@ -19,4 +19,17 @@ def test_the_load_benchmark_counts_every_clients_tokens(tiny_model_dir):
     assert [(r["server"], r["clients"]) for r in rows] == [("chatcli", 1), ("chatcli", 3)]
     for r in rows:
         assert r["tokens"] == 4 * r["clients"]  # max_tokens each: the usage's counts, summed
-        assert r["aggregate_tok_s"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p95_s"]
+        assert r["aggregate_tok_s"] > 0 and r["decode_tok_s"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p95_s"]
+
+
+def test_the_decode_rate_counts_the_tokens_after_each_first_from_the_earliest_first():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from serve_load import summary
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    # two clients: first tokens at 0.5 s and 1.0 s, 5 tokens each, last tokens at 2.5 s and 3.0 s
+    row = summary(2, [(0.5, 5, 2.5), (1.0, 5, 3.0)])
+    assert row["aggregate_tok_s"] == round(10 / 3.0, 1)  # prefill's wait included
+    assert row["decode_tok_s"] == round(8 / 2.5, 1)  # 4 + 4 tokens after the firsts, from 0.5 s to 3.0 s
+    assert row["per_client_tok_s"] == 2.0 and (row["ttft_p50_s"], row["ttft_p95_s"]) == (0.75, 1.0)
