@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.kv.pool import SessionPool, fork_session
+from chatcli.engine.kv.pool import MIN_CLONE_TOKENS, MIN_FORK_TOKENS, SessionPool, fork_session
 from chatcli.engine.kv.prefix import common_prefix
 from chatcli.engine.sample.sampling import SamplingParams
 
@@ -136,6 +136,26 @@ def test_a_short_shared_prefix_gets_a_new_session(tiny_engine):
     second = pool.acquire(b)
     assert second.how == "new" and second.cached_tokens == 0
     assert second.session is not lease.session
+
+
+def test_a_shared_system_prompt_forks_where_the_cache_copies_only_the_prefix(tiny_engine):
+    """Two clients with the same short system prompt: the second prefills only its own message where the
+    cache clones just the shared ids (the kernel's, the lean one's), not where it is copied whole."""
+    system = {"role": "system", "content": "You are terse."}
+    a = tiny_engine.tokenizer.encode_chat([system, {"role": "user", "content": "Hello"}])
+    b = tiny_engine.tokenizer.encode_chat([system, {"role": "user", "content": "Bonjour"}])
+    shared = common_prefix(a, b)
+    assert MIN_CLONE_TOKENS <= shared < MIN_FORK_TOKENS
+    pool = SessionPool(tiny_engine.new_session, budget_bytes=1 << 30)
+    lease = pool.acquire(a)
+    fill(tiny_engine, lease.session, a)
+    pool.release(lease)
+    second = pool.acquire(b)
+    if hasattr(lease.session.cache, "clone"):
+        assert (second.how, second.cached_tokens) == ("fork", shared)
+        assert second.session.cache.ids == a[:shared]
+    else:
+        assert (second.how, second.cached_tokens) == ("new", 0)
 
 
 def test_lru_eviction_keeps_the_pool_under_its_budget(tiny_engine, ids):

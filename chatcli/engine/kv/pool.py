@@ -11,7 +11,10 @@ templated ids (`engine.fit_prompt`). Then:
   prefills only what follows the common prefix;
 - the request diverges inside the session (another client with the same system
   prompt, a retry of a reply): the session is *forked* — its cache copied and
-  cropped to the common prefix — so the original branch stays whole for its owner;
+  cropped to the common prefix — so the original branch stays whole for its owner.
+  A cache with its own `clone` copies only that prefix, so even a chat template's
+  own header is worth it (Llama 3's date lines: 24 ids every request shares);
+  one copied whole (transformers' cache) forks from `MIN_FORK_TOKENS` shared ids;
 - nothing useful is shared: a new session.
 
 Entries are keyed: by a conversation id where the caller has one (the TUI), or by
@@ -37,7 +40,8 @@ from enum import StrEnum
 from chatcli.engine.kv.prefix import reusable_prefix
 from chatcli.engine.kv.session import Session
 
-MIN_FORK_TOKENS = 32  # a shorter shared prefix is cheaper to prefill again than to copy
+MIN_FORK_TOKENS = 32  # a cache copied whole: a shorter shared prefix is cheaper to prefill again
+MIN_CLONE_TOKENS = 8  # a cache that copies only the shared prefix (`clone`): a few ids already pay for the copy
 
 
 def fork_session(session: Session, keep: int) -> Session:
@@ -80,8 +84,10 @@ class SessionPool:
         self,
         new_session: Callable[[], Session],
         budget_bytes: int,
-        min_fork_tokens: int = MIN_FORK_TOKENS,
+        min_fork_tokens: int | None = None,
     ) -> None:
+        """`min_fork_tokens`: the shared ids a fork needs, for every cache; None: `MIN_CLONE_TOKENS` where the
+        cache has `clone`, else `MIN_FORK_TOKENS`."""
         if budget_bytes < 0:
             raise ValueError("the cache budget must be >= 0 bytes")
         self.new_session = new_session
@@ -119,7 +125,7 @@ class SessionPool:
                     self._entries.move_to_end(best_key)
                     self.hits += 1
                     return Lease(best_key, entry.session, best, LeaseKind.HIT)
-                if best >= self.min_fork_tokens:
+                if best >= self._fork_threshold(entry.session):
                     session = self._fork(entry.session, best)
                     if session is not None:
                         self._entries[new_key] = _Entry(session, key is None, True, len(ids))
@@ -138,6 +144,11 @@ class SessionPool:
             if n > best or (n == best and n > 0):  # ties: the most recently used
                 best_key, best = k, n
         return best_key, best
+
+    def _fork_threshold(self, session: Session) -> int:
+        if self.min_fork_tokens is not None:
+            return self.min_fork_tokens
+        return MIN_CLONE_TOKENS if hasattr(session.cache, "clone") else MIN_FORK_TOKENS
 
     def _fork(self, session: Session, keep: int) -> Session | None:
         try:
