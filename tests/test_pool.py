@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
-from chatcli.engine.kv.pool import MIN_CLONE_TOKENS, MIN_FORK_TOKENS, SessionPool, fork_session
+from chatcli.engine.kv.pool import MIN_CLONE_TOKENS, MIN_FORK_TOKENS, SessionPool, clones_prefix, fork_session
 from chatcli.engine.kv.prefix import common_prefix
 from chatcli.engine.sample.sampling import SamplingParams
 
@@ -151,7 +151,7 @@ def test_a_shared_system_prompt_forks_where_the_cache_copies_only_the_prefix(tin
     fill(tiny_engine, lease.session, a)
     pool.release(lease)
     second = pool.acquire(b)
-    if hasattr(lease.session.cache, "clone"):
+    if clones_prefix(lease.session.cache):
         assert (second.how, second.cached_tokens) == ("fork", shared)
         assert second.session.cache.ids == a[:shared]
     else:

@@ -44,10 +44,15 @@ MIN_FORK_TOKENS = 32  # a cache copied whole: a shorter shared prefix is cheaper
 MIN_CLONE_TOKENS = 8  # a cache that copies only the shared prefix (`clone`): a few ids already pay for the copy
 
 
+def clones_prefix(cache) -> bool:
+    """Whether `cache` copies only a prefix (a runner's own `clone`); else a fork copies it whole, then crops."""
+    return hasattr(cache, "clone")
+
+
 def fork_session(session: Session, keep: int) -> Session:
     """A new session whose cache holds a copy of the first `keep` ids of `session`'s cache."""
     cache = session.cache
-    if hasattr(cache, "clone"):  # a runner's own cheap copy, where it has one
+    if clones_prefix(cache):
         clone = cache.clone(keep)
     else:
         shared = getattr(cache, "_config", None)  # the model config: shared, not copied
@@ -148,7 +153,7 @@ class SessionPool:
     def _fork_threshold(self, session: Session) -> int:
         if self.min_fork_tokens is not None:
             return self.min_fork_tokens
-        return MIN_CLONE_TOKENS if hasattr(session.cache, "clone") else MIN_FORK_TOKENS
+        return MIN_CLONE_TOKENS if clones_prefix(session.cache) else MIN_FORK_TOKENS
 
     def _fork(self, session: Session, keep: int) -> Session | None:
         try:
