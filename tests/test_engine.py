@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from chatcli.engine.engine import ContextOverflow, Finished, Prefilled, Token, common_prefix
+from chatcli.engine.engine import ContextOverflow, Finished, Prefilled, PromptCancelled, Token, common_prefix
 from chatcli.engine.sample.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
@@ -168,6 +168,50 @@ def test_overflow_drops_oldest_turns_keeps_system(tiny_engine):
     done = run(tiny_engine, messages, tiny_engine.new_session(), params)
     assert done.stats.truncated_turns == dropped
     assert done.stats.context_tokens <= tiny_engine.context_limit
+
+
+def dropping_one_at_a_time(engine, messages, params):
+    """What fit_prompt returned before it searched: the oldest exchange dropped, one at a time, until the rest fits."""
+    room = min(params.max_tokens, max(1, engine.context_limit // 4))
+    system, turns = messages[:1], messages[1:]
+    dropped = 0
+    while True:
+        ids = engine.tokenizer.encode_chat(system + turns)
+        starts = [i for i, m in enumerate(turns) if m["role"] == "user"]
+        if len(ids) + room <= engine.context_limit or len(starts) < 2:
+            return ids, dropped
+        turns, dropped = turns[starts[1] :], dropped + 1
+
+
+@pytest.mark.parametrize("n_turns", [0, 1, 2, 3, 5, 12, 40, 300])
+def test_fit_prompt_keeps_what_dropping_one_exchange_at_a_time_kept(tiny_engine, n_turns):
+    params = GREEDY.with_(max_tokens=8)
+    messages = long_conversation(n_turns, words=3)
+    assert tiny_engine.fit_prompt(messages, params) == dropping_one_at_a_time(tiny_engine, messages, params)
+
+
+def test_fit_prompt_templates_a_bounded_share_of_a_huge_conversation(tiny_engine, monkeypatch):
+    """20,000 one-word messages (a hostile request under serve's 1 MiB cap): what fits is found by templating a
+    few hundred messages in all, where dropping one exchange at a time templated ~10^8 of them."""
+    templated = []
+    encode_chat = tiny_engine.tokenizer.encode_chat
+    monkeypatch.setattr(
+        tiny_engine.tokenizer,
+        "encode_chat",
+        lambda messages, tools=None: templated.append(len(messages)) or encode_chat(messages, tools),
+    )
+    messages = [{"role": "user", "content": "a"}] * 20_000
+    ids, dropped = tiny_engine.fit_prompt(messages, GREEDY)
+    assert len(ids) + GREEDY.max_tokens <= tiny_engine.context_limit
+    assert 0 < 20_000 - dropped < tiny_engine.context_limit
+    assert sum(templated) < 4 * tiny_engine.context_limit, templated
+
+
+def test_fit_prompt_stops_when_cancelled(tiny_engine):
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(PromptCancelled):
+        tiny_engine.fit_prompt([{"role": "user", "content": "a"}] * 2_000, GREEDY, cancel)
 
 
 def test_single_message_longer_than_context_is_an_error(tiny_engine):

@@ -54,7 +54,7 @@ from chatcli.engine.stats import TurnStats, known
 from chatcli.engine.text.toolcalls import HERMES, Call, CallScanner, new_call_id, parse_calls
 
 if TYPE_CHECKING:
-    from chatcli.engine.engine import ContextOverflow, Engine
+    from chatcli.engine.engine import ContextOverflow, Engine, PromptCancelled
     from chatcli.engine.kv.pool import LeaseKind, SessionPool, fork_session
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.verify import verify_model_files
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 _LAZY = {  # name -> the module that defines it, imported on first use (these bring numpy)
     "ContextOverflow": "chatcli.engine.engine",
     "Engine": "chatcli.engine.engine",
+    "PromptCancelled": "chatcli.engine.engine",
     "LeaseKind": "chatcli.engine.kv.pool",
     "SessionPool": "chatcli.engine.kv.pool",
     "fork_session": "chatcli.engine.kv.pool",
@@ -103,6 +104,7 @@ __all__ = [
     "LoadError",
     "LoadOptions",
     "Prefilled",
+    "PromptCancelled",
     "RemoteEngine",
     "RemoteError",
     "ResponseFormat",

@@ -56,6 +56,10 @@ class ContextOverflow(ValueError):
     """The newest message alone does not fit the model's context."""
 
 
+class PromptCancelled(Exception):
+    """The turn was cancelled while its prompt was templated (`Engine.fit_prompt`'s `cancel`)."""
+
+
 class Engine:
     keeps_cache = True  # sessions hold their KV cache in this process
 
@@ -166,27 +170,67 @@ class Engine:
 
     # -- ingress --------------------------------------------------------------
 
-    def fit_prompt(self, messages: Sequence[dict], params: SamplingParams) -> tuple[list[int], int]:
-        """Template the conversation (with `params.tools`); drop the oldest turns (never the system prompt)
-        to leave room for a reply."""
+    def fit_prompt(
+        self, messages: Sequence[dict], params: SamplingParams, cancel: threading.Event | None = None
+    ) -> tuple[list[int], int]:
+        """Template the conversation (with `params.tools`); drop the oldest exchanges (never the system
+        prompt) to leave room for a reply. The ids and the number of exchanges dropped.
+
+        Bounded whatever the conversation's length: the whole of it is templated once where it has no
+        more messages than the context has positions (every template spends a token a message), and
+        fits then; else the newest 1, 2, 4 … exchanges are templated until they no longer fit, and a
+        binary search between the last two counts finds the most that do. Each templating holds at most
+        about twice what fits, so 20,000 messages cost what a conversation of the context's size does,
+        where dropping one exchange at a time templated the whole conversation once per exchange.
+        `cancel` (set when a server's client leaves) is checked before each templating: PromptCancelled."""
         limit = self.context_limit
         room = min(params.max_tokens, max(1, limit // 4))
+        tools = None if params.tools is None else params.tools.offered()
         system = [m for m in messages[:1] if m.get("role") == "system"]
         turns = list(messages[len(system) :])
-        dropped = 0
-        while True:
-            ids = self.tokenizer.encode_chat(system + turns, None if params.tools is None else params.tools.offered())
-            if len(ids) + room <= limit:
-                return ids, dropped
-            starts = [i for i, m in enumerate(turns) if m.get("role") == "user"]
-            if len(starts) < 2:  # only the newest user message is left
-                if len(ids) < limit:
-                    return ids, dropped  # it fits; the reply gets what room is left
-                raise ContextOverflow(
-                    f"the message is {len(ids)} tokens with the template; the model's context is {limit}"
-                )
-            turns = turns[starts[1] :]
-            dropped += 1  # one exchange: a user message and the replies after it
+        starts = [i for i, m in enumerate(turns) if m.get("role") == "user"]  # each exchange's first message
+        exchanges = max(1, len(starts))
+
+        def templated(kept: int) -> list[int]:  # the system prompt and the newest `kept` exchanges
+            if cancel is not None and cancel.is_set():
+                raise PromptCancelled("the request was cancelled while its prompt was templated")
+            newest = turns if kept >= exchanges else turns[starts[-kept] :]
+            return self.tokenizer.encode_chat(system + newest, tools)
+
+        def fits(ids: list[int]) -> bool:
+            return len(ids) + room <= limit
+
+        if len(messages) <= limit:
+            ids = templated(exchanges)
+            if fits(ids):
+                return ids, 0
+            worst = exchanges  # the fewest exchanges known not to fit
+        else:
+            worst = None
+        best, best_ids = 0, None  # the most exchanges known to fit, and their ids
+        kept = 1
+        while worst is None or kept < worst:
+            ids = templated(kept)
+            if not fits(ids):
+                worst = kept
+                break
+            best, best_ids = kept, ids
+            if kept >= exchanges:
+                return ids, 0
+            kept = min(2 * kept, exchanges)
+        if best == 0:  # the newest exchange alone leaves no room for a whole reply
+            ids = ids if worst == 1 else templated(1)
+            if len(ids) < limit:
+                return ids, exchanges - 1  # it fits; the reply gets what room is left
+            raise ContextOverflow(f"the message is {len(ids)} tokens with the template; the model's context is {limit}")
+        while worst - best > 1:
+            middle = (best + worst) // 2
+            ids = templated(middle)
+            if fits(ids):
+                best, best_ids = middle, ids
+            else:
+                worst = middle
+        return best_ids, exchanges - best
 
     def fit_raw(self, target: list[int]) -> list[int]:
         """A raw prompt's ids, when they leave room for at least one reply token (else ContextOverflow)."""
