@@ -373,9 +373,12 @@ def _store():
     from chatcli.chat.store import Store, StoreError
 
     try:
-        return Store()
+        store = Store()
     except StoreError as exc:
         raise UserError(str(exc)) from None
+    if store.recovered:  # a `history --recover` killed half way, finished on opening
+        click.echo(f"note: {store.recovered}", err=True)
+    return store
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from chatcli.chat.conversation import Conversation, Message
 from chatcli.chat.export import from_export, to_export
+from chatcli.chat.recovery import RecoveryError, opened
 from chatcli.chat.schema import SCHEMA_V1, SCHEMA_VERSION, UPGRADES
 from chatcli.errors import UserError
 from chatcli.paths import data_dir
@@ -96,6 +97,19 @@ class Store:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or database_path()
         self.damage: str | None = None  # set when a read went around a damaged page (the line to show)
+        # held shared while open (a `--recover` waits for no chat), once a recovery cut short is finished
+        try:
+            self.lock, finished = opened(self.path)
+        except RecoveryError as exc:
+            raise StoreError(str(exc)) from None
+        self.recovered: str | None = finished.line(self.path) if finished else None  # that recovery's line
+        try:
+            self._open()
+        except BaseException:
+            self.lock.close()
+            raise
+
+    def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
@@ -139,6 +153,7 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+        self.lock.close()
 
     # -- writes: one transaction each ---------------------------------------------
 
