@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from chatcli.chat.recovery import plan_path, recovered_path
 from chatcli.chat.salvage import salvage
 from chatcli.chat.store import Store, StoreError
 from tests.test_store_damage import damaged_store
@@ -24,6 +25,7 @@ CONVERSATIONS = 40
 KILLED_AT_STEP = """
 import os, signal, sys
 from pathlib import Path
+from chatcli.chat.recovery import plan_path, recovered_path
 from chatcli.chat.salvage import salvage
 
 at, count = int(sys.argv[2]), [0]
@@ -112,19 +114,33 @@ def test_a_recovery_waits_for_no_one_and_says_who_holds_the_database(tmp_path):
     assert salvage(path).conversations == 12
 
 
+def killed_half_way(path: Path) -> list[str]:
+    """A database whose recovery was killed with the damaged file moved aside and the copy not yet in
+    (no `chatcli.db` at all); its conversations' ids."""
+    for step in range(1, 100):
+        for leftover in path.parent.iterdir():
+            if leftover.is_file():
+                leftover.unlink()
+        ids, _bad = damaged_store(path)
+        killed = recover_killed_at(path, step)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        if plan_path(path).exists() and not path.exists():
+            return ids
+    raise AssertionError("no step left the recovery half done")
+
+
+def test_a_recovery_whose_copy_was_deleted_by_hand_is_undone(tmp_path):
+    path = tmp_path / "chatcli.db"
+    ids = killed_half_way(path)
+    recovered_path(path).unlink()
+    assert listed(path) == set(ids)  # the damaged file back in its place, every conversation in it
+    assert not plan_path(path).exists() and kept(tmp_path) == []
+
+
 def test_history_after_a_killed_recovery_lists_every_conversation_and_says_it_finished(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATCLI_DATA_DIR", str(tmp_path))
     path = tmp_path / "chatcli.db"
-    ids, _bad = damaged_store(path)
-    for step in range(1, 100):  # the last step that leaves the recovery half done: the copy in place, not yet told
-        killed = recover_killed_at(path, step)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
-        if (tmp_path / "chatcli.db.recovering").exists() and not path.exists():
-            break
-        for leftover in tmp_path.iterdir():
-            if leftover.is_file():
-                leftover.unlink()
-        damaged_store(path)
+    ids = killed_half_way(path)
     history = subprocess.run(
         [sys.executable, "-m", "chatcli", "history"], capture_output=True, text=True, timeout=120, env=os.environ
     )

@@ -125,21 +125,24 @@ def finish(path: Path) -> Salvaged | None:
     plan_file = plan_path(path)
     try:
         plan = json.loads(plan_file.read_text(encoding="utf-8"))
+        kept = path.with_name(plan["kept"])
+        done = Salvaged(plan["conversations"], plan["messages"], plan["lost"], kept, finished=True)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:  # written whole or not at all: only a hand could get here
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # written whole or not at all: only by hand
         raise RecoveryError(f"cannot read {plan_file} ({exc}); move it away to open the database as it is") from None
-    kept, recovered = path.with_name(plan["kept"]), recovered_path(path)
+    recovered = recovered_path(path)
     if recovered.exists():  # 3 and 4: the damaged file aside, the copy in
         for suffix in (*SIDE_FILES, ""):
             if Path(f"{path}{suffix}").exists():
                 _move(Path(f"{path}{suffix}"), Path(f"{kept}{suffix}"))
         _move(recovered, path)
-    elif not path.exists() and kept.exists():  # the copy lost (by hand): undo, the kept file back
+    elif not path.exists() and kept.exists():  # the copy lost (by hand): undone, the damaged file back
         for suffix in ("", *SIDE_FILES):
             if Path(f"{kept}{suffix}").exists():
                 _move(Path(f"{kept}{suffix}"), Path(f"{path}{suffix}"))
+        done = None
     fsync(path.parent)
     plan_file.unlink()  # 5
     fsync(path.parent)
-    return Salvaged(plan["conversations"], plan["messages"], plan["lost"], kept, finished=True)
+    return done
