@@ -230,6 +230,66 @@ def test_a_server_that_is_not_an_openai_one(faults, scenario, words):
     assert words in one_line(exc)
 
 
+# -- a hostile or broken server: every shape is one line, every size is bounded -----------------
+
+
+@pytest.mark.parametrize(
+    ("scenario", "words"),
+    [
+        ("content5", "choices[0].delta.content is 5, not text"),
+        ("notalist", 'choices is "notalist", not a list'),
+        ("badchoice", "choices[0] is 5, not an object"),
+        ("badtools", 'choices[0].delta.tool_calls[0].index is "first", not a count'),
+        ("badusage", 'usage.prompt_tokens is "many", not a count'),
+        ("deep", "an event that is not JSON: '[[[["),
+    ],
+)
+def test_a_chunk_of_the_wrong_shape_ends_the_turn_in_one_line_and_keeps_the_text(faults, scenario, words):
+    done = turn(fault(faults, scenario).connect(), USER)[-1]
+    assert done.finish_reason == FinishReason.ERROR and done.reply == "Hello"
+    assert done.error.startswith(f"a malformed event from the server: {words}") and "\n" not in done.error
+
+
+@pytest.mark.parametrize("scenario", ["notjson-first", "content5-first"])
+def test_a_wrong_shape_before_any_text_is_a_remote_error(faults, scenario):
+    with pytest.raises(RemoteError) as exc:
+        turn(fault(faults, scenario).connect(), USER)
+    assert one_line(exc).startswith(f"{faults.url}/{scenario}/v1: a malformed event from the server: ")
+
+
+def test_an_event_line_that_never_ends_stops_at_the_cap(faults):
+    with pytest.raises(RemoteError) as exc:
+        turn(fault(faults, "endlessline").connect(), USER)
+    assert one_line(exc).endswith("the server sent an event line over 1 MiB (it never ended)")
+    state = faults.app.state.faults
+    assert state.left.wait(5) and not state.sent_all.is_set()  # the client left after about 1 MiB of 13 GB
+
+
+def test_a_reply_past_max_tokens_is_cut_there(faults):
+    events = turn(fault(faults, "overrun").connect(), USER, params=SamplingParams(temperature=0, max_tokens=10))
+    done = events[-1]
+    assert done.finish_reason == FinishReason.LENGTH and done.error is None
+    assert done.reply.startswith("Hello la la") and done.reply.count(" la") <= 10 + 64  # reply_cap's margin
+    state = faults.app.state.faults
+    assert state.left.wait(5) and not state.sent_all.is_set()  # 200,000 chunks were on their way
+
+
+@pytest.mark.parametrize(
+    ("scenario", "words"),
+    [("modelsshape", 'data is "everything", not a list'), ("models5", "data[0].id is 5, not text")],
+)
+def test_a_list_of_models_of_the_wrong_shape_is_one_line(faults, scenario, words):
+    with pytest.raises(RemoteError) as exc:
+        fault(faults, scenario).connect()
+    assert one_line(exc) == f"{faults.url}/{scenario}/v1/models answered {words}: is it an OpenAI-compatible server?"
+
+
+def test_an_error_body_of_the_wrong_shape_is_one_line(faults):
+    with pytest.raises(RemoteError) as exc:
+        turn(fault(faults, "listerror", model=MODEL), USER)
+    assert one_line(exc) == f"{faults.url}/listerror/v1 answered 500: Internal Server Error"
+
+
 # -- the one-shot over HTTP -------------------------------------------------------------
 
 
@@ -303,3 +363,25 @@ def test_the_configs_key_and_model_go_only_to_the_configs_server(faults, tmp_pat
     assert other.api_key is None  # the config's key is not sent to it
     assert other.load_engine().name == MODEL  # nor its model named: the server's first
     assert start_options(api=faults.url + "/ok", api_key="x", model="m").api_key == "x"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "printed", "words"),
+    [
+        ("content5", "Hello", "chatcli: error: a malformed event from the server: choices[0].delta.content is 5"),
+        ("notalist", "Hello", 'chatcli: error: a malformed event from the server: choices is "notalist"'),
+        ("endlessline", "", "/endlessline/v1: the server sent an event line over 1 MiB (it never ended)"),
+    ],
+)
+def test_a_hostile_server_is_one_line_on_the_command_line(faults, cli, scenario, printed, words):
+    result = cli("--api", f"{faults.url}/{scenario}", "-p", "Hi")
+    err = result.stderr.decode().strip().splitlines()
+    assert result.returncode == 1 and len(err) == 1 and words in err[0], result.stderr
+    assert result.stdout.decode().strip() == printed
+
+
+def test_a_server_past_max_tokens_on_the_command_line(faults, cli):
+    result = cli("--api", f"{faults.url}/overrun", "-p", "Hi", "--max-tokens", "10", "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["finish_reason"] == "length" and record["reply"].count(" la") <= 10 + 64

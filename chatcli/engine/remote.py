@@ -9,9 +9,12 @@ server's `completion_tokens` when it reports usage), and prompt and cached token
 usage (`prompt_tokens_details.cached_tokens`), None (shown as n/a) where the server says nothing.
 
 Faults are `RemoteError`, one line each: refused connections, unknown hosts, 401, 404, 429 and
-503 (with their Retry-After), timeouts. A stream cut mid-reply, or an event that is not JSON, ends
-the turn with `FinishReason.ERROR` and the text so far, so nothing received is lost. A cancel
-closes the stream: the server sees the client leave and stops generating.
+503 (with their Retry-After), timeouts, and whatever a server sends that is not OpenAI's shape
+(`remote_wire.py` checks it all, in one place: a field of the wrong type, an event line over 1 MiB,
+a body over 16 MiB). Once text has come, a stream cut mid-reply or a wrong shape ends the turn with
+`FinishReason.ERROR` and the text so far instead, so nothing received is lost. A reply that runs
+past `max_tokens` by `reply_cap`'s margin is cut there, `FinishReason.LENGTH`: the engine stops
+reading. A cancel closes the stream: the server sees the client leave and stops generating.
 
 Tools (`SamplingParams.tools`, an assistant's `tool_calls`, `tool` results) go to the server as
 OpenAI's fields (`chatcli.engine.remote_tools`). The server's structured calls come back in the
@@ -21,7 +24,7 @@ in `Finished.reply` — so a consumer reads a reply's calls the same way from ei
 Tokens (`call_syntax`: `chatcli.engine.events`; here it is `RemoteEngine.tool_syntax`, HERMES).
 A reply of calls finishes with `FinishReason.STOP`. A 400 to a request with tools says so, one line.
 
-httpx and httpx-sse, imported when a remote engine is made: a local start does not pay for them.
+httpx, imported when a remote engine is made: a local start does not pay for them.
 """
 
 from __future__ import annotations
@@ -35,10 +38,21 @@ from pathlib import Path
 from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
 from chatcli.engine.params import SamplingParams
 from chatcli.engine.remote_tools import HINT, SYNTAX, CallParts, tool_fields, wire_messages
+from chatcli.engine.remote_wire import (
+    Usage,
+    WireError,
+    error_message,
+    events,
+    parse_chunk,
+    parse_models,
+    reply_cap,
+)
 from chatcli.engine.stats import TurnStats
-from chatcli.errors import one_line
+from chatcli.errors import clip, one_line
 
 TIMEOUT_S = 60.0  # to connect, and between two events of a stream
+BODY_CAP = 16 << 20  # bytes of a whole answer (/models, an error): OpenRouter's list of models is under 1 MiB
+SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
 EXTRAS = ("top_k", "min_p", "repetition_penalty")  # sampling fields OpenAI's own API does not take
 
 
@@ -90,8 +104,8 @@ class RemoteEngine:
 
     def connect(self) -> RemoteEngine:
         """Ask the server for its models (checks the URL and the key); pick the first when none was named."""
-        self.listed = self._get("/models").get("data") or []
-        ids = [m.get("id") for m in self.listed if isinstance(m, dict)]
+        self.listed = self._models()
+        ids = [m["id"] for m in self.listed]
         if not self.name:
             if not ids:
                 raise RemoteError(f"{self.url}/models lists no model: name one with --model")
@@ -105,20 +119,27 @@ class RemoteEngine:
 
     def models(self) -> list[str]:
         """The ids the server lists now."""
-        return [m.get("id") for m in self._get("/models").get("data") or [] if isinstance(m, dict)]
+        return [m["id"] for m in self._models()]
 
-    def _get(self, path: str) -> dict:
+    def _models(self) -> list[dict]:
+        try:
+            return parse_models(self._get("/models"))
+        except WireError as exc:
+            raise RemoteError(f"{self.url}/models answered {exc}: is it an OpenAI-compatible server?") from None
+
+    def _get(self, path: str):
         import httpx
 
         try:
-            response = self.client.get(self.url + path)
+            with self.client.stream("GET", self.url + path) as response:
+                body = _read_capped(response)
         except httpx.HTTPError as exc:
             raise RemoteError(self._transport(exc)) from None
         if response.status_code >= 400:
-            raise RemoteError(self._status(response))
+            raise RemoteError(self._status(response, body))
         try:
-            return response.json()
-        except ValueError:
+            return json.loads(body)
+        except (ValueError, RecursionError):
             raise RemoteError(f"{self.url}{path} did not answer JSON: is it an OpenAI-compatible server?") from None
 
     # -- the ChatEngine protocol -------------------------------------------------------
@@ -194,37 +215,42 @@ class RemoteEngine:
 
     def _stream(self, messages, session, params, cancel, t_submit) -> Iterator[Event]:
         import httpx
-        from httpx_sse import SSEError, connect_sse
 
-        turn = _Turn(t_submit)
+        turn = _Turn(t_submit, params.max_tokens)
         url = self.url + "/chat/completions"
         body = self.body(messages, params)
         try:
-            with connect_sse(self.client, "POST", url, json=body) as source:
-                response = source.response
+            with self.client.stream("POST", url, json=body, headers=SSE_HEADERS) as response:
                 if response.status_code >= 400:
-                    response.read()
-                    if response.status_code == 400 and self.send_extras and _names_extra(response):
+                    answer = _read_capped(response)
+                    if response.status_code == 400 and self.send_extras and _names_extra(answer):
                         raise _ExtrasRefused
                     hint = HINT if response.status_code == 400 and "tools" in body else ""
-                    raise RemoteError(self._status(response) + hint)
+                    raise RemoteError(self._status(response, answer) + hint)
+                kind = response.headers.get("content-type", "").partition(";")[0].strip()
+                if kind != "text/event-stream":
+                    raise RemoteError(f"{url} answered {kind or 'no content type'}, not a stream of events")
                 closer = _close_on(cancel, response)
                 try:
-                    for sse in source.iter_sse():
-                        if sse.data.strip() == "[DONE]":
+                    for data in events(response.iter_bytes()):
+                        if data.strip() == "[DONE]":
                             break
-                        yield from turn.take(sse.data)
-                        if turn.error:
+                        yield from turn.take(data)
+                        if turn.error or turn.over:
                             break
+                except WireError as exc:  # a line that never ends
+                    turn.fail(f"the server sent {exc}")
                 finally:
                     closer.set()
         except (RemoteError, _ExtrasRefused):
             raise
-        except (httpx.HTTPError, httpx.StreamError, SSEError) as exc:
+        except (httpx.HTTPError, httpx.StreamError) as exc:
             if not cancel.is_set():
                 if not turn.started:
                     raise RemoteError(self._transport(exc)) from None
                 turn.fail(f"the server's stream ended mid-reply ({one_line(exc)})")
+        if turn.error and not turn.started and not cancel.is_set():  # nothing received: the turn did not happen
+            raise RemoteError(f"{self.url}: {turn.error}")
         if cancel.is_set() and not turn.error:
             turn.reason = FinishReason.CANCELLED
         yield from turn.calls_out()  # those of a stream that ended without a finish_reason
@@ -234,12 +260,9 @@ class RemoteEngine:
         stats = self._stats(turn.usage, turn.chunks, t_submit, turn.t_first, t_end, session)
         yield Finished("".join(turn.reply), turn.reason, stats, turn.error)
 
-    def _stats(self, usage: dict, chunks: int, t_submit: float, t_first: float | None, t_end: float, session):
-        prompt = usage.get("prompt_tokens")
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        completion = usage.get("completion_tokens") or chunks
-        drafted = usage.get("completion_tokens_details") or {}  # a server's drafts (Predicted Outputs' fields)
-        accepted = drafted.get("accepted_prediction_tokens") or 0
+    def _stats(self, usage: Usage, chunks: int, t_submit: float, t_first: float | None, t_end: float, session):
+        prompt, cached = usage.prompt_tokens, usage.cached_tokens
+        completion = usage.completion_tokens or chunks
         decode_s = t_end - t_first if t_first is not None else 0.0
         if prompt is not None:
             session.cache.tokens = prompt + completion
@@ -255,9 +278,9 @@ class RemoteEngine:
             kv_cache_bytes=None,
             context_tokens=session.cache.tokens,
             context_limit=self.context_limit,
-            truncated_turns=usage.get("truncated_turns") or 0,
-            draft_tokens=accepted + (drafted.get("rejected_prediction_tokens") or 0),
-            accepted_tokens=accepted,
+            truncated_turns=usage.truncated_turns,
+            draft_tokens=usage.accepted_tokens + usage.rejected_tokens,
+            accepted_tokens=usage.accepted_tokens,
         )
 
     # -- errors in one line ----------------------------------------------------------
@@ -271,14 +294,13 @@ class RemoteEngine:
             return f"cannot connect to {self.url}: {one_line(exc)}"
         return f"{self.url}: {one_line(exc)}"
 
-    def _status(self, response) -> str:
+    def _status(self, response, body: bytes) -> str:
         code = response.status_code
         try:
-            detail = response.json().get("error")
-            detail = detail.get("message") if isinstance(detail, dict) else detail
-        except ValueError:
+            detail = error_message(json.loads(body))
+        except (ValueError, RecursionError):
             detail = None
-        detail = one_line(Exception(detail or response.reason_phrase or "no reason given"))
+        detail = clip(one_line(Exception(detail or response.reason_phrase or "no reason given")), 300)
         line = f"{self.url} answered {code}: {detail}"
         if code == 401:
             return line + " (check --api-key or $CHATCLI_API_KEY)"
@@ -286,26 +308,33 @@ class RemoteEngine:
             return line + f" (model {self.name!r}: /models lists the server's)"
         retry = response.headers.get("retry-after")
         if code in (429, 503):
-            return line + (f"; retry after {retry} s" if retry else "; retry later")
+            return line + (f"; retry after {clip(retry, 20)} s" if retry else "; retry later")
         return line
 
 
 class _Turn:
-    """One streamed reply as its chunks arrive: the text, the usage, how it ended."""
+    """One streamed reply as its chunks arrive: the text, the usage, how it ended; `over` once the
+    server has sent more than `max_tokens` allows (`reply_cap`): the engine stops reading, `length`."""
 
-    def __init__(self, t_submit: float) -> None:
+    def __init__(self, t_submit: float, max_tokens: int) -> None:
         self.t_submit = t_submit
         self.t_first: float | None = None
         self.reply: list[str] = []
         self.calls = CallParts()
         self.chunks = 0
-        self.usage: dict = {}
+        self.usage = Usage()
         self.reason = FinishReason.LENGTH  # a stream that ends without saying why ran out
         self.error: str | None = None
+        self.events, self.size = 0, 0
+        self.cap = reply_cap(max_tokens)
 
     @property
     def started(self) -> bool:
         return self.t_first is not None
+
+    @property
+    def over(self) -> bool:
+        return self.events > self.cap[0] or self.size > self.cap[1]
 
     def fail(self, error: str) -> None:
         self.reason, self.error = FinishReason.ERROR, error
@@ -313,21 +342,20 @@ class _Turn:
     def take(self, data: str) -> Iterator[Event]:
         """The events of one `data:` line: Prefilled before the first text, a Token per text chunk."""
         try:
-            chunk = json.loads(data)
-        except ValueError:
-            self.fail(f"a malformed event from the server: {data[:60]!r}")
+            chunk = parse_chunk(data)
+        except WireError as exc:
+            self.fail(f"a malformed event from the server: {exc}")
             return
-        if not isinstance(chunk, dict):
-            self.fail(f"a malformed event from the server: {data[:60]!r}")
+        if chunk.error is not None:
+            self.fail(f"the server stopped: {chunk.error}")
             return
-        if chunk.get("error") and not chunk.get("choices"):  # OpenAI-style error event mid-stream
-            detail = chunk["error"].get("message") if isinstance(chunk["error"], dict) else chunk["error"]
-            self.fail(f"the server stopped: {detail}")
+        self.events, self.size = self.events + 1, self.size + chunk.size
+        if self.over:  # the reply ran past max_tokens: what came before is kept
+            self.reason = FinishReason.LENGTH
             return
-        self.usage = chunk.get("usage") or self.usage
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            text, parts = delta.get("content") or "", delta.get("tool_calls")
+        self.usage = chunk.usage or self.usage
+        for choice in chunk.choices:
+            text, parts = choice.text, choice.tool_calls
             if text or parts:
                 if self.t_first is None:
                     self.t_first = time.perf_counter()
@@ -336,9 +364,8 @@ class _Turn:
                 self.calls.take(parts)
             if text:
                 yield self._token(text)
-            ended = choice.get("finish_reason")
-            if ended:  # "tool_calls" too: STOP, as the in-process engine's reply of calls
-                self.reason = FinishReason.LENGTH if ended == "length" else FinishReason.STOP
+            if choice.finish_reason:  # "tool_calls" too: STOP, as the in-process engine's reply of calls
+                self.reason = FinishReason.LENGTH if choice.finish_reason == "length" else FinishReason.STOP
                 yield from self.calls_out()
 
     def calls_out(self) -> Iterator[Token]:
@@ -358,9 +385,19 @@ class _ExtrasRefused(Exception):
     """A 400 that names one of EXTRAS: the request goes again without them."""
 
 
-def _names_extra(response) -> bool:
-    text = response.text.lower()
+def _names_extra(body: bytes) -> bool:
+    text = body.decode("utf-8", "replace").lower()
     return any(name in text for name in EXTRAS)
+
+
+def _read_capped(response, cap: int = BODY_CAP) -> bytes:
+    """A whole body, `cap` bytes at most (a RemoteError past them: a server's answer is far smaller)."""
+    body = bytearray()
+    for part in response.iter_bytes():
+        body += part
+        if len(body) > cap:
+            raise RemoteError(f"{response.url} answered more than {cap >> 20} MiB: is it an OpenAI-compatible server?")
+    return bytes(body)
 
 
 def _close_on(cancel: threading.Event, response) -> threading.Event:

@@ -60,25 +60,25 @@ class CallParts:
     def __init__(self) -> None:
         self.calls: dict[int, dict] = {}
 
-    def take(self, parts) -> None:
-        for part in parts if isinstance(parts, list) else ():
-            if isinstance(part, dict):
-                self._take(part)
+    def take(self, parts: list[dict]) -> None:
+        """A chunk's parts, as `remote_wire.parse_chunk` checked them (each field of its type or None)."""
+        for part in parts:
+            self._take(part)
 
     def _take(self, part: dict) -> None:
         index, call_id = part.get("index"), part.get("id")
-        if not isinstance(index, int):
+        if index is None:
             same = [i for i, call in self.calls.items() if call_id and call["id"] == call_id]
             last = max(self.calls, default=-1)
             index = same[0] if same else last if last >= 0 and not call_id else last + 1
         call = self.calls.setdefault(index, {"id": None, "name": "", "arguments": ""})
-        function = part.get("function") if isinstance(part.get("function"), dict) else {}
+        function = part.get("function") or {}
         call["id"] = call_id or call["id"]
         call["name"] = function.get("name") or call["name"]
         arguments = function.get("arguments")
-        if isinstance(arguments, dict):
+        if isinstance(arguments, dict):  # a whole object (ollama), else text fragments
             call["arguments"] = json.dumps(arguments, ensure_ascii=False)
-        elif isinstance(arguments, str):
+        elif arguments is not None:
             call["arguments"] += arguments
 
     def render(self, after_text: bool) -> str:
