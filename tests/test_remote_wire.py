@@ -9,12 +9,19 @@ import pytest
 
 from chatcli.engine.remote_wire import LINE_CAP, WireError, events, parse_chunk, reply_cap
 
+SSE = "text/event-stream; charset=utf-8"
+
 
 def test_events_across_chunks_and_line_ends():
     body = [b"data: one\r", b"\n\r\n: a comment\n", b"data: two\ndata: lines\r\rid: 3\nda", b"ta: [DONE]\n\n"]
-    assert list(events(body)) == ["one", "two\nlines", "[DONE]"]
-    assert list(events([bytes([b]) for b in b"data: byte by byte\r\n\r\n"])) == ["byte by byte"]
-    assert list(events([b"data: never finished"])) == []  # an event without its blank line is not one
+    assert list(events(body, SSE)) == ["one", "two\nlines", "[DONE]"]
+    assert list(events([bytes([b]) for b in b"data: byte by byte\r\n\r\n"], SSE)) == ["byte by byte"]
+    assert list(events([b"data: never finished"], SSE)) == []  # an event without its blank line is not one
+
+
+def test_a_body_that_is_not_a_stream_of_events():
+    with pytest.raises(WireError, match=r"^text/html, not a stream of events \(text/event-stream\)$"):
+        list(events([b"<html>"], "text/html; charset=utf-8"))
 
 
 def test_a_line_that_never_ends_stops_at_the_cap():
@@ -27,13 +34,13 @@ def test_a_line_that_never_ends_stops_at_the_cap():
             yield chunk
 
     with pytest.raises(WireError, match=r"^an event line over 1 MiB \(it never ended\)$"):
-        list(events(endless()))
+        list(events(endless(), SSE))
     assert LINE_CAP <= sum(read) <= LINE_CAP + 65536  # read to the cap, and not a chunk further
 
 
 def test_an_event_of_many_lines_stops_at_the_cap():
     with pytest.raises(WireError, match="^an event over 1 MiB$"):
-        list(events(itertools.repeat(b"data: " + b"a" * 1000 + b"\n")))
+        list(events(itertools.repeat(b"data: " + b"a" * 1000 + b"\n"), SSE))
 
 
 def test_a_chunk_is_checked_and_read():

@@ -9,12 +9,11 @@ server's `completion_tokens` when it reports usage), and prompt and cached token
 usage (`prompt_tokens_details.cached_tokens`), None (shown as n/a) where the server says nothing.
 
 Faults are `RemoteError`, one line each: refused connections, unknown hosts, 401, 404, 429 and
-503 (with their Retry-After), timeouts, and whatever a server sends that is not OpenAI's shape
-(`remote_wire.py` checks it all, in one place: a field of the wrong type, an event line over 1 MiB,
-a body over 16 MiB). Once text has come, a stream cut mid-reply or a wrong shape ends the turn with
-`FinishReason.ERROR` and the text so far instead, so nothing received is lost. A reply that runs
-past `max_tokens` by `reply_cap`'s margin is cut there, `FinishReason.LENGTH`: the engine stops
-reading. A cancel closes the stream: the server sees the client leave and stops generating.
+503 (with their Retry-After), timeouts, and any shape or size OpenAI's API does not send (checked in
+one place, `remote_wire.py`). Once text has come, a stream cut mid-reply or a wrong shape ends the
+turn with `FinishReason.ERROR` and the text so far, so nothing received is lost; a reply past
+`max_tokens` (and `reply_cap`'s margin) ends `LENGTH`: the engine stops reading. A cancel closes the
+stream: the server sees the client leave and stops generating.
 
 Tools (`SamplingParams.tools`, an assistant's `tool_calls`, `tool` results) go to the server as
 OpenAI's fields (`chatcli.engine.remote_tools`). The server's structured calls come back in the
@@ -35,23 +34,14 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from chatcli.engine import remote_wire as wire
 from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
 from chatcli.engine.params import SamplingParams
 from chatcli.engine.remote_tools import HINT, SYNTAX, CallParts, tool_fields, wire_messages
-from chatcli.engine.remote_wire import (
-    Usage,
-    WireError,
-    error_message,
-    events,
-    parse_chunk,
-    parse_models,
-    reply_cap,
-)
 from chatcli.engine.stats import TurnStats
 from chatcli.errors import clip, one_line
 
 TIMEOUT_S = 60.0  # to connect, and between two events of a stream
-BODY_CAP = 16 << 20  # bytes of a whole answer (/models, an error): OpenRouter's list of models is under 1 MiB
 SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
 EXTRAS = ("top_k", "min_p", "repetition_penalty")  # sampling fields OpenAI's own API does not take
 
@@ -123,8 +113,8 @@ class RemoteEngine:
 
     def _models(self) -> list[dict]:
         try:
-            return parse_models(self._get("/models"))
-        except WireError as exc:
+            return wire.parse_models(self._get("/models"))
+        except wire.WireError as exc:
             raise RemoteError(f"{self.url}/models answered {exc}: is it an OpenAI-compatible server?") from None
 
     def _get(self, path: str):
@@ -132,7 +122,7 @@ class RemoteEngine:
 
         try:
             with self.client.stream("GET", self.url + path) as response:
-                body = _read_capped(response)
+                body = self._whole(response)
         except httpx.HTTPError as exc:
             raise RemoteError(self._transport(exc)) from None
         if response.status_code >= 400:
@@ -222,23 +212,20 @@ class RemoteEngine:
         try:
             with self.client.stream("POST", url, json=body, headers=SSE_HEADERS) as response:
                 if response.status_code >= 400:
-                    answer = _read_capped(response)
+                    answer = self._whole(response)
                     if response.status_code == 400 and self.send_extras and _names_extra(answer):
                         raise _ExtrasRefused
                     hint = HINT if response.status_code == 400 and "tools" in body else ""
                     raise RemoteError(self._status(response, answer) + hint)
-                kind = response.headers.get("content-type", "").partition(";")[0].strip()
-                if kind != "text/event-stream":
-                    raise RemoteError(f"{url} answered {kind or 'no content type'}, not a stream of events")
                 closer = _close_on(cancel, response)
                 try:
-                    for data in events(response.iter_bytes()):
+                    for data in wire.events(response.iter_bytes(), response.headers.get("content-type")):
                         if data.strip() == "[DONE]":
                             break
                         yield from turn.take(data)
                         if turn.error or turn.over:
                             break
-                except WireError as exc:  # a line that never ends
+                except wire.WireError as exc:  # not a stream of events, a line that never ends
                     turn.fail(f"the server sent {exc}")
                 finally:
                     closer.set()
@@ -260,7 +247,7 @@ class RemoteEngine:
         stats = self._stats(turn.usage, turn.chunks, t_submit, turn.t_first, t_end, session)
         yield Finished("".join(turn.reply), turn.reason, stats, turn.error)
 
-    def _stats(self, usage: Usage, chunks: int, t_submit: float, t_first: float | None, t_end: float, session):
+    def _stats(self, usage: wire.Usage, chunks: int, t_submit: float, t_first: float | None, t_end: float, session):
         prompt, cached = usage.prompt_tokens, usage.cached_tokens
         completion = usage.completion_tokens or chunks
         decode_s = t_end - t_first if t_first is not None else 0.0
@@ -285,6 +272,12 @@ class RemoteEngine:
 
     # -- errors in one line ----------------------------------------------------------
 
+    def _whole(self, response) -> bytes:
+        try:
+            return wire.whole(response.iter_bytes())
+        except wire.WireError as exc:
+            raise RemoteError(f"{response.url} answered {exc}: is it an OpenAI-compatible server?") from None
+
     def _transport(self, exc: BaseException) -> str:
         import httpx
 
@@ -297,7 +290,7 @@ class RemoteEngine:
     def _status(self, response, body: bytes) -> str:
         code = response.status_code
         try:
-            detail = error_message(json.loads(body))
+            detail = wire.error_message(json.loads(body))
         except (ValueError, RecursionError):
             detail = None
         detail = clip(one_line(Exception(detail or response.reason_phrase or "no reason given")), 300)
@@ -322,11 +315,11 @@ class _Turn:
         self.reply: list[str] = []
         self.calls = CallParts()
         self.chunks = 0
-        self.usage = Usage()
+        self.usage = wire.Usage()
         self.reason = FinishReason.LENGTH  # a stream that ends without saying why ran out
         self.error: str | None = None
         self.events, self.size = 0, 0
-        self.cap = reply_cap(max_tokens)
+        self.cap = wire.reply_cap(max_tokens)
 
     @property
     def started(self) -> bool:
@@ -342,8 +335,8 @@ class _Turn:
     def take(self, data: str) -> Iterator[Event]:
         """The events of one `data:` line: Prefilled before the first text, a Token per text chunk."""
         try:
-            chunk = parse_chunk(data)
-        except WireError as exc:
+            chunk = wire.parse_chunk(data)
+        except wire.WireError as exc:
             self.fail(f"a malformed event from the server: {exc}")
             return
         if chunk.error is not None:
@@ -388,16 +381,6 @@ class _ExtrasRefused(Exception):
 def _names_extra(body: bytes) -> bool:
     text = body.decode("utf-8", "replace").lower()
     return any(name in text for name in EXTRAS)
-
-
-def _read_capped(response, cap: int = BODY_CAP) -> bytes:
-    """A whole body, `cap` bytes at most (a RemoteError past them: a server's answer is far smaller)."""
-    body = bytearray()
-    for part in response.iter_bytes():
-        body += part
-        if len(body) > cap:
-            raise RemoteError(f"{response.url} answered more than {cap >> 20} MiB: is it an OpenAI-compatible server?")
-    return bytes(body)
 
 
 def _close_on(cancel: threading.Event, response) -> threading.Event:

@@ -8,7 +8,8 @@ line naming the field and what it held, never a TypeError three calls later.
 - `parse_chunk`: one `chat.completion.chunk` as a `Chunk`: each choice's text, tool-call parts and
   finish reason, the usage, an error event. The fields OpenAI's API sends are checked for their type
   (a count is an integer ≥ 0); the fields a server adds of its own are not read.
-- `parse_models`: `/v1/models`' list; `error_message`: the message of an error body, whatever its shape.
+- `parse_models`: `/v1/models`' list; `error_message`: the message of an error body, whatever its shape;
+  `whole`: such a body, at most `BODY_CAP` (16 MiB).
 - `reply_cap`: how many events and characters a reply of `max_tokens` may take: past them the server
   has not kept to `max_tokens`, and the engine stops reading (the turn ends `length`).
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from chatcli.errors import clip
 
 LINE_CAP = 1 << 20  # bytes of one event line, and of one event's data
+BODY_CAP = 16 << 20  # bytes of a whole answer (/models, an error): OpenRouter's list of models is under 1 MiB
 LONGEST_TOKEN = 256  # characters one token's text may hold (the longest in common vocabularies: well under)
 _EOL = re.compile(rb"\r\n|\r|\n")  # the line ends of text/event-stream
 
@@ -34,10 +36,13 @@ class WireError(Exception):
 # -- Server-Sent Events ---------------------------------------------------------------------
 
 
-def events(chunks: Iterable[bytes], cap: int = LINE_CAP) -> Iterator[str]:
+def events(chunks: Iterable[bytes], content_type: str | None, cap: int = LINE_CAP) -> Iterator[str]:
     """The data of each event in a text/event-stream body, as its bytes arrive in `chunks` (its `data:`
     lines joined by newlines; comments and other fields skipped; an event ends at a blank line). A
-    line or an event over `cap` bytes is a WireError."""
+    body of another `content_type`, and a line or an event over `cap` bytes, are a WireError."""
+    kind = (content_type or "").partition(";")[0].strip().lower()
+    if kind != "text/event-stream":
+        raise WireError(f"{kind or 'an answer without a content type'}, not a stream of events (text/event-stream)")
     buffer, data, size = bytearray(), [], 0
     scanned = 0  # where the next line end is looked for (the bytes before it hold none)
     for chunk in chunks:
@@ -63,6 +68,16 @@ def events(chunks: Iterable[bytes], cap: int = LINE_CAP) -> Iterator[str]:
         scanned = end.start() - start if end is not None else len(buffer)
         if len(buffer) > cap:
             raise WireError(f"an event line over {_bytes(cap)} (it never ended)")
+
+
+def whole(chunks: Iterable[bytes], cap: int = BODY_CAP) -> bytes:
+    """A whole body (/models, an error's), `cap` bytes at most: a WireError past them."""
+    body = bytearray()
+    for chunk in chunks:
+        body += chunk
+        if len(body) > cap:
+            raise WireError(f"more than {_bytes(cap)}")
+    return bytes(body)
 
 
 def _bytes(count: int) -> str:
