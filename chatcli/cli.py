@@ -336,6 +336,8 @@ def history(json_out, text, recover) -> None:
             click.echo(json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1))
         for h in hits if not json_out else ():
             click.echo(f"{h.conversation_id}  #{h.index + 1} {h.role:<9}  {h.title}\n    {h.snippet}")
+            if h.copies:  # the same message in a branch or an import: folded under it
+                click.echo(f"    {h.also_in()}")
         return
     store = _store()
     summaries = [s.to_dict() for s in store.summaries()]

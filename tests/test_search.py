@@ -19,7 +19,7 @@ def test_a_schema_1_database_is_migrated_and_indexed(tmp_path):
     shutil.copy(V1, path)
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 1
     store = Store(path)
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     assert [s.messages for s in store.summaries()] == [4, 2]  # nothing lost
     france = store.load("6bbcc0beb54c")
     assert [m.content for m in france.messages][1] == "The capital of France is Paris."
@@ -28,7 +28,7 @@ def test_a_schema_1_database_is_migrated_and_indexed(tmp_path):
     assert "[Paris]" in hits[0].snippet and hits[0].title == "What is the capital of France?"
     assert [h.index for h in store.search("cafe")] == [2]  # accents folded
     store.close()
-    assert Store(path).db.execute("PRAGMA user_version").fetchone()[0] == 4  # migrated once
+    assert Store(path).db.execute("PRAGMA user_version").fetchone()[0] == 5  # migrated once
 
 
 def saved(store: Store, *texts: str) -> Conversation:
@@ -111,7 +111,7 @@ def test_branches_are_stored_with_their_parent_and_listed_as_a_tree(tmp_path):
 
 
 def test_a_schema_2_database_gets_the_branch_columns(tmp_path):
-    """Schema 2 (the index, before branches) existed in this project's history: it upgrades to 3, then 4."""
+    """Schema 2 (the index, before branches) existed in this project's history: it upgrades to 3, 4, then 5."""
     from chatcli.chat.schema import SCHEMA_V1, SCHEMA_V2
 
     path = tmp_path / "chatcli.db"
@@ -122,5 +122,46 @@ def test_a_schema_2_database_gets_the_branch_columns(tmp_path):
     db.commit()
     db.close()
     store = Store(path)
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == 4
-    assert store.load("a").parent_id is None and [h.conversation_id for h in store.search("hola")] == ["a"]
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert (
+        store.load("a").parent_id is None
+        and store.load("a").imported_from is None
+        and [h.conversation_id for h in store.search("hola")] == ["a"]
+    )
+
+
+def test_a_message_copied_by_a_branch_and_an_import_is_one_hit_naming_them(tmp_path):
+    store = Store(tmp_path / "db")
+    root = saved(store, "how to cook pasta", "Boil the spaghetti for nine minutes.", "and tea?", "Steep it.")
+    branch = root.branch(2)  # /edit 3: the first exchange shared
+    branch.add_user("and coffee?")
+    store.create(branch, "m")
+    store.rename(branch.id, "coffee")
+    imported = store.import_export(store.export(root.id))  # /load of its JSON export
+    assert store.load(imported.id).imported_from == root.id
+    saved(store, "a spaghetti western", "The Good, the Bad and the Ugly.")  # another message, its own hit
+
+    hits = store.search("spaghetti nine")
+    assert len(hits) == 1  # one message, three conversations hold it
+    hit = hits[0]
+    assert (hit.conversation_id, hit.index, hit.role) == (root.id, 1, "assistant")  # the original
+    assert [(c.conversation_id, c.kind, c.index) for c in hit.copies] == [
+        (branch.id, "branch", 1),
+        (imported.id, "import", 1),
+    ]
+    assert hit.also_in() == "also in: ⑂ branch 'coffee' #2, import 'how to cook pasta' #2"
+    assert sorted(len(h.copies) for h in store.search("spaghetti")) == [0, 2]  # the western: a hit of its own
+    assert [len(h.copies) for h in store.search("coffee")] == [0]  # the branch's own message: no copies
+    assert hit.to_dict()["copies"][0] == {"conversation_id": branch.id, "title": "coffee", "index": 1, "kind": "branch"}
+
+
+def test_history_search_folds_the_copies(tmp_path):
+    store = Store(tmp_path / "chatcli.db")
+    root = saved(store, "how to cook pasta", "Boil the spaghetti.")
+    store.create(root.branch(2), "m")
+    store.close()
+    proc = run_history(tmp_path, "--search", "spaghetti")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith(f"{root.id}  #2 assistant")
+    assert lines[2] == "    also in: ⑂ branch 'how to cook pasta' #2"

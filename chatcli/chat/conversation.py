@@ -52,6 +52,7 @@ class Conversation:
     name: str | None = None  # set by /rename; else the title comes from the first user message
     parent_id: str | None = None  # a branch (/edit): the conversation it was branched from
     fork_at: int | None = None  # a branch: the messages it shares with its parent (then its own)
+    imported_from: str | None = None  # an import (/load): the exported conversation's id ("" if it had none)
 
     def branch(self, at: int) -> Conversation:
         """A new conversation holding copies of the first `at` messages, branched from this one."""

@@ -35,7 +35,9 @@ def _exported(m: Message) -> dict:
 def from_export(data: dict) -> Conversation:
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         raise ValueError("not a chatcli conversation export (no 'messages' list)")
-    conversation = Conversation(system=data.get("system") or None, name=data.get("title") or None)
+    conversation = Conversation(
+        system=data.get("system") or None, name=data.get("title") or None, imported_from=str(data.get("id") or "")
+    )
     for i, m in enumerate(data["messages"]):
         if (
             not isinstance(m, dict)

@@ -53,7 +53,7 @@ from chatcli.chat.recovery import (
 from chatcli.chat.store import Store, StoreError
 
 # the columns copied, where the damaged file has them (an older schema lacks the later ones)
-CONVERSATION_COLUMNS = ("id", "title", "model", "system", "created", "updated", "parent_id", "fork_at")
+CONVERSATION_COLUMNS = ("id", "title", "model", "system", "created", "updated", "parent_id", "fork_at", "imported_from")
 MESSAGE_COLUMNS = ("id", "conversation_id", "role", "content", "finish_reason", "stats", "sampling", "created", "tools")
 
 

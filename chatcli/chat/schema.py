@@ -1,7 +1,7 @@
 """The conversation database's schema, one version at a time: what `store.Store` creates in a new
 file and the statements that bring an earlier chatcli's file up to date (`PRAGMA user_version`)."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -52,4 +52,8 @@ ALTER TABLE conversations ADD COLUMN fork_at INTEGER;
 SCHEMA_V4 = """
 ALTER TABLE messages ADD COLUMN tools TEXT;
 """
-UPGRADES = {1: SCHEMA_V2, 2: SCHEMA_V3, 3: SCHEMA_V4}  # from version N to N + 1
+# 5: imports (/load, a JSON export): the id of the conversation the file was exported from ('' if none)
+SCHEMA_V5 = """
+ALTER TABLE conversations ADD COLUMN imported_from TEXT;
+"""
+UPGRADES = {1: SCHEMA_V2, 2: SCHEMA_V3, 3: SCHEMA_V4, 4: SCHEMA_V5}  # from version N to N + 1

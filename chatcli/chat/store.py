@@ -9,7 +9,9 @@ newer one (from a later chatcli) is refused with a clear message, never a traceb
 Version 2 adds a full-text index of every message (SQLite FTS5, kept by triggers) for
 `search`: ranked by BM25, with a snippet around the words found; version 3 each
 conversation's parent and fork point, for branches (`/edit`); version 4 the tool calls of a reply
-and the call a tool result answers (MCP tools).
+and the call a tool result answers (MCP tools); version 5 where an import (`/load`) came from.
+
+A search shows a message once, its copies in branches and imports folded under it (`hits.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from chatcli.chat.conversation import Conversation, Message
 from chatcli.chat.export import from_export, to_export
+from chatcli.chat.hits import Hit, fold
 from chatcli.chat.recovery import RecoveryError, opened
 from chatcli.chat.schema import SCHEMA_V1, SCHEMA_VERSION, UPGRADES
 from chatcli.errors import UserError
@@ -35,23 +38,9 @@ def database_path() -> Path:
     return data_dir() / DB_NAME
 
 
+SEARCH_ROWS = 8  # rows read for each hit a search returns: the copies of a message fold into it
 # a conversation's first user message (its title until /rename), for the conversation `of`
 FIRST_USER_MESSAGE = "SELECT content FROM messages WHERE conversation_id={of} AND role='user' ORDER BY id LIMIT 1"
-
-
-@dataclass
-class Hit:
-    """A message that matched a search: where it is (its conversation, its index there) and a snippet."""
-
-    conversation_id: str
-    title: str
-    index: int  # the message's position in its conversation, from 0
-    role: str
-    snippet: str  # the text around the match, the words found in [brackets]
-    rank: float  # BM25: lower is better
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 class StoreError(UserError):
@@ -162,8 +151,9 @@ class Store:
         now = time.time()
         with self._tx():
             self.db.execute(
-                "INSERT INTO conversations (id, title, model, system, created, updated, parent_id, fork_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO conversations"
+                " (id, title, model, system, created, updated, parent_id, fork_at, imported_from)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation.id,
                     conversation.name,
@@ -173,6 +163,7 @@ class Store:
                     now,
                     conversation.parent_id,
                     conversation.fork_at,
+                    conversation.imported_from,
                 ),
             )
             for message in conversation.messages if messages else ():
@@ -247,11 +238,20 @@ class Store:
         ]
 
     def load(self, conversation_id: str) -> Conversation | None:
-        rows = self._read("SELECT title, system, parent_id, fork_at FROM conversations WHERE id=?", (conversation_id,))
+        rows = self._read(
+            "SELECT title, system, parent_id, fork_at, imported_from FROM conversations WHERE id=?", (conversation_id,)
+        )
         if not rows:
             return None
-        title, system, parent_id, fork_at = rows[0]
-        conversation = Conversation(system=system, id=conversation_id, name=title, parent_id=parent_id, fork_at=fork_at)
+        title, system, parent_id, fork_at, imported_from = rows[0]
+        conversation = Conversation(
+            system=system,
+            id=conversation_id,
+            name=title,
+            parent_id=parent_id,
+            fork_at=fork_at,
+            imported_from=imported_from,
+        )
         for role, content, finish, stats, tools in self._read(
             "SELECT role, content, finish_reason, stats, tools FROM messages WHERE conversation_id=? ORDER BY id",
             (conversation_id,),
@@ -318,7 +318,9 @@ class Store:
 
     def search(self, text: str, limit: int = 20) -> list[Hit]:
         """Messages holding every word of `text` (any order, case and accents folded by FTS5's
-        unicode61), best first. Words are matched as written: no query syntax to get wrong."""
+        unicode61), best first. Words are matched as written: no query syntax to get wrong. A message
+        is one hit, its copies in branches and imports folded under it (`hits.fold`: the same text
+        ranks the same, so they come together); SEARCH_ROWS rows are read for each hit."""
         words = text.split()
         if not words:
             return []
@@ -326,15 +328,18 @@ class Store:
         rows = self._read(
             "SELECT m.conversation_id, c.title, m.role, snippet(messages_fts, 0, '[', ']', '…', 12), f.rank,"
             f" ({FIRST_USER_MESSAGE.format(of='c.id')}),"
-            " (SELECT COUNT(*) FROM messages WHERE conversation_id=m.conversation_id AND id<m.id)"
+            " (SELECT COUNT(*) FROM messages WHERE conversation_id=m.conversation_id AND id<m.id),"
+            " m.content, CASE WHEN c.parent_id IS NOT NULL THEN 'branch'"
+            " WHEN c.imported_from IS NOT NULL THEN 'import' ELSE '' END"
             " FROM messages_fts f JOIN messages m ON m.id = f.rowid JOIN conversations c ON c.id = m.conversation_id"
-            " WHERE messages_fts MATCH ? ORDER BY f.rank LIMIT ?",
-            (query, limit),
+            " WHERE messages_fts MATCH ? ORDER BY f.rank, c.created, m.id LIMIT ?",
+            (query, limit * SEARCH_ROWS),
         )
-        return [
-            Hit(conv_id, _shown_title(title, first), index, role, " ".join(snippet.split()), rank)
-            for conv_id, title, role, snippet, rank, first, index in rows
+        found = [
+            (Hit(conv_id, _shown_title(title, first), index, role, " ".join(snippet.split()), rank), content, kind)
+            for conv_id, title, role, snippet, rank, first, index, content, kind in rows
         ]
+        return fold(found, limit)
 
     def times(self, conversation_id: str) -> tuple[float, float] | None:
         """A saved conversation's (created, updated), as `export` writes them."""

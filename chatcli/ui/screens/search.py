@@ -1,5 +1,6 @@
 """`/search TEXT`: the saved messages that hold those words, best first (SQLite FTS5, `Store.search`);
-Enter opens the conversation at the message, Esc closes."""
+Enter opens the conversation at the message, Esc closes. A message is shown once: where a branch or
+an import holds it too, they are named under it (`also in: ⑂ branch 'title' #3, import 'title' #3`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ def _row(hit: Hit) -> Text:
     body = Text("\n  ")
     for i, part in enumerate(hit.snippet.replace("]", "[").split("[")):
         body.append(part, style="reverse" if i % 2 else "")
+    if hit.copies:
+        body.append(f"\n  {hit.also_in()}", style="dim italic")
     return head + body
 
 
@@ -39,6 +42,8 @@ class SearchResults(ModalScreen[Hit | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             count = f"{len(self.hits)} message{'s' * (len(self.hits) != 1)}"
+            copies = sum(len(h.copies) for h in self.hits)
+            count += f" ({copies} cop{'ies' if copies != 1 else 'y'} folded under them)" if copies else ""
             yield Static(f"{count} with {self.query_text!r}, best first · Enter opens · Esc closes", id="query")
             yield OptionList(*[Option(_row(h)) for h in self.hits])
 
