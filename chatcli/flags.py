@@ -29,7 +29,7 @@ from chatcli.engine import (
     default_budget_bytes,
     settings,
 )
-from chatcli.errors import UserError
+from chatcli.errors import UserError, shown
 
 LOAD_FIELDS = tuple(f.name for f in fields(LoadOptions))
 _TYPES = {FLOAT: float, INT: int, SEED: int}
@@ -223,5 +223,5 @@ def run_command(command: click.Command, argv: list[str] | None = None, prog_name
 
 
 def _fail(message: str, code: int) -> None:
-    sys.stderr.write(f"chatcli: error: {message}\n")
+    sys.stderr.write(f"chatcli: error: {shown(message)}\n")  # it may quote a server, a file, a model
     sys.exit(code)

@@ -1,4 +1,10 @@
-"""One-shot mode: `echo prompt | chatcli` or `chatcli -p prompt` answers once, streaming to stdout."""
+"""One-shot mode: `echo prompt | chatcli` or `chatcli -p prompt` answers once, streaming to stdout.
+
+The reply goes to stdout exactly as the model wrote it where stdout is a file or a pipe (`> reply.py`
+keeps every byte), and with its control characters written out (`errors.shown`: `\\x1b`) where it
+is a terminal, so that no escape sequence in it acts there; `--json` is exact either way (JSON
+escapes them). Every line on stderr (a tool call, a server's words) is shown so too.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,12 @@ import threading
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from chatcli.errors import UserError
+from chatcli.errors import UserError, shown, shown_json
 from chatcli.options import StartOptions
 
 
 def read_prompt(stdin: BinaryIO | None, prompt: str | None, required: bool = True) -> str:
-    """Piped stdin first, then the -p text; refuse invalid UTF-8, and blank input where `required`
+    """Piped stdin first, then the -p text; refuse invalid UTF-8 (in either), and blank input where `required`
     (not where files are attached: they can be the whole message)."""
     parts = []
     if stdin is not None:
@@ -24,6 +30,10 @@ def read_prompt(stdin: BinaryIO | None, prompt: str | None, required: bool = Tru
         except UnicodeDecodeError as exc:
             raise UserError(f"stdin is not valid UTF-8 (byte {exc.start})", 2) from None
     if prompt is not None:
+        try:
+            prompt.encode("utf-8")  # the bytes of an argument that is not UTF-8 arrive as lone surrogates
+        except UnicodeEncodeError as exc:
+            raise UserError(f"-p TEXT is not valid UTF-8 (character {exc.start})", 2) from None
         parts.append(prompt)
     text = "\n\n".join(p.strip("\n") for p in parts if p.strip())
     if not text.strip() and required:
@@ -104,6 +114,31 @@ def run_oneshot(
         return _answer(start, text, json_out, show_stats, resume, continue_last)
     except StoreError as exc:  # e.g. a full disk: what was printed stays printed
         raise UserError(str(exc)) from None
+
+
+class Shown:
+    """A text stream that writes what it is given as a terminal may show it (`errors.shown`)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        self.stream.write(shown(text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def reply_out(stdout):
+    """Where a reply's text goes: `stdout` itself where it is a file or a pipe (byte-exact), `Shown`
+    where it is a terminal."""
+    return Shown(stdout) if stdout.isatty() else stdout
+
+
+def say(line: str) -> None:
+    """One line on stderr, as a terminal may show it."""
+    sys.stderr.write(shown(line) + "\n")
+    sys.stderr.flush()
 
 
 def stream_reply(engine, conversation, session, params, out, scored: list | None = None, accepted=None):
@@ -228,7 +263,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
     kv = kv_path(store, conversation.id) if store is not None else None
     if kv is not None and not new:  # a cache saved by an earlier run spares the history's prefill
         engine.restore_session(session, kv)
-    out = sys.stdout
+    out = reply_out(sys.stdout)
     scored = [] if json_out and start.params.logprobs is not None else None
     if scored is not None and not hasattr(engine, "tokenizer"):
         raise UserError("--logprobs needs the in-process engine (a server's logprobs are not read)")
@@ -253,7 +288,8 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
             out.write("\n")
             out.flush()
         return 130
-    reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
+    stats = done.stats.to_dict()
+    reply = conversation.add_reply(done.reply, done.finish_reason, stats)
     if saving:
         store.add_message(conversation.id, reply, asdict(start.params))
     if json_out:
@@ -262,7 +298,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
             "conversation": conversation.id if saving else None,
             "reply": done.reply,
             "finish_reason": done.finish_reason,
-            "stats": done.stats.to_dict(),
+            "stats": stats,
         }
         if done.error:
             record["error"] = done.error
@@ -270,7 +306,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
             record["logprobs"] = scored
         if calls:
             record["tool_calls"] = calls
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        sys.stdout.write(shown_json(json.dumps(record, ensure_ascii=False)) + "\n")
     elif pieces and not pieces[-1].endswith("\n"):
         out.write("\n")
     out.flush()
@@ -278,14 +314,14 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
     # is in the store already, so a cache that cannot be written costs only the next -c a prefill.
     not_saved = save_kv(engine, session, kv) if saving else None
     if not_saved:
-        sys.stderr.write(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n")
+        say(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again")
     if show_stats:
-        sys.stderr.write(done.stats.summary() + "\n")
+        say(done.stats.summary())
     if start.params.response_format is not None and done.finish_reason == FinishReason.LENGTH:
-        sys.stderr.write("chatcli: error: the reply reached --max-tokens before its JSON was complete\n")
+        say("chatcli: error: the reply reached --max-tokens before its JSON was complete")
         return 1
     if done.error:  # a stream cut mid-reply: what came is printed and saved, the exit says it is partial
-        sys.stderr.write(f"chatcli: error: {done.error} (the reply above is partial)\n")
+        say(f"chatcli: error: {done.error} (the reply above is partial)")
         return 1
     return 0
 
@@ -329,14 +365,12 @@ def tool_rounds(engine, conversation, session, start: StartOptions, toolbox, out
         try:
             for call in calls:
                 if start.allow_tools:
-                    sys.stderr.write(f"chatcli: tool: {call_line(call)}\n")
-                    sys.stderr.flush()
+                    say(f"chatcli: tool: {call_line(call)}")
                     result = run_call(toolbox.hub, call)
-                    sys.stderr.write(f"chatcli: tool {call['name']}: {told(result)}\n")
+                    say(f"chatcli: tool {call['name']}: {told(result)}")
                 else:
                     result = Result(NOT_ALLOWED_TEXT, DENIED)
-                    sys.stderr.write(f"chatcli: tool call not run (--allow-tools runs it): {call_line(call)}\n")
-                sys.stderr.flush()
+                    say(f"chatcli: tool call not run (--allow-tools runs it): {call_line(call)}")
                 save(conversation.add_result(call, result.text, result.status))
                 listed.append({**call, "status": result.status, "result": result.text})
                 answered += 1

@@ -10,6 +10,7 @@ is lost: prompts queued while it loaded go back into the prompt.
 
 from __future__ import annotations
 
+from chatcli.errors import shown
 from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, ModelLoaded
 from chatcli.ui.widgets.chat_pane import LoadingLine
 
@@ -31,7 +32,7 @@ class EngineLoading:
             self.prompt.restore("\n\n".join([*texts, self.prompt.text] if self.prompt.text else texts))
             self.note(f"Not sent: {len(texts)} prompt(s) put back in the prompt.", error=True)
         title = "Connection failed" if self.remote else "Load failed"
-        self.app.notify(message.error, title=title, severity="error", timeout=10)
+        self.app.notify(shown(message.error), title=title, severity="error", timeout=10, markup=False)
         self.refresh_info()
 
     def reconnect(self) -> None:
