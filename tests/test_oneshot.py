@@ -66,6 +66,21 @@ def test_json_output(cli):
     assert stats["completion_tokens"] <= 5 and stats["context_limit"] == 256
 
 
+def test_a_reply_cut_mid_character_holds_whole_characters_only(cli, tiny_model_dir):
+    """--max-tokens cuts the reply after the first of an emoji's byte ids (a bias makes the model pick
+    it): the reply is the characters before it, without a U+FFFD in place of the unfinished one."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    first, *rest = tokenizer.encode("🌱", add_special_tokens=False).ids
+    assert rest and tokenizer.decode([first]) == "\ufffd", "the tiny vocabulary spells the emoji in byte ids"
+    args = ("-p", "Say hi", "--temperature", "0", "--max-tokens", "1", "--logit-bias", f"{first}=100")
+    record = json.loads(cli(*args, "--json").stdout)
+    assert (record["reply"], record["finish_reason"], record["stats"]["completion_tokens"]) == ("", "length", 1)
+    streamed = cli(*args)
+    assert (streamed.returncode, streamed.stdout) == (0, b"")
+
+
 def test_same_seed_same_reply(cli):
     args = ("-p", "Hello", "--temperature", "1.2", "--seed", "11", "--max-tokens", "12", "--json")
     a, b = (json.loads(cli(*args).stdout)["reply"] for _ in range(2))
