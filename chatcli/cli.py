@@ -331,10 +331,10 @@ def history(json_out, text, recover) -> None:
 
     if text is not None:
         hits = _store().search(text)
-        if not hits:
-            raise UserError(f"no saved message holds {text!r}")
         if json_out:
             click.echo(shown_json(json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1)))
+        elif not hits:  # an answer, not an error (as grep finding nothing): --json gives []
+            click.echo(shown(f"no saved message holds {text!r}"))
         for h in hits if not json_out else ():
             click.echo(shown(f"{h.conversation_id}  #{h.index + 1} {h.role:<9}  {h.title}\n    {h.snippet}"))
         return

@@ -190,6 +190,8 @@ def model_options(*, device: str | None = None, without: tuple[str, ...] = ()):
             continue
         default = device if f.name == "device" and device is not None else f.default
         flag, text, declared = "--" + f.name.replace("_", "-"), f.metadata["help"], {"cls": Declared, "source": f}
+        if f.metadata.get("choices"):  # a value none of them is refused as the line is parsed (exit 2)
+            declared["type"] = click.Choice(f.metadata["choices"])
         if isinstance(default, bool):
             options.append(click.option(flag, f.name, is_flag=True, default=default, help=text, **declared))
         else:
