@@ -14,7 +14,7 @@ import click
 
 from chatcli.config import ConfigError, load_config
 from chatcli.engine import InvalidParameter, LoadError
-from chatcli.errors import UserError
+from chatcli.errors import UserError, shown, shown_json
 from chatcli.flags import (
     API_KEY,
     CACHE_BUDGET,
@@ -316,7 +316,8 @@ def _verify(start) -> int:
 @click.option("--search", "text", default=None, metavar="TEXT", help="Saved messages with these words, best first.")
 @click.option("--recover", is_flag=True, help="Copy what a damaged database still holds into a new one.")
 def history(json_out, text, recover) -> None:
-    """List saved conversations, most recent first (or, with --search, the messages that match)."""
+    """List saved conversations, most recent first (or, with --search, the messages that match).
+    Each line as a terminal may show it (`errors.shown`); --json gives the exact text."""
     import json
     from datetime import datetime
 
@@ -330,33 +331,34 @@ def history(json_out, text, recover) -> None:
 
     if text is not None:
         hits = _store().search(text)
-        if not hits:
-            raise UserError(f"no saved message holds {text!r}")
         if json_out:
-            click.echo(json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1))
+            click.echo(shown_json(json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1)))
+        elif not hits:  # an answer, not an error (as grep finding nothing): --json gives []
+            click.echo(shown(f"no saved message holds {text!r}"))
         for h in hits if not json_out else ():
-            click.echo(f"{h.conversation_id}  #{h.index + 1} {h.role:<9}  {h.title}\n    {h.snippet}")
+            click.echo(shown(f"{h.conversation_id}  #{h.index + 1} {h.role:<9}  {h.title}\n    {h.snippet}"))
             if h.copies:  # the same message in a branch or an import: folded under it
-                click.echo(f"    {h.also_in()}")
+                click.echo(shown(f"    {h.also_in()}"))
         return
     store = _store()
     summaries = [s.to_dict() for s in store.summaries()]
     if store.damage:  # listed around a damaged page: the ones it holds are marked
         click.echo(f"warning: {store.damage}", err=True)
     if json_out:
-        click.echo(json.dumps(summaries, ensure_ascii=False, indent=1))
+        click.echo(shown_json(json.dumps(summaries, ensure_ascii=False, indent=1)))
         return
     for s in summaries:
         when = datetime.fromtimestamp(s["updated"]).strftime("%Y-%m-%d %H:%M")
         count = "damaged " if s["damaged"] else f"{s['messages']:>3} msgs"
-        click.echo(f"{s['id']}  {when}  {count}  {s['model'] or '-'}  {s['title']}")
+        click.echo(shown(f"{s['id']}  {when}  {count}  {s['model'] or '-'}  {s['title']}"))
 
 
 @app.command(context_settings=CONTEXT)
 @click.argument("conversation_id", metavar="ID")
 @click.option("--format", "fmt", default="md", show_default=True, help="md | json")
 def export(conversation_id, fmt) -> None:
-    """Print one saved conversation as Markdown or JSON."""
+    """Print one saved conversation as Markdown or JSON: exact where stdout is a file or a pipe; on a
+    terminal, Markdown's control characters written out (`errors.shown`; JSON escapes them)."""
     from chatcli.chat.export import render_export
 
     if fmt not in ("md", "json"):
@@ -368,7 +370,8 @@ def export(conversation_id, fmt) -> None:
         from chatcli.chat.saved import not_found
 
         raise UserError(not_found(store, conversation_id))
-    click.echo(render_export(data, fmt))
+    text = render_export(data, fmt)
+    click.echo(shown(text) if sys.stdout.isatty() else text, color=True)  # color: click strips no escape
 
 
 def _store():

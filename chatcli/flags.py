@@ -29,7 +29,7 @@ from chatcli.engine import (
     default_budget_bytes,
     settings,
 )
-from chatcli.errors import UserError
+from chatcli.errors import UserError, shown
 
 LOAD_FIELDS = tuple(f.name for f in fields(LoadOptions))
 _TYPES = {FLOAT: float, INT: int, SEED: int}
@@ -190,6 +190,8 @@ def model_options(*, device: str | None = None, without: tuple[str, ...] = ()):
             continue
         default = device if f.name == "device" and device is not None else f.default
         flag, text, declared = "--" + f.name.replace("_", "-"), f.metadata["help"], {"cls": Declared, "source": f}
+        if f.metadata.get("choices"):  # a value none of them is refused as the line is parsed (exit 2)
+            declared["type"] = click.Choice(f.metadata["choices"])
         if isinstance(default, bool):
             options.append(click.option(flag, f.name, is_flag=True, default=default, help=text, **declared))
         else:
@@ -223,5 +225,5 @@ def run_command(command: click.Command, argv: list[str] | None = None, prog_name
 
 
 def _fail(message: str, code: int) -> None:
-    sys.stderr.write(f"chatcli: error: {message}\n")
+    sys.stderr.write(f"chatcli: error: {shown(message)}\n")  # it may quote a server, a file, a model
     sys.exit(code)

@@ -1,20 +1,31 @@
-"""One-shot mode: `echo prompt | chatcli` or `chatcli -p prompt` answers once, streaming to stdout."""
+"""One-shot mode: `echo prompt | chatcli` or `chatcli -p prompt` answers once, streaming to stdout.
+
+The reply goes to stdout exactly as the model wrote it where stdout is a file or a pipe (`> reply.py`
+keeps every byte), and with its control characters written out (`errors.shown`: `\\x1b`) where it
+is a terminal, so that no escape sequence in it acts there; `--json` is exact either way (JSON
+escapes them). Every line on stderr (a tool call, a server's words) is shown so too.
+
+Ctrl+C while a reply streams cancels the turn as the TUI's Esc does: the reply so far is printed,
+saved as stopped, given by `--json` with `finish_reason: "cancelled"` and by `--stats` with its line,
+and the exit is 130. A second Ctrl+C leaves at once.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
 import threading
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from chatcli.errors import UserError
+from chatcli.errors import UserError, shown, shown_json
 from chatcli.options import StartOptions
 
 
 def read_prompt(stdin: BinaryIO | None, prompt: str | None, required: bool = True) -> str:
-    """Piped stdin first, then the -p text; refuse invalid UTF-8, and blank input where `required`
+    """Piped stdin first, then the -p text; refuse invalid UTF-8 (in either), and blank input where `required`
     (not where files are attached: they can be the whole message)."""
     parts = []
     if stdin is not None:
@@ -24,6 +35,10 @@ def read_prompt(stdin: BinaryIO | None, prompt: str | None, required: bool = Tru
         except UnicodeDecodeError as exc:
             raise UserError(f"stdin is not valid UTF-8 (byte {exc.start})", 2) from None
     if prompt is not None:
+        try:
+            prompt.encode("utf-8")  # the bytes of an argument that is not UTF-8 arrive as lone surrogates
+        except UnicodeEncodeError as exc:
+            raise UserError(f"-p TEXT is not valid UTF-8 (character {exc.start})", 2) from None
         parts.append(prompt)
     text = "\n\n".join(p.strip("\n") for p in parts if p.strip())
     if not text.strip() and required:
@@ -106,34 +121,84 @@ def run_oneshot(
         raise UserError(str(exc)) from None
 
 
+class Shown:
+    """A text stream that writes what it is given as a terminal may show it (`errors.shown`)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        self.stream.write(shown(text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def reply_out(stdout):
+    """Where a reply's text goes: `stdout` itself where it is a file or a pipe (byte-exact), `Shown`
+    where it is a terminal."""
+    return Shown(stdout) if stdout.isatty() else stdout
+
+
+def say(line: str) -> None:
+    """One line on stderr, as a terminal may show it."""
+    sys.stderr.write(shown(line) + "\n")
+    sys.stderr.flush()
+
+
+@contextmanager
+def ctrl_c_cancels(cancel: threading.Event):
+    """While a turn streams, Ctrl+C sets `cancel` (the engine ends the turn as cancelled, with its
+    reply so far and its stats) instead of raising; a second Ctrl+C raises KeyboardInterrupt. Only
+    where Ctrl+C would raise it (not where SIGINT is ignored, nor off the main thread)."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+
+    def stop(_signum, _frame) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def stream_reply(engine, conversation, session, params, out, scored: list | None = None, accepted=None):
     """Run one turn, writing text pieces to `out` (None: don't) as they come, and each token's
     log-probabilities into `scored` (where the params ask for them; see `engine.sample.logprobs`);
     `accepted()` is called once the engine has taken the prompt (its prefill is done).
 
-    Returns (Finished, pieces), or (None, pieces) when Ctrl+C stopped it.
+    Returns (Finished, pieces): Ctrl+C cancels the turn (`ctrl_c_cancels`), its Finished says so;
+    (None, pieces) where a second Ctrl+C left before the engine could end it.
     """
     from chatcli.engine import ContextOverflow, Finished, GrammarError, Prefilled, RemoteError, Token
 
     pieces: list[str] = []
     cancel = threading.Event()
     try:
-        for event in engine.generate(conversation.for_template(), session, params, cancel):
-            if isinstance(event, Prefilled) and accepted is not None:
-                accepted()
-            if isinstance(event, Token) and scored is not None:
-                from chatcli.engine import token_entry
+        with ctrl_c_cancels(cancel):
+            for event in engine.generate(conversation.for_template(), session, params, cancel):
+                if isinstance(event, Prefilled) and accepted is not None:
+                    accepted()
+                if isinstance(event, Token) and scored is not None:
+                    from chatcli.engine import token_entry
 
-                found = token_entry(engine.tokenizer, event, top_key="top", with_id=True)
-                if found is not None:
-                    scored.append(found)
-            if isinstance(event, Token) and event.text:
-                pieces.append(event.text)
-                if out is not None:
-                    out.write(event.text)
-                    out.flush()
-            elif isinstance(event, Finished):
-                return event, pieces
+                    found = token_entry(engine.tokenizer, event, top_key="top", with_id=True)
+                    if found is not None:
+                        scored.append(found)
+                if isinstance(event, Token) and event.text:
+                    pieces.append(event.text)
+                    if out is not None:
+                        out.write(event.text)
+                        out.flush()
+                elif isinstance(event, Finished):
+                    return event, pieces
     except ContextOverflow as exc:
         raise UserError(f"prompt too long: {exc}") from None
     except RemoteError as exc:
@@ -208,7 +273,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
     from dataclasses import asdict
 
     from chatcli.chat.saved import kv_path, save_kv
-    from chatcli.engine import FinishReason
+    from chatcli.engine import Finished, FinishReason
 
     saving = store is not None and start.save
     engine = load_engine(start)
@@ -228,7 +293,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
     kv = kv_path(store, conversation.id) if store is not None else None
     if kv is not None and not new:  # a cache saved by an earlier run spares the history's prefill
         engine.restore_session(session, kv)
-    out = sys.stdout
+    out = reply_out(sys.stdout)
     scored = [] if json_out and start.params.logprobs is not None else None
     if scored is not None and not hasattr(engine, "tokenizer"):
         raise UserError("--logprobs needs the in-process engine (a server's logprobs are not read)")
@@ -245,15 +310,10 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
         calls = []
     else:
         done, pieces, calls = tool_rounds(engine, conversation, session, start, toolbox, out, json_out, accepted, save)
-    if done is None:  # Ctrl+C landed mid-step: keep what was streamed as a stopped reply, then leave
-        stopped = conversation.add_reply("".join(pieces), FinishReason.CANCELLED)
-        if saving:
-            store.add_message(conversation.id, stopped, asdict(start.params))
-        if pieces and not json_out:
-            out.write("\n")
-            out.flush()
-        return 130
-    reply = conversation.add_reply(done.reply, done.finish_reason, done.stats.to_dict())
+    if done is None:  # a second Ctrl+C left before the engine ended the turn: what was streamed, stopped
+        done = Finished("".join(pieces), FinishReason.CANCELLED, None)
+    stats = done.stats.to_dict() if done.stats is not None else None
+    reply = conversation.add_reply(done.reply, done.finish_reason, stats)
     if saving:
         store.add_message(conversation.id, reply, asdict(start.params))
     if json_out:
@@ -262,7 +322,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
             "conversation": conversation.id if saving else None,
             "reply": done.reply,
             "finish_reason": done.finish_reason,
-            "stats": done.stats.to_dict(),
+            "stats": stats,
         }
         if done.error:
             record["error"] = done.error
@@ -270,22 +330,26 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
             record["logprobs"] = scored
         if calls:
             record["tool_calls"] = calls
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        sys.stdout.write(shown_json(json.dumps(record, ensure_ascii=False)) + "\n")
     elif pieces and not pieces[-1].endswith("\n"):
         out.write("\n")
     out.flush()
+    if done.finish_reason == FinishReason.CANCELLED:  # Ctrl+C: leave now (the next -c prefills the reply)
+        if show_stats and done.stats is not None:
+            say(done.stats.summary())
+        return 130
     # After the reply's last line (a warning must not run on from it in a terminal); the reply
     # is in the store already, so a cache that cannot be written costs only the next -c a prefill.
     not_saved = save_kv(engine, session, kv) if saving else None
     if not_saved:
-        sys.stderr.write(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again\n")
+        say(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again")
     if show_stats:
-        sys.stderr.write(done.stats.summary() + "\n")
+        say(done.stats.summary())
     if start.params.response_format is not None and done.finish_reason == FinishReason.LENGTH:
-        sys.stderr.write("chatcli: error: the reply reached --max-tokens before its JSON was complete\n")
+        say("chatcli: error: the reply reached --max-tokens before its JSON was complete")
         return 1
     if done.error:  # a stream cut mid-reply: what came is printed and saved, the exit says it is partial
-        sys.stderr.write(f"chatcli: error: {done.error} (the reply above is partial)\n")
+        say(f"chatcli: error: {done.error} (the reply above is partial)")
         return 1
     return 0
 
@@ -308,6 +372,7 @@ def tool_rounds(engine, conversation, session, start: StartOptions, toolbox, out
         syntax_of,
         told,
     )
+    from chatcli.engine import FinishReason
 
     syntax = syntax_of(engine)
     writer = None if json_out else HeldCalls(out, syntax)
@@ -318,7 +383,9 @@ def tool_rounds(engine, conversation, session, start: StartOptions, toolbox, out
         accepted()
         if writer is not None:
             writer.finish()
-        text, calls = split_reply(done.reply, syntax) if done is not None else ("", [])
+        if done is None or done.finish_reason == FinishReason.CANCELLED:  # Ctrl+C: no call runs
+            return done, pieces, listed
+        text, calls = split_reply(done.reply, syntax)
         if not calls or round_ == MAX_ROUNDS:
             return done, pieces, listed
         if writer is not None and writer.wrote and not writer.wrote.endswith("\n"):
@@ -329,14 +396,12 @@ def tool_rounds(engine, conversation, session, start: StartOptions, toolbox, out
         try:
             for call in calls:
                 if start.allow_tools:
-                    sys.stderr.write(f"chatcli: tool: {call_line(call)}\n")
-                    sys.stderr.flush()
+                    say(f"chatcli: tool: {call_line(call)}")
                     result = run_call(toolbox.hub, call)
-                    sys.stderr.write(f"chatcli: tool {call['name']}: {told(result)}\n")
+                    say(f"chatcli: tool {call['name']}: {told(result)}")
                 else:
                     result = Result(NOT_ALLOWED_TEXT, DENIED)
-                    sys.stderr.write(f"chatcli: tool call not run (--allow-tools runs it): {call_line(call)}\n")
-                sys.stderr.flush()
+                    say(f"chatcli: tool call not run (--allow-tools runs it): {call_line(call)}")
                 save(conversation.add_result(call, result.text, result.status))
                 listed.append({**call, "status": result.status, "result": result.text})
                 answered += 1

@@ -4,11 +4,13 @@ fallback of a template without tools does, so the KV cache's reuse across a tool
 
 Its script: a user message `call NAME {JSON}` (several joined by ` ; `) is answered with "Calling."
 and those calls; a tool result with "The tool said: " and the result's start; anything else is echoed.
-`python -m tests.mcp_fake ARGS` runs chatcli's command line with it in place of a model.
+`python -m tests.mcp_fake ARGS` runs chatcli's command line with it in place of a model
+(`$CHATCLI_FAKE_TOK_S`: at that many tokens a second, for a reply still streaming when a test signals).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from chatcli.engine.text.toolcalls import call_text
@@ -54,5 +56,6 @@ if __name__ == "__main__":
     from chatcli.cli import main
     from chatcli.options import StartOptions
 
-    StartOptions.load_engine = lambda self, status=None: ToolEngine()
+    tok_s = float(os.environ.get("CHATCLI_FAKE_TOK_S") or 0) or None
+    StartOptions.load_engine = lambda self, status=None: ToolEngine(tok_s=tok_s)
     main(sys.argv[1:])

@@ -50,6 +50,17 @@ def test_a_conversation_is_titled_by_the_words_not_the_files():
     assert plain.title == "x: ``` not closed"
 
 
+def test_a_file_too_large_says_its_size_exactly(tmp_path):
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"x" * (MAX_BYTES + 1))
+    with pytest.raises(AttachError) as info:
+        read_attachment(str(path))
+    assert str(info.value) == f"{path}: 1,048,577 bytes is too large to attach (at most 1 MiB)"
+    with pytest.raises(AttachError) as info:
+        read_attachment("-", io.BytesIO(b"x" * (MAX_BYTES + 1)))  # read up to one byte past the limit
+    assert str(info.value) == "stdin: over 1,048,576 bytes, too large to attach (at most 1 MiB)"
+
+
 def test_stdin_is_dash_and_a_bom_is_dropped():
     got = read_attachment("-", io.BytesIO("\ufeffhello\n".encode()))
     assert got == Attachment("stdin", "hello\n")

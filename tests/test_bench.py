@@ -144,11 +144,11 @@ def test_table_output(tiny_model_dir, bench_json):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--runner", "fast"], "--runner must be auto, hf or lean"),
-        (["--quantize", "int4"], "--quantize must be one of auto, none, int8"),
+        (["--runner", "fast"], "Invalid value for '--runner': 'fast' is not one of 'auto', 'hf', 'lean'"),
+        (["--quantize", "int4"], "Invalid value for '--quantize': 'int4' is not one of 'auto', 'none', 'int8'"),
         (["--turns", "-1"], "--turns must be >= 0"),
-        (["--dtype", "float8"], "--dtype must be"),
-        (["--kv-dtype", "int4"], "--kv-dtype must be auto, float32, bfloat16 or float16"),
+        (["--dtype", "float8"], "Invalid value for '--dtype'"),
+        (["--kv-dtype", "int4"], "Invalid value for '--kv-dtype': 'int4' is not one of 'auto', 'float32'"),
         (["--lookup", "99"], "--lookup must be <= 16"),
     ],
 )

@@ -66,6 +66,21 @@ def test_json_output(cli):
     assert stats["completion_tokens"] <= 5 and stats["context_limit"] == 256
 
 
+def test_a_reply_cut_mid_character_holds_whole_characters_only(cli, tiny_model_dir):
+    """--max-tokens cuts the reply after the first of an emoji's byte ids (a bias makes the model pick
+    it): the reply is the characters before it, without a U+FFFD in place of the unfinished one."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    first, *rest = tokenizer.encode("🌱", add_special_tokens=False).ids
+    assert rest and tokenizer.decode([first]) == "\ufffd", "the tiny vocabulary spells the emoji in byte ids"
+    args = ("-p", "Say hi", "--temperature", "0", "--max-tokens", "1", "--logit-bias", f"{first}=100")
+    record = json.loads(cli(*args, "--json").stdout)
+    assert (record["reply"], record["finish_reason"], record["stats"]["completion_tokens"]) == ("", "length", 1)
+    streamed = cli(*args)
+    assert (streamed.returncode, streamed.stdout) == (0, b"")
+
+
 def test_same_seed_same_reply(cli):
     args = ("-p", "Hello", "--temperature", "1.2", "--seed", "11", "--max-tokens", "12", "--json")
     a, b = (json.loads(cli(*args).stdout)["reply"] for _ in range(2))
@@ -104,6 +119,7 @@ def test_lookup_drafts_in_one_shot_and_can_be_turned_off(cli):
     [
         ((), b"   \n\t", "empty prompt", 2),
         ((), b"\xff\xfehello", "not valid UTF-8", 2),
+        (("-p", "caf\udce9"), b"", "-p TEXT is not valid UTF-8 (character 3)", 2),  # argv bytes b"caf\xe9"
         (("-p", "hi", "--bogus"), b"", "No such option", 2),
         (("-p", "hi", "--temperature", "-1"), b"", "temperature must be >= 0", 2),
         (("-p", "hi", "--top-p", "0"), b"", "top-p must be in (0, 1]", 2),
@@ -122,7 +138,10 @@ def test_lookup_drafts_in_one_shot_and_can_be_turned_off(cli):
             "prompt too long",
             1,
         ),
-        (("-p", "hi", "--kv-dtype", "int4"), b"", "--kv-dtype must be", 1),
+        (("-p", "hi", "--kv-dtype", "int4"), b"", "Invalid value for '--kv-dtype': 'int4' is not one of 'auto',", 2),
+        (("-p", "hi", "--quantize", "q9"), b"", "Invalid value for '--quantize': 'q9' is not one of 'auto',", 2),
+        (("-p", "hi", "--dtype", "float8"), b"", "Invalid value for '--dtype': 'float8' is not one of", 2),
+        (("-p", "hi", "--runner", "fast"), b"", "Invalid value for '--runner': 'fast' is not one of", 2),
         (("-p", "hi", "--runner", "hf", "--kv-dtype", "bfloat16"), b"", "the HF runner keeps its cache", 1),
     ],
 )
@@ -130,6 +149,12 @@ def test_bad_input_is_one_line_and_nonzero(cli, args, stdin, words, code):
     result = cli(*args, stdin=stdin)
     assert result.returncode == code
     assert words in one_error_line(result)
+
+
+def test_a_device_none_of_its_choices_is_a_usage_error(cli):
+    result = cli("-p", "hi", "--device", "tpu", model=False)  # the fixture's own --device cpu would win
+    assert result.returncode == 2
+    assert "Invalid value for '--device': 'tpu' is not one of 'auto', 'cpu', 'cuda', 'mps'" in one_error_line(result)
 
 
 def test_missing_model_file(cli, tmp_path):

@@ -46,12 +46,12 @@ def read_attachment(name: str, stdin: BinaryIO | None = None) -> Attachment:
             if path.is_dir():
                 raise AttachError(f"{name}: is a folder, not a file")
             if size > MAX_BYTES:
-                raise AttachError(f"{name}: {size / (1 << 20):.1f} MiB is too large to attach (at most 1 MiB)")
+                raise AttachError(f"{name}: {size:,} bytes is too large to attach (at most 1 MiB)")
             data = path.read_bytes()
         except OSError as exc:
             raise AttachError(f"{name}: cannot read it: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
-        raise AttachError(f"{name}: too large to attach (at most 1 MiB)")
+        raise AttachError(f"{name}: over {MAX_BYTES:,} bytes, too large to attach (at most 1 MiB)")
     if b"\0" in data:
         raise AttachError(f"{name}: not a text file (it holds binary data)")
     try:

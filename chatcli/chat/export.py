@@ -7,6 +7,7 @@ import json
 import re
 
 from chatcli.chat.conversation import Conversation, Message
+from chatcli.errors import shown_json
 
 
 def to_export(conversation: Conversation, model: str = "", created: float = 0.0, updated: float = 0.0) -> dict:
@@ -68,8 +69,9 @@ def _calls(m: dict, i: int) -> tuple[list | None, dict | None]:
 
 
 def render_export(data: dict, fmt: str) -> str:
-    """An export (`to_export`'s dict) as the text of a file: "json" or "md" (Markdown)."""
-    return json.dumps(data, ensure_ascii=False, indent=2) if fmt == "json" else to_markdown(data)
+    """An export (`to_export`'s dict) as the text of a file: "json" or "md" (Markdown). The text as it
+    was written (JSON's escapes for the control characters, `shown_json`)."""
+    return shown_json(json.dumps(data, ensure_ascii=False, indent=2)) if fmt == "json" else to_markdown(data)
 
 
 def to_markdown(data: dict) -> str:

@@ -226,7 +226,7 @@ class Hub:
         except (OSError, ValueError):
             said = []
         if said and said[-1] not in reason:
-            reason += f" (it said: {said[-1][:200]})"
+            reason += f" (it said: {clip(said[-1], 200)})"  # its own words, shown as a terminal may show them
         return f"the MCP server {server.name!r} did not start: {reason}"
 
     # -- calls -------------------------------------------------------------------------

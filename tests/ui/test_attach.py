@@ -23,7 +23,8 @@ async def test_a_file_goes_before_the_next_message_only(tmp_path):
         await send(pilot, "And now?")
         assert engine.calls[-1]["messages"][-1]["content"] == "And now?"  # one message only
         await command(pilot, f"/file {code}")
-        assert (await command(pilot, "/file off")).text == "dropped 1 attached file(s)" and not screen.attachments
+        assert (await command(pilot, "/file off")).text == "dropped 1 attached file" and not screen.attachments
+        assert (await command(pilot, "/file off")).text == "no file attached"  # not "dropped 0"
 
 
 async def test_a_file_that_cannot_be_attached_is_an_inline_error(tmp_path):

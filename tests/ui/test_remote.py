@@ -136,7 +136,7 @@ async def test_a_server_that_cannot_be_reached_at_start_is_an_inline_line_and_no
         screen.prompt.load_text("still here")
         await pilot.press("enter")  # tries the server again: still down
         await wait_for(pilot, lambda: screen.load_error is not None and screen.pane.notes()[-1].text.startswith("Not"))
-        assert screen.pane.notes()[-1].text == "Not sent: 1 prompt(s) put back in the prompt."
+        assert screen.pane.notes()[-1].text == "Not sent: 1 prompt put back in the prompt."
         assert screen.prompt.text == "still here" and screen.conversation.messages == []
         assert not screen.pane.query(UserMessage)
 

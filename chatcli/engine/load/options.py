@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+RUNNERS = ("auto", "hf", "lean")
+QUANTIZE_CHOICES = ("auto", "none", "int8", "q4", "q8")
 
 
 class LoadError(RuntimeError):
@@ -22,8 +25,10 @@ class LoadError(RuntimeError):
 MODEL_HELP = "Hub id, model folder or .gguf file."  # --model/-m, beside the LoadOptions flags
 
 
-def _flag(default, text: str):
-    return field(default=default, metadata={"help": text})
+def _flag(default, text: str, choices: tuple[str, ...] | None = None):
+    """A field and its flag: default, help, and the values it takes (the flag refuses any other as
+    it parses the command line: a usage error, exit 2)."""
+    return field(default=default, metadata={"help": text, "choices": choices})
 
 
 @dataclass
@@ -31,19 +36,20 @@ class LoadOptions:
     """How to load a model. Each field is a flag of the commands that load one (`chatcli.flags`:
     `--kv-dtype` for kv_dtype), with this default and help."""
 
-    device: str = _flag("auto", "auto | cpu | cuda | mps")
-    dtype: str = _flag("auto", "auto | float32 | bfloat16 | float16")
+    device: str = _flag("auto", "Where the model runs.", DEVICES)
+    dtype: str = _flag("auto", "The weights' dtype (auto: float32 on a CPU, else bfloat16).", ("auto", *DTYPE_NAMES))
     device_map: str | None = _flag(None, "'auto': let accelerate place the model.")  # then transformers' model
     trust_remote_code: bool = _flag(False, "Allow the model's own Python code.")
-    runner: str = _flag("auto", "auto | hf | lean: the forward pass (auto: lean for Llama models).")  # a ModelRunner
+    runner: str = _flag("auto", "The forward pass (auto: lean for Llama models).", RUNNERS)  # a ModelRunner
     kv_dtype: str = _flag(  # the lean runner's KV cache: see pick_kv_dtype
-        "auto", "KV cache dtype: auto (bf16 on CPUs with bf16 matmuls) | float32 | bfloat16 | float16"
+        "auto", "KV cache dtype (auto: bf16 on CPUs with bf16 matmuls).", ("auto", *DTYPE_NAMES)
     )
     quantize: str | None = _flag(
         "auto",
         "auto: a GGUF's own Q4_0/Q4_1 (q4) or Q8_0 (q8) blocks where the compiled kernel runs, else none; "
         "none: the weights as loaded (a GGUF dequantized to fp32); int8: int8 weights and activations (CPU); "
         "q4 / q8: 4- or 8-bit weights in groups of 32 (the compiled kernel).",
+        QUANTIZE_CHOICES,
     )  # see chatcli.engine.weights.quantize and resolve_quantize
 
 
@@ -59,7 +65,7 @@ def mps_possible() -> bool:
 
 
 def pick_device(device: str) -> str:
-    if device not in ("auto", "cpu", "cuda", "mps"):
+    if device not in DEVICES:
         raise LoadError(f"--device must be auto, cpu, cuda or mps, got {device!r}")
     if device == "cpu" or (device == "auto" and not cuda_possible() and not mps_possible()):
         return "cpu"  # known without importing torch (~1 s)
@@ -102,7 +108,6 @@ def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None =
     return "bfloat16" if device == "cpu" and dtype == "float32" and not quantize and has_native_bf16() else dtype
 
 
-QUANTIZE_CHOICES = ("auto", "none", "int8", "q4", "q8")
 # A GGUF's `general.file_type` (llama.cpp's LLAMA_FTYPE_MOSTLY_*) → the kind that reads its blocks as they are.
 GGUF_KINDS = {2: "q4", 3: "q4", 7: "q8"}  # Q4_0, Q4_1, Q8_0
 
@@ -147,7 +152,7 @@ def check_quantize(quantize: str | None, device: str, dtype: str) -> None:
 def placement(options: LoadOptions) -> tuple[str, str]:
     """The device and weights' dtype `options` ask for here, after refusing what cannot work
     (every loader's first step)."""
-    if options.runner not in ("auto", "hf", "lean"):
+    if options.runner not in RUNNERS:
         raise LoadError(f"--runner must be auto, hf or lean, got {options.runner!r}")
     device = pick_device(options.device)
     dtype = pick_dtype(options.dtype, device)

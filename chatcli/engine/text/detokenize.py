@@ -4,8 +4,10 @@
 and vLLM): each step decodes a short window of ids twice — with and without the
 newest ids — and emits the difference. A piece is held back while the window ends in
 U+FFFD (a multi-byte character split across tokens). `finish()` emits whatever the
-full decode has beyond what was streamed, so the pieces always concatenate to
-`tokenizer.decode(ids, skip_special_tokens=True)`.
+full decode has beyond what was streamed, less the U+FFFD a character the ids leave
+unfinished decodes to (a reply cut by max_tokens mid-emoji): the pieces concatenate to
+`tokenizer.decode(ids, skip_special_tokens=True)` with no U+FFFD at its end — whole
+characters only; the bytes of one not finished are held back, never replaced.
 
 `StopStringFilter` sits after it: it holds back any tail that could be the start of a
 stop string, and reports the text before a stop string once one appears.
@@ -52,8 +54,10 @@ class IncrementalDetokenizer:
         return piece
 
     def finish(self) -> str:
-        """Flush: the rest of the full decode, so the stream equals `decode(ids)` exactly."""
-        full = self._decode(self.ids)
+        """Flush: the rest of the full decode, so the stream equals `decode(ids)`, but for the U+FFFD
+        at its end: the bytes of a character left unfinished (from the text alone they cannot be told
+        from a U+FFFD the model wrote last, which goes with them)."""
+        full = self._decode(self.ids).rstrip(REPLACEMENT)
         if full.startswith(self.emitted):
             rest = full[len(self.emitted) :]
         else:  # cannot happen for byte-level BPE or SentencePiece; never emit twice

@@ -10,6 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from chatcli.errors import shown
+
 ONCE, ALWAYS, NO, STOP = "once", "always", "no", "stop"
 
 
@@ -38,13 +40,13 @@ class AllowTool(ModalScreen[str]):
 
     def compose(self) -> ComposeResult:
         try:
-            shown = json.dumps(json.loads(self.arguments), ensure_ascii=False, indent=2)
+            arguments = json.dumps(json.loads(self.arguments), ensure_ascii=False, indent=2)
         except ValueError:
-            shown = self.arguments
+            arguments = self.arguments
         question = f"The model calls the tool {self.tool} (MCP server {self.server}). Run it?"
         with Vertical():
-            yield Static(question, id="question", markup=False)
-            yield Static(shown, id="arguments", markup=False)
+            yield Static(shown(question), id="question", markup=False)
+            yield Static(shown(arguments), id="arguments", markup=False)
             yield Static("Esc stops the turn: the model is not asked again.", markup=False)
             with Horizontal():
                 yield Button("No (N)", id=NO)

@@ -10,6 +10,7 @@ is lost: prompts queued while it loaded go back into the prompt.
 
 from __future__ import annotations
 
+from chatcli.errors import counted, shown
 from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, ModelLoaded
 from chatcli.ui.widgets.chat_pane import LoadingLine
 
@@ -29,9 +30,9 @@ class EngineLoading:
             texts = [widget.text for widget in self.queue]
             self.drop_queue()
             self.prompt.restore("\n\n".join([*texts, self.prompt.text] if self.prompt.text else texts))
-            self.note(f"Not sent: {len(texts)} prompt(s) put back in the prompt.", error=True)
+            self.note(f"Not sent: {counted(len(texts), 'prompt')} put back in the prompt.", error=True)
         title = "Connection failed" if self.remote else "Load failed"
-        self.app.notify(message.error, title=title, severity="error", timeout=10)
+        self.app.notify(shown(message.error), title=title, severity="error", timeout=10, markup=False)
         self.refresh_info()
 
     def reconnect(self) -> None:

@@ -13,13 +13,14 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from chatcli.chat.store import Hit
+from chatcli.errors import shown
 
 
 def _row(hit: Hit) -> Text:
-    head = Text(f"{hit.title}  ", style="bold")
+    head = Text(f"{shown(hit.title)}  ", style="bold")
     head.append(f"#{hit.index + 1} {hit.role}", style="dim")
     body = Text("\n  ")
-    for i, part in enumerate(hit.snippet.replace("]", "[").split("[")):
+    for i, part in enumerate(shown(hit.snippet).replace("]", "[").split("[")):
         body.append(part, style="reverse" if i % 2 else "")
     if hit.copies:
         body.append(f"\n  {hit.also_in()}", style="dim italic")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from chatcli.chat.attach import AttachError, read_attachment
 from chatcli.chat.manager import ChatsError
+from chatcli.errors import counted
 
 if TYPE_CHECKING:
     from chatcli.ui.screens.slash_target import SlashTarget
@@ -33,7 +34,7 @@ async def load(screen: SlashTarget, arg: str) -> None:
         screen.note(f"/load: {exc}", error=True)
         return
     await screen.show_conversation(conv)
-    screen.note(f"loaded {len(conv.messages)} messages from {arg} as a new conversation")
+    screen.note(f"loaded {counted(len(conv.messages), 'message')} from {arg} as a new conversation")
 
 
 async def attach(screen: SlashTarget, arg: str) -> None:
@@ -45,7 +46,7 @@ async def attach(screen: SlashTarget, arg: str) -> None:
         screen.note(f"attached to your next message: {listed}" if pending else "no file attached: /file PATH")
         return
     if arg == "off":
-        screen.note(f"dropped {len(pending)} attached file(s)")
+        screen.note(f"dropped {counted(len(pending), 'attached file')}" if pending else "no file attached")
         pending.clear()
         return
     try:

@@ -24,7 +24,7 @@ from chatcli.chat.toolturn import (
     syntax_of,
 )
 from chatcli.engine import CallScanner, FinishReason
-from chatcli.errors import one_line
+from chatcli.errors import one_line, shown
 from chatcli.ui.messages import ToolsReady
 from chatcli.ui.screens.allow_tool import ALWAYS, NO, STOP, AllowTool
 
@@ -38,7 +38,7 @@ class ToolTurns:
     def on_tools_ready(self, message: ToolsReady) -> None:
         self.tools_starting = False
         for why in message.failed:
-            self.app.notify(why, title="MCP server", severity="error", timeout=10)
+            self.app.notify(shown(why), title="MCP server", severity="error", timeout=10, markup=False)
         if message.hub.tools:
             self.toolbox = Toolbox(message.hub, self.app.start.allow_tools)
             names = ", ".join(sorted({t.server for t in message.hub.tools}))
@@ -89,9 +89,14 @@ class ToolTurns:
             self.chats.save_result(conv, message)
             box.show(message, result)
             if result.status in (ERROR, TIMEOUT):
-                self.app.notify(f"{call['name']}: {result.short(160)}", title="Tool failed", severity="error")
+                self.app.notify(
+                    shown(f"{call['name']}: {result.short(160)}"), title="Tool failed", severity="error", markup=False
+                )
             elif result.cut:
-                self.app.notify(f"{call['name']}: the result was cut to what the model can take ({result.cut:,} chars)")
+                self.app.notify(
+                    shown(f"{call['name']}: the result was cut to what the model can take ({result.cut:,} chars)"),
+                    markup=False,
+                )
         if cancel is not None and cancel.is_set():
             self.note("Stopped: the results are kept, the model was not asked again.")
             self._end_turn()

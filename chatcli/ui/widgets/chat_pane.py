@@ -1,4 +1,9 @@
-"""The chat pane: user messages, streamed Markdown replies, inline notes; follows the stream."""
+"""The chat pane: user messages, streamed Markdown replies, inline notes; follows the stream.
+
+What a model, a tool, a server or a saved message wrote is shown with its control characters
+written out (`errors.shown`: `\\x1b`): Textual passes ESC and the C1 controls through to the
+terminal (it drops only BEL, BS, VT, FF and CR), where an escape sequence would act. The
+conversation keeps the text exact."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from textual.widgets import Collapsible, LoadingIndicator, Markdown, Static
 
 from chatcli.chat.reasoning import THINKING, ReasoningStream
 from chatcli.chat.reasoning import split as split_reasoning
+from chatcli.errors import shown
 from chatcli.ui.widgets.tool_call import ToolCallBox
 
 
@@ -20,13 +26,13 @@ class UserMessage(Static):
     """
 
     def __init__(self, text: str, queued: bool = False) -> None:
-        super().__init__(text, markup=False, classes="-queued" if queued else "")
+        super().__init__(shown(text), markup=False, classes="-queued" if queued else "")
         self.text = text
         self.message = None  # the conversation's Message, once its turn has started
 
     def number(self, n: int) -> UserMessage:
         """Show its place in the conversation (what /copy N and /edit N take), once it has one."""
-        self.update(Text.assemble((f"#{n} ", "dim"), self.text))
+        self.update(Text.assemble((f"#{n} ", "dim"), shown(self.text)))
         return self
 
 
@@ -67,12 +73,12 @@ class ReplyBox(Vertical):
         super().__init__()
         self.message = None  # the conversation's Message, once finished
         thinking, answer = split_reasoning(text)
-        self.thinking = ReplyMarkdown(thinking or "")
+        self.thinking = ReplyMarkdown(shown(thinking or ""))
         self.fold = Collapsible(self.thinking, title="Thinking", collapsed=True)
         if thinking:
             self.fold.add_class("-shown")
             self.fold.title = _thought_title(thinking)
-        self.markdown = ReplyMarkdown(answer)
+        self.markdown = ReplyMarkdown(shown(answer))
         self.note = Static("", classes="reply-note", markup=False)
         self.stream = None
         self._thinking_stream = None
@@ -102,9 +108,9 @@ class ReplyBox(Vertical):
                     self.fold.title = "Thinking…"
                     self._thinking_stream = Markdown.get_stream(self.thinking)
                 self._thought += piece
-                await self._thinking_stream.write(piece)
+                await self._thinking_stream.write(shown(piece))
             else:
-                await self.stream.write(piece)
+                await self.stream.write(shown(piece))
 
     async def end_stream(self) -> None:
         if self.stream is not None:
@@ -122,7 +128,7 @@ class ReplyBox(Vertical):
 
     def set_note(self, text: str, number: int | None = None) -> None:
         """The line under the reply, after its place in the conversation (`number`, once it has one)."""
-        self.note.update(" · ".join(part for part in (f"#{number}" if number else "", text) if part))
+        self.note.update(shown(" · ".join(part for part in (f"#{number}" if number else "", text) if part)))
 
 
 def _thought_title(text: str) -> str:
@@ -138,7 +144,7 @@ class Note(Static):
     """
 
     def __init__(self, text: str, error: bool = False) -> None:
-        super().__init__(text, markup=False, classes="-error" if error else "")
+        super().__init__(shown(text), markup=False, classes="-error" if error else "")
         self.text = text
 
 
@@ -151,7 +157,7 @@ class LoadingLine(Horizontal):
 
     def __init__(self, text: str) -> None:
         super().__init__()
-        self.status = Static(text, markup=False)
+        self.status = Static(shown(text), markup=False)
 
     def compose(self) -> ComposeResult:
         yield LoadingIndicator()

@@ -21,6 +21,8 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
+from chatcli.errors import shown
+
 # probability → style of a reply token (the first bound it reaches), likely to unlikely
 SHADES = ((0.9, "on dark_green"), (0.5, "on green4"), (0.2, "black on yellow3"), (0.05, "black on dark_orange"))
 UNLIKELY = "white on red3"
@@ -56,7 +58,7 @@ def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=N
 
 
 def _visible(text: str) -> str:
-    return text.replace("\n", "⏎\n").replace("\t", "⇥") or "∅"
+    return shown(text).replace("\n", "⏎\n").replace("\t", "⇥") or "∅"
 
 
 class TokenInspector(Vertical, can_focus=True):

@@ -1,5 +1,6 @@
 """A tool call in the chat: the tool and its arguments, where it stands (waiting for the user, running,
-done), and its result folded under it (click to unfold)."""
+done), and its result folded under it (click to unfold); the model's and the tool's words as a terminal
+may show them (`errors.shown`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from textual.containers import Vertical
 from textual.widgets import Collapsible, Static
 
 from chatcli.chat.toolturn import call_line, told
+from chatcli.errors import shown
 
 
 class ToolCallBox(Vertical):
@@ -49,10 +51,10 @@ class ToolCallBox(Vertical):
             line = (
                 "not run"
                 if status == "denied"
-                else (f"{status}: " if status != "ok" else "") + " ".join(message.content.split())[:120]
+                else (f"{status}: " if status != "ok" else "") + shown(" ".join(message.content.split())[:120])
             )
         self.state.update(line)
         self.state.set_class(status not in ("ok", "denied"), "-error")
-        self.output.update(message.content)
+        self.output.update(shown(message.content))
         self.fold.title = f"Result ({len(message.content):,} characters: click to show)"
         self.fold.add_class("-shown")
