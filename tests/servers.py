@@ -3,6 +3,7 @@ real uvicorn in a thread of the test process."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -48,6 +49,20 @@ def slow_endless(engine, delay: float = 0.02):
     """Slow, and never stopping at an end-of-turn id: a reply that runs for a while."""
     engine.tokenizer.stop_ids = frozenset()
     return slow(engine, delay)
+
+
+def leaves(server, route: str, body: dict, max_tokens: int = 400) -> None:
+    """POST `body` and leave: after a few lines of a stream, or 0.5 s without a byte; then the job is
+    cancelled, not run to `max_tokens`, and its slot is free."""
+    with httpx.Client(timeout=httpx.Timeout(TIMEOUT, read=0.5)) as http:
+        with contextlib.suppress(httpx.ReadTimeout):
+            with http.stream("POST", server.url + route, json={**body, "max_tokens": max_tokens}) as r:
+                assert r.status_code == 200
+                for _ in zip(r.iter_lines(), range(4), strict=False):
+                    pass
+    assert server.worker.wait_idle(10) and server.worker.running == 0
+    assert server.worker.cancelled == 1, list(server.worker.history)
+    assert server.worker.history[-1]["completion_tokens"] < max_tokens
 
 
 def free_port() -> list[str]:

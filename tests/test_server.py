@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
 from chatcli.engine.sample.sampling import SamplingParams
-from tests.servers import TIMEOUT, USER, alone, free_port, slow, slow_endless
+from tests.servers import TIMEOUT, USER, alone, free_port, leaves, slow, slow_endless
 
 
 def client(server, **kwargs):
@@ -391,6 +391,14 @@ def test_a_non_streaming_client_that_leaves_stops_its_generation_too(tiny_engine
         server.post({"messages": USER, "max_tokens": 200}, timeout=httpx.Timeout(TIMEOUT, read=0.5))
     assert server.worker.wait_idle(30)
     assert server.worker.history[-1]["finish_reason"] == "cancelled"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_legacy_completion_whose_client_leaves_is_cancelled(tiny_lean, serve, stream):
+    """/v1/completions stops its generation when its client leaves, as chat turns do (test_server_tools has
+    the tool-call turns)."""
+    server = serve(slow_endless(tiny_lean))
+    leaves(server, "/v1/completions", {"prompt": "The capital of France", "stream": stream})
 
 
 def test_eight_concurrent_clients_each_get_their_own_reply(tiny_engine, serve):

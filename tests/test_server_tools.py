@@ -27,6 +27,7 @@ from chatcli.engine.text.toolcalls import (
     parse_calls,
     syntax_of,
 )
+from tests.servers import leaves, slow_endless
 from tests.tiny import CHATML
 
 # A Qwen2.5-style template (the tools in the system turn, calls as <tool_call> blocks, results as
@@ -562,6 +563,15 @@ def test_bad_tools_are_one_clear_400(qwen, serve, fields, param, words):
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"] and "\n" not in error["message"], error
     assert httpx.get(server.url + "/health").json()["requests"]["failed"] == 0  # refused before any work
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_tool_turn_whose_client_leaves_is_cancelled(tools_loaded, serve, choice, stream):
+    """A turn with tools, free or held to calls, streamed or not, stops when its client leaves (0.1 s a
+    forward: a required reply, drafted, is still seconds long)."""
+    server = serve(slow_endless(with_template(tools_loaded, QWEN_TOOLS), 0.1))
+    leaves(server, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "tool_choice": choice, "stream": stream})
 
 
 def test_a_pydantic_tool_is_parsed_by_the_openai_client(qwen, serve):

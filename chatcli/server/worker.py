@@ -8,7 +8,9 @@ session with the longest cached prefix from the pool, drives `Engine.complete` o
 and hands every event to the job's
 `emit` callback (the app passes one that does `loop.call_soon_threadsafe` into an
 asyncio queue, so the event loop never blocks on the engine). A job's `cancel` event
-— set when its client disconnects — stops it before it starts or at the next step.
+— set when its client disconnects — stops it before it starts, before its conversation's next
+templating (`fit_prompt` templates a huge one a bounded number of times), at the next prefill chunk
+or at the next step: a client that is gone never holds a slot.
 
 Whatever happens in a turn, the session goes back to the pool consistent: a turn
 that raised drops its session, because its cache may no longer match its ids.
@@ -32,6 +34,7 @@ from chatcli.engine import (
     FinishReason,
     GrammarError,
     LeaseKind,
+    PromptCancelled,
     SamplingParams,
     SessionPool,
 )
@@ -59,10 +62,11 @@ class Job:
 
     def target(self, engine: Engine) -> tuple[list[int], int]:
         """The ids the turn continues and the exchanges dropped to fit them (raises ContextOverflow,
-        or the chat template's error); templated once, here: the turn runs on these ids."""
+        PromptCancelled once `cancel` is set, or the chat template's error); templated once, here: the
+        turn runs on these ids."""
         if self.prompt is not None:
             return engine.fit_raw(self.prompt), 0
-        target, dropped = engine.fit_prompt(self.messages, self.params)
+        target, dropped = engine.fit_prompt(self.messages, self.params, self.cancel)
         if dropped and not self.truncate:
             raise ContextOverflow(
                 f"the conversation does not fit the model's context of {engine.context_limit} tokens with room "
@@ -165,10 +169,14 @@ class GenerationWorker:
         except Exception:  # noqa: BLE001 - the client's loop is gone: nobody to tell
             job.cancel.set()
 
+    def _left(self, job: Job) -> None:
+        """The end of a job whose client left before its turn began (queued, or while templated)."""
+        self._count("cancelled")
+        self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
+
     def _run(self, job: Job) -> None:
         if job.cancel.is_set():  # the client left while queued
-            self._count("cancelled")
-            self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
+            self._left(job)
             return
         if self._closing:
             self._emit(
@@ -178,6 +186,9 @@ class GenerationWorker:
         t_submit = time.perf_counter()
         try:
             target, dropped = job.target(self.engine)
+        except PromptCancelled:  # the client left while its conversation was templated: the slot is free
+            self._left(job)
+            return
         except ContextOverflow as exc:
             self._count("failed")
             param = "messages" if job.prompt is None else "prompt"
