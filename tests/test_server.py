@@ -123,6 +123,66 @@ def test_a_shared_system_prompt_is_forked_not_taken_from_its_first_client(tiny_e
     assert server.app.state.pool.forks == 1
 
 
+SECRET = [{"role": "system", "content": "The quick brown fox jumps over the lazy dog. The vault PIN is 7391."}]
+
+
+def cached(server, messages, route="/v1/chat/completions", key: str | None = None, **fields) -> int:
+    """`usage.prompt_tokens_details.cached_tokens` of a request sent with `key` (as a Bearer token) and `fields`."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    body = {"max_tokens": 2, "temperature": 0, **fields}
+    body.update({"messages": messages} if route.endswith("chat/completions") else {"prompt": messages})
+    r = httpx.post(server.url + route, json=body, headers=headers, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.parametrize(
+    "victim, attacker",
+    [
+        ({"key": "alice"}, {"key": "mallory"}),
+        ({"cache_salt": "alice"}, {"cache_salt": "mallory"}),
+        ({"cache_salt": "alice"}, {}),
+        ({}, {"cache_salt": "mallory"}),
+        ({"key": "k", "cache_salt": "alice"}, {"key": "k", "cache_salt": "mallory"}),
+        ({"key": "k", "cache_salt": "s"}, {"key": "k2", "cache_salt": "s"}),
+    ],
+    ids=["keys", "salts", "salt-none", "none-salt", "one-key-two-salts", "two-keys-one-salt"],
+)
+def test_two_keys_or_salts_never_see_each_others_cached_tokens(tiny_lean, serve, victim, attacker):
+    """The prefix pool is shared only within one API key and cache_salt (issue 46: guessing a secret digit
+    by digit from `cached_tokens`): another's exact prompt, and a guess at its last digit, come back with no
+    cached token; the victim's own follow-up, and the attacker's own second guess, still reuse their caches."""
+    server = serve(tiny_lean)
+    cached(server, SECRET + [{"role": "user", "content": "Hello"}], **victim)
+    assert cached(server, SECRET + [{"role": "user", "content": "Hello"}], **attacker) == 0
+    guess = [{"role": "system", "content": SECRET[0]["content"][:-2] + "2."}]
+    assert cached(server, guess + [{"role": "user", "content": "Hello"}], **attacker) > 0  # its own first try
+    follow = SECRET + [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}]
+    assert cached(server, follow + [{"role": "user", "content": "PIN?"}], **victim) > len(SECRET[0]["content"]) // 4
+
+
+def test_the_same_key_or_no_key_shares_its_cache_as_before(tiny_lean, serve):
+    server = serve(tiny_lean)
+    hello = SECRET + [{"role": "user", "content": "Hello"}]
+    cached(server, hello, key="team")
+    assert cached(server, SECRET + [{"role": "user", "content": "Bye"}], key="team") > 8  # forked from the first
+    cached(server, hello)
+    assert cached(server, SECRET + [{"role": "user", "content": "Bye"}]) > 8  # no key, no salt: one shared space
+    text = "The quick brown fox jumps over the lazy dog. The vault PIN is 7391."
+    cached(server, text, "/v1/completions", cache_salt="a")
+    assert cached(server, text + " And", "/v1/completions", cache_salt="b") == 0
+    assert cached(server, text + " And", "/v1/completions", cache_salt="a") > 8
+
+
+def test_a_bad_cache_salt_is_a_400(tiny_lean, serve):
+    server = serve(tiny_lean)
+    for salt in ("", 5, ["a"]):
+        r = server.post({"messages": USER, "cache_salt": salt})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
+
+
 def test_a_seed_makes_sampling_reproducible_across_requests(tiny_engine, serve):
     server = serve(tiny_engine)
     body = {"messages": USER, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "max_tokens": 16}

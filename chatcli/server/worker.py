@@ -59,6 +59,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     prompt: list[int] | None = None  # a raw completion's prompt ids (/v1/completions): no chat template
     truncate: bool = True  # False: a conversation that fits only without its oldest exchanges is refused
+    space: str = ""  # the prefix pool's space: only its sessions are reused (the client's key and cache_salt)
 
     def target(self, engine: Engine) -> tuple[list[int], int]:
         """The ids the turn continues and the exchanges dropped to fit them (raises ContextOverflow,
@@ -201,7 +202,7 @@ class GenerationWorker:
             )
             return
         templated = time.perf_counter() - t_submit
-        lease = self.pool.acquire(target)
+        lease = self.pool.acquire(target, space=job.space)
         ok, failure, released = False, None, False
         slot = getattr(self.engine.runner, "slot", None)  # a BatchedRunner's: the others' steps wait for ours
         try:
