@@ -74,15 +74,13 @@ def free_port() -> list[str]:
 
 class Server:
     def __init__(self, app) -> None:
-        import uvicorn
-
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        from chatcli.server.http import uvicorn_config
+        from chatcli.server.http import StoppingServer, uvicorn_config
 
-        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning", lifespan="on"))
+        self.server = StoppingServer(uvicorn_config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def start(self) -> Server:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -445,6 +447,31 @@ def test_closing_the_worker_finishes_the_running_job_and_refuses_the_queued_ones
     assert not worker.submit(Job(USER, params, got["b"].append))
 
 
+def test_stopping_the_worker_ends_the_running_and_the_queued_jobs_with_a_503(tiny_engine):
+    """`stop` (the server's shutdown) cancels every job: the running one ends at its next step, the queued one
+    is not run; both are told `shutting_down`, and nothing is taken after."""
+    from chatcli.engine.kv.pool import SessionPool
+    from chatcli.server.worker import Failed, GenerationWorker, Job
+
+    engine = slow_endless(tiny_engine, 0.01)
+    worker = GenerationWorker(engine, SessionPool(engine.new_session, 1 << 30))
+    got: dict[str, list] = {"a": [], "b": []}
+    params = SamplingParams(temperature=0, max_tokens=200)
+    assert worker.submit(Job(USER, params, got["a"].append))
+    assert worker.submit(Job(USER, params, got["b"].append))
+    deadline = time.monotonic() + 30
+    while len(got["a"]) < 3:  # a is generating
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    worker.stop()
+    assert worker.wait_idle(5)
+    for name in "ab":
+        assert isinstance(got[name][-1], Failed) and got[name][-1].error.code == "shutting_down", got[name][-1]
+    assert len(got["a"]) < 100 and got["b"] == got["b"][-1:]
+    assert not worker.submit(Job(USER, params, got["b"].append))
+    worker.close()
+
+
 def test_a_non_streaming_client_that_leaves_stops_its_generation_too(tiny_engine, serve):
     server = serve(slow_endless(tiny_engine))
     with pytest.raises(httpx.ReadTimeout):
@@ -560,6 +587,55 @@ def test_serve_command_reports_a_bad_model_in_one_line(tmp_path, monkeypatch):
     assert output[-1] == f"chatcli: error: model file not found: {tmp_path / 'missing.gguf'}"
     assert any(line.startswith("warning: serving on 0.0.0.0 without --api-key") for line in output)
     assert "Traceback" not in result.output
+
+
+@pytest.mark.real_model
+def test_ctrl_c_ends_the_streams_in_flight_and_exits_at_once(tmp_path):
+    """`chatcli serve` on Ctrl+C ends the replies in flight, each stream with an error event, and exits
+    within a second or so, where it waited for a 300-token reply to run to its end (issue 46)."""
+    port = free_port()
+    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "none.toml")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chatcli", "serve", *port, "--log-level", "warning"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # an ignored SIGINT would be inherited
+    )
+    url = f"http://127.0.0.1:{port[1]}"
+    story = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    body = {"messages": story, "stream": True, "temperature": 0, "max_tokens": 300}  # greedy: the whole 300
+    try:
+        deadline = time.monotonic() + 300
+        while not ready(url):
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+            lines = (line for line in r.iter_lines() if line.startswith("data: "))
+            assert '"content":"' in next(lines) and '"content":"' in next(lines)  # the reply is streaming
+            proc.send_signal(signal.SIGINT)
+            stopped = time.monotonic()
+            rest = list(lines)
+        proc.wait(30)
+        exited = time.monotonic() - stopped
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rest[-1] == "data: [DONE]", rest[-3:]
+    assert json.loads(rest[-2][len("data: ") :])["error"]["code"] == "shutting_down"
+    assert not any('"finish_reason":"' in line for line in rest), "the reply ran to its end"
+    assert exited < 2.0, f"the server took {exited:.1f} s to exit"
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_importing_the_command_stays_light():

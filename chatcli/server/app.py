@@ -358,6 +358,11 @@ def create_app(
         log.error("request failed: %r", exc)
         return error_response(APIError(500, "internal server error", type="server_error"))
 
+    def stop_generations() -> None:
+        """The server's shutdown began (`http.StoppingServer`): every job ends now, with a 503 `shutting_down`."""
+        if state.ready is not None:
+            state.ready.worker.stop()
+
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         if load is not None:
@@ -397,6 +402,7 @@ def create_app(
         exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},
         lifespan=lifespan,
     )
+    app.state.stop_generations = stop_generations
     if engine is not None:
         attach(engine)
     return app

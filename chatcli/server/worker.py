@@ -12,6 +12,10 @@ asyncio queue, so the event loop never blocks on the engine). A job's `cancel` e
 templating (`fit_prompt` templates a huge one a bounded number of times), at the next prefill chunk
 or at the next step: a client that is gone never holds a slot.
 
+`stop()` (the server's shutdown: the first Ctrl+C) cancels every job, running or queued, and
+answers each with a 503 `shutting_down`: a stream ends with that error event at its next step, so
+the server exits at once instead of waiting on the replies in flight. `close()` then ends the threads.
+
 Whatever happens in a turn, the session goes back to the pool consistent: a turn
 that raised drops its session, because its cache may no longer match its ids.
 """
@@ -42,6 +46,10 @@ from chatcli.errors import one_line
 from chatcli.server.schema import APIError
 
 log = logging.getLogger("chatcli.server")
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", code="shutting_down", type="server_error")
 
 
 @dataclass
@@ -100,6 +108,7 @@ class GenerationWorker:
         self._threads: list[threading.Thread] = []
         self._state = threading.Condition()
         self._pending = 0  # submitted, not yet done
+        self._live: dict[int, Job] = {}  # those jobs by id(): what `stop` cancels
         self.history: deque[dict] = deque(maxlen=64)  # the latest turns: finish reason and stats
         self.served = self.cancelled = self.failed = 0
         self.running = 0  # jobs generating now (at most `parallel`)
@@ -118,9 +127,19 @@ class GenerationWorker:
             if self._closing or self._pending >= self.max_pending:
                 return False
             self._pending += 1
+            self._live[id(job)] = job
         self.start()
         self._jobs.put(job)
         return True
+
+    def stop(self) -> None:
+        """End every job now, running or queued, each answered with a 503 `shutting_down` (a stream: its
+        error event, at the turn's next step); no job is taken after. Safe from any thread."""
+        with self._state:
+            self._closing = True
+            jobs = list(self._live.values())
+        for job in jobs:
+            job.cancel.set()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop after the current jobs; jobs still queued are answered with a 503, not run."""
@@ -162,6 +181,7 @@ class GenerationWorker:
                 with self._state:
                     self.running -= 1
                     self._pending -= 1
+                    self._live.pop(id(job), None)
                     self._state.notify_all()
 
     def _emit(self, job: Job, item: object) -> None:
@@ -176,19 +196,20 @@ class GenerationWorker:
         self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
 
     def _run(self, job: Job) -> None:
+        if self._closing:  # queued when the server began to shut down
+            self._emit(job, Failed(shutting_down()))
+            return
         if job.cancel.is_set():  # the client left while queued
             self._left(job)
-            return
-        if self._closing:
-            self._emit(
-                job, Failed(APIError(503, "the server is shutting down", code="shutting_down", type="server_error"))
-            )
             return
         t_submit = time.perf_counter()
         try:
             target, dropped = job.target(self.engine)
         except PromptCancelled:  # the client left while its conversation was templated: the slot is free
-            self._left(job)
+            if self._closing:
+                self._emit(job, Failed(shutting_down()))
+            else:
+                self._left(job)
             return
         except ContextOverflow as exc:
             self._count("failed")
@@ -218,6 +239,8 @@ class GenerationWorker:
                         # taken by another slot, finds this conversation's cache
                         self.pool.release(lease, True)
                         released = True
+                        if event.finish_reason == FinishReason.CANCELLED and self._closing:
+                            event = Failed(shutting_down())  # `stop`: the client is there, and told why
                     self._emit(job, event)
             ok = True
         except GrammarError as exc:  # the schema failed the grammar engine past its first steps: the request's fault
