@@ -3,6 +3,7 @@ or an agent's parallel calls, get from it.
 
     python benchmarks/serve_load.py [--model PATH] [--clients 1,4,8] [--tokens 64] [--json]
     python benchmarks/serve_load.py --model FILE.gguf --llama-server PATH  # llama-server -np N beside it
+    python benchmarks/serve_load.py --hostile 4  # clients that send 20,000 messages and leave, and a `hi`
 
 For each number of clients N the server is started once with a slot a client (`chatcli serve
 --parallel N`, or `llama-server -np N` on the same GGUF where a binary is given or on PATH), warmed
@@ -15,6 +16,13 @@ generation of sequences decoded together), each client's own rate (median), and 
 (p50, p95). The OpenAI-
 compatible `stream_options.include_usage` gives the token counts where the server sends them, else
 the streamed chunks are counted.
+
+`--hostile N` measures what clients that leave cost the others (issue 46): on `chatcli serve` with its
+default slots, N clients each POST a conversation of 20,000 one-letter messages (680 KB; every other
+one streamed) and leave after `--leave` s; once all are queued or running, a well-behaved `hi` is sent.
+Reported: the seconds the `hi` took, and the slots' release time: for each hostile client, from its
+leaving to the server counting its request cancelled (`/health`'s `requests.cancelled`, read every
+10 ms), the longest.
 """
 
 from __future__ import annotations
@@ -50,11 +58,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(kind: str, model: str | None, clients: int, threads: int, binary: str | None):
+def start_server(kind: str, model: str | None, clients: int | None, threads: int, binary: str | None):
+    """The server with `clients` slots (None: chatcli's default), once /health answers."""
     port = free_port()
     if kind == "chatcli":
-        argv = [sys.executable, "-m", "chatcli", "serve", "--port", str(port), "--parallel", str(clients)]
-        argv += ["--model", model] if model else []  # a slot a client, as llama-server's -np below
+        argv = [sys.executable, "-m", "chatcli", "serve", "--port", str(port)]
+        argv += ["--parallel", str(clients)] if clients else []  # a slot a client, as llama-server's -np below
+        argv += ["--model", model] if model else []
     else:
         argv = [binary, "-m", model, "--port", str(port), "-np", str(clients), "-t", str(threads)]
         argv += ["-c", str(2048 * clients)]  # each slot a context of its own
@@ -135,6 +145,61 @@ def summary(clients: int, results: list) -> dict:
     }
 
 
+HOSTILE = {"messages": [{"role": "user", "content": "a"}] * 20000, "max_tokens": 2}
+HI = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+def health(url: str) -> dict:
+    return httpx.get(url + "/health", timeout=10).json()
+
+
+def hostile(url: str, n: int, leave_s: float) -> dict:
+    """N clients of HOSTILE gone after `leave_s`, a `hi` meanwhile: its latency and the slots' release time."""
+    one_request(url, "Say hello.", 8, time.perf_counter(), [None], 0)  # warm
+    start = health(url)["requests"]["cancelled"]
+    left: list[float] = []
+    freed: list[float] = []
+    done = threading.Event()
+
+    def leaver(i: int) -> None:
+        try:
+            body = {**HOSTILE, "stream": i % 2 == 0}
+            httpx.post(url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(600, read=leave_s))
+        except httpx.ReadTimeout:
+            pass
+        left.append(time.perf_counter())
+
+    def watch() -> None:
+        while len(freed) < n and not done.is_set():
+            count = health(url)["requests"]["cancelled"] - start
+            freed.extend([time.perf_counter()] * (count - len(freed)))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    leavers = [threading.Thread(target=leaver, args=(i,)) for i in range(n)]
+    for t in leavers:
+        t.start()
+    while health(url)["pending"] < n:
+        time.sleep(0.01)
+    sent = time.perf_counter()
+    r = httpx.post(url + "/v1/chat/completions", json=HI, timeout=600)
+    hi = time.perf_counter() - sent
+    r.raise_for_status()
+    for t in leavers:
+        t.join()
+    watcher.join(60)
+    done.set()
+    release = [f - t for f, t in zip(freed, sorted(left), strict=False)]
+    return {
+        "hostile": n,
+        "leave_s": leave_s,
+        "hi_s": round(hi, 3),
+        "hi_after_left_s": round(sent + hi - max(left), 3),
+        "release_max_s": round(max(release), 3) if len(release) == n else None,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="a .gguf, folder or hub id (default: the embedded model)")
@@ -143,7 +208,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama-server binary")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--hostile", type=int, metavar="N", help="only: N clients of 20,000 messages that leave, a hi")
+    ap.add_argument("--leave", type=float, default=1.0, help="seconds before a hostile client leaves")
     args = ap.parse_args()
+    if args.hostile:
+        proc, url = start_server("chatcli", args.model, None, args.threads, None)
+        try:
+            row = hostile(url, args.hostile, args.leave)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        if args.json:
+            print(json.dumps(row, indent=1))
+            return
+        release = "not all counted" if row["release_max_s"] is None else f"{row['release_max_s']:.2f} s"
+        print(
+            f"hostile {row['hostile']} (20,000 messages each, gone after {row['leave_s']:g} s): hi answered in "
+            f"{row['hi_s']:.2f} s ({row['hi_after_left_s']:.2f} s after the last left); slots free within {release} "
+            "of their clients leaving"
+        )
+        return
     counts = [int(c) for c in args.clients.split(",")]
     sides = ["chatcli"]
     if args.llama_server and args.model and args.model.endswith(".gguf"):

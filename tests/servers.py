@@ -3,6 +3,7 @@ real uvicorn in a thread of the test process."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -50,6 +51,20 @@ def slow_endless(engine, delay: float = 0.02):
     return slow(engine, delay)
 
 
+def leaves(server, route: str, body: dict, max_tokens: int = 400) -> None:
+    """POST `body` and leave: after a few lines of a stream, or 0.5 s without a byte; then the job is
+    cancelled, not run to `max_tokens`, and its slot is free."""
+    with httpx.Client(timeout=httpx.Timeout(TIMEOUT, read=0.5)) as http:
+        with contextlib.suppress(httpx.ReadTimeout):
+            with http.stream("POST", server.url + route, json={**body, "max_tokens": max_tokens}) as r:
+                assert r.status_code == 200
+                for _ in zip(r.iter_lines(), range(4), strict=False):
+                    pass
+    assert server.worker.wait_idle(10) and server.worker.running == 0
+    assert server.worker.cancelled == 1, list(server.worker.history)
+    assert server.worker.history[-1]["completion_tokens"] < max_tokens
+
+
 def free_port() -> list[str]:
     """`--port N` of a port free on loopback now (for commands that start a server of their own)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -59,15 +74,13 @@ def free_port() -> list[str]:
 
 class Server:
     def __init__(self, app) -> None:
-        import uvicorn
-
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        from chatcli.server.http import uvicorn_config
+        from chatcli.server.http import StoppingServer, uvicorn_config
 
-        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning", lifespan="on"))
+        self.server = StoppingServer(uvicorn_config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def start(self) -> Server:

@@ -255,3 +255,23 @@ def test_anonymous_requests_never_take_over_a_keyed_session(tiny_engine, ids):
 def test_negative_budget_is_refused(tiny_engine):
     with pytest.raises(ValueError, match="budget"):
         SessionPool(tiny_engine.new_session, budget_bytes=-1)
+
+
+def test_a_space_reuses_only_its_own_sessions(tiny_engine, ids):
+    """A request is matched, used in place or forked only from sessions of its own space (the server's: an API
+    key and cache_salt); the default space, "", is one shared space as before."""
+    pool = SessionPool(tiny_engine.new_session, budget_bytes=1 << 30)
+    first = pool.acquire(ids, space="alice")
+    fill(tiny_engine, first.session, ids)
+    pool.release(first)
+    other = pool.acquire(ids, space="mallory")
+    assert (other.how, other.cached_tokens) == ("new", 0) and other.session is not first.session
+    pool.release(other)
+    none = pool.acquire(ids)
+    assert (none.how, none.cached_tokens) == ("new", 0)
+    pool.release(none)
+    again = pool.acquire(ids + [5], space="alice")
+    assert again.how == "hit" and again.session is first.session and again.cached_tokens == len(ids)
+    pool.release(again)
+    fork = pool.acquire(ids[:-3] + [7, 7, 7], space="alice")
+    assert fork.how == "fork" and fork.cached_tokens > 8

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
 from chatcli.engine.sample.sampling import SamplingParams
-from tests.servers import TIMEOUT, USER, alone, free_port, slow, slow_endless
+from tests.servers import TIMEOUT, USER, alone, free_port, leaves, slow, slow_endless
 
 
 def client(server, **kwargs):
@@ -121,6 +123,66 @@ def test_a_shared_system_prompt_is_forked_not_taken_from_its_first_client(tiny_e
     assert third["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] > shared
     assert third["choices"][0]["message"]["content"] == alone(tiny_engine, follow, temperature=0, max_tokens=8)
     assert server.app.state.pool.forks == 1
+
+
+SECRET = [{"role": "system", "content": "The quick brown fox jumps over the lazy dog. The vault PIN is 7391."}]
+
+
+def cached(server, messages, route="/v1/chat/completions", key: str | None = None, **fields) -> int:
+    """`usage.prompt_tokens_details.cached_tokens` of a request sent with `key` (as a Bearer token) and `fields`."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    body = {"max_tokens": 2, "temperature": 0, **fields}
+    body.update({"messages": messages} if route.endswith("chat/completions") else {"prompt": messages})
+    r = httpx.post(server.url + route, json=body, headers=headers, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.parametrize(
+    "victim, attacker",
+    [
+        ({"key": "alice"}, {"key": "mallory"}),
+        ({"cache_salt": "alice"}, {"cache_salt": "mallory"}),
+        ({"cache_salt": "alice"}, {}),
+        ({}, {"cache_salt": "mallory"}),
+        ({"key": "k", "cache_salt": "alice"}, {"key": "k", "cache_salt": "mallory"}),
+        ({"key": "k", "cache_salt": "s"}, {"key": "k2", "cache_salt": "s"}),
+    ],
+    ids=["keys", "salts", "salt-none", "none-salt", "one-key-two-salts", "two-keys-one-salt"],
+)
+def test_two_keys_or_salts_never_see_each_others_cached_tokens(tiny_lean, serve, victim, attacker):
+    """The prefix pool is shared only within one API key and cache_salt (issue 46: guessing a secret digit
+    by digit from `cached_tokens`): another's exact prompt, and a guess at its last digit, come back with no
+    cached token; the victim's own follow-up, and the attacker's own second guess, still reuse their caches."""
+    server = serve(tiny_lean)
+    cached(server, SECRET + [{"role": "user", "content": "Hello"}], **victim)
+    assert cached(server, SECRET + [{"role": "user", "content": "Hello"}], **attacker) == 0
+    guess = [{"role": "system", "content": SECRET[0]["content"][:-2] + "2."}]
+    assert cached(server, guess + [{"role": "user", "content": "Hello"}], **attacker) > 0  # its own first try
+    follow = SECRET + [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}]
+    assert cached(server, follow + [{"role": "user", "content": "PIN?"}], **victim) > len(SECRET[0]["content"]) // 4
+
+
+def test_the_same_key_or_no_key_shares_its_cache_as_before(tiny_lean, serve):
+    server = serve(tiny_lean)
+    hello = SECRET + [{"role": "user", "content": "Hello"}]
+    cached(server, hello, key="team")
+    assert cached(server, SECRET + [{"role": "user", "content": "Bye"}], key="team") > 8  # forked from the first
+    cached(server, hello)
+    assert cached(server, SECRET + [{"role": "user", "content": "Bye"}]) > 8  # no key, no salt: one shared space
+    text = "The quick brown fox jumps over the lazy dog. The vault PIN is 7391."
+    cached(server, text, "/v1/completions", cache_salt="a")
+    assert cached(server, text + " And", "/v1/completions", cache_salt="b") == 0
+    assert cached(server, text + " And", "/v1/completions", cache_salt="a") > 8
+
+
+def test_a_bad_cache_salt_is_a_400(tiny_lean, serve):
+    server = serve(tiny_lean)
+    for salt in ("", 5, ["a"]):
+        r = server.post({"messages": USER, "cache_salt": salt})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
 
 
 def test_a_seed_makes_sampling_reproducible_across_requests(tiny_engine, serve):
@@ -385,12 +447,45 @@ def test_closing_the_worker_finishes_the_running_job_and_refuses_the_queued_ones
     assert not worker.submit(Job(USER, params, got["b"].append))
 
 
+def test_stopping_the_worker_ends_the_running_and_the_queued_jobs_with_a_503(tiny_engine):
+    """`stop` (the server's shutdown) cancels every job: the running one ends at its next step, the queued one
+    is not run; both are told `shutting_down`, and nothing is taken after."""
+    from chatcli.engine.kv.pool import SessionPool
+    from chatcli.server.worker import Failed, GenerationWorker, Job
+
+    engine = slow_endless(tiny_engine, 0.01)
+    worker = GenerationWorker(engine, SessionPool(engine.new_session, 1 << 30))
+    got: dict[str, list] = {"a": [], "b": []}
+    params = SamplingParams(temperature=0, max_tokens=200)
+    assert worker.submit(Job(USER, params, got["a"].append))
+    assert worker.submit(Job(USER, params, got["b"].append))
+    deadline = time.monotonic() + 30
+    while len(got["a"]) < 3:  # a is generating
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    worker.stop()
+    assert worker.wait_idle(5)
+    for name in "ab":
+        assert isinstance(got[name][-1], Failed) and got[name][-1].error.code == "shutting_down", got[name][-1]
+    assert len(got["a"]) < 100 and got["b"] == got["b"][-1:]
+    assert not worker.submit(Job(USER, params, got["b"].append))
+    worker.close()
+
+
 def test_a_non_streaming_client_that_leaves_stops_its_generation_too(tiny_engine, serve):
     server = serve(slow_endless(tiny_engine))
     with pytest.raises(httpx.ReadTimeout):
         server.post({"messages": USER, "max_tokens": 200}, timeout=httpx.Timeout(TIMEOUT, read=0.5))
     assert server.worker.wait_idle(30)
     assert server.worker.history[-1]["finish_reason"] == "cancelled"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_legacy_completion_whose_client_leaves_is_cancelled(tiny_lean, serve, stream):
+    """/v1/completions stops its generation when its client leaves, as chat turns do (test_server_tools has
+    the tool-call turns)."""
+    server = serve(slow_endless(tiny_lean))
+    leaves(server, "/v1/completions", {"prompt": "The capital of France", "stream": stream})
 
 
 def test_eight_concurrent_clients_each_get_their_own_reply(tiny_engine, serve):
@@ -492,6 +587,55 @@ def test_serve_command_reports_a_bad_model_in_one_line(tmp_path, monkeypatch):
     assert output[-1] == f"chatcli: error: model file not found: {tmp_path / 'missing.gguf'}"
     assert any(line.startswith("warning: serving on 0.0.0.0 without --api-key") for line in output)
     assert "Traceback" not in result.output
+
+
+@pytest.mark.real_model
+def test_ctrl_c_ends_the_streams_in_flight_and_exits_at_once(tmp_path):
+    """`chatcli serve` on Ctrl+C ends the replies in flight, each stream with an error event, and exits
+    within a second or so, where it waited for a 300-token reply to run to its end (issue 46)."""
+    port = free_port()
+    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "none.toml")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chatcli", "serve", *port, "--log-level", "warning"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # an ignored SIGINT would be inherited
+    )
+    url = f"http://127.0.0.1:{port[1]}"
+    story = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    body = {"messages": story, "stream": True, "temperature": 0, "max_tokens": 300}  # greedy: the whole 300
+    try:
+        deadline = time.monotonic() + 300
+        while not ready(url):
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+            lines = (line for line in r.iter_lines() if line.startswith("data: "))
+            assert '"content":"' in next(lines) and '"content":"' in next(lines)  # the reply is streaming
+            proc.send_signal(signal.SIGINT)
+            stopped = time.monotonic()
+            rest = list(lines)
+        proc.wait(30)
+        exited = time.monotonic() - stopped
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rest[-1] == "data: [DONE]", rest[-3:]
+    assert json.loads(rest[-2][len("data: ") :])["error"]["code"] == "shutting_down"
+    assert not any('"finish_reason":"' in line for line in rest), "the reply ran to its end"
+    assert exited < 2.0, f"the server took {exited:.1f} s to exit"
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_importing_the_command_stays_light():

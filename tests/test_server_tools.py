@@ -27,6 +27,7 @@ from chatcli.engine.text.toolcalls import (
     parse_calls,
     syntax_of,
 )
+from tests.servers import leaves, slow_endless
 from tests.tiny import CHATML
 
 # A Qwen2.5-style template (the tools in the system turn, calls as <tool_call> blocks, results as
@@ -519,6 +520,7 @@ def test_syntax_and_scanner():
 # -- bad tools -----------------------------------------------------------------------------------
 
 OPEN = {"type": "object", "properties": {f"p{i}": {"enum": ["a", "b"]} for i in range(2000)}}
+BAD_PROPERTY = {"type": "object", "properties": {"x": {"type": "nosuchtype"}}}  # the grammar engine refuses it
 
 
 def function(name="f", parameters=None):
@@ -531,14 +533,15 @@ def function(name="f", parameters=None):
         ({"tools": [{"type": "retrieval"}]}, "tools", "tools[0] must be an object of type function"),
         ({"tools": [{"type": "function", "function": {}}]}, "tools", "with a name"),
         ({"tools": [function("no spaces")]}, "tools", "letters, digits"),
-        ({"tools": [function(parameters=[1])]}, "tools", "JSON schema object"),
+        ({"tools": [function(parameters=[1])]}, "tools[0].function.parameters", "JSON schema object"),
+        ({"tools": [function(), function("g", {"type": "string"})]}, "tools[1].function.parameters", "type object"),
         ({"tools": [function(), function()]}, "tools", "twice"),
         ({"tools": {"f": 1}}, "tools", "array"),
-        ({"tools": [function(parameters={"type": "nosuchtype"})]}, "tools", "tools[0] (f)"),
+        ({"tools": [function(parameters=BAD_PROPERTY)]}, "tools", "tools[0] (f)"),
         ({"tools": [function(), function("g", {"$ref": "#/$defs/missing"})]}, "tools", "tools[1] (g)"),
         ({"tools": [function(parameters=OPEN)]}, "tools", "too large or too open"),
         (  # beside a good response_format, the bad tool is named
-            {"tools": [function(parameters={"type": "nosuchtype"})], "response_format": {"type": "json_object"}},
+            {"tools": [function(parameters=BAD_PROPERTY)], "response_format": {"type": "json_object"}},
             "tools",
             "tools[0] (f)",
         ),
@@ -562,6 +565,44 @@ def test_bad_tools_are_one_clear_400(qwen, serve, fields, param, words):
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"] and "\n" not in error["message"], error
     assert httpx.get(server.url + "/health").json()["requests"]["failed"] == 0  # refused before any work
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "say"}}, "auto"])
+@pytest.mark.parametrize("parameters", [{"type": "string"}, {"type": ["object", "null"]}, {"type": "array"}])
+def test_parameters_that_are_not_an_object_are_a_400_through_the_openai_client(qwen, serve, choice, parameters):
+    """A call's arguments are a JSON object: parameters of another type are refused, as OpenAI refuses them
+    (`invalid_function_parameters`, naming the tool's parameters), not answered with a call the reply cannot
+    hold (it came back as content, finish_reason "length")."""
+    import openai
+
+    server = serve(qwen)
+    tool = {"type": "function", "function": {"name": "say", "parameters": parameters}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(server).chat.completions.create(
+            model="tiny", messages=ASK, tools=[tool], tool_choice=choice, max_tokens=25, temperature=0
+        )
+    error = refused.value
+    assert error.status_code == 400 and error.code == "invalid_function_parameters"
+    assert error.param == "tools[0].function.parameters" and "'say'" in error.message and "type object" in error.message
+
+
+def test_parameters_that_do_not_say_their_type_are_an_objects(qwen, serve):
+    """A schema without `type` (only `properties`) is taken as an object's: the required call parses."""
+    server = serve(qwen)
+    untyped = {"properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tool = {"type": "function", "function": {"name": "where", "parameters": untyped}}
+    done = ask(server, tools=[tool], tool_choice="required", temperature=0, max_tokens=200)
+    calls = done.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "where" and isinstance(json.loads(calls[0].function.arguments), dict)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_tool_turn_whose_client_leaves_is_cancelled(tools_loaded, serve, choice, stream):
+    """A turn with tools, free or held to calls, streamed or not, stops when its client leaves (0.1 s a
+    forward: a required reply, drafted, is still seconds long)."""
+    server = serve(slow_endless(with_template(tools_loaded, QWEN_TOOLS), 0.1))
+    leaves(server, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "tool_choice": choice, "stream": stream})
 
 
 def test_a_pydantic_tool_is_parsed_by_the_openai_client(qwen, serve):

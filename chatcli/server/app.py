@@ -22,6 +22,7 @@ the queue is full. The connection's own timeouts are in `http.py`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -101,6 +102,26 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
+def bearer_token(headers) -> bytes | None:
+    """The token of an `Authorization: Bearer TOKEN` among raw ASGI `headers`; None without one."""
+    header = next((v for k, v in headers if k == b"authorization"), b"")
+    scheme, _, token = header.partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
+
+
+def cache_space(headers, salt: str | None) -> str:
+    """The prefix pool's space of a request: its API key (the Bearer token it carried, checked or not) and its
+    `cache_salt`, hashed; "" (the one shared space) with neither. Requests of different spaces never reuse
+    each other's cached positions, so a prompt's tokens cannot be guessed from `cached_tokens` or timing."""
+    token = bearer_token(headers)
+    if token is None and salt is None:
+        return ""
+    digest = hashlib.sha256()
+    for part in (token, None if salt is None else salt.encode()):  # each part with its length: no ambiguity
+        digest.update(b"-" if part is None else len(part).to_bytes(8, "big") + part)
+    return digest.hexdigest()
+
+
 class BearerAuth:
     """Every HTTP request needs `Authorization: Bearer KEY`; compared in constant time. `/health`
     without it answers only the status, `{"status": "ok"}` or loading (a load balancer's probe has
@@ -113,9 +134,8 @@ class BearerAuth:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            scheme, _, token = header.partition(b" ")
-            ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
+            token = bearer_token(scope["headers"])
+            ok = token is not None and hmac.compare_digest(token, self.key)
             if not ok and scope.get("path") == "/health":
                 await status_response(*self.status())(scope, receive, send)
                 return
@@ -264,7 +284,8 @@ def create_app(
         if request_.params.logprobs is not None and b.tokenizer is None:
             raise APIError(400, "logprobs are not available from this engine", "logprobs", "unsupported_parameter")
         await check_params(b.engine, request_.params)
-        return CompletionResponse(request_, b.worker, b.engine.name, b.tokenizer)
+        space = cache_space(request.scope["headers"], request_.cache_salt)
+        return CompletionResponse(request_, b.worker, b.engine.name, b.tokenizer, space=space)
 
     async def text_completions(request: Request) -> Response:
         b = state.backend()
@@ -279,7 +300,8 @@ def create_app(
         if max(ids) >= tokenizer.vocab_size:
             raise APIError(400, f"prompt token ids must be < {tokenizer.vocab_size}, got {max(ids)}", "prompt")
         text = prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
-        return TextCompletionResponse(request_, ids, text, b.worker, b.engine.name, tokenizer)
+        space = cache_space(request.scope["headers"], request_.cache_salt)
+        return TextCompletionResponse(request_, ids, text, b.worker, b.engine.name, tokenizer, space=space)
 
     async def check_params(engine: Engine, params: SamplingParams) -> None:
         """A 400 for a logit_bias past the vocabulary, or a response_format the engine cannot hold
@@ -336,6 +358,11 @@ def create_app(
         log.error("request failed: %r", exc)
         return error_response(APIError(500, "internal server error", type="server_error"))
 
+    def stop_generations() -> None:
+        """The server's shutdown began (`http.StoppingServer`): every job ends now, with a 503 `shutting_down`."""
+        if state.ready is not None:
+            state.ready.worker.stop()
+
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         if load is not None:
@@ -375,6 +402,7 @@ def create_app(
         exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},
         lifespan=lifespan,
     )
+    app.state.stop_generations = stop_generations
     if engine is not None:
         attach(engine)
     return app

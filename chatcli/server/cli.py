@@ -165,12 +165,11 @@ def serve(
 ) -> None:
     """Run the server in this thread until Ctrl-C: it listens at once and loads the model (`load()`)
     in a thread meanwhile; a failed load stops it with that one line and exit 1. `cache_budget_bytes`
-    None: the pool's default (an eighth of RAM, as the TUI's)."""
-    import uvicorn
-
+    None: the pool's default (an eighth of RAM, as the TUI's). Ctrl-C ends the replies in flight at
+    once, each stream with an error event (`http.StoppingServer`), and the process exits."""
     from chatcli.engine import default_budget_bytes
     from chatcli.server.app import LOOPBACK_HOSTS, create_app
-    from chatcli.server.http import bind, uvicorn_config
+    from chatcli.server.http import StoppingServer, bind, uvicorn_config
 
     if cache_budget_bytes is None:
         cache_budget_bytes = default_budget_bytes()
@@ -196,7 +195,7 @@ def serve(
     )
     bare = host.strip("[]")
     config = uvicorn_config(app, host=bare, port=port, log_level=log_level.lower())
-    server = uvicorn.Server(config)
+    server = StoppingServer(config)  # Ctrl+C: the replies in flight end with an error event, no wait
     try:
         sock = bind(bare, port)  # before "Serving at": a port in use is one line, and nothing else
     except OSError as exc:

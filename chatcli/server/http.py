@@ -6,6 +6,10 @@ request's headers: a client that connects and sends nothing, or headers a byte a
 request headers are not complete `HEADER_TIMEOUT` seconds after it opened (or after its last
 response); the body has its own limit in the app (`app.read_body`), and an idle keep-alive
 connection goes after `IDLE_TIMEOUT`. `Host` checks and the rest are the app's (`app.py`).
+
+On shutdown (the first Ctrl+C) uvicorn waits for every response in flight to end before the app's
+own shutdown runs: `StoppingServer` first calls the app's `state.stop_generations`, which ends the
+replies in flight (each stream closes with an error event), so the process exits at once.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import socket
 
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEADER_TIMEOUT = 10.0  # seconds from connecting (or the last response) to a request's complete headers
@@ -61,10 +66,19 @@ class TimedH11Protocol(H11Protocol):
             self.transport.close()
 
 
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, whose shutdown first stops the app's generations (`app.state.stop_generations`,
+    where the app has it) rather than waiting for the replies in flight to run to their end."""
+
+    async def shutdown(self, sockets=None) -> None:
+        stop = getattr(getattr(self.config.app, "state", None), "stop_generations", None)
+        if stop is not None:
+            stop()
+        await super().shutdown(sockets)
+
+
 def uvicorn_config(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", **extra):
     """uvicorn's Config for `app` with chatcli's protocol and timeouts (`chatcli serve` and the tests')."""
-    import uvicorn
-
     return uvicorn.Config(
         app,
         host=host,

@@ -28,6 +28,7 @@ class TextRequest:
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
+    cache_salt: str | None = None  # as chat's: requests with different salts never share cached positions
 
 
 def _prompt(value) -> str | list[int]:
@@ -72,21 +73,21 @@ def parse_completion(body, defaults: SamplingParams) -> TextRequest:
         extra["logprobs"] = int(top)
     stream, include_usage = schema.streaming(body)
     params = schema.sampling_params(body, defaults.with_(max_tokens=DEFAULT_MAX_TOKENS), extra)
-    return TextRequest(prompt, params, stream, include_usage, echo)
+    return TextRequest(prompt, params, stream, include_usage, echo, schema.cache_salt(body))
 
 
 class TextCompletionResponse(CompletionResponse):
     """A `text_completion` (or its chunks) for a `TextRequest` whose prompt ids are `ids`."""
 
-    def __init__(self, request: TextRequest, ids: list[int], prompt_text: str, *args) -> None:
-        super().__init__(request, *args)
+    def __init__(self, request: TextRequest, ids: list[int], prompt_text: str, *args, **kwargs) -> None:
+        super().__init__(request, *args, **kwargs)
         self.ids = ids
         self.prompt_text = prompt_text  # what echo returns
         self.cid = schema.new_id("cmpl-")
         self.offset = len(prompt_text)  # text_offset of the next token: from the prompt's start, as OpenAI's
 
     def _job(self, emit) -> Job:
-        return Job([], self.request.params, emit, prompt=self.ids)
+        return Job([], self.request.params, emit, prompt=self.ids, space=self.space)
 
     def _entry(self, event) -> dict | None:
         found = token_entry(self.tokenizer, event)

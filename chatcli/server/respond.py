@@ -43,8 +43,11 @@ class CompletionResponse(Response):
     are chat.completion's; `chatcli.server.legacy.TextCompletionResponse` overrides the hooks
     (`_whole`, `_opening`, `_piece`, `_closing`, `_usage_chunk`, `_entry`) for text_completion."""
 
-    def __init__(self, request: ChatRequest, worker: GenerationWorker, model: str, tokenizer=None) -> None:
+    def __init__(
+        self, request: ChatRequest, worker: GenerationWorker, model: str, tokenizer=None, space: str = ""
+    ) -> None:
         self.request = request
+        self.space = space  # the prefix pool's space this request's cache is shared in (`app.cache_space`)
         self.worker = worker
         self.model = model
         self.tokenizer = tokenizer  # names the tokens of a reply's logprobs
@@ -57,7 +60,7 @@ class CompletionResponse(Response):
         self.calls = 0  # calls streamed
 
     def _job(self, emit) -> Job:
-        return Job(self.request.messages, self.request.params, emit, truncate=self.request.truncate)
+        return Job(self.request.messages, self.request.params, emit, truncate=self.request.truncate, space=self.space)
 
     def _scored(self, event, pending: list | None) -> None:
         """A Token's logprobs entry appended to `pending` (None: the request asked for none)."""

@@ -74,6 +74,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     truncate: bool = True  # drop the oldest exchanges to fit the context; `"truncation": "disabled"`: a 400
+    cache_salt: str | None = None  # requests with different salts never share cached positions (vLLM's field)
 
 
 def _truncation(value) -> bool:
@@ -257,7 +258,19 @@ def parse_request(body, defaults: SamplingParams) -> ChatRequest:
     if tools is not None:
         extra["tools"] = tools
     params = sampling_params(body, defaults, extra)
-    return ChatRequest(messages, params, stream, include_usage, _truncation(body.get("truncation")))
+    truncate = _truncation(body.get("truncation"))
+    return ChatRequest(messages, params, stream, include_usage, truncate, cache_salt(body))
+
+
+def cache_salt(body: dict) -> str | None:
+    """vLLM's `cache_salt`: a non-empty string that keeps this request's cached prefixes apart from those of
+    requests with another salt (or none), within its API key's."""
+    value = body.get("cache_salt")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise bad("cache_salt must be a non-empty string", "cache_salt", "invalid_type")
+    return value
 
 
 def streaming(body: dict) -> tuple[bool, bool]:

@@ -39,14 +39,29 @@ def _function(tool, i: int) -> dict:
     description = function.get("description")
     if description is not None and not isinstance(description, str):
         raise ToolError(f"{where}.function.description must be a string", "tools", "invalid_type")
-    parameters = function.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise ToolError(f"{where}.function.parameters must be a JSON schema object", "tools", "invalid_type")
     kept = {"name": function["name"]}
     if description:
         kept["description"] = description
-    kept["parameters"] = parameters if parameters else {"type": "object", "properties": {}}
+    kept["parameters"] = _parameters(function.get("parameters"), f"{where}.function.parameters", function["name"])
     return {"type": "function", "function": kept}
+
+
+def _parameters(schema, param: str, name: str) -> dict:
+    """A function's parameters: a JSON schema of an object (a call's arguments are one), as OpenAI requires;
+    a schema that does not say its type is taken as an object's; none is an object without properties."""
+    if schema is None or schema == {}:
+        return {"type": "object", "properties": {}}
+    if not isinstance(schema, dict):
+        raise ToolError(f"{param} must be a JSON schema object", param, "invalid_type")
+    kind = schema.get("type", "object")
+    if kind != "object":
+        raise ToolError(
+            f"invalid schema for function {name!r}: {param} must be a JSON schema of type object "
+            f"(a call's arguments are an object), got type {json.dumps(kind)}",
+            param,
+            "invalid_function_parameters",
+        )
+    return {"type": "object", **schema}
 
 
 def _choice(value, names: list[str]) -> str:

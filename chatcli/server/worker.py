@@ -8,7 +8,13 @@ session with the longest cached prefix from the pool, drives `Engine.complete` o
 and hands every event to the job's
 `emit` callback (the app passes one that does `loop.call_soon_threadsafe` into an
 asyncio queue, so the event loop never blocks on the engine). A job's `cancel` event
-— set when its client disconnects — stops it before it starts or at the next step.
+— set when its client disconnects — stops it before it starts, before its conversation's next
+templating (`fit_prompt` templates a huge one a bounded number of times), at the next prefill chunk
+or at the next step: a client that is gone never holds a slot.
+
+`stop()` (the server's shutdown: the first Ctrl+C) cancels every job, running or queued, and
+answers each with a 503 `shutting_down`: a stream ends with that error event at its next step, so
+the server exits at once instead of waiting on the replies in flight. `close()` then ends the threads.
 
 Whatever happens in a turn, the session goes back to the pool consistent: a turn
 that raised drops its session, because its cache may no longer match its ids.
@@ -32,6 +38,7 @@ from chatcli.engine import (
     FinishReason,
     GrammarError,
     LeaseKind,
+    PromptCancelled,
     SamplingParams,
     SessionPool,
 )
@@ -39,6 +46,10 @@ from chatcli.errors import one_line
 from chatcli.server.schema import APIError
 
 log = logging.getLogger("chatcli.server")
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", code="shutting_down", type="server_error")
 
 
 @dataclass
@@ -56,13 +67,15 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     prompt: list[int] | None = None  # a raw completion's prompt ids (/v1/completions): no chat template
     truncate: bool = True  # False: a conversation that fits only without its oldest exchanges is refused
+    space: str = ""  # the prefix pool's space: only its sessions are reused (the client's key and cache_salt)
 
     def target(self, engine: Engine) -> tuple[list[int], int]:
         """The ids the turn continues and the exchanges dropped to fit them (raises ContextOverflow,
-        or the chat template's error); templated once, here: the turn runs on these ids."""
+        PromptCancelled once `cancel` is set, or the chat template's error); templated once, here: the
+        turn runs on these ids."""
         if self.prompt is not None:
             return engine.fit_raw(self.prompt), 0
-        target, dropped = engine.fit_prompt(self.messages, self.params)
+        target, dropped = engine.fit_prompt(self.messages, self.params, self.cancel)
         if dropped and not self.truncate:
             raise ContextOverflow(
                 f"the conversation does not fit the model's context of {engine.context_limit} tokens with room "
@@ -95,6 +108,7 @@ class GenerationWorker:
         self._threads: list[threading.Thread] = []
         self._state = threading.Condition()
         self._pending = 0  # submitted, not yet done
+        self._live: dict[int, Job] = {}  # those jobs by id(): what `stop` cancels
         self.history: deque[dict] = deque(maxlen=64)  # the latest turns: finish reason and stats
         self.served = self.cancelled = self.failed = 0
         self.running = 0  # jobs generating now (at most `parallel`)
@@ -113,9 +127,19 @@ class GenerationWorker:
             if self._closing or self._pending >= self.max_pending:
                 return False
             self._pending += 1
+            self._live[id(job)] = job
         self.start()
         self._jobs.put(job)
         return True
+
+    def stop(self) -> None:
+        """End every job now, running or queued, each answered with a 503 `shutting_down` (a stream: its
+        error event, at the turn's next step); no job is taken after. Safe from any thread."""
+        with self._state:
+            self._closing = True
+            jobs = list(self._live.values())
+        for job in jobs:
+            job.cancel.set()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop after the current jobs; jobs still queued are answered with a 503, not run."""
@@ -157,6 +181,7 @@ class GenerationWorker:
                 with self._state:
                     self.running -= 1
                     self._pending -= 1
+                    self._live.pop(id(job), None)
                     self._state.notify_all()
 
     def _emit(self, job: Job, item: object) -> None:
@@ -165,19 +190,27 @@ class GenerationWorker:
         except Exception:  # noqa: BLE001 - the client's loop is gone: nobody to tell
             job.cancel.set()
 
+    def _left(self, job: Job) -> None:
+        """The end of a job whose client left before its turn began (queued, or while templated)."""
+        self._count("cancelled")
+        self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
+
     def _run(self, job: Job) -> None:
-        if job.cancel.is_set():  # the client left while queued
-            self._count("cancelled")
-            self._emit(job, Failed(APIError(499, "the client disconnected", code="cancelled")))
+        if self._closing:  # queued when the server began to shut down
+            self._emit(job, Failed(shutting_down()))
             return
-        if self._closing:
-            self._emit(
-                job, Failed(APIError(503, "the server is shutting down", code="shutting_down", type="server_error"))
-            )
+        if job.cancel.is_set():  # the client left while queued
+            self._left(job)
             return
         t_submit = time.perf_counter()
         try:
             target, dropped = job.target(self.engine)
+        except PromptCancelled:  # the client left while its conversation was templated: the slot is free
+            if self._closing:
+                self._emit(job, Failed(shutting_down()))
+            else:
+                self._left(job)
+            return
         except ContextOverflow as exc:
             self._count("failed")
             param = "messages" if job.prompt is None else "prompt"
@@ -190,7 +223,7 @@ class GenerationWorker:
             )
             return
         templated = time.perf_counter() - t_submit
-        lease = self.pool.acquire(target)
+        lease = self.pool.acquire(target, space=job.space)
         ok, failure, released = False, None, False
         slot = getattr(self.engine.runner, "slot", None)  # a BatchedRunner's: the others' steps wait for ours
         try:
@@ -206,6 +239,8 @@ class GenerationWorker:
                         # taken by another slot, finds this conversation's cache
                         self.pool.release(lease, True)
                         released = True
+                        if event.finish_reason == FinishReason.CANCELLED and self._closing:
+                            event = Failed(shutting_down())  # `stop`: the client is there, and told why
                     self._emit(job, event)
             ok = True
         except GrammarError as exc:  # the schema failed the grammar engine past its first steps: the request's fault

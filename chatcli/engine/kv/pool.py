@@ -18,7 +18,11 @@ templated ids (`engine.fit_prompt`). Then:
 - nothing useful is shared: a new session.
 
 Entries are keyed: by a conversation id where the caller has one (the TUI), or by
-an id the pool makes up (the server's anonymous requests). `acquire` hands out a
+an id the pool makes up (the server's anonymous requests). Each entry belongs to a
+*space* (`acquire`'s `space`; the server's: a hash of the request's API key and
+`cache_salt`): a request is matched, used in place or forked only from sessions of
+its own space, so what one space's prompts hold never shows in another's reuse
+(`cached_tokens`, the time a prefill takes). `acquire` hands out a
 `Lease`, `release` puts the session back — or drops it, when the turn failed and
 its cache may not match its ids — and evicts least recently used sessions until
 the sum of `session.cache.nbytes` fits the budget. A session that alone exceeds the
@@ -82,6 +86,7 @@ class _Entry:
     anonymous: bool
     leased: bool = False
     prompt_len: int = 0  # ids the last request sent; the cache's ids past them were generated
+    space: str = ""  # the requests that may share this session's positions (`acquire`'s `space`)
 
 
 class SessionPool:
@@ -105,8 +110,9 @@ class SessionPool:
 
     # -- looking up -----------------------------------------------------------
 
-    def acquire(self, ids: Sequence[int], key: str | None = None) -> Lease:
-        """The session to run a request with templated `ids` on, leased until `release`."""
+    def acquire(self, ids: Sequence[int], key: str | None = None, space: str = "") -> Lease:
+        """The session to run a request with templated `ids` on, leased until `release`: the caller's own
+        under `key`, else the best of `space`'s sessions (those of another space are never matched)."""
         with self._lock:
             if key is not None and key in self._entries:
                 entry = self._entries[key]
@@ -116,7 +122,7 @@ class SessionPool:
                 entry.prompt_len = len(ids)
                 self.hits += 1
                 return Lease(key, entry.session, _usable(entry.session, ids), LeaseKind.HIT)
-            best_key, best = self._longest_match(ids)
+            best_key, best = self._longest_match(ids, space)
             new_key = key if key is not None else f"anon-{next(self._ids)}"
             if best_key is not None:
                 entry = self._entries[best_key]
@@ -133,17 +139,17 @@ class SessionPool:
                 if best >= self._fork_threshold(entry.session):
                     session = self._fork(entry.session, best)
                     if session is not None:
-                        self._entries[new_key] = _Entry(session, key is None, True, len(ids))
+                        self._entries[new_key] = _Entry(session, key is None, True, len(ids), space)
                         self.forks += 1
                         return Lease(new_key, session, best, LeaseKind.FORK)
-            self._entries[new_key] = _Entry(self.new_session(), key is None, True, len(ids))
+            self._entries[new_key] = _Entry(self.new_session(), key is None, True, len(ids), space)
             self.misses += 1
             return Lease(new_key, self._entries[new_key].session, 0, LeaseKind.NEW)
 
-    def _longest_match(self, ids: Sequence[int]) -> tuple[str | None, int]:
+    def _longest_match(self, ids: Sequence[int], space: str) -> tuple[str | None, int]:
         best_key, best = None, 0
         for k, entry in self._entries.items():
-            if entry.leased:
+            if entry.leased or entry.space != space:
                 continue
             n = _usable(entry.session, ids)
             if n > best or (n == best and n > 0):  # ties: the most recently used
