@@ -10,6 +10,10 @@ Two implementations of one small interface (`encode_chat`, `encode`, `decode`, `
 - `TransformersTokenizer`: a transformers tokenizer (the HF runner, the bench baseline, and
   folders the first cannot read: no `tokenizer.json`, or a decode clean-up it does not do).
 
+Both render the chat template in our sandbox (`chatcli.engine.text.template`: transformers' own
+lacks its size checks), bounded: a time and an output limit, a cancel flag (PromptCancelled),
+every fault one ChatTemplateError.
+
 Both know which ids end a reply: every end-of-sequence id the model config, the generation
 config and the tokenizer define, plus the end-of-turn markers of common chat templates when
 the vocabulary has them.
@@ -19,9 +23,11 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from chatcli.engine.text.template import compile_template, render_bounded
 from chatcli.engine.text.toolcalls import fallback_messages, syntax_of, takes_tools
 
 # End-of-turn markers of widespread chat templates (ChatML, Llama 3, Gemma, Phi).
@@ -39,9 +45,32 @@ class ChatTokenizer:
     stop_ids: frozenset[int] = frozenset()
     template_source: str = ""  # the chat template's text
 
-    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
-        """The whole conversation, templated with the assistant's turn opened; `tools` (OpenAI's list)
-        shown to the model (`with_tools`)."""
+    def encode_chat(
+        self, messages: Sequence[dict], tools: list[dict] | None = None, cancel: threading.Event | None = None
+    ) -> list[int]:
+        """The whole conversation, templated with the assistant's turn opened (`render`), as ids."""
+        return self.encode(self.render(messages, tools, cancel))
+
+    def render(
+        self, messages: Sequence[dict], tools: list[dict] | None = None, cancel: threading.Event | None = None
+    ) -> str:
+        """The chat template's text for `messages`, the assistant's turn opened, `tools` (OpenAI's list)
+        shown to the model (`with_tools`): rendered as transformers renders it (the same variables, the
+        special tokens' texts among them), in our sandbox and bounded (`template.render_bounded`):
+        ChatTemplateError for a template that fails, runs past its time limit or writes past its output
+        limit; PromptCancelled within ~0.05 s of `cancel` being set."""
+        messages, tools = self.with_tools(messages, tools)
+        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        context = dict(messages=chat, tools=tools, documents=None, add_generation_prompt=True, **self.template_tokens)
+        return render_bounded(self.template_for(tools), context, cancel)
+
+    def template_for(self, tools: list | None):
+        """The compiled chat template that renders a conversation with `tools` (`compile_template`)."""
+        raise NotImplementedError
+
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        """The special tokens' texts a template reads (bos_token, eos_token …)."""
         raise NotImplementedError
 
     @property
@@ -93,12 +122,16 @@ class TransformersTokenizer(ChatTokenizer):
         ids.update(vocab[m] for m in END_OF_TURN_MARKERS if m in vocab)
         self.stop_ids = frozenset(ids)
 
-    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
-        messages, tools = self.with_tools(messages, tools)
-        ids = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return [int(i) for i in ids]
+    def template_for(self, tools: list | None):
+        """The template `apply_chat_template` picks (a named one, 'tool_use', where tools are given and
+        it has one), compiled in our sandbox rather than transformers' own: the same options and
+        helpers, and our size checks, which transformers' lacks (its `'x' * 20000000000` runs in C for
+        minutes, out of reach of any time limit)."""
+        return _compiled(self.tokenizer.get_chat_template(None, tools))
+
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        return dict(self.tokenizer.special_tokens_map)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -129,7 +162,7 @@ class FolderTokenizer(ChatTokenizer):
             raise UnsupportedTokenizer("the tokenizer cleans up spaces when it decodes")
         self.special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
         self.template_source = _chat_template(folder, settings)
-        self.template = _compile(self.template_source)
+        self.template = compile_template(self.template_source)
         ids: set[int] = set()
         for config in (_json(folder / "config.json"), _json(folder / "generation_config.json")):
             ids.update(_as_ids(config.get("eos_token_id")))
@@ -139,16 +172,12 @@ class FolderTokenizer(ChatTokenizer):
                 ids.add(found)
         self.stop_ids = frozenset(ids)
 
-    def render(self, messages: Sequence[dict], tools: list[dict] | None = None) -> str:
-        """The chat template's text for `messages`, the assistant's turn opened (as transformers renders it)."""
-        messages, tools = self.with_tools(messages, tools)
-        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
-        return self.template.render(
-            messages=chat, tools=tools, documents=None, add_generation_prompt=True, **self.special
-        )
+    def template_for(self, tools: list | None):
+        return self.template
 
-    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
-        return self.encode(self.render(messages, tools))
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        return self.special
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -200,6 +229,11 @@ def byte_level() -> dict[str, int]:
     return table
 
 
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str):
+    return compile_template(source)
+
+
 def _json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -228,73 +262,6 @@ def _chat_template(folder: Path, settings: dict) -> str:
     if not isinstance(template, str) or not template:
         raise ValueError("the tokenizer has no chat template")
     return template
-
-
-def _compile(source: str):
-    """The template in the sandbox transformers renders chat templates in (jinja2 >= 3.1.6, immutable,
-    trim_blocks and lstrip_blocks, loop controls, a tojson that keeps non-ASCII text, and the
-    helpers templates call: raise_exception, strftime_now, dict, namespace)."""
-    from datetime import datetime
-
-    import jinja2
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    class Namespace(jinja2.utils.Namespace):  # no underscore attributes: no way to CPython internals
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attrs = dict(*args, **kwargs)
-            for name in attrs:
-                Namespace._check(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name, value):
-            Namespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"a chat template cannot set {name!r} on a namespace")
-
-    class Dict:  # dict() and dict.fromkeys() for templates, without the type itself
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
-
-    class Generation(
-        jinja2.ext.Extension
-    ):  # `{% generation %}` marks assistant text for training masks: rendered as is
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals.update(
-        raise_exception=raise_exception,
-        strftime_now=lambda fmt: datetime.now().strftime(fmt),
-        dict=Dict(),
-        namespace=Namespace,
-    )
-    return env.from_string(source)
 
 
 def _as_ids(value) -> Iterable[int]:
