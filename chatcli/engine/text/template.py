@@ -169,6 +169,23 @@ def _shown(value) -> str:
     return text if len(text) <= 24 else f"a {type(value).__name__} of {len(value):,}"
 
 
+@functools.lru_cache(maxsize=16)
+def literal_text(source: str) -> str:
+    """The template's literal strings (its text between tags, its string constants) joined with NUL, so
+    that no search matches across two: where it writes its own control tokens (as transformers'
+    `_get_template_literal_text`). '' for a template that does not parse."""
+    import jinja2
+    import jinja2.nodes
+
+    try:
+        ast = _environment().parse(source)
+    except jinja2.exceptions.TemplateSyntaxError:
+        return ""
+    literals = {node.data for node in ast.find_all(jinja2.nodes.TemplateData)}
+    literals |= {node.value for node in ast.find_all(jinja2.nodes.Const) if isinstance(node.value, str)}
+    return "\0".join(sorted(literals))
+
+
 # -- one render, bounded ----------------------------------------------------------
 
 
