@@ -198,7 +198,7 @@ def test_fit_prompt_templates_a_bounded_share_of_a_huge_conversation(tiny_engine
     monkeypatch.setattr(
         tiny_engine.tokenizer,
         "encode_chat",
-        lambda messages, tools=None: templated.append(len(messages)) or encode_chat(messages, tools),
+        lambda messages, tools=None, cancel=None: templated.append(len(messages)) or encode_chat(messages, tools),
     )
     messages = [{"role": "user", "content": "a"}] * 20_000
     ids, dropped = tiny_engine.fit_prompt(messages, GREEDY)

@@ -51,6 +51,7 @@ from chatcli.engine.remote import RemoteEngine, RemoteError
 from chatcli.engine.runners.threads import release_cpu_threads
 from chatcli.engine.sample.logprobs import token_entry
 from chatcli.engine.stats import TurnStats, known
+from chatcli.engine.text.template import ChatTemplateError
 from chatcli.engine.text.toolcalls import HERMES, Call, CallScanner, new_call_id, parse_calls
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ __all__ = [
     "Call",
     "CallScanner",
     "ChatEngine",
+    "ChatTemplateError",
     "ContextOverflow",
     "Engine",
     "Event",

@@ -46,6 +46,7 @@ from chatcli.engine.sample.sampling import (
 from chatcli.engine.sample.tools import held
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
+from chatcli.engine.text.template import PromptCancelled, RenderTooLong
 from chatcli.engine.text.tokenize import ChatTokenizer
 from chatcli.errors import one_line
 
@@ -54,10 +55,6 @@ PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets
 
 class ContextOverflow(ValueError):
     """The newest message alone does not fit the model's context."""
-
-
-class PromptCancelled(Exception):
-    """The turn was cancelled while its prompt was templated (`Engine.fit_prompt`'s `cancel`)."""
 
 
 class Engine:
@@ -182,7 +179,9 @@ class Engine:
         binary search between the last two counts finds the most that do. Each templating holds at most
         about twice what fits, so 20,000 messages cost what a conversation of the context's size does,
         where dropping one exchange at a time templated the whole conversation once per exchange.
-        `cancel` (set when a server's client leaves) is checked before each templating: PromptCancelled."""
+        A templating that writes past the template's output limit (RenderTooLong) does not fit either,
+        unless it holds the newest exchange alone. `cancel` (set when a server's client leaves) is
+        checked before each templating and by the render itself (`ChatTokenizer.encode_chat`): PromptCancelled."""
         limit = self.context_limit
         room = min(params.max_tokens, max(1, limit // 4))
         tools = None if params.tools is None else params.tools.offered()
@@ -191,14 +190,19 @@ class Engine:
         starts = [i for i, m in enumerate(turns) if m.get("role") == "user"]  # each exchange's first message
         exchanges = max(1, len(starts))
 
-        def templated(kept: int) -> list[int]:  # the system prompt and the newest `kept` exchanges
+        def templated(kept: int) -> list[int] | None:  # the system prompt and the newest `kept` exchanges
             if cancel is not None and cancel.is_set():
                 raise PromptCancelled("the request was cancelled while its prompt was templated")
             newest = turns if kept >= exchanges else turns[starts[-kept] :]
-            return self.tokenizer.encode_chat(system + newest, tools)
+            try:
+                return self.tokenizer.encode_chat(system + newest, tools, cancel)
+            except RenderTooLong:
+                if kept <= 1:
+                    raise
+                return None  # longer than any context
 
-        def fits(ids: list[int]) -> bool:
-            return len(ids) + room <= limit
+        def fits(ids: list[int] | None) -> bool:
+            return ids is not None and len(ids) + room <= limit
 
         if len(messages) <= limit:
             ids = templated(exchanges)
@@ -286,8 +290,28 @@ class Engine:
         yield from self._turn(self.fit_raw(target), truncated, session, params, cancel, t_submit)
 
     def _generate(self, messages, session: Session, params: SamplingParams, cancel) -> Iterator[Event]:
+        """A turn that templates its conversation (`fit_prompt`, stopped by `cancel` too: then a cancelled
+        turn with no prompt read, the cache untouched)."""
         t_submit = time.perf_counter()
-        target, truncated = self.fit_prompt(messages, params)
+        try:
+            target, truncated = self.fit_prompt(messages, params, cancel)
+        except PromptCancelled:
+            elapsed = time.perf_counter() - t_submit
+            cache = session.cache
+            yield Prefilled(None, None, None, elapsed, 0)
+            stats = TurnStats(
+                prompt_tokens=None,
+                cached_tokens=None,
+                prefill_tokens=None,
+                prefill_tok_s=None,
+                total_s=elapsed,
+                kv_cache_bytes=cache.nbytes,
+                context_tokens=len(cache),
+                context_limit=self.context_limit,
+                note=session.take_note(),
+            )
+            yield Finished("", FinishReason.CANCELLED, stats)
+            return
         yield from self._turn(target, truncated, session, params, cancel, t_submit)
 
     def _turn(self, target: list[int], truncated: int, session: Session, params, cancel, t_submit) -> Iterator[Event]:

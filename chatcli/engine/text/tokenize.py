@@ -10,6 +10,14 @@ Two implementations of one small interface (`encode_chat`, `encode`, `decode`, `
 - `TransformersTokenizer`: a transformers tokenizer (the HF runner, the bench baseline, and
   folders the first cannot read: no `tokenizer.json`, or a decode clean-up it does not do).
 
+Both render the chat template in our sandbox (`chatcli.engine.text.template`: transformers' own
+lacks its size checks), bounded: a time and an output limit, a cancel flag (PromptCancelled),
+every fault one ChatTemplateError.
+
+Only the template's own control tokens become control ids. What a user, a file or a tool wrote is
+text: `hi<|im_end|>\n<|im_start|>system` in a message is read as those characters, never as the
+ids of `<|im_end|>` and `<|im_start|>` (`encode_chat`, as transformers' `sanitize_control_tokens`).
+
 Both know which ids end a reply: every end-of-sequence id the model config, the generation
 config and the tokenizer define, plus the end-of-turn markers of common chat templates when
 the vocabulary has them.
@@ -19,14 +27,20 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from chatcli.engine.text.template import compile_template, literal_text, render_bounded
 from chatcli.engine.text.toolcalls import fallback_messages, syntax_of, takes_tools
 
 # End-of-turn markers of widespread chat templates (ChatML, Llama 3, Gemma, Phi).
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# Put around a control token's text found in what the caller gave, so that the encoder tells it from
+# the template's own: private-use characters, dropped from the caller's strings first (transformers' own).
+MARK_START, MARK_END = "\U000f0000", "\U000f0001"
 
 
 class UnsupportedTokenizer(ValueError):
@@ -39,9 +53,99 @@ class ChatTokenizer:
     stop_ids: frozenset[int] = frozenset()
     template_source: str = ""  # the chat template's text
 
-    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
-        """The whole conversation, templated with the assistant's turn opened; `tools` (OpenAI's list)
-        shown to the model (`with_tools`)."""
+    def encode_chat(
+        self, messages: Sequence[dict], tools: list[dict] | None = None, cancel: threading.Event | None = None
+    ) -> list[int]:
+        """The whole conversation, templated with the assistant's turn opened (`render`), as ids.
+
+        Only the template's own control tokens become control ids. A control token's text in any string
+        the caller gave — a message's content (or its parts), a tool call's name or arguments, a tool's
+        result, a tool's name, description or parameters (keys too) — is marked before the render
+        (MARK_START, MARK_END), and the rendered text is encoded piece by piece: each marked token
+        without the tokenizer's added tokens (`encode_text`), the rest as usual (`encode_marked`), as
+        transformers' `apply_chat_template(..., sanitize_control_tokens=True)` does. Where no string
+        holds one, this is `encode` of the whole text: the same ids as before marking existed."""
+        control = self._control_tokens
+        text = self.render(_marked(messages, control), _marked(tools, control), cancel)
+        if MARK_START not in text and MARK_END not in text:
+            return self.encode(text)
+        return self.encode_marked(text)
+
+    def encode_marked(self, text: str) -> list[int]:
+        """A rendered chat whose marked control tokens are text (transformers' `encode_marked_chat`):
+        split at the marks, each piece after the first encoded after a newline that is then dropped (so
+        that a SentencePiece tokenizer adds no word start to it), a marked token by `encode_text`, a
+        lone mark (a template that split a marked token) dropped, still a break between pieces."""
+        pieces = self._marks.split(text)
+        newline = self.encode("\n")
+        ids = self.encode(pieces[0])
+        for i, piece in enumerate(pieces[1:], start=1):
+            if not piece:
+                continue
+            as_text = i % 2 == 1  # the pieces alternate: text, a marked token (None: a lone mark), text …
+            encode = self.encode_text if as_text else self.encode
+            piece_ids = encode("\n" + piece)
+            piece_ids = piece_ids[len(newline) :] if piece_ids[: len(newline)] == newline else encode(piece)
+            if as_text and self.added_tokens[piece][0] in piece_ids:
+                raise ValueError(f"{piece!r} cannot be read as text: the tokenizer makes that token of its letters")
+            ids += piece_ids
+        return ids
+
+    @functools.cached_property
+    def _control_tokens(self) -> re.Pattern:
+        """The texts of the control tokens, longest first: the special tokens, and the other added tokens
+        the template writes itself (in its literal text; whitespace ones aside), or those the tokenizer
+        lists as `chat_control_tokens`."""
+        listed = self.chat_control_tokens
+        literal = "\0".join(literal_text(source) for source in self.template_sources) if listed is None else ""
+        return _alternation(
+            text
+            for text, (_, special) in self.added_tokens.items()
+            if special or (text in listed if listed is not None else text in literal and not text.isspace())
+        )
+
+    @functools.cached_property
+    def _marks(self) -> re.Pattern:
+        """A marked added token (its text the one group), or a lone mark."""
+        tokens = _alternation(self.added_tokens).pattern
+        return re.compile(f"{MARK_START}({tokens}){MARK_END}|[{MARK_START}{MARK_END}]")
+
+    @property
+    def added_tokens(self) -> dict[str, tuple[int, bool]]:
+        """The tokenizer's added tokens: text → (id, special)."""
+        raise NotImplementedError
+
+    @property
+    def template_sources(self) -> list[str]:
+        """The chat template's text (each named one's, where it has several)."""
+        return [self.template_source]
+
+    chat_control_tokens: list[str] | None = None  # the tokenizer's own list of control tokens, where it has one
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` read as text: no added token matched in it, special or not."""
+        raise NotImplementedError
+
+    def render(
+        self, messages: Sequence[dict], tools: list[dict] | None = None, cancel: threading.Event | None = None
+    ) -> str:
+        """The chat template's text for `messages`, the assistant's turn opened, `tools` (OpenAI's list)
+        shown to the model (`with_tools`): rendered as transformers renders it (the same variables, the
+        special tokens' texts among them), in our sandbox and bounded (`template.render_bounded`):
+        ChatTemplateError for a template that fails, runs past its time limit or writes past its output
+        limit; PromptCancelled within ~0.05 s of `cancel` being set."""
+        messages, tools = self.with_tools(messages, tools)
+        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        context = dict(messages=chat, tools=tools, documents=None, add_generation_prompt=True, **self.template_tokens)
+        return render_bounded(self.template_for(tools), context, cancel)
+
+    def template_for(self, tools: list | None):
+        """The compiled chat template that renders a conversation with `tools` (`compile_template`)."""
+        raise NotImplementedError
+
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        """The special tokens' texts a template reads (bos_token, eos_token …)."""
         raise NotImplementedError
 
     @property
@@ -59,6 +163,8 @@ class ChatTokenizer:
         return list(messages), None
 
     def encode(self, text: str) -> list[int]:
+        """Text the engine writes, its added tokens' texts read as those tokens (a user's text goes
+        through `encode_chat`, which keeps it text)."""
         raise NotImplementedError
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -66,7 +172,9 @@ class ChatTokenizer:
 
     def encode_prompt(self, text: str) -> list[int]:
         """A raw prompt (no chat template) as the model reads one: with the tokenizer's own special
-        tokens (a Llama's BOS), as `tokenizer(text)` gives them."""
+        tokens (a Llama's BOS), as `tokenizer(text)` gives them. Special tokens' texts in it are read
+        as those tokens, as llama-server reads a raw `/completion` prompt: a client that sends a raw
+        prompt writes the template itself."""
         raise NotImplementedError
 
     @property
@@ -93,12 +201,35 @@ class TransformersTokenizer(ChatTokenizer):
         ids.update(vocab[m] for m in END_OF_TURN_MARKERS if m in vocab)
         self.stop_ids = frozenset(ids)
 
-    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
-        messages, tools = self.with_tools(messages, tools)
-        ids = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return [int(i) for i in ids]
+    def template_for(self, tools: list | None):
+        """The template `apply_chat_template` picks (a named one, 'tool_use', where tools are given and
+        it has one), compiled in our sandbox rather than transformers' own: the same options and
+        helpers, and our size checks, which transformers' lacks (its `'x' * 20000000000` runs in C for
+        minutes, out of reach of any time limit)."""
+        return _compiled(self.tokenizer.get_chat_template(None, tools))
+
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        return dict(self.tokenizer.special_tokens_map)
+
+    @functools.cached_property
+    def added_tokens(self) -> dict[str, tuple[int, bool]]:
+        return {t.content: (i, t.special) for i, t in self.tokenizer.added_tokens_decoder.items()}
+
+    @property
+    def template_sources(self) -> list[str]:
+        template = self.tokenizer.chat_template
+        return list(template.values()) if isinstance(template, dict) else [template]
+
+    @property
+    def chat_control_tokens(self) -> list[str] | None:
+        return getattr(self.tokenizer, "chat_control_tokens", None)
+
+    def encode_text(self, text: str) -> list[int]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return _without_added_tokens(backend, text)
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -128,8 +259,10 @@ class FolderTokenizer(ChatTokenizer):
         if settings.get("clean_up_tokenization_spaces") and type(self.tokenizer.model).__name__ != "BPE":
             raise UnsupportedTokenizer("the tokenizer cleans up spaces when it decodes")
         self.special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
+        listed = settings.get("chat_control_tokens")
+        self.chat_control_tokens = [str(t) for t in listed] if isinstance(listed, list) else None
         self.template_source = _chat_template(folder, settings)
-        self.template = _compile(self.template_source)
+        self.template = compile_template(self.template_source)
         ids: set[int] = set()
         for config in (_json(folder / "config.json"), _json(folder / "generation_config.json")):
             ids.update(_as_ids(config.get("eos_token_id")))
@@ -139,16 +272,19 @@ class FolderTokenizer(ChatTokenizer):
                 ids.add(found)
         self.stop_ids = frozenset(ids)
 
-    def render(self, messages: Sequence[dict], tools: list[dict] | None = None) -> str:
-        """The chat template's text for `messages`, the assistant's turn opened (as transformers renders it)."""
-        messages, tools = self.with_tools(messages, tools)
-        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
-        return self.template.render(
-            messages=chat, tools=tools, documents=None, add_generation_prompt=True, **self.special
-        )
+    def template_for(self, tools: list | None):
+        return self.template
 
-    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
-        return self.encode(self.render(messages, tools))
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        return self.special
+
+    @functools.cached_property
+    def added_tokens(self) -> dict[str, tuple[int, bool]]:
+        return {t.content: (i, t.special) for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+
+    def encode_text(self, text: str) -> list[int]:
+        return _without_added_tokens(self.tokenizer, text)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -200,6 +336,48 @@ def byte_level() -> dict[str, int]:
     return table
 
 
+def _marked(value, control: re.Pattern):
+    """`value` (the messages or tools, as given) with each control token's text in its strings, dict keys
+    too, put between MARK_START and MARK_END; the marks the strings held dropped first, so that none
+    can be forged (transformers' `mark_control_tokens`, which leaves keys as they are)."""
+    if isinstance(value, str):
+        if MARK_START in value or MARK_END in value:
+            value = value.replace(MARK_START, "").replace(MARK_END, "")
+        return control.sub(_mark, value) if control.search(value) else value
+    if isinstance(value, dict):
+        return {_marked(k, control): _marked(v, control) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_marked(v, control) for v in value]
+    return value
+
+
+def _mark(found: re.Match) -> str:
+    return MARK_START + found.group() + MARK_END
+
+
+def _alternation(texts: Iterable[str]) -> re.Pattern:
+    """Any of `texts`, the longest first (so a token wins over one it holds); never matches where none."""
+    ordered = sorted(texts, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, ordered)) or "(?!)")
+
+
+def _without_added_tokens(tokenizer, text: str) -> list[int]:
+    """`text` through a `tokenizers.Tokenizer`'s normalizer, pre-tokenizer and model, none of its added
+    tokens matched (as transformers' `_encode_without_added_tokens`; the tokenizer's own
+    `encode_special_tokens` switch would change it for every thread at once)."""
+    if tokenizer.normalizer is not None:
+        text = tokenizer.normalizer.normalize_str(text)
+    splits = (
+        [text] if tokenizer.pre_tokenizer is None else [s for s, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    )
+    return [token.id for split in splits for token in tokenizer.model.tokenize(split)]
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str):
+    return compile_template(source)
+
+
 def _json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -228,73 +406,6 @@ def _chat_template(folder: Path, settings: dict) -> str:
     if not isinstance(template, str) or not template:
         raise ValueError("the tokenizer has no chat template")
     return template
-
-
-def _compile(source: str):
-    """The template in the sandbox transformers renders chat templates in (jinja2 >= 3.1.6, immutable,
-    trim_blocks and lstrip_blocks, loop controls, a tojson that keeps non-ASCII text, and the
-    helpers templates call: raise_exception, strftime_now, dict, namespace)."""
-    from datetime import datetime
-
-    import jinja2
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    class Namespace(jinja2.utils.Namespace):  # no underscore attributes: no way to CPython internals
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attrs = dict(*args, **kwargs)
-            for name in attrs:
-                Namespace._check(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name, value):
-            Namespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"a chat template cannot set {name!r} on a namespace")
-
-    class Dict:  # dict() and dict.fromkeys() for templates, without the type itself
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
-
-    class Generation(
-        jinja2.ext.Extension
-    ):  # `{% generation %}` marks assistant text for training masks: rendered as is
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals.update(
-        raise_exception=raise_exception,
-        strftime_now=lambda fmt: datetime.now().strftime(fmt),
-        dict=Dict(),
-        namespace=Namespace,
-    )
-    return env.from_string(source)
 
 
 def _as_ids(value) -> Iterable[int]:
