@@ -29,6 +29,7 @@ import numpy as np
 
 from chatcli.engine.weights import Status, gguf_meta
 from chatcli.engine.weights.families import GEMMA
+from chatcli.engine.weights.gguf_check import check_header
 from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
@@ -207,6 +208,7 @@ def write_lean_file(
     from chatcli.engine.weights.tensorfile import StreamedTensors
 
     status = status or (lambda *_a, **_k: None)
+    check_header(meta)
     reason = direct_reason(meta)
     if reason:
         raise ValueError(f"the GGUF is not read directly: {reason}")
