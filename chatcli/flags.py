@@ -193,8 +193,11 @@ def model_options(*, device: str | None = None, without: tuple[str, ...] = ()):
         if isinstance(default, bool):
             options.append(click.option(flag, f.name, is_flag=True, default=default, help=text, **declared))
         else:
+            kind = f.metadata.get("type")  # where None does not say it (--ctx-size: int)
             options.append(
-                click.option(flag, f.name, default=default, show_default=default is not None, help=text, **declared)
+                click.option(
+                    flag, f.name, default=default, type=kind, show_default=default is not None, help=text, **declared
+                )
             )
     return _stack(options)
 

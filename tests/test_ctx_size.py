@@ -1,10 +1,11 @@
-"""Memory follows the conversation, not the declared context.
+"""Memory follows the conversation, not the declared context; `--ctx-size` caps the context.
 
 A model whose GGUF declares a context of 2^24 positions loads and answers in the memory a small one
 takes (its lean file's rope table stops at `families.MAX_CONTEXT` rows, written a chunk at a time;
 the KV cache holds what was written), checked in a process whose address space is bounded. A KV
 cache past its up-front size doubles (`kv.memory.grown`) and gives the logits of a cache reserved
-whole, to the bit.
+whole, to the bit. `--ctx-size` (a `LoadOptions` field: the flag of every loading command, the
+config file's `ctx_size`) caps the engine's `context_limit`: the stats', the overflow error's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from chatcli.engine import SamplingParams
+from chatcli.engine import ContextOverflow, LoadError, LoadOptions, SamplingParams
 from chatcli.engine.events import Finished
 from chatcli.engine.kv import memory as kv_memory
 from chatcli.engine.load.build import load_engine
@@ -101,3 +102,88 @@ def test_the_cache_doubles_past_its_first_size_with_the_logits_of_a_whole_one(ke
     assert whole.capacity == 512
     assert sorted(set(capacities)) == [48, 96, 192, 384]  # whole blocks for the prompt, then twice as many
     assert growing.nbytes == whole.nbytes
+
+
+def test_ctx_size_caps_the_context(tiny_model_dir):
+    engine = load_engine(str(tiny_model_dir), LoadOptions(device="cpu", ctx_size=40))
+    assert engine.context_limit == 40
+    assert engine.runner.new_cache().limit == 40
+    with pytest.raises(ContextOverflow, match="the model's context is 40"):
+        list(engine.generate([{"role": "user", "content": "word " * 60}], engine.new_session(), GREEDY))
+    own = load_engine(str(tiny_model_dir), LoadOptions(device="cpu")).context_limit
+    assert load_engine(str(tiny_model_dir), LoadOptions(device="cpu", ctx_size=10**9)).context_limit == own
+
+
+@pytest.mark.parametrize("bad", [0, -5, True, "many"])
+def test_a_bad_ctx_size_is_one_line(tiny_model_dir, bad):
+    with pytest.raises(LoadError, match=r"^--ctx-size must be a whole number of tokens, 1 or more, got "):
+        load_engine(str(tiny_model_dir), LoadOptions(device="cpu", ctx_size=bad))
+
+
+def test_the_one_shot_takes_ctx_size_from_the_flag_or_the_config(tiny_model_dir, tmp_path):
+    model = ("-m", str(tiny_model_dir), "--device", "cpu", "-p", "hi", "--max-tokens", "2", "--json")
+    flag = one_shot(*model, "--ctx-size", "48", tmp_path=tmp_path)
+    assert flag.returncode == 0, flag.stderr.decode()
+    assert json.loads(flag.stdout)["stats"]["context_limit"] == 48
+    configured = one_shot(*model, tmp_path=tmp_path, config="ctx_size = 56\n")
+    assert json.loads(configured.stdout)["stats"]["context_limit"] == 56
+    both = one_shot(*model, "--ctx-size", "48", tmp_path=tmp_path, config="ctx_size = 56\n")
+    assert json.loads(both.stdout)["stats"]["context_limit"] == 48  # the flag wins
+    small = one_shot(*model[:-3], "--ctx-size", "8", tmp_path=tmp_path)
+    assert small.returncode != 0
+    assert small.stderr.decode().strip().endswith("the model's context is 8")
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "line"),
+    [
+        (("--ctx-size", "0"), None, "chatcli: error: --ctx-size must be a whole number of tokens, 1 or more, got 0"),
+        (("--ctx-size", "abc"), None, "chatcli: error: Invalid value for '--ctx-size': 'abc' is not a valid integer."),
+        ((), 'ctx_size = "big"\n', "ctx_size must be a whole number of tokens, 1 or more, got 'big'"),
+    ],
+)
+def test_a_bad_ctx_size_is_refused_in_one_line(tiny_model_dir, tmp_path, args, config, line):
+    result = one_shot("-m", str(tiny_model_dir), "-p", "hi", *args, tmp_path=tmp_path, config=config)
+    err = result.stderr.decode()
+    assert result.returncode != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert line in err
+    assert result.stdout == b""
+
+
+def test_every_loading_command_takes_ctx_size():
+    from chatcli.bench import bench_command
+    from chatcli.cli import app
+    from chatcli.server.cli import serve_command
+
+    for command in (app, serve_command, bench_command, app.get_command(None, "pull")):
+        (option,) = [p for p in command.params if p.name == "ctx_size"]
+        assert option.opts == ["--ctx-size"] and option.type.name == "integer", command.name
+
+
+def test_bench_runs_at_the_ctx_size(tiny_model_dir):
+    from click.testing import CliRunner
+
+    from chatcli.bench import bench_command
+
+    fast = ["--no-baseline", "--no-ceiling", "--no-startup", "--no-llama-cpp", "--no-quality", "--lookup", "0"]
+    small = ["--turns", "0", "--max-tokens", "4", "--prefill-tokens", "16"]
+    args = ["--model", str(tiny_model_dir), "--device", "cpu", "--ctx-size", "200", *fast, *small, "--json"]
+    result = CliRunner().invoke(bench_command, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["context_limit"] == 200
+
+
+def test_serve_loads_at_the_ctx_size_of_the_flag_or_the_config(tiny_model_dir, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from chatcli.server import cli as server_cli
+
+    limits = []
+    monkeypatch.setattr(server_cli, "serve", lambda load, **_kw: limits.append(load().context_limit))
+    (tmp_path / "config.toml").write_text("ctx_size = 72\n")
+    monkeypatch.setenv("CHATCLI_CONFIG", str(tmp_path / "config.toml"))
+    model = ["--model", str(tiny_model_dir), "--device", "cpu"]
+    for args in ([], ["--ctx-size", "64"]):
+        result = CliRunner().invoke(server_cli.serve_command, [*model, *args])
+        assert result.exit_code == 0, result.output
+    assert limits == [72, 64]  # /v1/models gives it as max_model_len, the overflow error names it

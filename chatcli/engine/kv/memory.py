@@ -9,7 +9,7 @@ machine, and a grow-and-copy paid that for the whole cache again at every block)
 limits, and GPUs (whose memory is committed at allocation), start at one `CACHE_BLOCK` of
 positions and double (`grown`): a conversation's copies then add up to less than its cache,
 where growing a block at a time copied the whole cache at every block. The context itself
-(the model's declared one, at most `families.MAX_CONTEXT`) only bounds it.
+(the model's declared one, at most `families.MAX_CONTEXT`, or `--ctx-size`) only bounds it.
 Where transparent huge pages are on for every mapping (`always`), the first write to each
 `[cap, hd]` strip would back 2 MiB: the reservation is marked MADV_NOHUGEPAGE, or, if that
 fails, the cache grows in blocks too.

@@ -102,7 +102,7 @@ def softcap(config, name: str) -> float:
 
 # The most positions a model's context holds here, whatever its config declares: a lean file's rope
 # table has a row for each (32 MiB at a head of 64), and a declared 2^24 would be 4 GiB of it, computed
-# and written at conversion. Llama 3.1 / 3.2's 131,072 fit.
+# and written at conversion. Llama 3.1 / 3.2's 131,072 fit. `--ctx-size` caps it lower (`LoadOptions`).
 MAX_CONTEXT = 1 << 17
 
 
