@@ -133,7 +133,7 @@ def start_options(
     servers = mcp_servers(config, mcp, allow_tools)
     return StartOptions(
         model=model,
-        load=load,
+        load=config.load_options(load),
         params=params,
         system=system if system is not None else config.system,
         system_given=system is not None,

@@ -7,6 +7,7 @@ Lives at `<user config dir>/config.toml` (or `$CHATCLI_CONFIG`):
     api_key = "..."                   # optional ($CHATCLI_API_KEY and --api-key win)
     theme = "dark"
     system = "You are terse."
+    ctx_size = 8192                   # optional: --ctx-size's default, the context in tokens
     [sampling]
     temperature = 0.7
     top_k = 40
@@ -26,7 +27,7 @@ against its declared kind and range; a preset's keys are checked the same way.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,10 @@ from chatcli.engine import (
     SEED,
     STRINGS,
     InvalidParameter,
+    LoadError,
+    LoadOptions,
     SamplingParams,
+    check_ctx_size,
     setting_of,
     settings,
 )
@@ -47,7 +51,7 @@ if TYPE_CHECKING:
     from chatcli.chat.mcp import Server
 
 SAMPLING_KEYS = tuple(name for name, setting in settings() if setting.config)  # the SamplingParams fields
-TOP_KEYS = ("model", "api", "api_key", "theme", "system", "save", "sampling", "presets", "mcp")
+TOP_KEYS = ("model", "api", "api_key", "theme", "system", "save", "ctx_size", "sampling", "presets", "mcp")
 MCP_KEYS = ("command", "args", "env", "cwd", "timeout", "startup_timeout")
 TEXT_KEYS = ("model", "api", "api_key", "theme", "system")
 
@@ -68,6 +72,11 @@ class Config:
     presets: dict[str, Preset] = field(default_factory=dict)
     save: bool = True  # one-shots saved as conversations (`save = false`: --no-save by default)
     mcp: dict[str, Server] = field(default_factory=dict)  # [mcp.NAME]: the MCP servers --mcp picks from
+    ctx_size: int | None = None  # --ctx-size where the command line does not give it
+
+    def load_options(self, given: LoadOptions) -> LoadOptions:
+        """The model flags' values with this file's defaults where a flag was not given (`ctx_size`)."""
+        return given if given.ctx_size is not None else replace(given, ctx_size=self.ctx_size)
 
     def params(self, base: SamplingParams | None = None) -> SamplingParams:
         """`base` (the defaults) with the [sampling] values; ConfigError for a wrong type or range."""
@@ -164,6 +173,13 @@ def load_config(path: Path | None = None) -> Config:
     if not isinstance(data.get("save", True), bool):
         raise ConfigError(f"{path}: save must be true or false")
     config.save = data.get("save", True)
+    config.ctx_size = data.get("ctx_size")
+    try:
+        check_ctx_size(config.ctx_size)
+    except LoadError:
+        raise ConfigError(
+            f"{path}: ctx_size must be a whole number of tokens, 1 or more, got {config.ctx_size!r}"
+        ) from None
     config.presets = _presets(path, data.get("presets", {}))
     config.mcp = _mcp(path, data.get("mcp", {}))
     config.params()  # validate the values now, with the file's name in the message

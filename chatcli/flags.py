@@ -192,6 +192,8 @@ def model_options(*, device: str | None = None, without: tuple[str, ...] = ()):
         flag, text, declared = "--" + f.name.replace("_", "-"), f.metadata["help"], {"cls": Declared, "source": f}
         if f.metadata.get("choices"):  # a value none of them is refused as the line is parsed (exit 2)
             declared["type"] = click.Choice(f.metadata["choices"])
+        elif f.metadata.get("type") is int:  # where its default does not say it (--ctx-size): 1 or more
+            declared["type"] = click.IntRange(min=1)
         if isinstance(default, bool):
             options.append(click.option(flag, f.name, is_flag=True, default=default, help=text, **declared))
         else:

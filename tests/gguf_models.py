@@ -181,6 +181,40 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
     return path
 
 
+def rewrite_gguf(source: Path, path: Path, fields: dict | None = None, tensors: dict | None = None) -> Path:
+    """An F32 GGUF (`write_gguf(model, source)`) written again at `path` with some of it changed: `fields`
+    {key: (value, gguf.GGUFValueType), or None to drop the key}, `tensors` {name: a float32 array in
+    numpy's order, or None to drop it}: what a damaged or crafted file holds."""
+    import gguf
+
+    from chatcli.engine.weights.gguf_file import GGUFFile
+
+    fields, tensors = fields or {}, tensors or {}
+    metadata = read_metadata(source)
+    w = gguf.GGUFWriter(str(path), metadata["general.architecture"][0])
+    for key, (value, vtype, sub) in metadata.items():
+        if key not in fields:
+            w.add_key_value(key, value, vtype, sub_type=sub)
+    for key, change in fields.items():
+        if change is not None:
+            w.add_key_value(key, *change)  # general.architecture: overwritten in place
+    header = GGUFFile(source)
+    assert {t.type_name for t in header.tensors.values()} == {"F32"}, "rewrite_gguf reads F32 files"
+    arrays = {
+        name: np.fromfile(source, np.float32, count=math.prod(t.shape), offset=t.offset).reshape(t.shape[::-1])
+        for name, t in header.tensors.items()
+    }
+    header.close()
+    for name, array in {**arrays, **tensors}.items():
+        if array is not None:
+            w.add_tensor(name, np.ascontiguousarray(array, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def add_tokenizer(writer, vocab: int) -> None:
     """The embedded SmolLM2 GGUF's tokenizer fields, its vocabulary padded or cut to `vocab` tokens."""
     import gguf

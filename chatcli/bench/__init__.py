@@ -83,6 +83,7 @@ def bench_command(
     runner,
     quantize,
     kv_dtype,
+    ctx_size,
     turns,
     max_tokens,
     prefill_tokens,
@@ -143,6 +144,7 @@ def bench_command(
             runner=runner,
             quantize=quantize,
             kv_dtype=kv_dtype,
+            ctx_size=ctx_size,
             turns=turns,
             max_tokens=max_tokens,
             prefill_tokens=prefill_tokens,
@@ -181,6 +183,7 @@ def run_bench(
     runner="auto",
     quantize=None,
     kv_dtype="auto",
+    ctx_size=None,
     turns=10,
     max_tokens=128,
     prefill_tokens=1000,
@@ -206,7 +209,9 @@ def run_bench(
 
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel's team; torch's below
-    options = LoadOptions(device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype)
+    options = LoadOptions(
+        device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype, ctx_size=ctx_size
+    )
     report = lambda text, *_a, **_k: progress(text)  # noqa: E731 - load steps as progress lines
     try:
         progress("loading the model")

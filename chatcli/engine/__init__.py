@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from chatcli.engine.events import ChatEngine, Event, Finished, FinishReason, Prefilled, Token, call_syntax
 from chatcli.engine.kv.memory import default_budget_bytes
-from chatcli.engine.load.options import MODEL_HELP, LoadError, LoadOptions
+from chatcli.engine.load.options import MODEL_HELP, LoadError, LoadOptions, check_ctx_size
 from chatcli.engine.params import (
     BIAS,
     FLOAT,
@@ -118,6 +118,7 @@ __all__ = [
     "ToolCalls",
     "TurnStats",
     "call_syntax",
+    "check_ctx_size",
     "default_budget_bytes",
     "fork_session",
     "known",

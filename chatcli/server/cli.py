@@ -98,7 +98,9 @@ def serve_command(
         click.echo(warning, err=True)
     try:
         config = load_config()
-        start = StartOptions(model=model, load=load_options(load), params=config.params(), config=config)
+        start = StartOptions(
+            model=model, load=config.load_options(load_options(load)), params=config.params(), config=config
+        )
     except ConfigError as exc:
         _fail(str(exc))
 

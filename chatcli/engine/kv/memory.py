@@ -6,7 +6,10 @@ context at once (up to `RESERVE_BYTES` of address space): the operating system b
 only when a forward first writes it, so a conversation's resident memory follows its length,
 and the cache never moves (first-touch page faults cost about 1 ms per MB on this kind of
 machine, and a grow-and-copy paid that for the whole cache again at every block). Longer
-limits, and GPUs (whose memory is committed at allocation), grow in `CACHE_BLOCK` steps.
+limits, and GPUs (whose memory is committed at allocation), start at one `CACHE_BLOCK` of
+positions and double (`grown`): a conversation's copies then add up to less than its cache,
+where growing a block at a time copied the whole cache at every block. The context itself
+(the model's declared one, at most `families.MAX_CONTEXT`, or `--ctx-size`) only bounds it.
 Where transparent huge pages are on for every mapping (`always`), the first write to each
 `[cap, hd]` strip would back 2 MiB: the reservation is marked MADV_NOHUGEPAGE, or, if that
 fails, the cache grows in blocks too.
@@ -69,9 +72,10 @@ def upfront_positions(limit: int, per_position: int, lazy: bool) -> int:
     return min(limit, max(CACHE_BLOCK, RESERVE_BYTES // per_position if lazy else 0))
 
 
-def grown(n: int, upfront: int, limit: int) -> int:
-    """The capacity to resize to for `n` positions."""
-    size = -(-n // CACHE_BLOCK) * CACHE_BLOCK if n > upfront else upfront
+def grown(n: int, capacity: int, upfront: int, limit: int) -> int:
+    """The capacity to resize to for `n` positions from `capacity`: the up-front size, else twice the
+    capacity (whole blocks, at least n), at most the limit."""
+    size = max(-(-n // CACHE_BLOCK) * CACHE_BLOCK, 2 * capacity) if n > upfront else upfront
     return min(max(limit, n), size)
 
 
@@ -175,7 +179,7 @@ class ReservedCache(KVCache):
         size; sliding the strip where it is full). `base`: an empty cache's strip is to hold positions
         base..n (a fork's or a saved state's, copied in next)."""
         if n > self.capacity:
-            self._resize(grown(n, self._upfront, self.limit))
+            self._resize(grown(n, self.capacity, self._upfront, self.limit))
         self.written = max(self.written, n)
         if self.strip is None:
             return

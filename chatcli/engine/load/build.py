@@ -13,7 +13,7 @@ This module imports neither torch nor transformers at the top.
 from __future__ import annotations
 
 from chatcli.engine.load.lean import lean_engine
-from chatcli.engine.load.options import LoadError, LoadOptions, placement
+from chatcli.engine.load.options import LoadError, LoadOptions, cap_context, placement
 from chatcli.engine.load.sources import Source, each_candidate, read_config, resolve
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.families import lean_support
@@ -45,7 +45,9 @@ def load_engine(
 
         return build_engine(load_source(source, options, device, dtype, status), runner="hf", kv_dtype=options.kv_dtype)
 
-    return each_candidate(model, config_default, attempt)
+    engine = each_candidate(model, config_default, attempt)
+    cap_context(engine.runner, options.ctx_size)
+    return engine
 
 
 def why_not_lean(options: LoadOptions, source: Source) -> str | None:

@@ -1,7 +1,8 @@
 """What to load, and how: the options every loading command takes, checked before any load.
 
 `LoadOptions` declares each loading flag once (`chatcli.flags` turns its fields into click
-options); `pick_device`, `pick_dtype` and `pick_kv_dtype` resolve "auto" for this machine;
+options; the config file's `ctx_size` is `--ctx-size`'s default); `pick_device`, `pick_dtype` and
+`pick_kv_dtype` resolve "auto" for this machine; `cap_context` applies `--ctx-size`;
 `check_quantize` refuses a `--quantize` that cannot run, and `resolve_quantize` says what
 `--quantize auto` means for a model. No torch is imported unless a GPU could answer.
 """
@@ -25,10 +26,11 @@ class LoadError(RuntimeError):
 MODEL_HELP = "Hub id, model folder or .gguf file."  # --model/-m, beside the LoadOptions flags
 
 
-def _flag(default, text: str, choices: tuple[str, ...] | None = None):
-    """A field and its flag: default, help, and the values it takes (the flag refuses any other as
-    it parses the command line: a usage error, exit 2)."""
-    return field(default=default, metadata={"help": text, "choices": choices})
+def _flag(default, text: str, choices: tuple[str, ...] | None = None, kind: type | None = None):
+    """A field and its flag: default, help, the values it takes (the flag refuses any other as it parses
+    the command line: a usage error, exit 2) and (where its default does not say) its value type (int: a
+    count, 1 or more)."""
+    return field(default=default, metadata={"help": text, "choices": choices, "type": kind})
 
 
 @dataclass
@@ -51,6 +53,12 @@ class LoadOptions:
         "q4 / q8: 4- or 8-bit weights in groups of 32 (the compiled kernel).",
         QUANTIZE_CHOICES,
     )  # see chatcli.engine.weights.quantize and resolve_quantize
+    ctx_size: int | None = _flag(  # a cap on the runner's context_limit: see cap_context
+        None,
+        "Context in tokens (llama.cpp's -c, ollama's num_ctx): at most the model's own, which is the default; "
+        "the KV cache grows with the conversation up to it.",
+        kind=int,
+    )
 
 
 def cuda_possible() -> bool:
@@ -159,4 +167,18 @@ def placement(options: LoadOptions) -> tuple[str, str]:
     check_quantize(options.quantize, device, dtype)
     if options.kv_dtype != "auto":
         pick_kv_dtype(options.kv_dtype, device, dtype)  # a bad --kv-dtype: refused before any load
+    check_ctx_size(options.ctx_size)
     return device, dtype
+
+
+def check_ctx_size(ctx_size) -> None:
+    """Refuse a `--ctx-size` (or the config's `ctx_size`) that is not a whole number of tokens above 0."""
+    if ctx_size is not None and (not isinstance(ctx_size, int) or isinstance(ctx_size, bool) or ctx_size < 1):
+        raise LoadError(f"--ctx-size must be a whole number of tokens, 1 or more, got {ctx_size!r}")
+
+
+def cap_context(runner, ctx_size: int | None) -> None:
+    """`--ctx-size`: the runner's context (the overflow check, the stats' `context_limit`, the KV cache's
+    bound) no longer than `ctx_size`; a larger one leaves the model's own."""
+    if ctx_size is not None:
+        runner.context_limit = min(runner.context_limit, ctx_size)

@@ -100,11 +100,17 @@ def softcap(config, name: str) -> float:
     return float(getattr(config, name, None) or 0.0)
 
 
+# The most positions a model's context holds here, whatever its config declares: a lean file's rope
+# table has a row for each (32 MiB at a head of 64), and a declared 2^24 would be 4 GiB of it, computed
+# and written at conversion. Llama 3.1 / 3.2's 131,072 fit. `--ctx-size` caps it lower (`LoadOptions`).
+MAX_CONTEXT = 1 << 17
+
+
 def context_limit(config, tokenizer) -> int:
     """The model's context: max_position_embeddings (2048 if unset), or the tokenizer's smaller limit
-    (or a longrope model's pretraining context: see `families.original_context`)."""
+    (or a longrope model's pretraining context: see `families.original_context`); at most `MAX_CONTEXT`."""
     limit = getattr(config, "max_position_embeddings", None) or 2048
-    limit = min(limit, original_context(config) or limit)
+    limit = min(limit, original_context(config) or limit, MAX_CONTEXT)
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < limit:
         limit = tok_max

@@ -208,11 +208,13 @@ def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda 
     read): written here (`gguf_meta`) for the files it knows, else by transformers' GGUF converter; and
     whether `gguf_lean` reads the file directly (`direct`: null, or why not)."""
     from chatcli.engine.weights import gguf_meta
+    from chatcli.engine.weights.gguf_check import check_header
     from chatcli.engine.weights.gguf_file import GGUFFile
     from chatcli.engine.weights.gguf_lean import direct_reason
 
     header = GGUFFile(path)
     try:
+        check_header(header)  # before any config is written or weight read
         if not gguf_meta.save(header, out):
             from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 

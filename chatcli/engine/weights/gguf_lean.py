@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from chatcli.engine.weights import Status, gguf_meta
-from chatcli.engine.weights.families import GEMMA
+from chatcli.engine.weights.families import GEMMA, MAX_CONTEXT
+from chatcli.engine.weights.gguf_check import check_header
 from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
@@ -58,11 +59,11 @@ def direct_reason(meta: GGUFFile) -> str | None:
     return None
 
 
-def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False) -> np.ndarray:
-    """`[T, hd/2, 2]` cos, sin: angle pos * base^(-2i/r) / factor_i (llama.cpp's rope: `rope_freqs`
-    factors where the file has them, positions / the linear scaling factor), pairs past r as (1, 0).
-    `sliding`: Gemma 3's sliding layers' table (`rope.freq_base_swa`, else 10000, unscaled). A LongRoPE
-    file (Phi-3's `rope_factors_short` / `_long`) runs on its short factors, cos and sin times
+def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False, start: int = 0) -> np.ndarray:
+    """`[T, hd/2, 2]` cos, sin of positions start..limit-1: angle pos * base^(-2i/r) / factor_i (llama.cpp's
+    rope: `rope_freqs` factors where the file has them, positions / the linear scaling factor), pairs past
+    r as (1, 0). `sliding`: Gemma 3's sliding layers' table (`rope.freq_base_swa`, else 10000, unscaled).
+    A LongRoPE file (Phi-3's `rope_factors_short` / `_long`) runs on its short factors, cos and sin times
     `rope.scaling.attn_factor`, up to its original context (`context_limit`), as llama.cpp does there."""
     r = int(meta.hp("rope.dimension_count", head_dim) or head_dim)
     base = float(meta.hp("rope.freq_base", 10000.0) or 10000.0)
@@ -72,11 +73,11 @@ def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False)
     for factors in ("rope_freqs.weight", "rope_factors_short.weight"):
         if factors in meta.tensors:
             inv = inv / meta.vector(factors)[: r // 2].astype(np.float64)
-    positions = np.arange(limit, dtype=np.float64)
+    positions = np.arange(start, limit, dtype=np.float64)
     if str(meta.hp("rope.scaling.type", "none")) == "linear" and not sliding:
         positions = positions / float(meta.hp("rope.scaling.factor", 1.0) or 1.0)
     angles = positions[:, None] * inv[None, :]  # [T, r/2]
-    table = np.zeros((limit, head_dim // 2, 2), np.float32)
+    table = np.zeros((limit - start, head_dim // 2, 2), np.float32)
     table[:, :, 0] = 1.0
     scale = (
         float(meta.hp("rope.scaling.attn_factor", 1.0) or 1.0) if "rope_factors_short.weight" in meta.tensors else 1.0
@@ -87,8 +88,9 @@ def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False)
 
 def context_limit(meta: GGUFFile, limit: int) -> int:
     """The context the lean file's rope covers: `limit`, the file's context, or a LongRoPE file's original
-    one (past it llama.cpp switches every position to the long factors, which a cache cannot follow)."""
-    limit = min(limit, int(meta.hp("context_length", limit) or limit))
+    one (past it llama.cpp switches every position to the long factors, which a cache cannot follow);
+    at most `families.MAX_CONTEXT`."""
+    limit = min(limit, int(meta.hp("context_length", limit) or limit), MAX_CONTEXT)
     if "rope_factors_long.weight" in meta.tensors:
         limit = min(limit, int(meta.hp("rope.scaling.original_context_length", limit) or limit))
     return limit
@@ -195,6 +197,7 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
 
 
 CHUNK_BYTES = 16 << 20  # codes decoded at once (a chunk of rows, a multiple of 64)
+ROPE_CHUNK = 4096  # rope table rows computed at once
 
 
 def write_lean_file(
@@ -207,6 +210,7 @@ def write_lean_file(
     from chatcli.engine.weights.tensorfile import StreamedTensors
 
     status = status or (lambda *_a, **_k: None)
+    check_header(meta)
     reason = direct_reason(meta)
     if reason:
         raise ValueError(f"the GGUF is not read directly: {reason}")
@@ -214,9 +218,8 @@ def write_lean_file(
     head_dim = head_dim_of(meta)
     limit = context_limit(meta, limit)
     projections = plan(meta)
-    small = {"rope": rope_table(meta, head_dim, limit)}
-    if meta.arch == "gemma3" and any(sliding_layers(meta)):
-        small["rope_sliding"] = rope_table(meta, head_dim, limit, sliding=True)
+    ropes = {"rope": False, **({"rope_sliding": True} if meta.arch == "gemma3" and any(sliding_layers(meta)) else {})}
+    small = {}
     for name, (_parts, norm) in projections.items():
         if norm is not None:
             small[norm_before(name)] = _padded(meta.vector(norm))
@@ -232,6 +235,8 @@ def write_lean_file(
     small.update(vectors)
     out = StreamedTensors(path)
     try:
+        for name in ropes:
+            out.declare(name, "F32", (limit, head_dim // 2, 2))
         for name, array in small.items():
             out.declare(name, "F32", array.shape)
         parts = {}
@@ -249,6 +254,10 @@ def write_lean_file(
                 parts[name].append((kind, n, (tensor, order, type_name)))
         config = lean_config(meta, limit, source, parts, vectors)
         out.start({"chatcli": config.to_json()})  # the header first: the file is hashed as it fills
+        for name, sliding in ropes.items():  # a chunk of rows at a time: 2^17 rows' float64 angles are 32 MiB
+            for start in range(0, limit, ROPE_CHUNK):
+                rows = rope_table(meta, head_dim, min(limit, start + ROPE_CHUNK), sliding, start)
+                out.write(name, start * rows[0].nbytes, rows)
         for name, array in small.items():
             out.write(name, 0, np.ascontiguousarray(array))
         arena: dict = {}
