@@ -1,7 +1,7 @@
 """Loading: a model name → a ready `Engine`, on the fastest path that computes the model exactly here.
 
-The model's files come from `sources` (a hub id, a folder, a `.gguf` file, or the embedded
-model); then, for a model folder:
+A start first sweeps the cache (`sweep`: what killed processes left). The model's files come
+from `sources` (a hub id, a folder, a `.gguf` file, or the embedded model); then, for a model folder:
 
 - a model of a lean family (`weights.families`): a lean runner over its lean files (`load.lean`):
   the native one where the compiled kernel runs (no torch, no transformers imported), else torch's;
@@ -15,6 +15,7 @@ from __future__ import annotations
 from chatcli.engine.load.lean import lean_engine
 from chatcli.engine.load.options import LoadError, LoadOptions, placement
 from chatcli.engine.load.sources import Source, each_candidate, read_config, resolve
+from chatcli.engine.load.sweep import sweep_cache
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.families import lean_support
 
@@ -31,6 +32,7 @@ def load_engine(
     options = options or LoadOptions()
     status = status or (lambda *_a, **_k: None)
     device, dtype = placement(options)
+    sweep_cache()
 
     def attempt(name: str, explicit: bool):
         source = resolve(name, explicit, status)

@@ -42,6 +42,8 @@ def lean_weights(folder: Path, kind: str, status: Status | None = None, model_lo
             return LeanWeights(path, kind, source)
         except LeanFileError:
             pass  # converted again below
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))  # before any temporary: see lean_file.sweep
     if kind == GGUF:
         _convert_gguf(folder, path, source, status)
     else:  # torch and transformers: only to convert
@@ -51,7 +53,6 @@ def lean_weights(folder: Path, kind: str, status: Status | None = None, model_lo
         # a folder's safetensors a block at a time, where the kind needs no forward pass; else the whole model
         if model_loader is not None or not convert_streamed(folder, path, kind, source, status):
             convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
-    (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))
     prune(path, kind)
     return LeanWeights(path, kind, source)
 

@@ -6,8 +6,9 @@ template, configs — in `<user cache dir>/converted/<name>-<key>/`, where the k
 the GGUF file's identity: its name, size and a hash of its first and last MiB (not its
 path, so every virtualenv's copy of the same wheel shares one conversion).
 
-Writes are atomic: the model is saved into a temporary folder beside the final one,
-which is renamed into place only when complete, so a run killed mid-conversion
+Writes are atomic: the model is saved into a temporary folder beside the final one
+(`paths.temp_folder`: a killed writer's is swept by the next start), which is renamed into place
+only when complete, so a run killed mid-conversion
 leaves no broken cache. A manifest records each file's size, mtime and SHA-256. On
 load every size is checked; a file whose mtime changed is re-hashed (the lean files' rule:
 a start hashes nothing it need not). Anything that does not match is rebuilt. `check_folder`
@@ -20,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -228,8 +228,9 @@ def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda 
 def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m: None, save=None) -> None:
     """Convert into a temporary folder beside `folder`, then rename it into place (`save`: what writes
     the folder, `save_converted` by default; a dict it returns goes into the manifest)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    from chatcli.paths import temp_folder
+
+    tmp = temp_folder(folder)
     try:
         extra = (save or save_converted)(path, tmp, status) or {}
         files = {}
