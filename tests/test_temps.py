@@ -2,7 +2,7 @@
 
 A child process runs each writer chatcli has — a lean file streamed in (`StreamedTensors`), a KV
 cache save (`persist.save_cache`), a kernel build (`kernels.build`, its compiler a stand-in), a
-GGUF's folder (`gguf_convert.convert`), a sidecar — up to the rename that
+GGUF's folder (`gguf_convert.convert`), a sidecar, the identity index — up to the rename that
 would put it in place, where it stops; then it is killed with SIGKILL, as `kill -9` would. The
 next start (`load_engine`) or `chatcli pull --verify` removes every temporary it left; while it
 still runs, they are kept. The KV folder's budget counts a save being written.
@@ -92,7 +92,14 @@ def side():
     sidecar.record(done)
 
 
-writers = [lean, kv, kernel, gguf_folder, side]
+def index():
+    from chatcli.engine.weights import identity
+
+    path = Path(sys.argv[1])
+    identity._remember(path, identity.stat_key(path.stat()), "0" * 64)
+
+
+writers = [lean, kv, kernel, gguf_folder, side, index]
 for writer in writers:
     threading.Thread(target=writer, daemon=True).start()
 while len(started) < len(writers):
@@ -115,7 +122,7 @@ def start_writers(tmp_path: Path) -> tuple[subprocess.Popen, list[Path]]:
     if not ready:
         kill(child)
         pytest.fail(f"the writers did not start: {(tmp_path / 'writers.err').read_text()[-2000:]}")
-    temps = [Path(child.stdout.readline().strip()) for _ in range(5)]
+    temps = [Path(child.stdout.readline().strip()) for _ in range(6)]
     assert all(p.exists() for p in temps), temps
     return child, temps
 

@@ -47,8 +47,8 @@ def verify_model_files(
     reads: a GGUF's folders, against their manifests, and the lean file(s), against their sidecars,
     whatever their mtime (a start trusts a file whose size and mtime are as recorded). A damaged file
     is removed (a GGUF's folder with it): the next load that needs it makes it again. Files not made
-    yet are not listed. What a start sweeps goes first (`sweep.sweep_cache`: killed writers'
-    temporary files). Raises LoadError where the model cannot be found."""
+    yet are not listed. What a start sweeps goes first (`sweep.sweep_cache`: entries whose GGUF is
+    gone, killed writers' temporary files). Raises LoadError where the model cannot be found."""
     options = options or LoadOptions()
     status = status or (lambda *_a, **_k: None)
     device, dtype = placement(options)
@@ -72,7 +72,7 @@ def verify_model_files(
             return checks
         if why_not_lean(options, source) is not None:
             return checks  # transformers' runner: no lean file
-        native, quantize = plan(source.folder, device, dtype, options.kv_dtype, options.quantize, kernel)
+        native, quantize = plan(source.folder, device, dtype, options.kv_dtype, options.quantize, kernel, source.gguf)
         folder = source.folder  # a GGUF's lean files but its own are those of its dequantized folder
         if source.gguf is not None and quantize != "gguf":
             folder = gguf_convert.folder_for(source.gguf)
