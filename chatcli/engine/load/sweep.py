@@ -8,8 +8,9 @@
 - a GGUF's folders that no GGUF file has any more (`gguf_convert.sweep`), then the lean folders of
   models whose folder is gone (`lean_file.sweep`).
 
-Listings, stats and a few small JSON reads: well under a millisecond per entry; nothing is hashed.
-`chatcli pull --verify` sweeps the same way first.
+Listings, stats and a few small JSON reads, nothing hashed: 0.36 ms a sweep over two GGUFs' entries
+(`sweep_cache()` timed 20 times in a loop, 2026-12-06). A load sweeps before it (room for a
+conversion) and after it (`load.build`); `chatcli pull --verify` sweeps first.
 """
 
 from __future__ import annotations
