@@ -74,9 +74,12 @@ def load_engine(start: StartOptions):
 
     try:
         with loading_status() as status:
-            return start.load_engine(status=status)
+            engine = start.load_engine(status=status)
     except (LoadError, RemoteError) as exc:
         raise UserError(str(exc)) from None
+    if getattr(engine, "note", ""):  # e.g. a quantized GGUF run dequantized: said before the reply
+        sys.stderr.write(f"chatcli: warning: {engine.note}\n")
+    return engine
 
 
 def check_params(engine, params) -> None:
@@ -319,6 +322,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
     if json_out:
         record = {
             "model": engine.name,
+            "weights": getattr(engine, "weights", None),  # what runs: `gguf Q4_K+Q6_K`, `float32-panels`, …
             "conversation": conversation.id if saving else None,
             "reply": done.reply,
             "finish_reason": done.finish_reason,

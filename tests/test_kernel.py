@@ -283,7 +283,7 @@ def test_a_failed_build_is_one_line(tmp_path, monkeypatch, kernel):
     with pytest.raises(RuntimeError, match="error") as failed:
         kernels.build(cxx, target)
     assert "\n" not in str(failed.value)
-    assert not target.exists() and not list(target.parent.glob(target.stem + ".*.tmp"))
+    assert not target.exists() and not list(target.parent.glob(f".{target.name}.tmp-*"))
 
 
 def test_the_library_is_named_by_its_source_and_compiler(tmp_path, monkeypatch, kernel):

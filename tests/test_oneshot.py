@@ -45,7 +45,7 @@ def test_json_output(cli):
     result = cli("-p", "Hello", "--temperature", "0", "--max-tokens", "5", "--json")
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
-    assert set(record) == {"model", "conversation", "reply", "finish_reason", "stats"}
+    assert set(record) == {"model", "weights", "conversation", "reply", "finish_reason", "stats"}
     assert record["finish_reason"] in ("stop", "length")
     stats = record["stats"]
     for field in (

@@ -314,6 +314,6 @@ def test_the_header_names_the_weights(tiny_model_dir, kernel):
     from chatcli.engine.load.options import LoadOptions
     from chatcli.ui.screens.conversations import engine_label
 
-    for quantize, label in (("none", "float32"), ("auto", "float32"), ("int8", "int8"), ("q4", "q4")):
+    for quantize, label in (("none", "float32-panels"), ("auto", "float32-panels"), ("int8", "int8"), ("q4", "q4")):
         engine = load_engine(str(tiny_model_dir), LoadOptions(device="cpu", quantize=quantize))
         assert engine_label(engine).endswith(f"· cpu · {label} · kernel {kernels.build_name()}")

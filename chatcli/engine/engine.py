@@ -59,6 +59,7 @@ class ContextOverflow(ValueError):
 
 class Engine:
     keeps_cache = True  # sessions hold their KV cache in this process
+    note = ""  # what the start should tell the user in one line (the loader's: a GGUF run dequantized)
 
     def __init__(self, runner: ModelRunner, tokenizer: ChatTokenizer, name: str = "model") -> None:
         self.runner = runner
@@ -76,8 +77,13 @@ class Engine:
 
     @property
     def weights(self) -> str:
-        """What the weights are: int8, q4 or q8 where quantized, else their dtype (`ModelRunner.weights_dtype`)."""
-        return self.runner.weights_dtype
+        """The weights in use, as the header and `--json` name them: int8, q4, q8 or a GGUF's own types
+        (`gguf Q4_K+Q6_K`) where quantized (`ModelRunner.weights_dtype`), else the lean file's kind
+        (`float32-panels`, `bfloat16-dense`) or the dtype (transformers' runner)."""
+        kind = getattr(getattr(self.runner, "config", None), "kind", None)
+        if self.runner.quantized or not isinstance(kind, str):
+            return self.runner.weights_dtype
+        return kind
 
     @property
     def backend(self) -> str:

@@ -110,7 +110,9 @@ def serve_command(
 
         engine = start.load_engine(status=_status_lines())
         release_cpu_threads()  # requests run in the generation thread: see engine/runners/threads.py
-        click.echo(f"Ready: {engine.name}", err=True)
+        if engine.note:
+            click.echo(f"Note: {engine.note}", err=True)
+        click.echo(f"Ready: {engine.name} ({engine.weights})", err=True)
         return engine
 
     serve(

@@ -40,3 +40,16 @@ async def test_the_header_on_the_tiny_engine(tiny_engine):
         native = type(tiny_engine.runner).__name__ == "NativeRunner"
         want = f"kernel {kernels.build_name()}" if native else "kernel off ("
         assert want in header and (not native or kernels.build_name() in kernels.BUILDS)
+
+
+async def test_the_header_names_the_weights_and_a_load_note_is_shown():
+    """A quantized GGUF run dequantized (issue 51): the header says `float32-panels`, and the loader's
+    one line about why is a note in the chat."""
+    engine = engine_with("avx2")
+    engine.weights = "float32-panels"
+    engine.note = "big.gguf is Q4_K_M, but its blocks are not read here (…): it runs dequantized, as float32-panels"
+    app = make_app(engine)
+    async with app.run_test(size=(160, 30)) as pilot:
+        screen = await ready(pilot)
+        assert "fake-model · cpu · float32-panels · kernel avx2" in str(screen.info.render())
+        assert screen.pane.notes()[-1].text == f"Note: {engine.note}"

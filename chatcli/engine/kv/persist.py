@@ -7,8 +7,9 @@ sorted order). Loading checks all of that: a file from another model or runner, 
 checksum (an older chatcli's), or ids that do not match are ignored (the engine then prefills
 as usual), never trusted; a damaged one (unreadable, or its contents not matching the
 checksum) is ignored too, and `read_cache` says so (`DAMAGED`), so the front ends can tell the
-user. Files over `max_bytes` are not written; the folder is kept under `folder_budget` by
-deleting the least recently written files. No torch here: the arrays are numpy (`tensorfile`
+user. Files over `max_bytes` are not written; the folder is kept under `folder_budget` (every file
+in it counted, a save being written too) by deleting the least recently written saves, after the
+temporary files of saves killed mid-write (`paths.sweep_temps`). No torch here: the arrays are numpy (`tensorfile`
 reads and writes them). The checksum costs one pass over the bytes at save and at load: ~70 ms
 for 100 MiB on a CPU with SHA instructions (OpenSSL's SHA-256, ~1.5 GB/s), a few times that without.
 """
@@ -102,17 +103,33 @@ def read_cache(runner, path: Path, fp: str) -> tuple[KVCache | None, str]:
 
 
 def trim_folder(folder: Path, budget: int = FOLDER_BUDGET) -> None:
-    """Delete the least recently written cache files until the folder fits `budget`."""
+    """Remove the temporary files of saves whose process is gone (`paths.sweep_temps`: a save killed
+    mid-write), then delete the least recently written cache files until everything in the folder —
+    a save being written by a live process included — fits `budget`."""
+    import stat
+
+    from chatcli.paths import sweep_temps
+
+    sweep_temps(folder)
+    entries = []
     try:
-        files = sorted(folder.glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files)
+        for p in folder.iterdir():
+            try:
+                st = p.stat()
+            except OSError:
+                continue  # renamed or removed meanwhile
+            if stat.S_ISREG(st.st_mode):
+                entries.append((p, st))
     except OSError:
         return
-    for p in files:
+    total = sum(st.st_size for _, st in entries)
+    for p, st in sorted(entries, key=lambda e: e[1].st_mtime):
         if total <= budget:
             break
+        if p.suffix != ".safetensors" or p.name.startswith("."):
+            continue  # a live writer's temporary: counted, not removed
         try:
-            total -= p.stat().st_size
             p.unlink()
+            total -= st.st_size
         except OSError:
             pass

@@ -1,20 +1,25 @@
 """Loading: a model name → a ready `Engine`, on the fastest path that computes the model exactly here.
 
-The model's files come from `sources` (a hub id, a folder, a `.gguf` file, or the embedded
+A start sweeps the cache (`sweep`: what killed processes and vanished GGUF files left) before the
+load and after it. The model's files come from `sources` (a hub id, a folder, a `.gguf` file, or the embedded
 model); then, for a model folder:
 
 - a model of a lean family (`weights.families`): a lean runner over its lean files (`load.lean`):
   the native one where the compiled kernel runs (no torch, no transformers imported), else torch's;
 - anything else, `--runner hf` or `--device-map`: transformers' own model (`load.hf`).
 
+A quantized GGUF whose blocks are not what runs (without `--quantize none` asking for that) says
+why and what runs instead in the engine's `note`: one line that the front ends show at the start.
+
 This module imports neither torch nor transformers at the top.
 """
 
 from __future__ import annotations
 
-from chatcli.engine.load.lean import lean_engine
+from chatcli.engine.load.lean import dequantized_note, lean_engine
 from chatcli.engine.load.options import LoadError, LoadOptions, cap_context, placement
 from chatcli.engine.load.sources import Source, each_candidate, read_config, resolve
+from chatcli.engine.load.sweep import sweep_cache
 from chatcli.engine.weights import Status
 from chatcli.engine.weights.families import lean_support
 
@@ -31,6 +36,7 @@ def load_engine(
     options = options or LoadOptions()
     status = status or (lambda *_a, **_k: None)
     device, dtype = placement(options)
+    sweep_cache()  # before the load: room for a conversion
 
     def attempt(name: str, explicit: bool):
         source = resolve(name, explicit, status)
@@ -43,9 +49,15 @@ def load_engine(
             raise LoadError(f"--runner lean: {reason} (use --runner hf)")
         from chatcli.engine.load.hf import build_engine, load_source  # torch and transformers
 
-        return build_engine(load_source(source, options, device, dtype, status), runner="hf", kv_dtype=options.kv_dtype)
+        loaded = load_source(source, options, device, dtype, status)
+        engine = build_engine(loaded, runner="hf", kv_dtype=options.kv_dtype)
+        engine.note = dequantized_note(source, options.quantize, None, "transformers' model", reason)
+        return engine
 
-    engine = each_candidate(model, config_default, attempt)
+    try:
+        engine = each_candidate(model, config_default, attempt)
+    finally:
+        sweep_cache()  # and after it: the file given is identified by now, so the entry of its former bytes goes
     cap_context(engine.runner, options.ctx_size)
     return engine
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from chatcli.engine.engine import Engine
-from chatcli.engine.load.options import LoadError, pick_kv_dtype, resolve_quantize
+from chatcli.engine.load.options import FLOAT_FILE_TYPES, LoadError, pick_kv_dtype, resolve_quantize
 from chatcli.engine.load.sources import Source, read_config
 from chatcli.engine.runners import kernels
-from chatcli.engine.weights import Status
+from chatcli.engine.weights import Status, sidecar
 from chatcli.engine.weights.lean_file import (
     GGUF,
     GROUPED,
@@ -29,12 +29,14 @@ from chatcli.engine.weights.lean_file import (
 from chatcli.engine.weights.sidecar import unchanged
 
 
-def lean_weights(folder: Path, kind: str, status: Status | None = None, model_loader=None) -> LeanWeights:
+def lean_weights(
+    folder: Path, kind: str, status: Status | None = None, model_loader=None, gguf: Path | None = None
+) -> LeanWeights:
     """The lean file of `kind` for the model in `folder`, converted first where there is none
-    that matches: streamed from the folder's safetensors where the kind allows (`weights.lean_stream`),
-    else through the whole transformers model (`model_loader()` gives it, where the caller holds one;
-    see `weights.lean_convert`); a `gguf` file is written from the GGUF `folder` was made from, see
-    `weights.gguf_lean`."""
+    that matches (one that does not is removed first): streamed from the folder's safetensors where
+    the kind allows (`weights.lean_stream`), else through the whole transformers model (`model_loader()`
+    gives it, where the caller holds one; see `weights.lean_convert`); a `gguf` file is written from
+    `gguf`, the GGUF file `folder` (its `meta_folder`) was made from, see `weights.gguf_lean`."""
     path = lean_path(folder, kind)
     source = f"{path.parent.name}/{path.stem.rsplit('-', 1)[1]}"
     if path.is_file() and unchanged(path):
@@ -42,8 +44,11 @@ def lean_weights(folder: Path, kind: str, status: Status | None = None, model_lo
             return LeanWeights(path, kind, source)
         except LeanFileError:
             pass  # converted again below
+    sidecar.remove(path)  # found inconsistent, or not there: no half of an entry stays if converting fails
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))  # before any temporary: see lean_file.sweep
     if kind == GGUF:
-        _convert_gguf(folder, path, source, status)
+        _convert_gguf(folder, path, source, status, gguf)
     else:  # torch and transformers: only to convert
         from chatcli.engine.weights.lean_convert import convert_lean
         from chatcli.engine.weights.lean_stream import convert_streamed
@@ -51,7 +56,6 @@ def lean_weights(folder: Path, kind: str, status: Status | None = None, model_lo
         # a folder's safetensors a block at a time, where the kind needs no forward pass; else the whole model
         if model_loader is not None or not convert_streamed(folder, path, kind, source, status):
             convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
-    (path.parent / SOURCE_FILE).write_text(str(folder.resolve()))
     prune(path, kind)
     return LeanWeights(path, kind, source)
 
@@ -70,7 +74,8 @@ def lean_engine(
     """A lean runner (native where the kernel runs, else torch) over `source`'s lean files;
     `model_loader()` gives the transformers model and tokenizer to convert where a file is missing.
     `kv`: the --kv-dtype (auto: see `pick_kv_dtype`); `quantize`: the --quantize (auto: `resolve_quantize`)."""
-    native, quantize = plan(source.folder, device, dtype, kv, quantize, kernel)
+    asked = quantize
+    native, quantize = plan(source.folder, device, dtype, kv, quantize, kernel, source.gguf)
     kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32 or bfloat16 where native: dtype is float32
     status(f"Loading {source.name}")
     folder = source.folder if quantize == GGUF else source.weights(status)  # a GGUF read as it is needs no model
@@ -78,7 +83,8 @@ def lean_engine(
         from chatcli.engine.runners.native import NativeRunner
 
         (kind,) = kinds(native, quantize, dtype)
-        runner = NativeRunner(lean_weights(folder, kind, status, model_loader), kv_dtype=kv)
+        runner = NativeRunner(lean_weights(folder, kind, status, model_loader, source.gguf), kv_dtype=kv)
+        note = dequantized_note(source, asked, quantize, kind)
     else:
         if quantize in GROUPED:
             raise LoadError(
@@ -92,11 +98,39 @@ def lean_engine(
         int8 = lean_weights(folder, INT8, status, model_loader) if quantize else None
         runner = LeanRunner(dense, device=torch.device(device), kv_dtype=DTYPES[kv], int8=int8)
         runner.kernel_off = _why_no_kernel(kernel, device, dtype, kv) if kernel else "the torch lean runner, asked"
-    return Engine(runner, tokenizer or folder_tokenizer(source.folder), source.name)
+        note = dequantized_note(source, asked, quantize, f"{dtype}-dense on {device}", runner.kernel_off)
+    engine = Engine(runner, tokenizer or folder_tokenizer(source.folder), source.name)
+    engine.note = note
+    return engine
 
 
-def plan(folder: Path, device: str, dtype: str, kv: str, quantize: str | None, kernel: bool):
-    """(whether the native runner runs it, the resolved --quantize)."""
+def dequantized_note(source: Source, asked: str | None, quantize: str | None, runs: str, why: str | None = None) -> str:
+    """The start's one line where a quantized GGUF runs dequantized without `--quantize none` asking
+    for it (`runs`: what it runs as; `why`: why its blocks are not read, by default the reason its
+    metadata folder recorded that the kernel does not read the file), else ""."""
+    if source.gguf is None or asked != "auto" or quantize is not None:
+        return ""
+    from chatcli.engine.weights.gguf_convert import gguf_file_type, recorded_direct_reason
+
+    file_type = gguf_file_type(source.gguf)
+    if file_type in (None, *FLOAT_FILE_TYPES):
+        return ""  # its weights are floats already: nothing is lost
+    import gguf
+
+    try:
+        name = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except ValueError:
+        name = f"file type {file_type}"
+    why = why or f"the kernel does not read the file as it is: {recorded_direct_reason(source.folder)}"
+    return (
+        f"{source.name} is {name}, but its blocks are not read here ({why}): it runs dequantized, as {runs}, "
+        "slower and in several times the memory (--quantize none asks for that)"
+    )
+
+
+def plan(folder: Path, device: str, dtype: str, kv: str, quantize: str | None, kernel: bool, gguf: Path | None = None):
+    """(whether the native runner runs it, the resolved --quantize; `gguf`: the GGUF file given, where
+    `folder` is its `meta_folder`)."""
     native = (
         kernel
         and device == "cpu"
@@ -105,7 +139,7 @@ def plan(folder: Path, device: str, dtype: str, kv: str, quantize: str | None, k
         and _native_shapes(read_config(folder))
         and _kernel()
     )
-    return bool(native), resolve_quantize(quantize, folder, bool(native))
+    return bool(native), resolve_quantize(quantize, folder, bool(native), gguf)
 
 
 def kinds(native: bool, quantize: str | None, dtype: str) -> list[str]:
@@ -117,17 +151,17 @@ def kinds(native: bool, quantize: str | None, dtype: str) -> list[str]:
     return [f"{dtype}-dense", *([INT8] if quantize else [])]
 
 
-def _convert_gguf(folder: Path, path: Path, source: str, status: Status | None) -> None:
-    """Write the `gguf` lean file from the GGUF `folder` (a `meta_folder`) was made from; then the GGUF's
-    old dequantized conversion, if an earlier chatcli made one, goes (its lean files with it: `prune`)."""
+def _convert_gguf(folder: Path, path: Path, source: str, status: Status | None, gguf: Path | None) -> None:
+    """Write the `gguf` lean file from `gguf`, the GGUF file given (never one `folder`'s manifest
+    recorded: `folder`, its `meta_folder`, is named by its bytes); then the GGUF's old dequantized
+    conversion, if an earlier chatcli made one, goes (its lean files with it: `prune`)."""
     import shutil
 
-    from chatcli.engine.weights.gguf_convert import folder_for, source_gguf
+    from chatcli.engine.weights.gguf_convert import folder_for
     from chatcli.engine.weights.gguf_lean import convert_gguf_lean
 
-    gguf = source_gguf(folder)
     if gguf is None:
-        raise LoadError(f"{folder.name}: the GGUF file it was made from is gone or changed")
+        raise LoadError(f"{folder.name}: no GGUF file to read its blocks from")
     limit = int(read_config(folder).get("max_position_embeddings") or 2048)
     convert_gguf_lean(gguf, path, limit, source, status, packer=kernels.library())
     shutil.rmtree(folder_for(gguf), ignore_errors=True)

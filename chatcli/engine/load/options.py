@@ -118,6 +118,7 @@ def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None =
 
 # A GGUF's `general.file_type` (llama.cpp's LLAMA_FTYPE_MOSTLY_*) → the kind that reads its blocks as they are.
 GGUF_KINDS = {2: "q4", 3: "q4", 7: "q8"}  # Q4_0, Q4_1, Q8_0
+FLOAT_FILE_TYPES = (0, 1, 32)  # ALL_F32, MOSTLY_F16, MOSTLY_BF16: nothing is lost dequantizing them
 
 
 def explicit_quantize(quantize: str | None) -> str | None:
@@ -125,24 +126,19 @@ def explicit_quantize(quantize: str | None) -> str | None:
     return None if quantize in (None, "auto", "none") else quantize
 
 
-def resolve_quantize(quantize: str | None, folder: Path | None, native: bool) -> str | None:
+def resolve_quantize(quantize: str | None, folder: Path | None, native: bool, gguf: Path | None = None) -> str | None:
     """What `--quantize` means for this model: auto is, where the compiled kernel runs it, a GGUF's own
     tensors in their own types (`gguf`: read from the file itself, see `weights.gguf_lean`), or, for a
     GGUF that is not read so, its block kind (q4 for a Q4_0 or Q4_1 file, q8 for Q8_0); else none, as
-    for any other source (quantizing a K-quant GGUF again would round twice)."""
+    for any other source (quantizing a K-quant GGUF again would round twice). `gguf`: the GGUF file
+    given, where `folder` is its metadata folder (never one the folder's manifest recorded, which may
+    be gone: the load would then run the file dequantized)."""
     if quantize != "auto":
         return explicit_quantize(quantize)
-    if not native or folder is None:
+    if not native or folder is None or gguf is None:
         return None
-    from chatcli.engine.weights.gguf_convert import (  # hashlib, tempfile: not at start-up
-        gguf_file_type,
-        recorded_direct_reason,
-        source_gguf,
-    )
+    from chatcli.engine.weights.gguf_convert import gguf_file_type, recorded_direct_reason  # not at start-up
 
-    gguf = source_gguf(folder)
-    if gguf is None:
-        return None
     return "gguf" if recorded_direct_reason(folder) is None else GGUF_KINDS.get(gguf_file_type(gguf))
 
 

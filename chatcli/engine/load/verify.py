@@ -5,7 +5,7 @@ and its dequantized model where one was made — against their manifests) whose 
 the ones recorded when it was written, and rehashes only a file whose mtime changed: hashing
 hundreds of MB at each start would cost seconds. Bytes changed in place with the mtime put back thus
 pass a start; `verify_model_files` rehashes them all, says which are damaged, and removes those so
-that they are made again.
+that they are made again. It sweeps first what a start sweeps (`load.sweep`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from chatcli.engine.load.build import why_not_lean
 from chatcli.engine.load.lean import kinds, plan
 from chatcli.engine.load.options import LoadOptions, placement
 from chatcli.engine.load.sources import each_candidate, resolve
+from chatcli.engine.load.sweep import sweep_cache
 from chatcli.engine.weights import Status, gguf_convert, sidecar
 from chatcli.engine.weights.lean_file import lean_path
 
@@ -46,10 +47,12 @@ def verify_model_files(
     reads: a GGUF's folders, against their manifests, and the lean file(s), against their sidecars,
     whatever their mtime (a start trusts a file whose size and mtime are as recorded). A damaged file
     is removed (a GGUF's folder with it): the next load that needs it makes it again. Files not made
-    yet are not listed. Raises LoadError where the model cannot be found."""
+    yet are not listed. What a start sweeps goes first (`sweep.sweep_cache`: entries whose GGUF is
+    gone, killed writers' temporary files). Raises LoadError where the model cannot be found."""
     options = options or LoadOptions()
     status = status or (lambda *_a, **_k: None)
     device, dtype = placement(options)
+    sweep_cache()
 
     def attempt(name: str, explicit: bool) -> list[FileCheck]:
         checks = []
@@ -69,7 +72,7 @@ def verify_model_files(
             return checks
         if why_not_lean(options, source) is not None:
             return checks  # transformers' runner: no lean file
-        native, quantize = plan(source.folder, device, dtype, options.kv_dtype, options.quantize, kernel)
+        native, quantize = plan(source.folder, device, dtype, options.kv_dtype, options.quantize, kernel, source.gguf)
         folder = source.folder  # a GGUF's lean files but its own are those of its dequantized folder
         if source.gguf is not None and quantize != "gguf":
             folder = gguf_convert.folder_for(source.gguf)

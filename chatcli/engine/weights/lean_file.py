@@ -308,16 +308,37 @@ class LeanWeights:
 
 def prune(keep: Path, kind: str) -> None:
     """Remove this kind's files made from earlier versions of the model's files, and the lean
-    folders of models whose folder is gone (each lean folder names its model's in SOURCE_FILE)."""
-    import shutil
-
+    folders of models whose folder is gone (`sweep`)."""
     for other in keep.parent.glob(f"{kind}-*.safetensors"):
         if other != keep:
             sidecar.remove(other)
-    for folder in keep.parent.parent.iterdir():
+    sweep(keep.parent.parent)
+
+
+def sweep(root: Path | None = None) -> list[Path]:
+    """Remove the lean folders (under `root`, the cache's `lean/` by default) of models whose folder is
+    gone (each names its model's in SOURCE_FILE), and the temporaries killed writers left in the others
+    (`paths.sweep_temps`); the folders removed."""
+    import shutil
+
+    from chatcli.paths import cache_dir, sweep_temps
+
+    root = root or cache_dir() / "lean"
+    removed = []
+    try:
+        folders = [p for p in root.iterdir() if p.is_dir()]
+    except OSError:
+        return removed
+    for folder in folders:
         try:
             source = Path((folder / SOURCE_FILE).read_text())
+        except FileNotFoundError:
+            source = None
         except OSError:
             continue
-        if not source.exists():
+        if source is not None and not source.exists():
             shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+            continue
+        sweep_temps(folder)
+    return removed

@@ -31,12 +31,18 @@ def file_sha256(path: Path) -> str:
 def record(path: Path, sha256: str | None = None) -> None:
     """Write the record of a finished file: its size, mtime and hash (atomically); `sha256`: the hash
     its writer computed as it wrote it (`prefix_hash`), else the file is read and hashed here."""
+    from chatcli.paths import temp_file
+
     st = path.stat()
     side = path_of(path)
-    tmp = side.with_name(f".{side.name}.{os.getpid()}")
     digest = sha256 or file_sha256(path)
-    tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}))
-    os.replace(tmp, side)
+    fd, tmp = temp_file(side)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}))
+        os.replace(tmp, side)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def unchanged(path: Path) -> bool:

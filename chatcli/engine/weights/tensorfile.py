@@ -10,7 +10,9 @@ gets plain addresses. Nothing here imports torch; numpy only for `array()`.
 
 Every tensor written by `write_tensors` starts at a multiple of 64 bytes (the kernel's
 vector loads then never split a cache line): each tensor's size is a multiple of 64 (the
-caller pads) and the header is padded so the data starts on one.
+caller pads) and the header is padded so the data starts on one. Both writers write a temporary
+file beside the final one (`paths.temp_file`: named by its writer, so that a killed one's is swept
+by a later start), renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import mmap
 import os
 import re
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from chatcli.paths import temp_file
 
 ALIGN = 64
 
@@ -159,9 +162,7 @@ def write_tensors(
         specs[name] = TensorSpec(
             dtype=SPEC_NAMES[code], shape=tuple(array.shape), data_ptr=array.ctypes.data, data_len=array.nbytes
         )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = temp_file(Path(path))
     os.close(fd)
     try:
         meta = {**(metadata or {}), "pad": ""}
@@ -192,8 +193,7 @@ class StreamedTensors:
 
     def __init__(self, path: str | os.PathLike, header_bytes: int = 1 << 20) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        self._fd, self._tmp = temp_file(self.path)
         self._start = padded(header_bytes + 8) if header_bytes else 0
         self._entries: dict[str, dict] = {}
         self._end = 0

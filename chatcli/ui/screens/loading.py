@@ -70,6 +70,8 @@ class EngineLoading:
         self.show_cache()
         self.refresh_pool()
         self.refresh_info()
+        if getattr(engine, "note", ""):  # the loader's one line: e.g. a quantized GGUF run dequantized
+            self.note(f"Note: {engine.note}")
 
     def on_model_loaded(self, message: ModelLoaded) -> None:
         """`/model NAME` is done: the new engine answers from now on (every conversation's cache is

@@ -41,7 +41,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from functools import cache, lru_cache
 from pathlib import Path
@@ -153,8 +152,9 @@ def _best() -> str:
 def build(cxx: list[str], target: Path, build_name: str | None = None) -> None:
     """Compile the source into `target` (seconds; the build is this CPU's best by default); raises
     RuntimeError with the compiler's first error."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
+    from chatcli.paths import temp_file
+
+    fd, tmp = temp_file(target)  # a killed build's is swept by a later one (`_prune`) and by a start
     os.close(fd)
     try:
         flags = compile_flags(build_name or _best())
@@ -179,8 +179,11 @@ def intact(target: Path) -> bool:
 
 
 def _prune(keep: Path) -> None:
-    """Remove other builds (with their sidecars) and killed builds' temporary files not touched for
-    STALE_S, and sidecars whose build is gone."""
+    """Remove other builds (with their sidecars) not touched for STALE_S, the temporary files of
+    builds whose process is gone (`paths.sweep_temps`), and sidecars whose build is gone."""
+    from chatcli.paths import sweep_temps
+
+    sweep_temps(keep.parent)
     now = time.time()
     for old in [*keep.parent.glob("decode-*.so"), *keep.parent.glob("decode-*.tmp")]:
         try:
