@@ -180,7 +180,7 @@ def stream_reply(engine, conversation, session, params, out, scored: list | None
     Returns (Finished, pieces): Ctrl+C cancels the turn (`ctrl_c_cancels`), its Finished says so;
     (None, pieces) where a second Ctrl+C left before the engine could end it.
     """
-    from chatcli.engine import ContextOverflow, Finished, GrammarError, Prefilled, RemoteError, Token
+    from chatcli.engine import ChatTemplateError, ContextOverflow, Finished, GrammarError, Prefilled, RemoteError, Token
 
     pieces: list[str] = []
     cancel = threading.Event()
@@ -204,7 +204,7 @@ def stream_reply(engine, conversation, session, params, out, scored: list | None
                     return event, pieces
     except ContextOverflow as exc:
         raise UserError(f"prompt too long: {exc}") from None
-    except RemoteError as exc:
+    except (RemoteError, ChatTemplateError) as exc:
         raise UserError(str(exc)) from None
     except GrammarError as exc:  # past the check's first steps (see grammar.first_steps)
         raise UserError(f"--json-schema: {exc}", 2) from None

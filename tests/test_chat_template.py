@@ -180,3 +180,19 @@ def test_fit_prompt_drops_exchanges_that_write_past_the_output_limit(tiny_lean, 
     monkeypatch.setattr(template, "TEMPLATE_OUTPUT_LIMIT", 600)
     ids, dropped = tiny_lean.fit_prompt(messages, SamplingParams(max_tokens=4))
     assert dropped > 0 and tiny_lean.tokenizer.decode(ids).rstrip().endswith("last\nassistant")
+
+
+def test_a_failing_template_is_one_line_in_the_one_shot(tiny_model_dir, tmp_path):
+    """Through the front end too: the template's fault on stderr in one line, exit 1, no traceback."""
+    import os
+    import shutil
+    import subprocess
+
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "raising")
+    (folder / "chat_template.jinja").write_text(FAULTS["raises"][0], encoding="utf-8")
+    env = {**os.environ, "CHATCLI_CONFIG": str(tmp_path / "config.toml"), "CHATCLI_DATA_DIR": str(tmp_path / "data")}
+    argv = [sys.executable, "-m", "chatcli", "-m", str(folder), "--device", "cpu", "-p", "hi", "--no-save"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("chatcli: error: the chat template failed") and "roles must alternate" in line, line

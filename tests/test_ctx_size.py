@@ -138,7 +138,11 @@ def test_the_one_shot_takes_ctx_size_from_the_flag_or_the_config(tiny_model_dir,
     ("args", "config", "line"),
     [
         (("--ctx-size", "0"), None, "chatcli: error: Invalid value for '--ctx-size': 0 is not in the range x>=1."),
-        (("--ctx-size", "abc"), None, "chatcli: error: Invalid value for '--ctx-size': 'abc' is not a valid integer range."),
+        (
+            ("--ctx-size", "abc"),
+            None,
+            "chatcli: error: Invalid value for '--ctx-size': 'abc' is not a valid integer range.",
+        ),
         ((), 'ctx_size = "big"\n', "ctx_size must be a whole number of tokens, 1 or more, got 'big'"),
     ],
 )

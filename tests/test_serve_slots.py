@@ -351,7 +351,6 @@ LOOPING = (
 )
 
 
-@pytest.mark.xfail(strict=False, reason="needs the render's cancel")
 def test_hostile_clients_with_a_looping_template_never_hold_a_slot(tiny_model_dir, tmp_path, serve):
     """The same on the tiny model loaded as a user's (its own jinja render, `FolderTokenizer`) whose chat
     template loops: the render itself must stop when its client leaves (cancelled; or failed, where a

@@ -32,6 +32,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from chatcli.engine import (
+    ChatTemplateError,
     ContextOverflow,
     Engine,
     Finished,
@@ -218,9 +219,12 @@ class GenerationWorker:
             return
         except Exception as exc:  # noqa: BLE001 - e.g. a chat template that rejects the roles
             self._count("failed")
-            self._emit(
-                job, Failed(APIError(400, f"the chat template rejected the messages: {one_line(exc)}", "messages"))
+            said = (
+                str(exc)
+                if isinstance(exc, ChatTemplateError)
+                else f"the chat template rejected the messages: {one_line(exc)}"
             )
+            self._emit(job, Failed(APIError(400, said, "messages")))
             return
         templated = time.perf_counter() - t_submit
         lease = self.pool.acquire(target, space=job.space)
