@@ -1,11 +1,13 @@
 """What every front end shows a user: the one-line message of an error and the error that carries it;
-`clip`, any text as one such line; `shown`, any text as a terminal may show it; `counted`, a number
-of things in words.
+`clip`, any text as one such line; `shown`, any text as a terminal may show it (`Shown`, a stream
+that writes so; `say`, a line on stderr so); `counted`, a number of things in words.
 
 Below the front ends (CLI, one-shot, TUI, server) and importable from the engine: stdlib only.
 """
 
 from __future__ import annotations
+
+import sys
 
 # C0 controls but tab and newline, DEL and the C1 controls: what could start or end an escape
 # sequence (ESC, CSI, OSC, ST), ring, clear or move the cursor (BEL, CR, BS) in a terminal.
@@ -53,3 +55,28 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     """`1 prompt`, `2 prompts`, `1,024 tokens`: a number and its noun, singular or plural (`plural`
     where adding an s does not make it)."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+class Shown:
+    """A text stream that writes what it is given as a terminal may show it (`errors.shown`)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        self.stream.write(shown(text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def reply_out(stdout):
+    """Where a reply's text goes: `stdout` itself where it is a file or a pipe (byte-exact), `Shown`
+    where it is a terminal."""
+    return Shown(stdout) if stdout.isatty() else stdout
+
+
+def say(line: str) -> None:
+    """One line on stderr, as a terminal may show it."""
+    sys.stderr.write(shown(line) + "\n")
+    sys.stderr.flush()

@@ -20,7 +20,7 @@ import threading
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from chatcli.errors import UserError, shown, shown_json
+from chatcli.errors import UserError, reply_out, say, shown_json
 from chatcli.options import StartOptions
 
 
@@ -122,31 +122,6 @@ def run_oneshot(
         return _answer(start, text, json_out, show_stats, resume, continue_last)
     except StoreError as exc:  # e.g. a full disk: what was printed stays printed
         raise UserError(str(exc)) from None
-
-
-class Shown:
-    """A text stream that writes what it is given as a terminal may show it (`errors.shown`)."""
-
-    def __init__(self, stream) -> None:
-        self.stream = stream
-
-    def write(self, text: str) -> None:
-        self.stream.write(shown(text))
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-
-def reply_out(stdout):
-    """Where a reply's text goes: `stdout` itself where it is a file or a pipe (byte-exact), `Shown`
-    where it is a terminal."""
-    return Shown(stdout) if stdout.isatty() else stdout
-
-
-def say(line: str) -> None:
-    """One line on stderr, as a terminal may show it."""
-    sys.stderr.write(shown(line) + "\n")
-    sys.stderr.flush()
 
 
 @contextmanager

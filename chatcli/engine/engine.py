@@ -35,26 +35,16 @@ from chatcli.engine.kv.session import Session
 from chatcli.engine.runners.base import ModelRunner
 from chatcli.engine.sample.grammar import Constraint, TokenGrammar
 from chatcli.engine.sample.lookup import PromptLookup
-from chatcli.engine.sample.sampling import (
-    InvalidParameter,
-    SamplingParams,
-    accept_draft,
-    needs_recent_ids,
-    sample,
-    token_logprobs,
-)
+from chatcli.engine.sample.sampling import InvalidParameter, SamplingParams, pick
 from chatcli.engine.sample.tools import held
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
-from chatcli.engine.text.template import PromptCancelled, RenderTooLong
+from chatcli.engine.text.fit import ContextOverflow, fit_conversation
+from chatcli.engine.text.template import PromptCancelled
 from chatcli.engine.text.tokenize import ChatTokenizer
 from chatcli.errors import one_line
 
 PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets cancel land
-
-
-class ContextOverflow(ValueError):
-    """The newest message alone does not fit the model's context."""
 
 
 class Engine:
@@ -177,70 +167,11 @@ class Engine:
         self, messages: Sequence[dict], params: SamplingParams, cancel: threading.Event | None = None
     ) -> tuple[list[int], int]:
         """Template the conversation (with `params.tools`); drop the oldest exchanges (never the system
-        prompt) to leave room for a reply. The ids and the number of exchanges dropped.
-
-        Bounded whatever the conversation's length: the whole of it is templated once where it has no
-        more messages than the context has positions (every template spends a token a message), and
-        fits then; else the newest 1, 2, 4 … exchanges are templated until they no longer fit, and a
-        binary search between the last two counts finds the most that do. Each templating holds at most
-        about twice what fits, so 20,000 messages cost what a conversation of the context's size does,
-        where dropping one exchange at a time templated the whole conversation once per exchange.
-        A templating that writes past the template's output limit (RenderTooLong) does not fit either,
-        unless it holds the newest exchange alone. `cancel` (set when a server's client leaves) is
-        checked before each templating and by the render itself (`ChatTokenizer.encode_chat`): PromptCancelled."""
-        limit = self.context_limit
-        room = min(params.max_tokens, max(1, limit // 4))
+        prompt) to leave room for a reply (`fit_conversation`: bounded however long the conversation,
+        PromptCancelled once `cancel` is set). The ids and the number of exchanges dropped."""
+        room = min(params.max_tokens, max(1, self.context_limit // 4))
         tools = None if params.tools is None else params.tools.offered()
-        system = [m for m in messages[:1] if m.get("role") == "system"]
-        turns = list(messages[len(system) :])
-        starts = [i for i, m in enumerate(turns) if m.get("role") == "user"]  # each exchange's first message
-        exchanges = max(1, len(starts))
-
-        def templated(kept: int) -> list[int] | None:  # the system prompt and the newest `kept` exchanges
-            if cancel is not None and cancel.is_set():
-                raise PromptCancelled("the request was cancelled while its prompt was templated")
-            newest = turns if kept >= exchanges else turns[starts[-kept] :]
-            try:
-                return self.tokenizer.encode_chat(system + newest, tools, cancel)
-            except RenderTooLong:
-                if kept <= 1:
-                    raise
-                return None  # longer than any context
-
-        def fits(ids: list[int] | None) -> bool:
-            return ids is not None and len(ids) + room <= limit
-
-        if len(messages) <= limit:
-            ids = templated(exchanges)
-            if fits(ids):
-                return ids, 0
-            worst = exchanges  # the fewest exchanges known not to fit
-        else:
-            worst = None
-        best, best_ids = 0, None  # the most exchanges known to fit, and their ids
-        kept = 1
-        while worst is None or kept < worst:
-            ids = templated(kept)
-            if not fits(ids):
-                worst = kept
-                break
-            best, best_ids = kept, ids
-            if kept >= exchanges:
-                return ids, 0
-            kept = min(2 * kept, exchanges)
-        if best == 0:  # the newest exchange alone leaves no room for a whole reply
-            ids = ids if worst == 1 else templated(1)
-            if len(ids) < limit:
-                return ids, exchanges - 1  # it fits; the reply gets what room is left
-            raise ContextOverflow(f"the message is {len(ids)} tokens with the template; the model's context is {limit}")
-        while worst - best > 1:
-            middle = (best + worst) // 2
-            ids = templated(middle)
-            if fits(ids):
-                best, best_ids = middle, ids
-            else:
-                worst = middle
-        return best_ids, exchanges - best
+        return fit_conversation(self.tokenizer, messages, tools, self.context_limit, room, cancel)
 
     def fit_raw(self, target: list[int]) -> list[int]:
         """A raw prompt's ids, when they leave room for at least one reply token (else ContextOverflow)."""
@@ -403,7 +334,7 @@ class Engine:
     def _decode(
         self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats, constraint=None
     ) -> Iterator[tuple]:
-        """Sampled ids with their log-probabilities (or None; see `_pick`), one at a time: sample,
+        """Sampled ids with their log-probabilities (or None; see `pick`), one at a time: sample,
         feed the id back, repeat. The caller stops taking ids when it is done. With `params.lookup`,
         each fed id may bring a draft (`PromptLookup`) that one `verify` pass checks; the ids the
         model agrees with come out without a forward of their own, and the cache drops the rest.
@@ -416,7 +347,7 @@ class Engine:
         budget = params.max_tokens  # ids the caller can still take (its reply limit; an end-of-turn id ends it sooner)
         # After a wholly rejected draft, skip drafting for the next 1, 2, 4 … ids (a 5-position check costs ~1.9 steps).
         wait = backoff = 0
-        token, scored = self._pick(logits, cache.ids, len(cache), params, generator, constraint)
+        token, scored = pick(logits, cache.ids, len(cache), params, generator, constraint)
         while True:
             yield token, scored
             budget -= 1
@@ -429,13 +360,13 @@ class Engine:
                     draft = lookup.draft(min(drafts, budget - 1, self.context_limit - len(cache) - 1))
             if not draft:
                 logits = self.runner.forward([token], cache)  # [V]
-                token, scored = self._pick(logits, cache.ids, len(cache), params, generator, constraint)
+                token, scored = pick(logits, cache.ids, len(cache), params, generator, constraint)
                 continue
             base = len(cache)
             rows = self.runner.verify([token, *draft], cache)  # [1 + k, V]: row j predicts the id after draft[:j]
             stats.draft_tokens += len(draft)
             for j, guess in enumerate(draft):
-                token, scored = self._pick(rows[j], cache.ids, base + 1 + j, params, generator, constraint, guess)
+                token, scored = pick(rows[j], cache.ids, base + 1 + j, params, generator, constraint, guess)
                 if token != guess:
                     cache.crop(base + 1 + j)  # the draft's ids from here on were not the model's
                     break
@@ -444,29 +375,9 @@ class Engine:
                 yield guess, scored
                 budget -= 1
             else:
-                token, scored = self._pick(rows[-1], cache.ids, len(cache), params, generator, constraint)
+                token, scored = pick(rows[-1], cache.ids, len(cache), params, generator, constraint)
             if len(cache) == base + 1:  # nothing accepted
                 backoff = min(2 * backoff or 1, 16)
                 wait = backoff
             else:
                 backoff = 0
-
-    @staticmethod
-    def _pick(logits, ids: list[int], end: int, params: SamplingParams, generator, constraint, draft=None):
-        """The next id after `ids[:end]`: sampled, or the drafted id kept or replaced (`accept_draft`),
-        with its log-probabilities where `params.logprobs` asks (`token_logprobs`; a drafted position's
-        distribution is the one a single step would sample from), else None. Under a `constraint`
-        the ids its grammar refuses are masked first, and the id picked advances it."""
-        if constraint is not None:
-            logits = constraint.mask(logits)
-        recent = None
-        if needs_recent_ids(params) and params.repeat_last_n > 0:
-            recent = ids[max(0, end - params.repeat_last_n) : end]
-        if draft is None:
-            token = sample(logits, params, generator, recent)
-        else:
-            token = accept_draft(logits, draft, params, generator, recent)
-        scored = None if params.logprobs is None else token_logprobs(logits, token, params, params.logprobs, recent)
-        if constraint is not None:
-            constraint.advance(token)
-        return token, scored

@@ -1,5 +1,5 @@
 """Whether a host is this machine: what `serve` binds to (a warning without a key past it) and the
-`Host` names a loopback server answers (`app.HostCheck`). Light: imported at CLI start-up."""
+`Host` names a loopback server answers (`guard.HostCheck`). Light: imported at CLI start-up."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ class CompletionResponse(Response):
         self, request: ChatRequest, worker: GenerationWorker, model: str, tokenizer=None, space: str = ""
     ) -> None:
         self.request = request
-        self.space = space  # the prefix pool's space this request's cache is shared in (`app.cache_space`)
+        self.space = space  # the prefix pool's space this request's cache is shared in (`guard.cache_space`)
         self.worker = worker
         self.model = model
         self.tokenizer = tokenizer  # names the tokens of a reply's logprobs
@@ -228,7 +228,7 @@ class CompletionResponse(Response):
     async def _send_json(send, status: int, body: dict, extra: list | None = None) -> None:
         payload = _json(body)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        if status == 503:  # busy: as app.error_response, a hint when to try again
+        if status == 503:  # busy: as guard.error_response, a hint when to try again
             headers.append((b"retry-after", schema.RETRY_AFTER.encode()))
         headers += extra or []
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -158,3 +158,24 @@ def _penalised(logits, params: SamplingParams, recent_ids) -> np.ndarray:
     if recent_ids is not None:
         logits = apply_presence_frequency(logits, recent_ids, params.presence_penalty, params.frequency_penalty)
     return logits
+
+
+def pick(logits, ids: list[int], end: int, params: SamplingParams, generator, constraint, draft=None):
+    """The decode loop's step: the next id after `ids[:end]`, sampled, or the drafted id kept or replaced
+    (`accept_draft`), with its log-probabilities where `params.logprobs` asks (`token_logprobs`; a
+    drafted position's distribution is the one a single step would sample from), else None. Under a
+    `constraint` (a turn's grammar state) the ids its grammar refuses are masked first, and the id
+    picked advances it."""
+    if constraint is not None:
+        logits = constraint.mask(logits)
+    recent = None
+    if needs_recent_ids(params) and params.repeat_last_n > 0:
+        recent = ids[max(0, end - params.repeat_last_n) : end]
+    if draft is None:
+        token = sample(logits, params, generator, recent)
+    else:
+        token = accept_draft(logits, draft, params, generator, recent)
+    scored = None if params.logprobs is None else token_logprobs(logits, token, params, params.logprobs, recent)
+    if constraint is not None:
+        constraint.advance(token)
+    return token, scored

@@ -32,15 +32,13 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from chatcli.engine.text.control import MARK_END, MARK_START, alternation, marked, without_added_tokens
 from chatcli.engine.text.template import compile_template, literal_text, render_bounded
 from chatcli.engine.text.toolcalls import fallback_messages, syntax_of, takes_tools
 
 # End-of-turn markers of widespread chat templates (ChatML, Llama 3, Gemma, Phi).
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-# Put around a control token's text found in what the caller gave, so that the encoder tells it from
-# the template's own: private-use characters, dropped from the caller's strings first (transformers' own).
-MARK_START, MARK_END = "\U000f0000", "\U000f0001"
 
 
 class UnsupportedTokenizer(ValueError):
@@ -66,12 +64,12 @@ class ChatTokenizer:
         transformers' `apply_chat_template(..., sanitize_control_tokens=True)` does. Where no string
         holds one, this is `encode` of the whole text: the same ids as before marking existed."""
         control = self._control_tokens
-        text = self.render(_marked(messages, control), _marked(tools, control), cancel)
+        text = self.render(marked(messages, control), marked(tools, control), cancel)
         if MARK_START not in text and MARK_END not in text:
             return self.encode(text)
-        return self.encode_marked(text)
+        return self.encodemarked(text)
 
-    def encode_marked(self, text: str) -> list[int]:
+    def encodemarked(self, text: str) -> list[int]:
         """A rendered chat whose marked control tokens are text (transformers' `encode_marked_chat`):
         split at the marks, each piece after the first encoded after a newline that is then dropped (so
         that a SentencePiece tokenizer adds no word start to it), a marked token by `encode_text`, a
@@ -98,7 +96,7 @@ class ChatTokenizer:
         lists as `chat_control_tokens`."""
         listed = self.chat_control_tokens
         literal = "\0".join(literal_text(source) for source in self.template_sources) if listed is None else ""
-        return _alternation(
+        return alternation(
             text
             for text, (_, special) in self.added_tokens.items()
             if special or (text in listed if listed is not None else text in literal and not text.isspace())
@@ -107,7 +105,7 @@ class ChatTokenizer:
     @functools.cached_property
     def _marks(self) -> re.Pattern:
         """A marked added token (its text the one group), or a lone mark."""
-        tokens = _alternation(self.added_tokens).pattern
+        tokens = alternation(self.added_tokens).pattern
         return re.compile(f"{MARK_START}({tokens}){MARK_END}|[{MARK_START}{MARK_END}]")
 
     @property
@@ -228,7 +226,7 @@ class TransformersTokenizer(ChatTokenizer):
     def encode_text(self, text: str) -> list[int]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
-            return _without_added_tokens(backend, text)
+            return without_added_tokens(backend, text)
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def encode(self, text: str) -> list[int]:
@@ -284,7 +282,7 @@ class FolderTokenizer(ChatTokenizer):
         return {t.content: (i, t.special) for i, t in self.tokenizer.get_added_tokens_decoder().items()}
 
     def encode_text(self, text: str) -> list[int]:
-        return _without_added_tokens(self.tokenizer, text)
+        return without_added_tokens(self.tokenizer, text)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -334,43 +332,6 @@ def byte_level() -> dict[str, int]:
             table[chr(256 + extra)] = b
             extra += 1
     return table
-
-
-def _marked(value, control: re.Pattern):
-    """`value` (the messages or tools, as given) with each control token's text in its strings, dict keys
-    too, put between MARK_START and MARK_END; the marks the strings held dropped first, so that none
-    can be forged (transformers' `mark_control_tokens`, which leaves keys as they are)."""
-    if isinstance(value, str):
-        if MARK_START in value or MARK_END in value:
-            value = value.replace(MARK_START, "").replace(MARK_END, "")
-        return control.sub(_mark, value) if control.search(value) else value
-    if isinstance(value, dict):
-        return {_marked(k, control): _marked(v, control) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_marked(v, control) for v in value]
-    return value
-
-
-def _mark(found: re.Match) -> str:
-    return MARK_START + found.group() + MARK_END
-
-
-def _alternation(texts: Iterable[str]) -> re.Pattern:
-    """Any of `texts`, the longest first (so a token wins over one it holds); never matches where none."""
-    ordered = sorted(texts, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, ordered)) or "(?!)")
-
-
-def _without_added_tokens(tokenizer, text: str) -> list[int]:
-    """`text` through a `tokenizers.Tokenizer`'s normalizer, pre-tokenizer and model, none of its added
-    tokens matched (as transformers' `_encode_without_added_tokens`; the tokenizer's own
-    `encode_special_tokens` switch would change it for every thread at once)."""
-    if tokenizer.normalizer is not None:
-        text = tokenizer.normalizer.normalize_str(text)
-    splits = (
-        [text] if tokenizer.pre_tokenizer is None else [s for s, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
-    )
-    return [token.id for split in splits for token in tokenizer.model.tokenize(split)]
 
 
 @functools.lru_cache(maxsize=16)

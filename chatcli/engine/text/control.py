@@ -1,0 +1,53 @@
+"""Control tokens typed as text: what a user, a file or a tool wrote never becomes a control id.
+
+Before a chat template renders, each control token's text (`<|im_end|>`, `<end_of_turn>`, …) in a
+string the caller gave is put between MARK_START and MARK_END (`marked`); the tokenizer then encodes
+each marked piece as text, none of its added tokens matched (`without_added_tokens`), and the rest as
+usual (`ChatTokenizer.encode_marked`), as transformers' `sanitize_control_tokens` does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# Put around a control token's text found in what the caller gave, so that the encoder tells it from
+# the template's own: private-use characters, dropped from the caller's strings first (transformers' own).
+MARK_START, MARK_END = "\U000f0000", "\U000f0001"
+
+
+def marked(value, control: re.Pattern):
+    """`value` (the messages or tools, as given) with each control token's text in its strings, dict keys
+    too, put between MARK_START and MARK_END; the marks the strings held dropped first, so that none
+    can be forged (transformers' `mark_control_tokens`, which leaves keys as they are)."""
+    if isinstance(value, str):
+        if MARK_START in value or MARK_END in value:
+            value = value.replace(MARK_START, "").replace(MARK_END, "")
+        return control.sub(_mark, value) if control.search(value) else value
+    if isinstance(value, dict):
+        return {marked(k, control): marked(v, control) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [marked(v, control) for v in value]
+    return value
+
+
+def _mark(found: re.Match) -> str:
+    return MARK_START + found.group() + MARK_END
+
+
+def alternation(texts: Iterable[str]) -> re.Pattern:
+    """Any of `texts`, the longest first (so a token wins over one it holds); never matches where none."""
+    ordered = sorted(texts, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, ordered)) or "(?!)")
+
+
+def without_added_tokens(tokenizer, text: str) -> list[int]:
+    """`text` through a `tokenizers.Tokenizer`'s normalizer, pre-tokenizer and model, none of its added
+    tokens matched (as transformers' `_encode_without_added_tokens`; the tokenizer's own
+    `encode_special_tokens` switch would change it for every thread at once)."""
+    if tokenizer.normalizer is not None:
+        text = tokenizer.normalizer.normalize_str(text)
+    splits = (
+        [text] if tokenizer.pre_tokenizer is None else [s for s, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    )
+    return [token.id for split in splits for token in tokenizer.model.tokenize(split)]
