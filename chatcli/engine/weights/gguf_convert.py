@@ -236,7 +236,8 @@ def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m:
         for p in sorted(tmp.iterdir()):
             st = p.stat()
             files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(p)}
-        manifest = {"format": FORMAT, "source": str(path.resolve()), "files": files, **extra}
+        # the path as given, links kept: a hub cache's file is a link to a blob without its name or suffix
+        manifest = {"format": FORMAT, "source": os.path.abspath(path), "files": files, **extra}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if folder.exists() and not is_valid(folder):
             shutil.rmtree(folder, ignore_errors=True)  # an invalid cache from an earlier run
