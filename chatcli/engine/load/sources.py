@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatcli.engine.load.gguf_check import check_gguf
 from chatcli.engine.load.options import LoadError
 from chatcli.engine.weights import Status
 from chatcli.errors import one_line
@@ -101,12 +102,13 @@ def each_candidate(model: str | None, config_default: str | None, attempt):
     )
 
 
-def resolve(name: str, explicit: bool, status: Status) -> Source:
+def resolve(name: str, explicit: bool, status: Status, runner: str = "auto") -> Source:
     """The model's folder for a .gguf file (converted once), a folder, or a hub id (local cache)."""
     path = Path(os.path.expanduser(name))
     if name.endswith(".gguf"):
         if not path.is_file():
             raise LoadError(f"model file not found: {name}")
+        check_gguf(path, runner)  # an architecture not run: one line, before any reading
         from chatcli.engine.weights.gguf_convert import meta_folder
 
         return Source(meta_folder(path, status), path.name, str(path), gguf=path)

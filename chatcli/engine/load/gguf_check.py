@@ -1,0 +1,67 @@
+"""A GGUF refused before anything reads it, in one line: an architecture chatcli does not run.
+
+Without this, a GGUF of an architecture outside the lean families (`qwen3moe`, `mamba`, `rwkv6`, …)
+went to transformers' GGUF converter, which spent from seconds to minutes before it stopped with its
+own text (`You set ignore_mismatched_sizes to False…` for Qwen3-MoE). The architecture is read from the
+first key-value pairs of the header (llama.cpp writes `general.architecture` first): a few KiB, no
+vocabulary parsed. `--runner hf` still hands any file to transformers, on purpose.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from chatcli.engine.load.options import LoadError
+
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type → bytes
+_STRING = 8
+
+
+def header_architecture(path: Path, head_bytes: int = 1 << 16) -> str | None:
+    """`general.architecture` where it is among the header's first pairs (before any array), else None
+    (then nothing is refused: the loader reads the file as before)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(head_bytes)
+        if head[:4] != b"GGUF":
+            return None
+        (pairs,) = struct.unpack_from("<Q", head, 16)
+        at = 24  # magic, version, tensor count, pair count
+        for _ in range(min(pairs, 64)):
+            (n,) = struct.unpack_from("<Q", head, at)
+            key, at = head[at + 8 : at + 8 + n], at + 8 + n
+            (kind,) = struct.unpack_from("<I", head, at)
+            at += 4
+            if kind == _STRING:
+                (n,) = struct.unpack_from("<Q", head, at)
+                value, at = head[at + 8 : at + 8 + n], at + 8 + n
+                if key == b"general.architecture":
+                    return value.decode("utf-8", errors="replace")
+            elif kind in _SCALAR_BYTES:
+                at += _SCALAR_BYTES[kind]
+            else:
+                return None
+    except (OSError, struct.error):
+        return None
+    return None
+
+
+def runnable_architectures() -> list[str]:
+    """The GGUF architectures chatcli runs: those whose config it writes for a lean family."""
+    from chatcli.engine.weights.families import LEAN_FAMILIES
+    from chatcli.engine.weights.gguf_meta import FAMILIES
+
+    return [arch for arch, (model_type, _) in FAMILIES.items() if model_type in LEAN_FAMILIES]
+
+
+def check_gguf(path: Path, runner: str = "auto") -> None:
+    """Raise one LoadError line where `path` cannot be run: an architecture outside
+    `runnable_architectures` (but with `--runner hf`, which tries transformers)."""
+    arch = header_architecture(path) if runner != "hf" else None
+    runs = runnable_architectures() if arch is not None else []
+    if arch is not None and arch not in runs:
+        raise LoadError(
+            f"{path.name}: architecture {arch!r} does not run in chatcli (it runs GGUFs of {', '.join(runs)}); "
+            "--runner hf tries transformers' GGUF support, which is slow and may fail"
+        )
