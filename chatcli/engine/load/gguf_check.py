@@ -1,4 +1,5 @@
-"""A GGUF refused before anything reads it, in one line: an architecture chatcli does not run.
+"""A GGUF refused before anything reads it, in one line: one part of a split model, or an architecture
+chatcli does not run.
 
 Without this, a GGUF of an architecture outside the lean families (`qwen3moe`, `mamba`, `rwkv6`, …)
 went to transformers' GGUF converter, which spent from seconds to minutes before it stopped with its
@@ -56,8 +57,18 @@ def runnable_architectures() -> list[str]:
 
 
 def check_gguf(path: Path, runner: str = "auto") -> None:
-    """Raise one LoadError line where `path` cannot be run: an architecture outside
-    `runnable_architectures` (but with `--runner hf`, which tries transformers)."""
+    """Raise one LoadError line where `path` cannot be run: a split model's part (any runner), or an
+    architecture outside `runnable_architectures` (but with `--runner hf`, which tries transformers)."""
+    from chatcli.engine.load.hub import SPLIT
+
+    split = SPLIT.search(path.name)
+    if split and int(split[2]) > 1:
+        first = path.name[: split.start()] + f"-00001-of-{split[2]}.gguf"
+        raise LoadError(
+            f"{path.name} is one part of a model split into {int(split[2])} files, and chatcli reads a model "
+            f"from one file: merge them with llama.cpp's `llama-gguf-split --merge {path.parent / first} "
+            "merged.gguf`, then run merged.gguf"
+        )
     arch = header_architecture(path) if runner != "hf" else None
     runs = runnable_architectures() if arch is not None else []
     if arch is not None and arch not in runs:
