@@ -293,3 +293,15 @@ def test_models_lists_what_is_on_disk_and_rm_removes_one_with_its_converted_cach
         library.remove_model("default")
     library.remove_model("hf.co/someone/Tiny-GGUF:Q6_K")
     assert not hub.repo_folder(REPO).exists()  # nothing of the repository is left
+
+
+def test_tab_after_model_offers_the_names_beside_the_paths(tmp_path, monkeypatch):
+    from chatcli.chat.commands import complete
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "qwen-local.gguf").write_bytes(b"GGUF")
+    names = {"model": ["default", "qwen3:4b", "qwen3:0.6b"]}.get
+    assert complete("/model qwen", lambda command: names(command) or []) == [
+        "/model qwen-local.gguf", "/model qwen3:4b", "/model qwen3:0.6b"]  # fmt: skip
+    assert complete("/model de", lambda command: names(command) or []) == ["/model default"]
+    assert complete("/file qwen", lambda command: []) == ["/file qwen-local.gguf"]
