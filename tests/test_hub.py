@@ -281,6 +281,12 @@ def test_models_lists_what_is_on_disk_and_rm_removes_one_with_its_converted_cach
         (lean / SOURCE_FILE).write_text(str(meta.resolve()))
         made[tag] = (meta, converted, lean)
 
+    from chatcli.engine.weights.gguf_convert import meta_folder_for
+
+    copy = meta_folder_for(q8)  # made from an identical file elsewhere: the cache keys a file by its identity
+    copy.mkdir(parents=True)
+    (copy / MANIFEST).write_text(json.dumps({"format": 1, "source": str(tmp_path / "elsewhere.gguf"), "files": {}}))
+    made["q8"] += (copy,)
     removed, folders = library.remove_model("hf.co/someone/Tiny-GGUF:Q8_0")
     assert removed.file == "Tiny-Q8_0.gguf" and sorted(folders) == sorted(made["q8"])
     assert not any(f.exists() for f in made["q8"]) and all(f.exists() for f in made["q6"])

@@ -132,8 +132,9 @@ def find_local(name: str) -> ModelEntry:
 
 def made_from(gguf: Path) -> list[Path]:
     """The folders of chatcli's cache made from `gguf`: metadata and dequantized folders whose manifest
-    names it as their source (as given or its link's target), and the lean folders made from those."""
-    from chatcli.engine.weights.gguf_convert import MANIFEST, cache_root
+    names it as their source (as given or its link's target), and those of its identity (made from
+    an identical copy elsewhere: one cache entry serves both); and the lean folders made from those."""
+    from chatcli.engine.weights.gguf_convert import MANIFEST, cache_root, folder_for, meta_folder_for
     from chatcli.engine.weights.lean_file import SOURCE_FILE
 
     root = cache_root()
@@ -146,6 +147,7 @@ def made_from(gguf: Path) -> list[Path]:
                     found.append(folder)
             except (OSError, ValueError, AttributeError):
                 continue
+    found += [f for f in (meta_folder_for(gguf), folder_for(gguf)) if f.is_dir() and f not in found]
     made = {str(f.resolve()) for f in found}
     for folder in sorted((root / "lean").glob("*")) if (root / "lean").is_dir() else ():
         try:
