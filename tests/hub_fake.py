@@ -5,13 +5,14 @@ The endpoints `HfApi.model_info` and `list_repo_tree` call (`/api/models/{repo}`
 `…/tree/{rev}`) and the one `hf_hub_download` / `get_hf_file_metadata` / `http_get` call
 (`HEAD|GET /{repo}/resolve/{rev}/{file}`), with the headers `file_download.py` reads: `X-Repo-Commit`,
 `ETag` (the git blob id) and, every file being an LFS one here, `X-Linked-Etag` (its SHA-256) and
-`X-Linked-Size`; `Content-Length`, and `Range: bytes=N-` answered 206 with `Content-Range`. Errors carry
+`X-Linked-Size`; `Content-Length`, and `Range: bytes=N-` (or `N-M`) answered 206 with `Content-Range`. Errors carry
 `X-Error-Code` as the hub's do (`RepoNotFound`, `EntryNotFound`, `GatedRepo`), which is how
 huggingface_hub tells them apart.
 
 What a test can arrange: a gated repository (its files need `Authorization: Bearer TOKEN`), a
-connection cut after N bytes of one file's body (`cut_after`, once; the hub is then `down` and answers
-503 to every download until a test clears it), and a look at every request received (`requests`).
+connection cut after N bytes of one file's body (`cut_after`, once, on a download to the file's end;
+the hub is then `down` and answers 503 to every download until a test clears it), and a look at every
+request received (`requests`; `downloads` leaves out the probes of a file's first bytes).
 """
 
 from __future__ import annotations
@@ -46,8 +47,14 @@ class FakeHub:
             self.gated[repo] = token
 
     def ranges(self, file: str) -> list[str]:
-        """The Range headers of the GET requests for `file`."""
-        return [h.get("range", "") for m, p, h in self.requests if m == "GET" and p.endswith("/" + file)]
+        """The Range headers of the downloads of `file` (GET requests, but those of its first bytes alone)."""
+        gets = [h.get("range", "") for m, p, h in self.requests if m == "GET" and p.endswith("/" + file)]
+        return [r for r in gets if not re.fullmatch(r"bytes=0-\d+", r)]
+
+    def downloads(self) -> list[str]:
+        """The files downloaded (GET requests, but those of a file's first bytes alone), in order."""
+        gets = [(p, h.get("range", "")) for m, p, h in self.requests if m == "GET" and "/resolve/" in p]
+        return [p.rsplit("/", 1)[1] for p, r in gets if not re.fullmatch(r"bytes=0-\d+", r)]
 
 
 def serve_fake_hub(hub: FakeHub):
@@ -152,16 +159,18 @@ def serve_fake_hub(hub: FakeHub):
                 self.send(503, b"Service Unavailable", common)
                 return
             start, code = 0, 200
-            wanted = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+            end = len(data)
+            wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
             if wanted:
                 start, code = int(wanted[1]), 206
-                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            body = data[start:]
+                end = min(end, int(wanted[2]) + 1) if wanted[2] else end
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+            body = data[start:end]
             self.send_response(code)
             for key, value in {**headers, "Content-Length": len(body)}.items():
                 self.send_header(key, str(value))
             self.end_headers()
-            cut = hub.cut_after.pop(name, None)
+            cut = hub.cut_after.pop(name, None) if not (wanted and wanted[2]) else None  # not a header's probe
             if cut is not None:  # the connection drops mid-body, and the hub stays down
                 hub.down = True
                 self.wfile.write(body[:cut])

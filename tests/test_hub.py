@@ -62,10 +62,6 @@ def get(name: str, said: list | None = None) -> tuple[Path, str]:
     return pull.model_file(name, lambda text, *_: (said if said is not None else []).append(text), hub_unreachable)
 
 
-def downloads(fake: FakeHub) -> list[str]:
-    return [p.rsplit("/", 1)[1] for m, p, _h in fake.requests if m == "GET" and "/resolve/" in p]
-
-
 @pytest.mark.parametrize(
     ("name", "quant"),
     [("Tiny-Q4_K_M.gguf", "Q4_K_M"), ("qwen2.5-0.5b-instruct-q8_0.gguf", "Q8_0"),
@@ -135,7 +131,7 @@ def test_a_pull_by_each_spelling_fetches_the_picked_file_only(fake_hub, monkeypa
     path, name_shown = get(name, said)
     assert path.name == file and path.read_bytes() == files[file] and name_shown == shown
     assert Path(os.path.realpath(path)).parent == hub.repo_folder(REPO) / "blobs"  # in huggingface_hub's cache
-    assert downloads(fake_hub) == [file]
+    assert fake_hub.downloads() == [file]
     assert any("nearest" in s for s in said) == (file == "Tiny-Q4_K_S.gguf")
     assert any("Pulling" in s for s in said)
     fake_hub.requests.clear()
@@ -196,6 +192,15 @@ def test_a_gated_repo_is_one_line_naming_hf_token_then_pulls_with_it(fake_hub, m
     monkeypatch.setenv("HF_TOKEN", "hf_letmein")
     path, _ = get("hf.co/someone/Tiny-GGUF:Q8_0")
     assert path.is_file()
+
+
+def test_a_model_of_an_architecture_chatcli_does_not_run_is_refused_before_its_download(fake_hub):
+    fake_hub.add("someone/Moe-GGUF", {"Moe-Q4_K_M.gguf": gguf_bytes("qwen3moe", pad=1 << 20)})
+    with pytest.raises(LoadError, match="Moe-Q4_K_M.gguf: architecture 'qwen3moe' does not run.*Nothing was pulled"):
+        get("hf.co/someone/Moe-GGUF")
+    assert fake_hub.downloads() == [] and hub.cached_files("someone/Moe-GGUF") == {}
+    path, _ = pull.model_file("hf.co/someone/Moe-GGUF", lambda *_a: None, hub_unreachable, runner="hf")
+    assert path.is_file() and fake_hub.downloads() == ["Moe-Q4_K_M.gguf"]  # --runner hf: transformers may try
 
 
 def test_a_repo_the_hub_does_not_have_is_one_line(fake_hub):

@@ -19,15 +19,19 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from chatcli.engine.load.gguf_check import HEAD_BYTES, architecture_of, refusal
 from chatcli.engine.load.hub import Choice, Ref, catalogue, choices, local_choice, parse, pick, remember, repo_folder
 from chatcli.engine.load.options import LoadError
 from chatcli.engine.weights import Status
 from chatcli.errors import one_line
 
 
-def model_file(name: str, status: Status, unreachable: Callable[[], str | None]) -> tuple[Path, str]:
+def model_file(
+    name: str, status: Status, unreachable: Callable[[], str | None], runner: str = "auto"
+) -> tuple[Path, str]:
     """The GGUF `name` stands for (a split model's first part) and the name it is shown by: from the
-    local cache, else pulled where `unreachable()` finds no reason the hub cannot be asked."""
+    local cache, else pulled where `unreachable()` finds no reason the hub cannot be asked (and, but
+    for `--runner hf`, where its architecture runs)."""
     ref = parse(name)
     if ref is None:
         import difflib
@@ -46,15 +50,16 @@ def model_file(name: str, status: Status, unreachable: Callable[[], str | None])
                 f"{name} is not on disk, and the hub cannot be asked for it: {why}. "
                 "`chatcli models` lists the models on disk"
             )
-        found = pull(ref, status)
+        found = pull(ref, status, runner)
     chosen, paths = found
     shown = ref.shown(chosen.quant)
     remember(ref.repo, chosen.files[0], shown, name.strip())
     return paths[0], shown
 
 
-def pull(ref: Ref, status: Status) -> tuple[Choice, list[Path]]:
-    """Pull the model `ref` names into the cache: its repository listed, its file picked, each part fetched."""
+def pull(ref: Ref, status: Status, runner: str = "auto") -> tuple[Choice, list[Path]]:
+    """Pull the model `ref` names into the cache: its repository listed, its file picked, its architecture
+    checked from the file's first bytes (not with `--runner hf`), each part fetched."""
     from huggingface_hub import HfApi
 
     status(f"Asking the hub for {ref.repo}")
@@ -68,12 +73,36 @@ def pull(ref: Ref, status: Status) -> tuple[Choice, list[Path]]:
         raise LoadError(f"{ref.repo} holds no GGUF file chatcli can pick (chatcli pulls GGUF models)")
     if chosen.quant != ref.quant:
         status(f"{ref.repo} has no {ref.quant}: taking {chosen.quant or chosen.files[0]}, the nearest")
+    why = refusal(chosen.files[0], remote_architecture(ref.repo, chosen.files[0])) if runner != "hf" else None
+    if why:
+        raise LoadError(f"{why}. Nothing was pulled")
     hashes = {s.rfilename: s.lfs.sha256 for s in siblings if s.lfs is not None}
     paths = [
         fetch(ref.repo, part, hashes.get(part), status, f" ({i}/{len(chosen.files)})" if len(chosen.files) > 1 else "")
         for i, part in enumerate(chosen.files, 1)
     ]
     return chosen, paths
+
+
+def remote_architecture(repo: str, file: str) -> str | None:
+    """A file's `general.architecture` from its first bytes on the hub (a range request), or None where
+    they cannot be had (the pull then says why, or the loader checks the file)."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    head = b""
+    try:
+        headers = {**build_hf_headers(), "Range": f"bytes=0-{HEAD_BYTES - 1}"}
+        with get_session().stream("GET", hf_hub_url(repo, file), headers=headers, follow_redirects=True) as got:
+            if got.status_code not in (200, 206):
+                return None
+            for chunk in got.iter_bytes():  # a server that sends the whole file: only its head is read
+                head += chunk
+                if len(head) >= HEAD_BYTES:
+                    break
+    except Exception:  # noqa: BLE001 - not known; the pull that follows reports a hub that fails
+        return None
+    return architecture_of(head)
 
 
 def fetch(repo: str, file: str, sha256: str | None, status: Status, part: str = "") -> Path:

@@ -111,7 +111,7 @@ def resolve(name: str, explicit: bool, status: Status, runner: str = "auto") -> 
     model's name (`default`, `qwen3:4b`, `hf.co/USER/REPO:QUANT`: `named_gguf`) is its GGUF's."""
     path, shown = Path(os.path.expanduser(name)), None
     if not path.exists() and (name in DEFAULT_NAMES or is_model_name(name)):
-        path, shown = named_gguf(name, status)
+        path, shown = named_gguf(name, status, runner)
         name = str(path)
     if name.endswith(".gguf"):
         if not path.is_file():
@@ -134,7 +134,7 @@ def resolve(name: str, explicit: bool, status: Status, runner: str = "auto") -> 
     return Source(folder, name, name, hub_id=name)
 
 
-def named_gguf(name: str, status: Status) -> tuple[Path, str]:
+def named_gguf(name: str, status: Status, runner: str = "auto") -> tuple[Path, str]:
     """The GGUF a model's name stands for, and the name it is shown by: the embedded model for `default`
     (and its file's name, as the app shows it), else a hub model's (`pull.model_file`: pulled on first use)."""
     if name in DEFAULT_NAMES:
@@ -142,7 +142,7 @@ def named_gguf(name: str, status: Status) -> tuple[Path, str]:
         if found is None:
             raise LoadError(f"the embedded model is not installed. Fix: {INSTALL_EMBEDDED}")
         return found, found.name
-    return model_file(name, status, hub_unreachable)
+    return model_file(name, status, hub_unreachable, runner)
 
 
 def hub_unreachable(timeout: float = 3.0) -> str | None:
