@@ -1,4 +1,5 @@
-"""The command line: `chatcli` (TUI), `chatcli -p`/piped stdin (one-shot), `chatcli bench`, `chatcli serve`.
+"""The command line: `chatcli` (TUI), `chatcli -p`/piped stdin (one-shot), `chatcli bench`, `chatcli serve`,
+`chatcli models` / `rm` (`chatcli.models`).
 
 Every failure a user can cause ends as one line on stderr and a non-zero exit:
 2 for bad usage or values, 1 for a model or context problem, 130 for Ctrl+C.
@@ -35,6 +36,7 @@ class LazyGroup(click.Group):
     imports neither the bench nor the server."""
 
     lazy = {"bench": "chatcli.bench:bench_command", "serve": "chatcli.server.cli:serve_command"}
+    lazy |= {"models": "chatcli.models:models_command", "rm": "chatcli.models:rm_command"}
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -267,6 +269,7 @@ def app(
 
 
 @app.command(context_settings=CONTEXT)
+@click.argument("name", required=False, metavar="[NAME]")
 @model_options(device="cpu", without=("device_map", "runner", "kv_dtype"))
 @click.option(
     "--verify",
@@ -274,14 +277,16 @@ def app(
     help="First rehash every cached file a start reads (a start checks only sizes and mtimes); "
     "a damaged one is removed and converted again.",
 )
-def pull(model, verify, **load) -> None:
+def pull(name, model, verify, **load) -> None:
     """Make a model ready: convert a GGUF into the cache and write the lean file(s) a start
     memory-maps (by default a Q4/Q8 GGUF's own blocks where the kernel runs, else fp32; --quantize
     picks another), then say where they are. With --verify, each cached file is rehashed first and
-    said ok or damaged; a damaged one is converted again (exit 0 once all are good)."""
+    said ok or damaged; a damaged one is converted again (exit 0 once all are good). NAME (or -m): a
+    model by name, fetched from the Hugging Face hub first (qwen3:4b, hf.co/USER/REPO[:QUANT],
+    USER/REPO:QUANT; `chatcli models --catalogue` lists the built-in names)."""
     from chatcli.oneshot import load_engine
 
-    start = start_options(model=model, **load)
+    start = start_options(model=name or model, **load)
     damaged = _verify(start) if verify else 0
     engine = load_engine(start)
     click.echo(f"ready: {engine.name} ({engine.context_limit} tokens of context, {type(engine.runner).__name__})")

@@ -91,7 +91,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("stats", "show the last turn's full statistics"),
     CommandSpec("backend", "show what answers: the model in this process, or a server (--api)"),
     CommandSpec("models", "list the models the backend has"),
-    CommandSpec("model", "switch model: a hub id, folder, .gguf, or the server's model (bare: show it)", "[NAME]"),
+    CommandSpec("model", "switch model: a name (default, qwen3:4b), hub id, folder, .gguf (bare: show it)", "[NAME]"),
     CommandSpec("clear", "start an empty conversation (the current one stays in the sidebar)"),
     CommandSpec("new", "start a new conversation"),
     CommandSpec("switch", "switch to conversation N of the sidebar", "N"),
@@ -202,7 +202,7 @@ PATH_ARGUMENTS = ("file", "load", "save", "model")  # commands whose argument ma
 
 def complete(text: str, choices: Callable[[str], list[str]] | None = None) -> list[str]:
     """Completions of a half-typed command name ('/te' → ['/temp', '/temperature']), or of its
-    argument: a path for the PATH_ARGUMENTS commands, else one of `choices(command)` (themes, presets)."""
+    argument: a path for the PATH_ARGUMENTS commands, and one of `choices(command)` (themes, presets, models)."""
     text = text.lstrip()
     if not text.startswith("/"):
         return []
@@ -213,7 +213,7 @@ def complete(text: str, choices: Callable[[str], list[str]] | None = None) -> li
     found = spec(head[1:])
     if found is None or " " in arg.strip():
         return []
-    values = complete_path(arg) if found.name in PATH_ARGUMENTS else (choices(found.name) if choices else [])
+    values = (complete_path(arg) if found.name in PATH_ARGUMENTS else []) + (choices(found.name) if choices else [])
     return [f"{head} {v}" for v in values if v.startswith(arg) and v != arg]
 
 

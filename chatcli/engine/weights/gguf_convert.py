@@ -96,7 +96,7 @@ def source_gguf(folder: Path) -> Path | None:
 def used_by(folder: Path, path: Path) -> Path:
     """Record `path` (of this folder's identity) as the folder's latest source, where it is not
     already (the manifest rewritten atomically); the folder."""
-    where = str(path.resolve())
+    where = os.path.abspath(path)  # links kept, as convert records it
     manifest = _manifest(folder)
     if manifest.get("source") == where or not manifest:
         return folder
@@ -311,7 +311,8 @@ def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m:
         for p in sorted(tmp.iterdir()):
             st = p.stat()
             files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(p)}
-        where = str(path.resolve())
+        # the path as given, links kept: a hub cache's file is a link to a blob without its name or suffix
+        where = os.path.abspath(path)
         manifest = {"format": FORMAT, "source": where, "sources": [where], "files": files, **extra}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if folder.exists() and not is_valid(folder):

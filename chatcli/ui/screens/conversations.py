@@ -149,8 +149,14 @@ class ConversationScreen(Screen):
         return self.app.theme_names()
 
     def argument_choices(self, command: str) -> list[str]:
-        """What Tab offers after /theme and /preset (paths, after /file, /load and /save: commands.py)."""
-        return {"theme": self.theme_names, "preset": lambda: sorted(self.config.presets)}.get(command, list)()
+        """What Tab offers after /theme, /preset and /model (the models on disk and the catalogue's; paths,
+        after /file, /load, /save and /model: commands.py)."""
+        from chatcli.engine import model_names
+
+        models = list if self.remote else model_names  # a server's models are its own
+        return {"theme": self.theme_names, "preset": lambda: sorted(self.config.presets), "model": models}.get(
+            command, list
+        )()
 
     def set_theme(self, name: str) -> str | None:
         return self.app.set_chat_theme(name, remember=True)

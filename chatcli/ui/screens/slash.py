@@ -121,7 +121,9 @@ async def model(screen: SlashTarget, arg: str) -> None:
     name = arg.strip()
     if not name:
         current = getattr(screen.engine, "name", None) or "(loading)"
-        screen.note(f"model: {current} · /model NAME loads another (a hub id, a folder or a .gguf file)")
+        screen.note(
+            f"model: {current} · /model NAME loads another (a name: default, qwen3:4b…; a hub id, a folder, a .gguf)"
+        )
         return
     failed, remote = screen.load_error is not None, screen.remote  # the first model (server) failed
     if screen.engine is None and failed and remote:
