@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from chatcli.engine.load.refuse import check_gguf, header_architecture
 from chatcli.engine.load.options import LoadError
+from chatcli.engine.load.refuse import check_gguf, header_architecture
 from tests.test_oneshot import one_error_line
 
 

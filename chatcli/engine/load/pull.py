@@ -19,9 +19,9 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from chatcli.engine.load.refuse import HEAD_BYTES, architecture_of, refusal
 from chatcli.engine.load.hub import Choice, Ref, catalogue, choices, local_choice, parse, pick, remember, repo_folder
 from chatcli.engine.load.options import LoadError
+from chatcli.engine.load.refuse import HEAD_BYTES, architecture_of, refusal
 from chatcli.engine.weights import Status
 from chatcli.errors import one_line
 

@@ -19,10 +19,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from chatcli.engine.load.refuse import check_gguf
 from chatcli.engine.load.hub import is_model_name
 from chatcli.engine.load.options import LoadError
 from chatcli.engine.load.pull import model_file
+from chatcli.engine.load.refuse import check_gguf
 from chatcli.engine.weights import Status
 from chatcli.errors import one_line
 
