@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import codecs
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
+from chatcli.engine.text.tokenize import TransformersTokenizer
 from tests.tiny import build_tokenizer
 
 TOKENIZER = build_tokenizer()
+CHAT = TransformersTokenizer(TOKENIZER)  # what the engine hands the detokenizer: ids' bytes too (`token_bytes`)
 VOCAB = len(TOKENIZER)
 
 
 def stream(ids):
-    detok = IncrementalDetokenizer(TOKENIZER)
+    detok = IncrementalDetokenizer(CHAT)
     pieces = [detok.push(i) for i in ids]
     pieces.append(detok.finish())
     return pieces
+
+
+def whole_characters(ids) -> str:
+    """`decode(ids)` less the one U+FFFD that stands for a character the ids leave unfinished: where
+    Python's incremental UTF-8 decoder, fed the ids' bytes, still holds some back."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(b"".join(CHAT.token_bytes(i) for i in ids))
+    text = TOKENIZER.decode(ids, skip_special_tokens=True)
+    return text[:-1] if decoder.getstate()[0] and text.endswith("\ufffd") else text
 
 
 @settings(max_examples=300, deadline=None)
@@ -24,7 +37,7 @@ def stream(ids):
 def test_random_ids_stream_to_exact_decode(ids):
     pieces = stream(ids)
     # exact, but for the bytes of a character the ids leave unfinished: held back, not replaced
-    assert "".join(pieces) == TOKENIZER.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+    assert "".join(pieces) == whole_characters(ids)
 
 
 PIECES = list("ab c\n\t.,!") + list("éüçñ") + list("中文日本語한국") + ["🙂", "🚀", "👍🏽", "∑", "  ", "e\u0301"]
@@ -58,7 +71,7 @@ def test_a_stream_cut_anywhere_holds_whole_characters_only(text, data):
     cut = data.draw(st.integers(0, len(ids)))
     got = "".join(stream(ids[:cut]))
     assert "\ufffd" not in got and text.startswith(got)
-    assert got == TOKENIZER.decode(ids[:cut], skip_special_tokens=True).rstrip("\ufffd")
+    assert got == whole_characters(ids[:cut])
 
 
 def test_an_emoji_cut_after_its_first_byte_is_held_back():
@@ -66,6 +79,17 @@ def test_an_emoji_cut_after_its_first_byte_is_held_back():
     assert len(seedling) > 1, "the tiny vocabulary spells the emoji in byte ids"
     assert "".join(stream(hi + seedling[:1])) == "hi"  # not "hi�"
     assert "".join(stream(hi + seedling)) == "hi🌱"
+
+
+def test_a_replacement_character_the_model_wrote_or_bytes_never_whole_stay():
+    """Only an unfinished character's bytes are held back: a U+FFFD written as such, and a byte that no
+    character can start with (a lone continuation byte), stay as the full decode has them."""
+    ok = TOKENIZER.encode("ok", add_special_tokens=False)
+    written = TOKENIZER.encode("ok\ufffd", add_special_tokens=False)
+    assert "".join(stream(written)) == "ok\ufffd"
+    continuation = next(i for i in range(VOCAB) if CHAT.token_bytes(i) == b"\x80")
+    assert "".join(stream(ok + [continuation])) == "ok\ufffd"
+    assert "".join(stream(ok + TOKENIZER.encode("🌱", add_special_tokens=False)[:2])) == "ok"
 
 
 def test_special_tokens_are_skipped():

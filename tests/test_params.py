@@ -352,6 +352,8 @@ def test_an_option_on_several_commands_comes_from_one_declaration():
     by_name: dict[str, list[tuple[str, click.Parameter]]] = {}
     for which, command in every_command().items():
         for param in command.params:
+            if not isinstance(param, click.Option):  # a positional argument (pull's and rm's NAME) is no flag
+                continue
             for name in {*param.opts, *param.secondary_opts}:
                 by_name.setdefault(name, []).append((which, param))
     shared = {name: uses for name, uses in by_name.items() if len(uses) > 1}

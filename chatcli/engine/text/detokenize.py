@@ -5,8 +5,9 @@ and vLLM): each step decodes a short window of ids twice — with and without th
 newest ids — and emits the difference. A piece is held back while the window ends in
 U+FFFD (a multi-byte character split across tokens). `finish()` emits whatever the
 full decode has beyond what was streamed, less the U+FFFD a character the ids leave
-unfinished decodes to (a reply cut by max_tokens mid-emoji): the pieces concatenate to
-`tokenizer.decode(ids, skip_special_tokens=True)` with no U+FFFD at its end — whole
+unfinished decodes to (a reply cut by max_tokens mid-emoji: its last bytes, read with the
+tokenizer's `token_bytes`, begin a UTF-8 sequence they do not end): the pieces concatenate to
+`tokenizer.decode(ids, skip_special_tokens=True)` but for that one character — whole
 characters only; the bytes of one not finished are held back, never replaced.
 
 `StopStringFilter` sits after it: it holds back any tail that could be the start of a
@@ -15,6 +16,7 @@ stop string, and reports the text before a stop string once one appears.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -55,15 +57,39 @@ class IncrementalDetokenizer:
 
     def finish(self) -> str:
         """Flush: the rest of the full decode, so the stream equals `decode(ids)`, but for the U+FFFD
-        at its end: the bytes of a character left unfinished (from the text alone they cannot be told
-        from a U+FFFD the model wrote last, which goes with them)."""
-        full = self._decode(self.ids).rstrip(REPLACEMENT)
+        at its end that stands for the bytes of a character the ids leave unfinished (`_unfinished`);
+        a U+FFFD the model wrote, or bytes that can never be a character, stay as decoded."""
+        full = self._decode(self.ids)
+        if full.endswith(REPLACEMENT) and self._unfinished():
+            full = full[: -len(REPLACEMENT)]
         if full.startswith(self.emitted):
             rest = full[len(self.emitted) :]
         else:  # cannot happen for byte-level BPE or SentencePiece; never emit twice
             rest = ""
         self.emitted += rest
         return rest
+
+    def _unfinished(self) -> bool:
+        """The ids' last bytes begin a UTF-8 sequence they do not end (a lead byte, then fewer continuation
+        bytes than it announces). Without the tokenizer's `token_bytes`, a final U+FFFD is taken for one."""
+        token_bytes = getattr(self.tokenizer, "token_bytes", None)
+        if token_bytes is None:
+            return True
+        tail = b""
+        for token_id in reversed(self.ids):  # the last 4 bytes at least: the longest sequence
+            tail = token_bytes(token_id) + tail
+            if len(tail) >= 4:
+                break
+        return unfinished_utf8(tail)
+
+
+def unfinished_utf8(data: bytes) -> bool:
+    """`data` ends inside a UTF-8 character: bytes that begin one, which more bytes could complete (Python's
+    incremental decoder holds them back; a byte that can never begin one, as 0xC0 or a lone continuation
+    byte, is an error it replaces at once)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(data)
+    return bool(decoder.getstate()[0])
 
 
 class StopStringFilter:

@@ -180,9 +180,35 @@ class ChatTokenizer:
         """Ids below this are the tokenizer's (added tokens included)."""
         raise NotImplementedError
 
+    backend = None  # the `tokenizers.Tokenizer` underneath, where there is one: its pieces give each id's bytes
+
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes one id stands for (where it holds part of a character, that part)."""
+        """Byte-level BPE (GPT-2's alphabet of 256 printable characters, one per byte): the piece's
+        bytes; SentencePiece byte fallback `<0xNN>`: that byte; else the decoded text (where its part
+        of a character decodes to U+FFFD, as a tokenizer without a `backend` must)."""
+        if self.backend is None:
+            return self.decode([token_id], skip_special_tokens=False).encode()
+        piece = self.backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level and token_id not in self._added:
+            table = byte_level()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        if not self._byte_level and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
         return self.decode([token_id], skip_special_tokens=False).encode()
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        """The tokenizer decodes with GPT-2's byte-level alphabet."""
+        decoder = json.loads(self.backend.to_str()).get("decoder") or {}
+        parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        return any(p.get("type") == "ByteLevel" for p in parts)
+
+    @functools.cached_property
+    def _added(self) -> set[int]:
+        return set(self.backend.get_added_tokens_decoder())
 
 
 class TransformersTokenizer(ChatTokenizer):
@@ -190,6 +216,7 @@ class TransformersTokenizer(ChatTokenizer):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's
         template = tokenizer.chat_template
         self.template_source = template if isinstance(template, str) else json.dumps(template)
         ids: set[int] = set()
@@ -224,9 +251,8 @@ class TransformersTokenizer(ChatTokenizer):
         return getattr(self.tokenizer, "chat_control_tokens", None)
 
     def encode_text(self, text: str) -> list[int]:
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            return without_added_tokens(backend, text)
+        if self.backend is not None:
+            return without_added_tokens(self.backend, text)
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def encode(self, text: str) -> list[int]:
@@ -253,7 +279,7 @@ class FolderTokenizer(ChatTokenizer):
         if not (folder / "tokenizer.json").is_file():
             raise UnsupportedTokenizer(f"{folder.name} has no tokenizer.json")
         settings = _json(folder / "tokenizer_config.json")
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer = self.backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
         if settings.get("clean_up_tokenization_spaces") and type(self.tokenizer.model).__name__ != "BPE":
             raise UnsupportedTokenizer("the tokenizer cleans up spaces when it decodes")
         self.special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
@@ -296,31 +322,6 @@ class FolderTokenizer(ChatTokenizer):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        """Byte-level BPE (GPT-2's alphabet of 256 printable characters, one per byte): the piece's
-        bytes; SentencePiece byte fallback `<0xNN>`: that byte; else the decoded text."""
-        piece = self.tokenizer.id_to_token(token_id)
-        if piece is None:
-            return b""
-        if self._byte_level and token_id not in self._added:
-            table = byte_level()
-            if all(c in table for c in piece):
-                return bytes(table[c] for c in piece)
-        if not self._byte_level and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            return bytes([int(piece[3:5], 16)])
-        return super().token_bytes(token_id)
-
-    @functools.cached_property
-    def _byte_level(self) -> bool:
-        """The tokenizer decodes with GPT-2's byte-level alphabet."""
-        decoder = json.loads(self.tokenizer.to_str()).get("decoder") or {}
-        parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
-        return any(p.get("type") == "ByteLevel" for p in parts)
-
-    @functools.cached_property
-    def _added(self) -> set[int]:
-        return set(self.tokenizer.get_added_tokens_decoder())
 
 
 def byte_level() -> dict[str, int]:
