@@ -1,7 +1,10 @@
 import threading
 
+from textual import events
+
 from chatcli.engine.load.options import LoadError
 from chatcli.options import StartOptions
+from chatcli.ui.app import ChatApp
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import LoadingLine, ReplyBox, UserMessage
 from tests.ui.conftest import command, make_app, ready, send, wait_for
@@ -396,3 +399,23 @@ async def test_the_cache_figures_follow_a_switch_and_an_undo():
         assert list(screen.panels.spark.data) == []  # three points draw nothing, not a solid block
         screen.panels.set_speeds([40.0] * SPARK_MIN)
         assert len(screen.panels.spark.data) == SPARK_MIN
+
+
+class KeysAtStart(ChatApp):
+    """Keys that come before the chat screen is up: posted as the app mounts, as a terminal
+    sends what was typed while Python and Textual started."""
+
+    def on_mount(self) -> None:
+        for ch in "Say hello.":
+            self.post_message(events.Key("space" if ch == " " else ch, ch))
+        self.post_message(events.Key("enter", "\r"))
+
+
+async def test_keys_typed_before_the_app_is_ready_are_kept_in_order():
+    engine = FakeEngine()
+    app = KeysAtStart(StartOptions(), engine_factory=lambda status=None: engine)
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        assert [m.content for m in screen.conversation.messages][:1] == ["Say hello."]
+        assert screen.prompt.text == ""

@@ -64,6 +64,9 @@ class ConversationScreen(Screen):
     """Its actions (panels, sidebar, new, scrolling) are bound to keys by `ChatScreen`."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # narrow: panels start hidden
+    # Focus goes to the prompt as soon as the screen is composed (Textual's default, the first
+    # focusable widget, was the hidden sidebar's list: its styles were not applied yet).
+    AUTO_FOCUS = "#prompt"
 
     def __init__(
         self,
