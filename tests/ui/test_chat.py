@@ -401,6 +401,55 @@ async def test_the_cache_figures_follow_a_switch_and_an_undo():
         assert len(screen.panels.spark.data) == SPARK_MIN
 
 
+async def test_paging_back_down_to_the_bottom_follows_the_stream_again():
+    engine = FakeEngine(script=lambda _t: "\n\n".join(f"paragraph {i}" for i in range(160)), hold_at=40)
+    app = make_app(engine)
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        pane = screen.pane
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen.live.tokens == 40)
+        await pilot.pause(0.2)
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert pane.scroll_y < pane.max_scroll_y
+        for _ in range(3):  # back down, and once more at the bottom (as one does)
+            await pilot.press("pagedown")
+            await pilot.pause()
+        assert pane.scroll_y == pane.max_scroll_y
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        await pilot.pause(0.3)
+        assert pane.scroll_y == pane.max_scroll_y > 0  # it followed the rest of the reply
+
+
+async def test_end_jumps_to_the_bottom_and_follows_again():
+    engine = FakeEngine(script=lambda _t: "\n\n".join(f"paragraph {i}" for i in range(160)), hold_at=40)
+    app = make_app(engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        pane = screen.pane
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen.live.tokens == 40)
+        await pilot.pause(0.2)
+        for _ in range(3):
+            await pilot.press("pageup")
+        await pilot.pause()
+        screen.prompt.load_text("draft")
+        screen.prompt.move_cursor((0, 0))
+        await pilot.press("end")  # in a prompt holding text, End is the prompt's
+        assert screen.prompt.cursor_location == (0, 5)
+        assert pane.scroll_y < pane.max_scroll_y
+        screen.prompt.load_text("")
+        await pilot.press("end")
+        await pilot.pause()
+        assert pane.scroll_y == pane.max_scroll_y
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        await pilot.pause(0.3)
+        assert pane.scroll_y == pane.max_scroll_y > 0
+
+
 class KeysAtStart(ChatApp):
     """Keys that come before the chat screen is up: posted as the app mounts, as a terminal
     sends what was typed while Python and Textual started."""

@@ -53,6 +53,8 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
         Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_chat(1)", "Scroll", show=False, priority=True),
+        Binding("end", "chat_end", "Bottom", show=False, priority=True),
+        Binding("ctrl+end", "chat_end(True)", "Bottom", show=False, priority=True),
         Binding("ctrl+q", "app.quit", "Quit"),
     ]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from textual.actions import SkipAction
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
@@ -366,10 +367,14 @@ class ConversationScreen(Screen):
 
     def action_scroll_chat(self, direction: int) -> None:
         """Page through the chat; scrolling up lets go of the stream, back at the bottom it follows again."""
-        if direction < 0:
-            self.pane.scroll_page_up(animate=False)
-        else:
-            self.pane.scroll_page_down(animate=False)
+        self.pane.page(direction)
+
+    def action_chat_end(self, always: bool = False) -> None:
+        """End (Ctrl+End always): the bottom of the chat, following the stream again; in a prompt
+        holding text, End moves its cursor as usual."""
+        if not always and self.prompt.has_focus and self.prompt.text:
+            raise SkipAction()
+        self.pane.follow()
 
     def action_toggle_panels(self) -> None:
         self.panels.toggle_class("-toggled")  # hides them on a wide terminal, shows them on a narrow one

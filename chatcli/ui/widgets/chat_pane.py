@@ -166,8 +166,20 @@ class ChatPane(VerticalScroll):
         self.anchor()
 
     def follow(self) -> None:
-        """Stick to the bottom again (a new turn): the anchor lets go when the user scrolls up."""
+        """Stick to the bottom again (a new turn, End): the anchor lets go when the user scrolls up."""
         self.anchor()
+
+    def page(self, direction: int) -> None:
+        """PgUp (-1) lets go of the stream; a PgDn (1) that reaches the bottom follows it again, as
+        oterm and elia do. (Textual's own page down lets go first and takes the anchor back only
+        where the position changes: a PgDn at the bottom, or one landing where the reply had
+        grown past, left the view frozen while the reply streamed on.)"""
+        if direction < 0:
+            self.scroll_page_up(animate=False)
+        elif self.scroll_y + self.scrollable_content_region.height >= self.max_scroll_y:
+            self.follow()
+        else:
+            self.scroll_page_down(animate=False)
 
     def add_user(self, text: str, queued: bool = False) -> UserMessage:
         widget = UserMessage(text, queued)
