@@ -5,6 +5,7 @@ from textual import events
 from chatcli.engine.load.options import LoadError
 from chatcli.options import StartOptions
 from chatcli.ui.app import ChatApp
+from chatcli.ui.live import RATE_MIN_TOKENS, prefill_rate
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import LoadingLine, ReplyBox, UserMessage
 from tests.ui.conftest import command, make_app, ready, send, wait_for
@@ -102,7 +103,7 @@ async def test_the_panels_update_live_and_after_each_turn():
         screen = await ready(pilot)
         panels = screen.panels
         assert panels.values["tokens"] == "–"
-        await send(pilot, "go", wait=False)
+        await send(pilot, "go on, please", wait=False)  # a prompt of more than a few tokens: a prefill rate
         await wait_for(pilot, lambda: panels.values["tokens"] == "3")  # while the reply streams
         assert panels.values["decode"].endswith("tok/s")
         assert panels.values["ttft"] == "50 ms"  # the first token's time, not the end of prefill (30 ms)
@@ -468,3 +469,41 @@ async def test_keys_typed_before_the_app_is_ready_are_kept_in_order():
         await wait_for(pilot, lambda: screen.turns_done == 1)
         assert [m.content for m in screen.conversation.messages][:1] == ["Say hello."]
         assert screen.prompt.text == ""
+
+
+def test_a_prefill_of_a_few_tokens_shows_its_time_not_a_rate():
+    assert prefill_rate(1, 0.25) == "250 ms for 1 tok"  # not "4 tok/s"
+    assert prefill_rate(RATE_MIN_TOKENS - 1, 0.5) == f"500 ms for {RATE_MIN_TOKENS - 1} tok"
+    assert prefill_rate(100, 0.5) == "200 tok/s"
+    assert prefill_rate(None, 0.5) == "n/a"
+
+
+async def test_a_one_token_prefill_in_the_panel_is_a_time():
+    app = make_app(FakeEngine())
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "hello")
+        assert screen.panels.values["prefill"].endswith("tok/s")  # the whole prompt: a rate
+        await command(pilot, "/retry")  # the same prompt again: all but its last token is cached
+        await wait_for(pilot, lambda: screen.turns_done == 2 and not screen.busy)
+        assert screen.last_stats.prefill_tokens == 1
+        assert screen.panels.values["prefill"].endswith(" ms for 1 tok")
+
+
+def recent_turns(screen) -> list[str]:
+    return str(screen.panels.history.render()).splitlines()
+
+
+async def test_recent_turns_are_the_conversation_on_screens():
+    app = make_app(FakeEngine())
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "one")
+        await send(pilot, "two")
+        assert [line.split(".")[0].strip() for line in recent_turns(screen)] == ["1", "2"]
+        await pilot.press("ctrl+n")
+        assert recent_turns(screen) == ["–"]  # a new conversation has had no turn
+        await send(pilot, "other")
+        assert len(recent_turns(screen)) == 1
+        await command(pilot, "/switch 2")  # the first conversation again: its own two turns
+        assert [line.split(".")[0].strip() for line in recent_turns(screen)] == ["1", "2"]

@@ -24,8 +24,8 @@ from chatcli.chat.commands import is_command
 from chatcli.chat.saved import save_kv
 from chatcli.engine import Finished, FinishReason, Prefilled, Token, TurnStats
 from chatcli.errors import one_line
-from chatcli.ui.format import drafts_text, reply_note, turn_line
-from chatcli.ui.live import DrawPace, LiveTurn, final_values, prompt_opens_thinking
+from chatcli.ui.format import drafts_text, reply_note
+from chatcli.ui.live import DrawPace, LiveTurn, final_values, prompt_opens_thinking, restored_text
 from chatcli.ui.messages import CacheNotSaved, TurnEvent, TurnFailed
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
@@ -136,7 +136,7 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
         self._reply.set_note("…")
         self._buffer.clear()
         self._streamed = []
-        self.live = LiveTurn()
+        self.live = LiveTurn(self.chats.take_restored(self.conversation))
         self._spark_len = 0
         self.panels.reset()
         self.pane.follow()
@@ -244,10 +244,11 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
             self.app.notify(stats.note[:1].upper() + stats.note[1:] + ".", severity="warning", timeout=8)
         if reply is not None:
             reply.message = reply_msg
-            reply.set_note(reply_note(done.finish_reason, stats, done.error), len(self.conversation.messages))
+            parts = (reply_note(done.finish_reason, stats, done.error), restored_text(self.live.restored))
+            reply.set_note(" · ".join(part for part in parts if part), len(self.conversation.messages))
         self.panels.set_speeds(self.live.rates)
         self._show_final(stats)
-        self.panels.add_turn(turn_line(self.turns_done, stats))
+        self.show_turns()
         self.chats.keep(self.conversation, self.session)
         self.refresh_pool()
         if self.tokens.display:
@@ -328,7 +329,7 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
 
     def _show_final(self, stats: TurnStats) -> None:
         drafts = drafts_text(stats, self.engine.lookup_for(self._turn_params) if self.engine.keeps_cache else None)
-        self.panels.show(**final_values(stats, drafts))
+        self.panels.show(**final_values(stats, drafts, self.live.restored is not None))
         self.panels.set_context(stats.context_tokens, stats.context_limit or self.engine.context_limit)
 
     async def on_turn_failed(self, message: TurnFailed) -> None:

@@ -23,7 +23,7 @@ from chatcli.chat.manager import Chats, ChatsError
 from chatcli.chat.saved import NoSuchConversation
 from chatcli.engine import TurnStats
 from chatcli.errors import one_line
-from chatcli.ui.format import human_bytes, reply_note, sampling_line
+from chatcli.ui.format import human_bytes, reply_note, sampling_line, turn_line
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, UserMessage
 from chatcli.ui.widgets.panels import StatsPanel
@@ -234,6 +234,7 @@ class ConversationScreen(Screen):
                 note = reply_note(m.finish_reason, saved_stats(m.stats))
                 self.pane.add_saved_reply(m.content, note, n).message = m
         self.panels.reset()
+        self.show_turns()
         self.tokens.show_turn([], False)  # the inspector showed another conversation's turn
         self.last_stats = next((saved_stats(m.stats) for m in reversed(conv.messages) if m.stats), None)
         self.show_cache()
@@ -322,6 +323,12 @@ class ConversationScreen(Screen):
         self.note(f"deleted: {title}")
 
     # -- the sidebar and the pool panel -------------------------------------------
+
+    def show_turns(self) -> None:
+        """ "Recent turns": this conversation's replies, numbered in it, from their saved stats (another
+        conversation's turns are its own)."""
+        stats = [saved_stats(m.stats) for m in self.conversation.messages if m.role == "assistant" and m.stats]
+        self.panels.set_turns([turn_line(n, s) for n, s in enumerate(stats, 1)])
 
     def refresh_pool(self) -> None:
         if self.chats.pool is None:

@@ -80,6 +80,7 @@ class EngineLoading:
             self.note(f"/model {message.name}: {message.error} ({still})", error=True)
             return
         old, self.load_error = self.engine, None  # a first model that failed to load is replaced too
+        self.panels.reset()  # "This turn" was the old model's
         self._answer_with(message.engine)
         self.chats.set_model(self.conversation)
         was = f"was {old.name}" if old is not None else "the first failed to load"

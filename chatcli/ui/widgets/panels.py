@@ -54,7 +54,6 @@ class StatsPanel(VerticalScroll):
         self.gauge = ProgressBar(total=1, show_eta=False, show_percentage=True)
         self.spark = Sparkline([], summary_function=max)
         self.history = Static("–", id="history", markup=False)
-        self.turns: list[str] = []
 
     def compose(self) -> ComposeResult:
         yield Static("This turn", classes="title")
@@ -97,9 +96,9 @@ class StatsPanel(VerticalScroll):
         panel's width, draw a solid block that says nothing)."""
         self.spark.data = list(rates) if len(rates) >= SPARK_MIN else []  # the widget buckets them into its width
 
-    def add_turn(self, line: str) -> None:
-        self.turns.append(line)
-        self.history.update("\n".join(self.turns[-HISTORY_TURNS:]))
+    def set_turns(self, lines: list[str]) -> None:
+        """ "Recent turns": the last HISTORY_TURNS of `lines` (one per turn of the conversation on screen)."""
+        self.history.update("\n".join(lines[-HISTORY_TURNS:]) or "–")
 
     def reset(self) -> None:
         self.show(**{key: "–" for key, _ in ROWS})
