@@ -10,6 +10,7 @@ and config.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual.actions import SkipAction
@@ -55,6 +56,15 @@ def engine_label(engine) -> str:
         return f"{engine.name} · {engine.backend}"
     kernel = getattr(getattr(engine, "runner", None), "kernel", None)
     return f"{engine.name} · {engine.device} · {weights}" + (f" · kernel {kernel}" if kernel else "")
+
+
+def file_stamp(path: Path | None) -> tuple[int, int] | None:
+    """(mtime in ns, size) of the file at `path`; None where there is none."""
+    try:
+        st = path.stat()
+    except (OSError, AttributeError):
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def saved_stats(stats: dict | None) -> TurnStats | None:
@@ -105,6 +115,7 @@ class ConversationScreen(Screen):
         self.attachments: list = []  # chat.attach.Attachment: the files /file attached to the next message
         self.info = InfoBar("")
         self.sidebar = Sidebar()
+        self._config_stamp: tuple[int, int] | None = None  # the config file's when read (file_stamp)
 
     def compose(self) -> ComposeResult:
         yield self.info
@@ -117,6 +128,7 @@ class ConversationScreen(Screen):
         yield Footer()
 
     async def on_mount(self) -> None:
+        self._config_stamp = file_stamp(self._config_file())  # as read at start: a change reads it again
         await self.open_at_start()
         if not self.conversation.messages:  # an empty first screen says how to start
             self.note(START_HINT)
@@ -143,7 +155,27 @@ class ConversationScreen(Screen):
 
     @property
     def config(self) -> Config:
-        return self.app.start.config
+        """The config file's values (its presets): read again where the file changed since they were
+        read (a [presets.NAME] added while chatcli runs); a changed file that does not read keeps the
+        values before, and says why once."""
+        from chatcli.config import ConfigError, load_config
+
+        config = self.app.start.config
+        path = self._config_file()
+        stamp = file_stamp(path)
+        if stamp == self._config_stamp:
+            return config
+        self._config_stamp = stamp
+        try:
+            config = self.app.start.config = load_config(path)
+        except ConfigError as exc:
+            self.note(f"The config file changed but does not read, so its values before stay: {exc}", error=True)
+        return config
+
+    def _config_file(self) -> Path:
+        from chatcli.config import config_path
+
+        return self.app.start.config.path or config_path()
 
     @property
     def chat_theme(self) -> str:
