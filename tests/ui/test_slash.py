@@ -146,6 +146,27 @@ async def test_retry_regenerates_the_last_reply_reusing_the_cache():
         assert (await command(pilot, "/retry")).text == "nothing to retry"
 
 
+async def test_retry_with_a_fixed_seed_says_it_gives_the_same_reply_and_keeps_the_exchange_together():
+    replies = iter(["first answer", "second answer", "third answer"])
+    app = make_app(FakeEngine(script=lambda _t: next(replies)))
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await command(pilot, "/seed 42")
+        await send(pilot, "question")
+        await command(pilot, "/retry")
+        await wait_for(pilot, lambda: screen.turns_done == 2 and not screen.busy)
+        said = [n.message for n in app._notifications]
+        assert any("seed 42 is fixed: /retry gives the same reply" in m for m in said)
+        await command(pilot, "/seed off")
+        await command(pilot, "/retry")
+        await wait_for(pilot, lambda: screen.turns_done == 3 and not screen.busy)
+        assert [n.message for n in app._notifications] == said  # no fixed seed: nothing to say
+        shown = [type(w).__name__ for w in screen.pane.children][-3:]
+        assert shown == ["UserMessage", "ReplyBox", "Note"]  # the question and its reply, then "seed = off"
+        assert screen.pane.children[-1].text == "seed = off"
+        assert screen.pane.children[-2].markdown.source == "third answer"
+
+
 async def test_undo_removes_the_last_exchange_and_crops_the_cache():
     engine = FakeEngine()
     app = make_app(engine)

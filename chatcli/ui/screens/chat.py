@@ -131,7 +131,8 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
         self.turn += 1
         self.busy = True
         self.cancel = threading.Event()
-        self._reply = self.pane.add_reply()
+        last = self.conversation.messages[-1] if self.conversation.messages else None
+        self._reply = self.pane.add_reply(after=self.pane.widget_of(last))
         self._reply.start_stream(thinking=prompt_opens_thinking(self.engine))
         self._reply.set_note("…")
         self._buffer.clear()

@@ -141,6 +141,9 @@ class ConversationScreen(Screen):
     def note(self, text: str, error: bool = False) -> None:
         self.pane.add_note(text, error=error)
 
+    def notice(self, text: str, title: str) -> None:
+        self.app.notify(text, title=title, timeout=6)
+
     def copy_text(self, text: str, what: str) -> None:
         self.app.copy_to_clipboard(text)  # through the terminal (OSC 52: works over ssh too)
         self.app.notify(f"Copied {what}: {len(text)} characters.", title="Copied", timeout=3)

@@ -257,7 +257,20 @@ async def retry(screen: SlashTarget, _arg: str) -> None:
         screen.note("nothing to retry", error=True)
         return
     await screen.forget([popped])
+    why = same_reply_again(screen.params)
+    if why:
+        screen.notice(why, "Same settings, same reply")
     screen.begin_turn()
+
+
+def same_reply_again(params) -> str | None:
+    """Why /retry, with the settings unchanged, gives the reply it replaces again: greedy decoding, or a
+    fixed seed (which, as llama.cpp's --seed and ollama's seed option, makes a reply reproducible)."""
+    if params.temperature == 0:
+        return "temperature 0 picks the likeliest token each time: /retry gives the same reply (/temp X for another)"
+    if params.seed is not None:
+        return f"seed {params.seed} is fixed: /retry gives the same reply (/seed off, or another seed, for another)"
+    return None
 
 
 async def undo(screen: SlashTarget, _arg: str) -> None:

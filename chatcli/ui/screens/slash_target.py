@@ -53,6 +53,9 @@ class SlashTarget(Protocol):
     def note(self, text: str, error: bool = False) -> None:
         """An inline line in the chat: a confirmation, a listing, or an error."""
 
+    def notice(self, text: str, title: str) -> None:
+        """A short notice beside the chat that passes (it takes no place in the conversation)."""
+
     def copy_text(self, text: str, what: str) -> None:
         """`text` to the clipboard, and a short notice saying what was copied."""
 

@@ -186,10 +186,19 @@ class ChatPane(VerticalScroll):
         self.mount(widget)
         return widget
 
-    def add_reply(self) -> ReplyBox:
+    def add_reply(self, after=None) -> ReplyBox:
+        """A reply's box, under `after` (the message it answers) where that is on screen, else last: a
+        /retry's note (a setting changed before it) does not land between a question and its reply."""
         box = ReplyBox()
-        self.mount(box)
+        if after is not None and after.parent is self:
+            self.mount(box, after=after)
+        else:
+            self.mount(box)
         return box
+
+    def widget_of(self, message):
+        """The widget that shows the conversation's `message` (None: not on screen)."""
+        return next((w for w in self.children if message is not None and getattr(w, "message", None) is message), None)
 
     def add_saved_reply(self, text: str, note: str, number: int) -> ReplyBox:
         """A finished reply of a reopened conversation (rendered once, no stream), message `number`."""
