@@ -362,23 +362,6 @@ async def test_an_empty_first_screen_says_how_to_start():
         assert "Enter" in START_HINT and "/help" in START_HINT
 
 
-async def test_a_long_code_line_wraps_instead_of_being_cut():
-    import html
-    import re
-
-    tail = "some_default_value_for_the_case"
-    code = f"```python\ndef f(n1, n2):\n    return 3 * n1 + n2 if n1 is not None and n2 is not None else {tail}\n```"
-    app = make_app()
-    async with app.run_test(size=(80, 30)) as pilot:
-        screen = await ready(pilot)
-        screen.action_toggle_panels()  # the pane as wide as it gets at 80 columns: the line still does not fit
-        screen.pane.add_saved_reply(code, "", 2)
-        await pilot.pause()
-        await pilot.pause()
-        shown = "".join(html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", app.export_screenshot()))
-        assert tail in shown
-
-
 async def test_the_cache_figures_follow_a_switch_and_an_undo():
     from chatcli.ui.widgets.panels import SPARK_MIN
 

@@ -28,7 +28,7 @@ from tests.ui.fake import FakeEngine
 async def test_setting_commands_confirm_and_change_neither_history_nor_cache(line, field, value, shown):
     engine = FakeEngine()
     app = make_app(engine)
-    async with app.run_test() as pilot:
+    async with app.run_test(size=(160, 30)) as pilot:  # wide enough for the whole header
         screen = await ready(pilot)
         await send(pilot, "hi")
         before_msgs = list(screen.conversation.messages)

@@ -17,16 +17,17 @@ from textual.actions import SkipAction
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer
 
 from chatcli.chat.conversation import Conversation
 from chatcli.chat.manager import Chats, ChatsError
 from chatcli.chat.saved import NoSuchConversation
 from chatcli.engine import TurnStats
 from chatcli.errors import one_line
-from chatcli.ui.format import human_bytes, reply_note, sampling_line, turn_line
+from chatcli.ui.format import ENGINE_RANKS, PART, human_bytes, reply_note, sampling_parts, turn_line
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, UserMessage
+from chatcli.ui.widgets.line import FittedLine
 from chatcli.ui.widgets.panels import StatsPanel
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.sidebar import Sidebar
@@ -35,7 +36,8 @@ from chatcli.ui.widgets.tokens import TokenInspector
 if TYPE_CHECKING:
     from chatcli.config import Config
 
-NARROW_BELOW = 80  # columns
+NARROW_BELOW = 100  # columns: below, the panels fold to a one-line status bar (F2 unfolds them)
+SHORT_BELOW = 20  # rows: below, the prompt has no border and the footer goes (the chat keeps its lines)
 START_HINT = (
     "Type a message and press Enter. /help lists the commands · F3 your saved conversations · "
     "/file PATH attaches a file · Ctrl+Q quits"
@@ -44,18 +46,30 @@ BUSY_SWITCH = "a reply is streaming: press Esc to stop it before leaving this co
 QUEUED_SWITCH = "prompts are waiting to be sent: press Esc to drop them before leaving this conversation"
 
 
-class InfoBar(Static):
-    DEFAULT_CSS = "InfoBar { dock: top; height: auto; max-height: 2; padding: 0 1; background: $primary 25%; }"
+class InfoBar(FittedLine):
+    """The header: the model and the settings, one line at every width (the least important parts go
+    first where they do not fit)."""
+
+    DEFAULT_CSS = "InfoBar { dock: top; background: $primary 25%; }"
+
+    def __init__(self) -> None:
+        super().__init__(name_first=True)
+
+
+def engine_parts(engine) -> list[tuple[str, int]]:
+    """The header's model, each part with its rank (`fit_line`): its name, device and weights, and on
+    the CPU the compiled kernel's build that runs it (avx512, avxvnni, avx2, neon) or why it is off;
+    a server's model and where it is."""
+    weights = getattr(engine, "weights", None)
+    if weights is None:  # a server: its model and where it is
+        return [(engine.name, 0), (engine.backend, ENGINE_RANKS["backend"])]
+    kernel = getattr(getattr(engine, "runner", None), "kernel", None)
+    parts = [(engine.name, 0), (engine.device, ENGINE_RANKS["device"]), (weights, ENGINE_RANKS["weights"])]
+    return parts + ([(f"kernel {kernel}", ENGINE_RANKS["kernel"])] if kernel else [])
 
 
 def engine_label(engine) -> str:
-    """The header's model: its name, device and weights, and on the CPU the compiled kernel's build that
-    runs it (avx512, avxvnni, avx2, neon) or why it is off; a server's model and where it is."""
-    weights = getattr(engine, "weights", None)
-    if weights is None:  # a server: its model and where it is
-        return f"{engine.name} · {engine.backend}"
-    kernel = getattr(getattr(engine, "runner", None), "kernel", None)
-    return f"{engine.name} · {engine.device} · {weights}" + (f" · kernel {kernel}" if kernel else "")
+    return PART.join(text for text, _rank in engine_parts(engine))
 
 
 def file_stamp(path: Path | None) -> tuple[int, int] | None:
@@ -75,6 +89,14 @@ class ConversationScreen(Screen):
     """Its actions (panels, sidebar, new, scrolling) are bound to keys by `ChatScreen`."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # narrow: panels start hidden
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_BELOW, "-tall")]
+    DEFAULT_CSS = """
+    ConversationScreen.-short Footer { display: none; }
+    ConversationScreen.-short ChatPane { padding-bottom: 0; }
+    ConversationScreen.-short PromptInput, ConversationScreen.-short PromptInput:focus {  /* themes/: theirs too */
+        border: none; min-height: 1; padding: 0 1; background: $boost;
+    }
+    """
     # Focus goes to the prompt as soon as the screen is composed (Textual's default, the first
     # focusable widget, was the hidden sidebar's list: its styles were not applied yet).
     AUTO_FOCUS = "#prompt"
@@ -113,7 +135,7 @@ class ConversationScreen(Screen):
         self.tokens.display = False
         self.prompt = PromptInput(self.history, choices=self.argument_choices, id="prompt")
         self.attachments: list = []  # chat.attach.Attachment: the files /file attached to the next message
-        self.info = InfoBar("")
+        self.info = InfoBar()
         self.sidebar = Sidebar()
         self._config_stamp: tuple[int, int] | None = None  # the config file's when read (file_stamp)
 
@@ -124,6 +146,7 @@ class ConversationScreen(Screen):
             yield self.pane
             yield self.panels
         yield self.tokens
+        yield self.panels.status
         yield self.prompt
         yield Footer()
 
@@ -216,11 +239,11 @@ class ConversationScreen(Screen):
 
     def refresh_info(self) -> None:
         if self.engine is not None:
-            head = engine_label(self.engine)
+            head = engine_parts(self.engine)
         else:
             failed = "no server" if self.remote else "model failed to load"
-            head = failed if self.load_error else ("connecting…" if self.remote else "loading…")
-        self.info.update(f"{head} │ {sampling_line(self.params)}")
+            head = [(failed if self.load_error else ("connecting…" if self.remote else "loading…"), 0)]
+        self.info.show([head, sampling_parts(self.params)])
 
     # -- the conversation on screen ---------------------------------------------
 
@@ -419,4 +442,7 @@ class ConversationScreen(Screen):
         self.pane.follow()
 
     def action_toggle_panels(self) -> None:
-        self.panels.toggle_class("-toggled")  # hides them on a wide terminal, shows them on a narrow one
+        """The panels, or the one-line status bar that stands for them: hides them on a wide terminal,
+        shows them on a narrow one."""
+        self.panels.toggle_class("-toggled")
+        self.panels.status.toggle_class("-toggled")

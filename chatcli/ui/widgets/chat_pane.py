@@ -33,12 +33,12 @@ class UserMessage(Static):
 class ReplyMarkdown(Markdown):
     """The reply's Markdown; counts its appends (each one is a re-parse of the tail and a re-render)."""
 
-    # A code block's long lines wrap: Textual's fence scrolls them sideways without a scrollbar,
-    # which on screen (and in a terminal's copy) cut them at the pane's edge.
+    # A code block's long lines scroll sideways, never wrapped mid-token (`print(reverse_string("Hell` /
+    # `o World"))`): Textual's fence scrolls without a scrollbar, so one shows where a line is cut at
+    # the pane's edge (Shift+wheel or a drag scrolls it; /copy code copies the whole block).
     DEFAULT_CSS = """
     ReplyMarkdown { margin: 0; padding: 0 1; background: transparent; }
-    ReplyMarkdown MarkdownFence { overflow-x: hidden; }
-    ReplyMarkdown MarkdownFence > Label { width: 1fr; text-wrap: wrap; }
+    ReplyMarkdown MarkdownFence { overflow-x: auto; scrollbar-size-horizontal: 1; }
     """
 
     def __init__(self, markdown: str = "") -> None:
@@ -75,6 +75,7 @@ class ReplyBox(Vertical):
         self.markdown = ReplyMarkdown(answer)
         self.note = Static("", classes="reply-note", markup=False)
         self.stream = None
+        self.mounting = None  # the pane's AwaitMount of this box: the first write waits for it
         self._thinking_stream = None
         self._reasoning = ReasoningStream()
         self._thought = ""
@@ -92,7 +93,14 @@ class ReplyBox(Vertical):
 
     async def write(self, text: str) -> None:
         if self.stream is not None and text:
+            await self._mounted()
             await self._route(self._reasoning.push(text))
+
+    async def _mounted(self) -> None:
+        """A stream into a Markdown not yet mounted (a busy machine: the first tick came first) lost its text."""
+        if self.mounting is not None:
+            await self.mounting
+            self.mounting = None
 
     async def _route(self, pieces) -> None:
         for kind, piece in pieces:
@@ -108,6 +116,7 @@ class ReplyBox(Vertical):
 
     async def end_stream(self) -> None:
         if self.stream is not None:
+            await self._mounted()
             await self._route(self._reasoning.finish())
             if self._thinking_stream is not None:
                 await self._thinking_stream.stop()
@@ -190,10 +199,7 @@ class ChatPane(VerticalScroll):
         """A reply's box, under `after` (the message it answers) where that is on screen, else last: a
         /retry's note (a setting changed before it) does not land between a question and its reply."""
         box = ReplyBox()
-        if after is not None and after.parent is self:
-            self.mount(box, after=after)
-        else:
-            self.mount(box)
+        box.mounting = self.mount(box, after=after if after is not None and after.parent is self else None)
         return box
 
     def widget_of(self, message):
