@@ -33,7 +33,7 @@ from chatcli.ui.screens.loading import EngineLoading
 from chatcli.ui.screens.tool_turns import ToolTurns
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
-from chatcli.ui.widgets.tokens import turn_pieces
+from chatcli.ui.widgets.tokens import NO_TURN, TEXT_ONLY, turn_pieces
 
 TICK_S = 1 / 10  # UI ticks while a reply streams (a draw at each, or fewer: ui/live.py DrawPace)
 # The live panels refresh every PANEL_EVERY ticks: a number that changes 10 times a second is
@@ -195,7 +195,7 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
                 if text:
                     self._buffer.append(text)
                     self._streamed.append(text)
-                if token.token_id >= 0:
+                if token.token_id >= 0 or token.logprob is not None:  # a server's: no id, maybe its logprob
                     self._reply_tokens.append(token)
                 self.live.token(token)
             case Prefilled() as prefilled:
@@ -316,6 +316,7 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
             self.note(
                 f"Token inspector on: replies record their probabilities and the {self.top_logprobs} most likely "
                 "alternatives (/top-logprobs N); F4 or /tokens hides it. Focus it (click) for ← →."
+                + (" With --api, a reply's tokens show where the server returns their logprobs." if self.remote else "")
             )
 
     def show_tokens(self) -> None:
@@ -326,7 +327,8 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
             return
         decode = getattr(getattr(self.engine, "tokenizer", None), "decode", None)
         pieces = turn_pieces(*self._prompt_ids, self._reply_tokens, decode)
-        self.tokens.show_turn(pieces, recorded=any(t.logprob is not None for t in self._reply_tokens))
+        recorded = any(t.logprob is not None for t in self._reply_tokens)
+        self.tokens.show_turn(pieces, recorded, empty=TEXT_ONLY if self.remote else NO_TURN)
 
     def _show_final(self, stats: TurnStats) -> None:
         drafts = drafts_text(stats, self.engine.lookup_for(self._turn_params) if self.engine.keeps_cache else None)

@@ -436,8 +436,8 @@ class ConversationScreen(Screen):
 
     def action_chat_end(self, always: bool = False) -> None:
         """End (Ctrl+End always): the bottom of the chat, following the stream again; in a prompt
-        holding text, End moves its cursor as usual."""
-        if not always and self.prompt.has_focus and self.prompt.text:
+        holding text, or with another widget focused (the token inspector, the sidebar), End is theirs."""
+        if not always and self.focused is not None and (self.focused is not self.prompt or self.prompt.text):
             raise SkipAction()
         self.pane.follow()
 
