@@ -72,11 +72,52 @@ def fit_line(groups: list[list[tuple[str, int]]], width: int, name: bool = True)
     return line()
 
 
-def settings_lines(params, system: str | None, theme: str, model: str) -> list[str]:
+def settings_rows(params, system: str | None, theme: str, model: str) -> list[tuple[str, str]]:
     """/settings: the model, every setting a slash command changes (by its user name), the theme and system prompt."""
     values = [(s.name, s.show(getattr(params, name))) for name, s in settings() if s.slash is not None]
-    rows = [("model", model), *values, ("theme", theme), ("system", system if system else "(none)")]
-    return [f"{label:<14} {value}" for label, value in rows]
+    return [("model", model), *values, ("theme", theme), ("system", system if system else "(none)")]
+
+
+def settings_lines(params, system: str | None, theme: str, model: str) -> list[str]:
+    return listing_lines(settings_rows(params, system, theme, model))
+
+
+def listing_lines(rows: list[tuple[str, str]]) -> list[str]:
+    """(label, text) rows as lines, the texts in one column after the longest label."""
+    width = max((len(label) for label, _ in rows), default=0)
+    return [f"{label:<{width}}  {text}" for label, text in rows]
+
+
+class Listing:
+    """(label, text) rows as a rich renderable: each text beside its label in a column of its own,
+    wrapped under itself (not under the labels), where the width leaves the texts MIN_TEXT columns;
+    narrower, each text under its label, indented. `tail`: a paragraph after the rows."""
+
+    MIN_TEXT = 24
+
+    def __init__(self, rows: list[tuple[str, str]], tail: str = "") -> None:
+        self.rows, self.tail = rows, tail
+
+    def __rich_console__(self, console, options):
+        from rich.padding import Padding
+        from rich.table import Table
+        from rich.text import Text
+
+        width = max((len(label) for label, _ in self.rows), default=0)
+        if options.max_width >= width + 2 + self.MIN_TEXT:
+            grid = Table.grid(padding=(0, 2))
+            grid.add_column(no_wrap=True, width=width)
+            grid.add_column()
+            for label, text in self.rows:
+                grid.add_row(Text(label), Text(text))
+            yield grid
+        else:
+            for label, text in self.rows:
+                yield Text(label)
+                yield Padding(Text(text), (0, 0, 0, 2))
+        if self.tail:
+            yield Text("")
+            yield Text(self.tail)
 
 
 def stats_lines(stats: TurnStats) -> list[str]:

@@ -107,7 +107,9 @@ async def test_settings_and_stats():
         assert (await command(pilot, "/stats")).has_class("-error")  # no turn yet
         await command(pilot, "/temp 0.25")
         settings = (await command(pilot, "/settings")).text
-        assert "temperature    0.25" in settings and "fake-model" in settings and "theme          dark" in settings
+        column = len("frequency-penalty") + 2  # the values after the longest name
+        assert "temperature".ljust(column) + "0.25" in settings and "theme".ljust(column) + "dark" in settings
+        assert "fake-model" in settings
         await send(pilot, "hi")
         stats = (await command(pilot, "/stats")).text
         assert "completion tokens  3" in stats and "ttft               50 ms" in stats

@@ -24,7 +24,16 @@ from chatcli.chat.manager import Chats, ChatsError
 from chatcli.chat.saved import NoSuchConversation
 from chatcli.engine import TurnStats
 from chatcli.errors import one_line
-from chatcli.ui.format import ENGINE_RANKS, PART, human_bytes, reply_note, sampling_parts, turn_line
+from chatcli.ui.format import (
+    ENGINE_RANKS,
+    PART,
+    Listing,
+    human_bytes,
+    listing_lines,
+    reply_note,
+    sampling_parts,
+    turn_line,
+)
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, UserMessage
 from chatcli.ui.widgets.line import FittedLine
@@ -163,6 +172,10 @@ class ConversationScreen(Screen):
 
     def note(self, text: str, error: bool = False) -> None:
         self.pane.add_note(text, error=error)
+
+    def listing(self, rows: list[tuple[str, str]], tail: str = "") -> None:
+        text = "\n".join(listing_lines(rows) + (["", tail] if tail else []))
+        self.pane.add_note(text, shown=Listing(rows, tail))
 
     def notice(self, text: str, title: str) -> None:
         self.app.notify(text, title=title, timeout=6)

@@ -53,6 +53,10 @@ class SlashTarget(Protocol):
     def note(self, text: str, error: bool = False) -> None:
         """An inline line in the chat: a confirmation, a listing, or an error."""
 
+    def listing(self, rows: list[tuple[str, str]], tail: str = "") -> None:
+        """An inline listing of (label, text) rows, each text beside its label and wrapped under itself;
+        `tail`: a paragraph after them."""
+
     def notice(self, text: str, title: str) -> None:
         """A short notice beside the chat that passes (it takes no place in the conversation)."""
 

@@ -146,8 +146,9 @@ class Note(Static):
     Note.-error { color: $error; }
     """
 
-    def __init__(self, text: str, error: bool = False) -> None:
-        super().__init__(text, markup=False, classes="-error" if error else "")
+    def __init__(self, text: str, error: bool = False, shown=None) -> None:
+        """`shown`: a rich renderable that draws `text` (a listing's columns), instead of the text."""
+        super().__init__(text if shown is None else shown, markup=False, classes="-error" if error else "")
         self.text = text
 
 
@@ -218,8 +219,8 @@ class ChatPane(VerticalScroll):
         self.mount(box)
         return box
 
-    def add_note(self, text: str, error: bool = False) -> Note:
-        note = Note(text, error)
+    def add_note(self, text: str, error: bool = False, shown=None) -> Note:
+        note = Note(text, error, shown)
         self.mount(note)
         return note
 
