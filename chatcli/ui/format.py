@@ -90,13 +90,12 @@ def listing_lines(rows: list[tuple[str, str]]) -> list[str]:
 
 class Listing:
     """(label, text) rows as a rich renderable: each text beside its label in a column of its own,
-    wrapped under itself (not under the labels), where the width leaves the texts MIN_TEXT columns;
-    narrower, each text under its label, indented. `tail`: a paragraph after the rows."""
+    wrapped under itself (not under the labels), where the width leaves the texts `min_text` columns
+    (short values need fewer than descriptions); narrower, each text under its label, indented.
+    `tail`: a paragraph after the rows."""
 
-    MIN_TEXT = 24
-
-    def __init__(self, rows: list[tuple[str, str]], tail: str = "") -> None:
-        self.rows, self.tail = rows, tail
+    def __init__(self, rows: list[tuple[str, str]], tail: str = "", min_text: int = 24) -> None:
+        self.rows, self.tail, self.min_text = rows, tail, min_text
 
     def __rich_console__(self, console, options):
         from rich.padding import Padding
@@ -104,7 +103,7 @@ class Listing:
         from rich.text import Text
 
         width = max((len(label) for label, _ in self.rows), default=0)
-        if options.max_width >= width + 2 + self.MIN_TEXT:
+        if options.max_width >= width + 2 + self.min_text:
             grid = Table.grid(padding=(0, 2))
             grid.add_column(no_wrap=True, width=width)
             grid.add_column()

@@ -27,6 +27,12 @@ async def test_settings_values_line_up_after_the_longest_name():
         starts = {len(line) - len(line[1:].split("  ", 1)[1].lstrip()) for line in lines}
         assert len(starts) == 1  # one column of values, the penalties' too
         assert any("frequency-penalty" in line for line in lines)
+    app = make_app(FakeEngine())
+    async with app.run_test(size=(40, 12)) as pilot:  # short values: beside their names at 40 columns too
+        await ready(pilot)
+        note = await command(pilot, "/settings")
+        await pilot.pause()
+        assert any(line.split() == ["frequency-penalty", "0"] for line in shown(note))
 
 
 async def test_wrapped_help_lines_keep_their_indent():

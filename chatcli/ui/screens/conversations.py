@@ -173,9 +173,9 @@ class ConversationScreen(Screen):
     def note(self, text: str, error: bool = False) -> None:
         self.pane.add_note(text, error=error)
 
-    def listing(self, rows: list[tuple[str, str]], tail: str = "") -> None:
+    def listing(self, rows: list[tuple[str, str]], tail: str = "", min_text: int = 24) -> None:
         text = "\n".join(listing_lines(rows) + (["", tail] if tail else []))
-        self.pane.add_note(text, shown=Listing(rows, tail))
+        self.pane.add_note(text, shown=Listing(rows, tail, min_text))
 
     def notice(self, text: str, title: str) -> None:
         self.app.notify(text, title=title, timeout=6)

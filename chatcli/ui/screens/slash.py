@@ -197,7 +197,8 @@ async def search(screen: SlashTarget, arg: str) -> None:
 
 async def settings(screen: SlashTarget, _arg: str) -> None:
     model = getattr(screen.engine, "name", None) or "(loading)"
-    screen.listing(settings_rows(screen.params, screen.conversation.system, screen.chat_theme, model))
+    rows = settings_rows(screen.params, screen.conversation.system, screen.chat_theme, model)
+    screen.listing(rows, min_text=10)  # short values: beside their names on a narrow terminal too
 
 
 async def stats(screen: SlashTarget, _arg: str) -> None:
