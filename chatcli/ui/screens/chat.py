@@ -328,7 +328,8 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
         decode = getattr(getattr(self.engine, "tokenizer", None), "decode", None)
         pieces = turn_pieces(*self._prompt_ids, self._reply_tokens, decode)
         recorded = any(t.logprob is not None for t in self._reply_tokens)
-        self.tokens.show_turn(pieces, recorded, empty=TEXT_ONLY if self.remote else NO_TURN)
+        text_only = self.engine is not None and not self.engine.keeps_cache  # a server sent the reply as text
+        self.tokens.show_turn(pieces, recorded, empty=TEXT_ONLY if text_only else NO_TURN)
 
     def _show_final(self, stats: TurnStats) -> None:
         drafts = drafts_text(stats, self.engine.lookup_for(self._turn_params) if self.engine.keeps_cache else None)

@@ -228,7 +228,7 @@ async def models(screen: SlashTarget, _arg: str) -> None:
         screen.note(f"/models: {one_line(exc)}", error=True)
         return
     shown = [f"[{n}]" if n == engine.name else n for n in names]
-    if screen.remote:
+    if not engine.keeps_cache:  # a server's list
         screen.note("models: " + (", ".join(shown) if shown else "(none listed)"))
         return
     # in process: what /model takes besides the model answering — the config's default, the .gguf files here
