@@ -251,9 +251,12 @@ def app(
             raise UserError("--json-schema is for one-shot replies: pass -p TEXT or pipe text in", 2)
         if start.params.logprobs is not None:
             raise UserError("--logprobs is for one-shot replies with --json (in the TUI, F4 shows each token's)", 2)
+        from chatcli.ui.typeahead import hold_typeahead
+
+        terminal = hold_typeahead()  # before Textual's import: an Enter typed meanwhile stays Enter
         from chatcli.ui.app import run_tui
 
-        raise click.exceptions.Exit(run_tui(start))
+        raise click.exceptions.Exit(run_tui(start, terminal))
     from chatcli.oneshot import read_prompt, run_oneshot
 
     if start.params.logprobs is not None and not json_out:

@@ -26,6 +26,21 @@ def test_setting_commands_parse_to_a_field_and_value(line, field, value):
     assert apply_setting(SamplingParams(), cmd).__getattribute__(field) == value
 
 
+def test_a_setting_command_without_a_value_asks_for_it():
+    assert parse("/temp") == Command("temp", field="temperature")  # the front end shows the value
+    assert parse("/seed").field == "seed" and parse("/seed").setting is None
+    assert parse("/temp 0.3").field == "temperature"
+
+
+def test_load_completes_json_files_and_folders_only(tmp_path):
+    for name in ("a.json", "b.md", "c.JSON"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "sub").mkdir()
+    assert complete(f"/load {tmp_path}/") == [f"/load {tmp_path}/{n}" for n in ("a.json", "c.JSON", "sub/")]
+    assert complete(f"/save {tmp_path}/") == [f"/save {tmp_path}/{n}" for n in ("a.json", "b.md", "c.JSON", "sub/")]
+    assert f"/file {tmp_path}/b.md" in complete(f"/file {tmp_path}/")  # /file takes any text file
+
+
 def test_alias_maps_to_canonical_name():
     assert parse("/temperature 1").name == "temp"
     assert parse("/exit").name == "quit"
@@ -35,7 +50,6 @@ def test_alias_maps_to_canonical_name():
 @pytest.mark.parametrize(
     "line, fragment",
     [
-        ("/temp", "needs a value"),
         ("/temp hot", "'hot' is not a number"),
         ("/temp nan", "is not a number"),
         ("/top-k 2.5", "is not a whole number"),

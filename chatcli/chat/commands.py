@@ -7,6 +7,7 @@ commands come from the slash commands `SamplingParams` declares (`chatcli.engine
 
     parse("/temp 0.3")      → Command("temp", "0.3", setting=("temperature", 0.3))
     parse("/seed off")      → Command("seed", "off", setting=("seed", None))
+    parse("/temp")          → Command("temp", field="temperature"): the value is shown, not changed
     parse("/tmep 1")        → CommandError("unknown command /tmep — did you mean /temp?")
 """
 
@@ -40,6 +41,7 @@ class Command:
     name: str  # canonical name, without the slash
     arg: str = ""  # the rest of the line, stripped
     setting: tuple[str, object] | None = None  # (SamplingParams field, value) for setting commands
+    field: str | None = None  # a setting command's SamplingParams field (with no value: it is shown)
 
 
 def _float(text: str) -> float:
@@ -188,16 +190,17 @@ def parse(text: str) -> Command:
     if found.reader is None:
         _check_argument(found.name, arg)
         return Command(found.name, arg)
-    if not arg:
-        raise CommandError(f"/{head} needs a value: /{head} {found.usage}")
+    if not arg:  # a setting without a value: the front end shows the one it has
+        return Command(found.name, field=found.field)
     try:
         value = found.reader(arg)
     except ValueError:
         raise CommandError(f"/{head}: {arg!r} is not {_KIND[found.reader]}") from None
-    return Command(found.name, arg, (found.field, value))
+    return Command(found.name, arg, (found.field, value), found.field)
 
 
 PATH_ARGUMENTS = ("file", "load", "save", "model")  # commands whose argument may be a path: Tab completes it
+PATH_SUFFIXES = {"load": (".json",), "save": tuple(EXPORT_FORMATS)}  # the only files Tab offers them
 
 
 def complete(text: str, choices: Callable[[str], list[str]] | None = None) -> list[str]:
@@ -213,7 +216,10 @@ def complete(text: str, choices: Callable[[str], list[str]] | None = None) -> li
     found = spec(head[1:])
     if found is None or " " in arg.strip():
         return []
-    values = (complete_path(arg) if found.name in PATH_ARGUMENTS else []) + (choices(found.name) if choices else [])
+    paths = complete_path(arg) if found.name in PATH_ARGUMENTS else []
+    if found.name in PATH_SUFFIXES:  # the files it takes, and the folders that may hold them
+        paths = [v for v in paths if v.endswith("/") or v.lower().endswith(PATH_SUFFIXES[found.name])]
+    values = paths + (choices(found.name) if choices else [])
     return [f"{head} {v}" for v in values if v.startswith(arg) and v != arg]
 
 

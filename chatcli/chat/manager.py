@@ -63,6 +63,7 @@ class Chats:
         self.opened: dict[str, Conversation] = {}  # conversations shown in this run, by id
         self.stored: set[str] = set()  # ids of conversations in the store
         self.had_session: set[str] = set()  # ids given a session in this run (the KV file is read before only)
+        self.restored: dict[str, tuple[int, float]] = {}  # id -> (tokens, seconds) of a cache read from disk
 
     # -- the store -------------------------------------------------------------
 
@@ -152,18 +153,25 @@ class Chats:
             session = self.engine.new_session()
             path = self.kv_path(conv)
             if path is not None and conv.messages and conv.id not in self.had_session:
-                self._restore(session, path)
+                self._restore(conv, session, path)
         self.had_session.add(conv.id)
         self.pool.put(conv.id, session)  # most recently used
         return session
 
-    def _restore(self, session, path: Path) -> None:
+    def _restore(self, conv: Conversation, session, path: Path) -> None:
         from chatcli.engine import release_cpu_threads
 
+        start = time.perf_counter()
         try:
-            self.engine.restore_session(session, path)  # no usable file: the next turn prefills as usual
+            if self.engine.restore_session(session, path):  # no usable file: the next turn prefills as usual
+                self.restored[conv.id] = (len(session.cache), time.perf_counter() - start)
         finally:
             release_cpu_threads()  # restoring may run torch on the UI thread: see engine/runners/threads.py
+
+    def take_restored(self, conv: Conversation) -> tuple[int, float] | None:
+        """(tokens, seconds) where the conversation's cache was read from disk since its last turn, once:
+        its next turn's stats say so."""
+        return self.restored.pop(conv.id, None)
 
     def keep(self, conv: Conversation, session) -> None:
         """After a turn: put the session back at its new size (the pool may evict others)."""

@@ -188,8 +188,14 @@ class ChatApp(App):
         self.exit(0)
 
 
-def run_tui(start) -> int:
-    """Run the TUI until the user quits; the exit code."""
+def run_tui(start, terminal: list | None = None) -> int:
+    """Run the TUI until the user quits; the exit code. `terminal`: the settings
+    `typeahead.hold_typeahead` found, given back at the end."""
+    from chatcli.ui.typeahead import restore
+
     app = ChatApp(start)
-    app.run()
+    try:
+        app.run()
+    finally:
+        restore(terminal)
     return app.return_code or 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from chatcli.engine import FinishReason, TurnStats, settings
+from chatcli.errors import clip, shown
 
 
 def human_bytes(n: int | None) -> str:
@@ -16,17 +17,106 @@ def human_bytes(n: int | None) -> str:
     return f"{size:.1f} GiB"
 
 
+def sampling_parts(params) -> list[tuple[str, int]]:
+    """The header's settings, each with its rank (`fit_line`): those that declare a header label, what
+    shapes a reply (lookup only changes its speed; /settings shows it)."""
+    return [
+        (f"{s.header} {s.show(getattr(params, name))}", HEADER_RANKS.get(s.header, LAST_RANK))
+        for name, s in settings()
+        if s.header is not None
+    ]
+
+
 def sampling_line(params) -> str:
-    """The header's settings: those that declare a header label, what shapes a reply (lookup only
-    changes its speed; /settings shows it)."""
-    return " · ".join(f"{s.header} {s.show(getattr(params, name))}" for name, s in settings() if s.header is not None)
+    return " · ".join(text for text, _rank in sampling_parts(params))
+
+
+# How much a part of a one-line bar matters: 0 is always shown (shortened last), the highest rank goes
+# first where the line does not fit. The model's name (rank 0) is shortened, down to MIN_NAME, before
+# a part ranked under WHOLE_NAME goes.
+HEADER_RANKS = {"temp": 1, "max": 2, "top-k": 3, "top-p": 4, "min-p": 5, "rep": 8, "seed": 9}
+ENGINE_RANKS = {"device": 6, "backend": 6, "weights": 10, "kernel": 11}
+LAST_RANK = 9
+WHOLE_NAME = 6
+MIN_NAME = 16
+PART, GROUP = " · ", " │ "
+
+
+def fit_line(groups: list[list[tuple[str, int]]], width: int, name: bool = True) -> str:
+    """One line of at most `width` characters from `groups` of (text, rank) parts, shown in their order
+    (a group's parts joined by " · ", the groups by " │ "): where it does not fit, the part of the
+    highest rank goes first (the last of them, of equal ranks); with `name`, the first part (the
+    model's name) is shortened to MIN_NAME, with an ellipsis, before any part ranked under WHOLE_NAME
+    goes. Parts of rank 0 stay; where they alone do not fit, the line is cut."""
+    kept = [[[text, rank] for text, rank in group] for group in groups]
+    head = kept[0][0] if name and kept and kept[0] else None
+    whole = head[0] if head else ""
+
+    def line() -> str:
+        return GROUP.join(PART.join(text for text, _ in group) for group in kept if group)
+
+    while len(line()) > width:
+        ranked = [part for group in kept for part in group if part is not head]
+        top = max((rank for _, rank in ranked), default=0)
+        if head is not None and top < WHOLE_NAME and len(head[0]) > MIN_NAME:
+            head[0] = clip(whole, max(MIN_NAME, len(head[0]) - (len(line()) - width)))
+            continue
+        if top < 1:  # nothing left to take away
+            return clip(line(), width)
+        doomed = [part for part in ranked if part[1] == top][-1]
+        for group in kept:
+            if any(part is doomed for part in group):
+                group.remove(doomed)
+    if head is not None and head[0] != whole:  # a part that went may have left room for more of the name
+        head[0] = clip(whole, len(head[0]) + width - len(line()))
+    return line()
+
+
+def settings_rows(params, system: str | None, theme: str, model: str) -> list[tuple[str, str]]:
+    """/settings: the model, every setting a slash command changes (by its user name), the theme and system prompt."""
+    values = [(s.name, s.show(getattr(params, name))) for name, s in settings() if s.slash is not None]
+    return [("model", model), *values, ("theme", theme), ("system", system if system else "(none)")]
 
 
 def settings_lines(params, system: str | None, theme: str, model: str) -> list[str]:
-    """/settings: the model, every setting a slash command changes (by its user name), the theme and system prompt."""
-    values = [(s.name, s.show(getattr(params, name))) for name, s in settings() if s.slash is not None]
-    rows = [("model", model), *values, ("theme", theme), ("system", system if system else "(none)")]
-    return [f"{label:<14} {value}" for label, value in rows]
+    return listing_lines(settings_rows(params, system, theme, model))
+
+
+def listing_lines(rows: list[tuple[str, str]]) -> list[str]:
+    """(label, text) rows as lines, the texts in one column after the longest label."""
+    width = max((len(label) for label, _ in rows), default=0)
+    return [f"{label:<{width}}  {text}" for label, text in rows]
+
+
+class Listing:
+    """(label, text) rows as a rich renderable: each text beside its label in a column of its own,
+    wrapped under itself (not under the labels), where the width leaves the texts `min_text` columns
+    (short values need fewer than descriptions); narrower, each text under its label, indented.
+    `tail`: a paragraph after the rows."""
+
+    def __init__(self, rows: list[tuple[str, str]], tail: str = "", min_text: int = 24) -> None:
+        self.rows, self.tail, self.min_text = rows, tail, min_text
+
+    def __rich_console__(self, console, options):
+        from rich.padding import Padding
+        from rich.table import Table
+        from rich.text import Text
+
+        width = max((len(label) for label, _ in self.rows), default=0)
+        if options.max_width >= width + 2 + self.min_text:
+            grid = Table.grid(padding=(0, 2))
+            grid.add_column(no_wrap=True, width=width)
+            grid.add_column()
+            for label, text in self.rows:
+                grid.add_row(Text(shown(label)), Text(shown(text)))
+            yield grid
+        else:
+            for label, text in self.rows:
+                yield Text(shown(label))
+                yield Padding(Text(shown(text)), (0, 0, 0, 2))
+        if self.tail:
+            yield Text("")
+            yield Text(shown(self.tail))
 
 
 def stats_lines(stats: TurnStats) -> list[str]:

@@ -3,7 +3,8 @@
 The chat screen feeds it the turn's events and the cache's size after each; `values()` gives
 the panels' text, `final_values` their text once the turn is done. TTFT is the first token's
 `elapsed_s`, the same reading as the finished turn's `TurnStats.ttft_s`, so the figure does not
-jump when the reply ends. `prompt_opens_thinking` says whether a reply starts in its reasoning.
+jump when the reply ends. A prefill of a few tokens shows its time, not a rate; a turn whose cache
+was read from disk (the first after `-c`) says so. `prompt_opens_thinking` says whether a reply starts in its reasoning.
 `DrawPace` says how often the streaming reply is drawn.
 """
 
@@ -19,7 +20,8 @@ SPARK_SAMPLES = 128  # decode-rate points kept per reply
 
 
 class LiveTurn:
-    def __init__(self) -> None:
+    def __init__(self, restored: tuple[int, float] | None = None) -> None:
+        self.restored = restored  # (tokens, seconds): this turn's cache was read from disk (Chats.take_restored)
         self.tokens = 0
         self.rate = 0.0  # the engine's running decode rate
         self.prefilled: Prefilled | None = None
@@ -68,7 +70,7 @@ class LiveTurn:
         pre = self.prefilled
         if pre is not None:
             values["prefill"] = prefill_rate(pre.prefill_tokens, pre.prefill_s)
-            values["prompt"] = prompt_text(pre.cached_tokens, pre.prefill_tokens)
+            values["prompt"] = prompt_text(pre.cached_tokens, pre.prefill_tokens, self.restored is not None)
         if self.ttft_s is not None:
             values["ttft"] = f"{self.ttft_s * 1000:.0f} ms"
         if self.tokens > 1:
@@ -78,25 +80,48 @@ class LiveTurn:
         return values
 
 
+RATE_MIN_TOKENS = 8  # a prefill of fewer tokens shows its time, not a rate
+
+
 def prefill_rate(tokens: int | None, seconds: float | None) -> str:
+    """The prefill row: tokens a second, or the time it took where it prefilled under RATE_MIN_TOKENS
+    (one token in 250 ms is no "4 tok/s": a forward's fixed cost, the templating, dominate it)."""
     if tokens is None or seconds is None:
         return "n/a"
+    if tokens < RATE_MIN_TOKENS:
+        return f"{seconds * 1000:.0f} ms for {tokens} tok"
     return f"{tokens / seconds:.0f} tok/s" if seconds > 0 else "–"
 
 
-def prompt_text(cached: int | None, prefilled: int | None) -> str:
-    """The prompt row: tokens read from the cache and computed anew ("n/a" where a server does not say)."""
-    return f"{known(cached)} cached · {known(prefilled)} new"
+def prefill_seconds(stats: TurnStats) -> float | None:
+    """A finished turn's prefill time, from its rate (None: a server's, not measurable)."""
+    if stats.prefill_tok_s is None or stats.prefill_tokens is None:
+        return None
+    return stats.prefill_tokens / stats.prefill_tok_s if stats.prefill_tok_s > 0 else 0.0
 
 
-def final_values(stats: TurnStats, drafts: str) -> dict[str, str]:
+def prompt_text(cached: int | None, prefilled: int | None, restored: bool = False) -> str:
+    """The prompt row: tokens read from the cache and computed anew ("n/a" where a server does not say);
+    `restored`: the cache was read from disk for this turn (the first after `-c`)."""
+    return f"{known(cached)} {'restored' if restored else 'cached'} · {known(prefilled)} new"
+
+
+def restored_text(restored: tuple[int, float] | None) -> str:
+    """The reply note's part for a turn whose cache came from disk: (tokens, seconds) of the restore."""
+    if restored is None:
+        return ""
+    tokens, seconds = restored
+    return f"cache restored from disk: {tokens} tokens in {seconds * 1000:.0f} ms"
+
+
+def final_values(stats: TurnStats, drafts: str, restored: bool = False) -> dict[str, str]:
     """The panels' rows for a finished turn (`drafts`: its drafts row, "n/a" where a server answered)."""
     return {
         "ttft": f"{stats.ttft_s * 1000:.0f} ms",
-        "prefill": "n/a" if stats.prefill_tok_s is None else f"{stats.prefill_tok_s:.0f} tok/s",
+        "prefill": prefill_rate(stats.prefill_tokens, prefill_seconds(stats)),
         "decode": f"{stats.decode_tok_s:.1f} tok/s",
         "tokens": str(stats.completion_tokens),
-        "prompt": prompt_text(stats.cached_tokens, stats.prefill_tokens),
+        "prompt": prompt_text(stats.cached_tokens, stats.prefill_tokens, restored),
         "kv": human_bytes(stats.kv_cache_bytes),
         "drafts": drafts,
     }

@@ -1,7 +1,11 @@
 import threading
 
+from textual import events
+
 from chatcli.engine.load.options import LoadError
 from chatcli.options import StartOptions
+from chatcli.ui.app import ChatApp
+from chatcli.ui.live import RATE_MIN_TOKENS, prefill_rate
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import LoadingLine, ReplyBox, UserMessage
 from tests.ui.conftest import command, make_app, ready, send, wait_for
@@ -99,7 +103,7 @@ async def test_the_panels_update_live_and_after_each_turn():
         screen = await ready(pilot)
         panels = screen.panels
         assert panels.values["tokens"] == "–"
-        await send(pilot, "go", wait=False)
+        await send(pilot, "go on, please", wait=False)  # a prompt of more than a few tokens: a prefill rate
         await wait_for(pilot, lambda: panels.values["tokens"] == "3")  # while the reply streams
         assert panels.values["decode"].endswith("tok/s")
         assert panels.values["ttft"] == "50 ms"  # the first token's time, not the end of prefill (30 ms)
@@ -358,23 +362,6 @@ async def test_an_empty_first_screen_says_how_to_start():
         assert "Enter" in START_HINT and "/help" in START_HINT
 
 
-async def test_a_long_code_line_wraps_instead_of_being_cut():
-    import html
-    import re
-
-    tail = "some_default_value_for_the_case"
-    code = f"```python\ndef f(n1, n2):\n    return 3 * n1 + n2 if n1 is not None and n2 is not None else {tail}\n```"
-    app = make_app()
-    async with app.run_test(size=(80, 30)) as pilot:
-        screen = await ready(pilot)
-        screen.action_toggle_panels()  # the pane as wide as it gets at 80 columns: the line still does not fit
-        screen.pane.add_saved_reply(code, "", 2)
-        await pilot.pause()
-        await pilot.pause()
-        shown = "".join(html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", app.export_screenshot()))
-        assert tail in shown
-
-
 async def test_the_cache_figures_follow_a_switch_and_an_undo():
     from chatcli.ui.widgets.panels import SPARK_MIN
 
@@ -396,3 +383,110 @@ async def test_the_cache_figures_follow_a_switch_and_an_undo():
         assert list(screen.panels.spark.data) == []  # three points draw nothing, not a solid block
         screen.panels.set_speeds([40.0] * SPARK_MIN)
         assert len(screen.panels.spark.data) == SPARK_MIN
+
+
+async def test_paging_back_down_to_the_bottom_follows_the_stream_again():
+    engine = FakeEngine(script=lambda _t: "\n\n".join(f"paragraph {i}" for i in range(160)), hold_at=40)
+    app = make_app(engine)
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        pane = screen.pane
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen.live.tokens == 40)
+        await pilot.pause(0.2)
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert pane.scroll_y < pane.max_scroll_y
+        for _ in range(3):  # back down, and once more at the bottom (as one does)
+            await pilot.press("pagedown")
+            await pilot.pause()
+        assert pane.scroll_y == pane.max_scroll_y
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        await pilot.pause(0.3)
+        assert pane.scroll_y == pane.max_scroll_y > 0  # it followed the rest of the reply
+
+
+async def test_end_jumps_to_the_bottom_and_follows_again():
+    engine = FakeEngine(script=lambda _t: "\n\n".join(f"paragraph {i}" for i in range(160)), hold_at=40)
+    app = make_app(engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot)
+        pane = screen.pane
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen.live.tokens == 40)
+        await pilot.pause(0.2)
+        for _ in range(3):
+            await pilot.press("pageup")
+        await pilot.pause()
+        screen.prompt.load_text("draft")
+        screen.prompt.move_cursor((0, 0))
+        await pilot.press("end")  # in a prompt holding text, End is the prompt's
+        assert screen.prompt.cursor_location == (0, 5)
+        assert pane.scroll_y < pane.max_scroll_y
+        screen.prompt.load_text("")
+        await pilot.press("end")
+        await pilot.pause()
+        assert pane.scroll_y == pane.max_scroll_y
+        engine.release.set()
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        await pilot.pause(0.3)
+        assert pane.scroll_y == pane.max_scroll_y > 0
+
+
+class KeysAtStart(ChatApp):
+    """Keys that come before the chat screen is up: posted as the app mounts, as a terminal
+    sends what was typed while Python and Textual started."""
+
+    def on_mount(self) -> None:
+        for ch in "Say hello.":
+            self.post_message(events.Key("space" if ch == " " else ch, ch))
+        self.post_message(events.Key("enter", "\r"))
+
+
+async def test_keys_typed_before_the_app_is_ready_are_kept_in_order():
+    engine = FakeEngine()
+    app = KeysAtStart(StartOptions(), engine_factory=lambda status=None: engine)
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        assert [m.content for m in screen.conversation.messages][:1] == ["Say hello."]
+        assert screen.prompt.text == ""
+
+
+def test_a_prefill_of_a_few_tokens_shows_its_time_not_a_rate():
+    assert prefill_rate(1, 0.25) == "250 ms for 1 tok"  # not "4 tok/s"
+    assert prefill_rate(RATE_MIN_TOKENS - 1, 0.5) == f"500 ms for {RATE_MIN_TOKENS - 1} tok"
+    assert prefill_rate(100, 0.5) == "200 tok/s"
+    assert prefill_rate(None, 0.5) == "n/a"
+
+
+async def test_a_one_token_prefill_in_the_panel_is_a_time():
+    app = make_app(FakeEngine())
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "hello")
+        assert screen.panels.values["prefill"].endswith("tok/s")  # the whole prompt: a rate
+        await command(pilot, "/retry")  # the same prompt again: all but its last token is cached
+        await wait_for(pilot, lambda: screen.turns_done == 2 and not screen.busy)
+        assert screen.last_stats.prefill_tokens == 1
+        assert screen.panels.values["prefill"].endswith(" ms for 1 tok")
+
+
+def recent_turns(screen) -> list[str]:
+    return str(screen.panels.history.render()).splitlines()
+
+
+async def test_recent_turns_are_the_conversation_on_screens():
+    app = make_app(FakeEngine())
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "one")
+        await send(pilot, "two")
+        assert [line.split(".")[0].strip() for line in recent_turns(screen)] == ["1", "2"]
+        await pilot.press("ctrl+n")
+        assert recent_turns(screen) == ["–"]  # a new conversation has had no turn
+        await send(pilot, "other")
+        assert len(recent_turns(screen)) == 1
+        await command(pilot, "/switch 2")  # the first conversation again: its own two turns
+        assert [line.split(".")[0].strip() for line in recent_turns(screen)] == ["1", "2"]

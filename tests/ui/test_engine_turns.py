@@ -5,6 +5,7 @@ import pytest
 from chatcli.engine.engine import common_prefix
 from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
+from chatcli.ui.widgets.chat_pane import ReplyBox
 from tests.ui.conftest import command, make_app, ready, send
 
 
@@ -78,14 +79,21 @@ async def test_a_reopened_conversation_restores_its_kv_cache_from_disk(tiny_engi
             assert screen.conversation.id == cid
             restored = list(screen.session.cache.ids)
             await send(pilot, "More")
-            return restored, screen.last_stats
+            said = (str(screen.pane.query(ReplyBox).last().note.render()), screen.panels.values["prompt"])
+            await send(pilot, "And more")  # the next turn's cache is the one in memory
+            said += (str(screen.pane.query(ReplyBox).last().note.render()), screen.panels.values["prompt"])
+            return restored, screen.conversation.messages[-3].stats, said
 
-    restored, stats = await reopen()
+    restored, stats, said = await reopen()
     assert restored == kept  # the session starts from the file, not empty
-    assert stats.cached_tokens >= first.prompt_tokens  # the history was not prefilled again
+    assert stats["cached_tokens"] >= first.prompt_tokens  # the history was not prefilled again
+    # the first turn says where its cache came from, and how long reading it took (not part of its TTFT)
+    assert f"cache restored from disk: {len(kept)} tokens in " in said[0] and said[1].endswith(" new")
+    assert said[1].startswith(f"{stats['cached_tokens']} restored · ")
+    assert "restored" not in said[2] and "restored" not in said[3]
     path.write_bytes(b"not a safetensors file")  # a damaged file is ignored, never trusted
-    restored, stats = await reopen()
-    assert restored == [] and stats.cached_tokens == 0
+    restored, stats, said = await reopen()
+    assert restored == [] and stats["cached_tokens"] == 0 and "restored" not in said[0] + said[1]
 
 
 async def test_an_evicted_conversation_is_prefilled_again_even_with_a_kv_file(tiny_engine):

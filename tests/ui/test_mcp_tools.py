@@ -68,6 +68,7 @@ async def test_an_allowed_call_runs_its_result_folds_under_it_and_the_model_goes
         assert screen.conversation.messages[1].content == "Calling."
         assert screen.conversation.messages[2].content == "5"
         assert str(box.state.render()) == "5" and box.fold.collapsed  # folded: a click shows it
+        assert not box.fold.display  # "5" is all of it: no "click to show" under a line that shows it
         assert "add" in str(box.head.render()) and '"a": 2' in str(box.head.render())
         replies = screen.pane.query(ReplyBox)
         assert [r.markdown.source for r in replies] == ["Calling.", "The tool said: 5"]  # no <tool_call> text

@@ -40,9 +40,13 @@ async def test_switch_model_mid_chat_and_back_in_the_history():
         assert "model file not found: missing.gguf (still answering with fake-model)" in last_note(screen)
         assert screen.engine.name == "fake-model"
 
+        assert screen.panels.values["ttft"] != "–"  # the turn's figures
         await command(pilot, "/model other")
         await wait_for(pilot, lambda: screen.engine is other)
         assert "now answering with other-model (was fake-model)" in last_note(screen)
+        # "This turn" showed fake-model's figures beside the new model's empty context
+        assert all(screen.panels.values[key] == "–" for key in ("ttft", "prefill", "decode", "tokens", "prompt"))
+        assert screen.panels.values["context"].startswith("0 / ")
         assert "other-model" in str(screen.info.render())
         await send(pilot, "hi again")
         assert screen.conversation.messages[-1].content == "Other says: hi again"

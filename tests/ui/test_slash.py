@@ -28,7 +28,7 @@ from tests.ui.fake import FakeEngine
 async def test_setting_commands_confirm_and_change_neither_history_nor_cache(line, field, value, shown):
     engine = FakeEngine()
     app = make_app(engine)
-    async with app.run_test() as pilot:
+    async with app.run_test(size=(160, 30)) as pilot:  # wide enough for the whole header
         screen = await ready(pilot)
         await send(pilot, "hi")
         before_msgs = list(screen.conversation.messages)
@@ -107,7 +107,9 @@ async def test_settings_and_stats():
         assert (await command(pilot, "/stats")).has_class("-error")  # no turn yet
         await command(pilot, "/temp 0.25")
         settings = (await command(pilot, "/settings")).text
-        assert "temperature    0.25" in settings and "fake-model" in settings and "theme          dark" in settings
+        column = len("frequency-penalty") + 2  # the values after the longest name
+        assert "temperature".ljust(column) + "0.25" in settings and "theme".ljust(column) + "dark" in settings
+        assert "fake-model" in settings
         await send(pilot, "hi")
         stats = (await command(pilot, "/stats")).text
         assert "completion tokens  3" in stats and "ttft               50 ms" in stats
@@ -144,6 +146,27 @@ async def test_retry_regenerates_the_last_reply_reusing_the_cache():
         assert engine.calls[-1]["cached"] == len(prompt_ids) - 1  # everything up to the reply is reused
         assert (await command(pilot, "/undo")).text.startswith("removed the last exchange")
         assert (await command(pilot, "/retry")).text == "nothing to retry"
+
+
+async def test_retry_with_a_fixed_seed_says_it_gives_the_same_reply_and_keeps_the_exchange_together():
+    replies = iter(["first answer", "second answer", "third answer"])
+    app = make_app(FakeEngine(script=lambda _t: next(replies)))
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await command(pilot, "/seed 42")
+        await send(pilot, "question")
+        await command(pilot, "/retry")
+        await wait_for(pilot, lambda: screen.turns_done == 2 and not screen.busy)
+        said = [n.message for n in app._notifications]
+        assert any("seed 42 is fixed: /retry gives the same reply" in m for m in said)
+        await command(pilot, "/seed off")
+        await command(pilot, "/retry")
+        await wait_for(pilot, lambda: screen.turns_done == 3 and not screen.busy)
+        assert [n.message for n in app._notifications] == said  # no fixed seed: nothing to say
+        shown = [type(w).__name__ for w in screen.pane.children][-3:]
+        assert shown == ["UserMessage", "ReplyBox", "Note"]  # the question and its reply, then "seed = off"
+        assert screen.pane.children[-1].text == "seed = off"
+        assert screen.pane.children[-2].markdown.source == "third answer"
 
 
 async def test_undo_removes_the_last_exchange_and_crops_the_cache():

@@ -70,6 +70,7 @@ async def test_every_command_runs_through_the_protocol_alone(tmp_path, monkeypat
         await send(pilot, "hello there")
         lines = ["/help", "/temp 0.3", "/system Be brief.", "/system", "/settings", "/stats", "/backend", "/models"]
         lines += ["/theme", "/theme light", "/branches", "/rename Greeting", "/copy", "/tokens", "/top-logprobs 3"]
+        lines += ["/seed 7"]  # the /retry below then says its reply will be the same (a notice)
         for line in [*lines, "/tokens", "/preset", f"/save {tmp_path}/c.json", "/file", "/tools"]:
             assert not (await command(pilot, line)).has_class("-error"), line
         for line in ("/top-k x", "/preset nope", "/switch 9", "/edit 7", "/theme plaid"):

@@ -4,10 +4,12 @@ import math
 
 import numpy as np
 
+from chatcli.engine.events import Prefilled, Token
 from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from chatcli.ui.widgets.tokens import Piece, TokenInspector, shade
 from tests.ui.conftest import command, make_app, ready, send
+from tests.ui.fake import FakeEngine
 
 
 def start():
@@ -112,8 +114,53 @@ async def test_the_selected_token_stays_in_sight_and_a_switch_clears_it():
         await pilot.pause()
         await pilot.pause()
         assert inspector.selected == 0 and scroller.scroll_y == 0
+        await pilot.press("end")  # the inspector's own End (the chat's is for the prompt)
+        assert inspector.selected == len(prompt + reply) - 1
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert "No turn in this conversation yet" in str(inspector.head.render()) and inspector.pieces == []
         await pilot.press("f4", "f4")  # hidden and shown again: still this conversation's (none)
         assert inspector.pieces == []
+
+
+class ServerLike(FakeEngine):
+    """As `RemoteEngine` streams: text without token ids (-1); `logprobs`: with each chunk's log p, as a
+    server that returns them would."""
+
+    keeps_cache = False
+
+    def __init__(self, logprobs: bool = False) -> None:
+        super().__init__()
+        self.logprobs = logprobs
+
+    def generate(self, messages, session, params=None, cancel=None):
+        for event in super().generate(messages, session, params, cancel):
+            if isinstance(event, Token):
+                logprob = math.log(0.5) if self.logprobs else None
+                event = Token(-1, event.text, event.completion_tokens, event.decode_tok_s, event.elapsed_s, logprob)
+            elif isinstance(event, Prefilled):
+                event = Prefilled(None, None, None, event.prefill_s, 0)
+            yield event
+
+
+async def test_with_api_the_inspector_says_what_it_needs_after_three_turns():
+    app = make_app(ServerLike(), start=StartOptions(api="http://127.0.0.1:9/v1"))
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        for text in ("one", "two", "three"):
+            await send(pilot, text)
+        await pilot.press("f4")
+        said = screen.tokens.parts()[0].plain
+        assert "No turn in this conversation yet" not in said  # three turns came
+        assert "in-process engine" in said and "logprobs" in said
+
+
+async def test_with_api_the_inspector_shows_a_servers_tokens_with_their_logprobs():
+    app = make_app(ServerLike(logprobs=True), start=StartOptions(api="http://127.0.0.1:9/v1"))
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await pilot.press("f4")
+        await send(pilot, "hello")
+        assert [p.text for p in replies(screen)] == ["You", " said:", " **hello**"]
+        assert all(math.isclose(math.exp(p.logprob), 0.5) for p in replies(screen)) and screen.tokens.recorded
+        assert "p = 0.500" in screen.tokens.detail().plain

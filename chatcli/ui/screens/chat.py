@@ -24,8 +24,8 @@ from chatcli.chat.commands import is_command
 from chatcli.chat.saved import save_kv
 from chatcli.engine import Finished, FinishReason, Prefilled, Token, TurnStats
 from chatcli.errors import one_line
-from chatcli.ui.format import drafts_text, reply_note, turn_line
-from chatcli.ui.live import DrawPace, LiveTurn, final_values, prompt_opens_thinking
+from chatcli.ui.format import drafts_text, reply_note
+from chatcli.ui.live import DrawPace, LiveTurn, final_values, prompt_opens_thinking, restored_text
 from chatcli.ui.messages import CacheNotSaved, TurnEvent, TurnFailed
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
@@ -33,7 +33,7 @@ from chatcli.ui.screens.loading import EngineLoading
 from chatcli.ui.screens.tool_turns import ToolTurns
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
-from chatcli.ui.widgets.tokens import turn_pieces
+from chatcli.ui.widgets.tokens import NO_TURN, TEXT_ONLY, turn_pieces
 
 TICK_S = 1 / 10  # UI ticks while a reply streams (a draw at each, or fewer: ui/live.py DrawPace)
 # The live panels refresh every PANEL_EVERY ticks: a number that changes 10 times a second is
@@ -53,6 +53,8 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
         Binding("ctrl+n", "new_conversation", "New", priority=True),
         Binding("pageup", "scroll_chat(-1)", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_chat(1)", "Scroll", show=False, priority=True),
+        Binding("end", "chat_end", "Bottom", show=False, priority=True),
+        Binding("ctrl+end", "chat_end(True)", "Bottom", show=False, priority=True),
         Binding("ctrl+q", "app.quit", "Quit"),
     ]
 
@@ -129,12 +131,13 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
         self.turn += 1
         self.busy = True
         self.cancel = threading.Event()
-        self._reply = self.pane.add_reply()
+        last = self.conversation.messages[-1] if self.conversation.messages else None
+        self._reply = self.pane.add_reply(after=self.pane.widget_of(last))
         self._reply.start_stream(thinking=prompt_opens_thinking(self.engine))
         self._reply.set_note("…")
         self._buffer.clear()
         self._streamed = []
-        self.live = LiveTurn()
+        self.live = LiveTurn(self.chats.take_restored(self.conversation))
         self._spark_len = 0
         self.panels.reset()
         self.pane.follow()
@@ -192,7 +195,7 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
                 if text:
                     self._buffer.append(text)
                     self._streamed.append(text)
-                if token.token_id >= 0:
+                if token.token_id >= 0 or token.logprob is not None:  # a server's: no id, maybe its logprob
                     self._reply_tokens.append(token)
                 self.live.token(token)
             case Prefilled() as prefilled:
@@ -242,10 +245,11 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
             self.app.notify(stats.note[:1].upper() + stats.note[1:] + ".", severity="warning", timeout=8)
         if reply is not None:
             reply.message = reply_msg
-            reply.set_note(reply_note(done.finish_reason, stats, done.error), len(self.conversation.messages))
+            parts = (reply_note(done.finish_reason, stats, done.error), restored_text(self.live.restored))
+            reply.set_note(" · ".join(part for part in parts if part), len(self.conversation.messages))
         self.panels.set_speeds(self.live.rates)
         self._show_final(stats)
-        self.panels.add_turn(turn_line(self.turns_done, stats))
+        self.show_turns()
         self.chats.keep(self.conversation, self.session)
         self.refresh_pool()
         if self.tokens.display:
@@ -312,6 +316,7 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
             self.note(
                 f"Token inspector on: replies record their probabilities and the {self.top_logprobs} most likely "
                 "alternatives (/top-logprobs N); F4 or /tokens hides it. Focus it (click) for ← →."
+                + (" With --api, a reply's tokens show where the server returns their logprobs." if self.remote else "")
             )
 
     def show_tokens(self) -> None:
@@ -322,11 +327,13 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
             return
         decode = getattr(getattr(self.engine, "tokenizer", None), "decode", None)
         pieces = turn_pieces(*self._prompt_ids, self._reply_tokens, decode)
-        self.tokens.show_turn(pieces, recorded=any(t.logprob is not None for t in self._reply_tokens))
+        recorded = any(t.logprob is not None for t in self._reply_tokens)
+        text_only = self.engine is not None and not self.engine.keeps_cache  # a server sent the reply as text
+        self.tokens.show_turn(pieces, recorded, empty=TEXT_ONLY if text_only else NO_TURN)
 
     def _show_final(self, stats: TurnStats) -> None:
         drafts = drafts_text(stats, self.engine.lookup_for(self._turn_params) if self.engine.keeps_cache else None)
-        self.panels.show(**final_values(stats, drafts))
+        self.panels.show(**final_values(stats, drafts, self.live.restored is not None))
         self.panels.set_context(stats.context_tokens, stats.context_limit or self.engine.context_limit)
 
     async def on_turn_failed(self, message: TurnFailed) -> None:

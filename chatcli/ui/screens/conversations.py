@@ -10,21 +10,33 @@ and config.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from textual.actions import SkipAction
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer
 
 from chatcli.chat.conversation import Conversation
 from chatcli.chat.manager import Chats, ChatsError
 from chatcli.chat.saved import NoSuchConversation
 from chatcli.engine import TurnStats
 from chatcli.errors import one_line
-from chatcli.ui.format import human_bytes, reply_note, sampling_line
+from chatcli.ui.format import (
+    ENGINE_RANKS,
+    PART,
+    Listing,
+    human_bytes,
+    listing_lines,
+    reply_note,
+    sampling_parts,
+    turn_line,
+)
 from chatcli.ui.persist import PromptHistory
 from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, UserMessage
+from chatcli.ui.widgets.line import FittedLine
 from chatcli.ui.widgets.panels import StatsPanel
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.sidebar import Sidebar
@@ -33,7 +45,8 @@ from chatcli.ui.widgets.tokens import TokenInspector
 if TYPE_CHECKING:
     from chatcli.config import Config
 
-NARROW_BELOW = 80  # columns
+NARROW_BELOW = 100  # columns: below, the panels fold to a one-line status bar (F2 unfolds them)
+SHORT_BELOW = 20  # rows: below, the prompt has no border and the footer goes (the chat keeps its lines)
 START_HINT = (
     "Type a message and press Enter. /help lists the commands · F3 your saved conversations · "
     "/file PATH attaches a file · Ctrl+Q quits"
@@ -42,18 +55,39 @@ BUSY_SWITCH = "a reply is streaming: press Esc to stop it before leaving this co
 QUEUED_SWITCH = "prompts are waiting to be sent: press Esc to drop them before leaving this conversation"
 
 
-class InfoBar(Static):
-    DEFAULT_CSS = "InfoBar { dock: top; height: auto; max-height: 2; padding: 0 1; background: $primary 25%; }"
+class InfoBar(FittedLine):
+    """The header: the model and the settings, one line at every width (the least important parts go
+    first where they do not fit)."""
+
+    DEFAULT_CSS = "InfoBar { dock: top; background: $primary 25%; }"
+
+    def __init__(self) -> None:
+        super().__init__(name_first=True)
+
+
+def engine_parts(engine) -> list[tuple[str, int]]:
+    """The header's model, each part with its rank (`fit_line`): its name, device and weights, and on
+    the CPU the compiled kernel's build that runs it (avx512, avxvnni, avx2, neon) or why it is off;
+    a server's model and where it is."""
+    weights = getattr(engine, "weights", None)
+    if weights is None:  # a server: its model and where it is
+        return [(engine.name, 0), (engine.backend, ENGINE_RANKS["backend"])]
+    kernel = getattr(getattr(engine, "runner", None), "kernel", None)
+    parts = [(engine.name, 0), (engine.device, ENGINE_RANKS["device"]), (weights, ENGINE_RANKS["weights"])]
+    return parts + ([(f"kernel {kernel}", ENGINE_RANKS["kernel"])] if kernel else [])
 
 
 def engine_label(engine) -> str:
-    """The header's model: its name, device and weights, and on the CPU the compiled kernel's build that
-    runs it (avx512, avxvnni, avx2, neon) or why it is off; a server's model and where it is."""
-    weights = getattr(engine, "weights", None)
-    if weights is None:  # a server: its model and where it is
-        return f"{engine.name} · {engine.backend}"
-    kernel = getattr(getattr(engine, "runner", None), "kernel", None)
-    return f"{engine.name} · {engine.device} · {weights}" + (f" · kernel {kernel}" if kernel else "")
+    return PART.join(text for text, _rank in engine_parts(engine))
+
+
+def file_stamp(path: Path | None) -> tuple[int, int] | None:
+    """(mtime in ns, size) of the file at `path`; None where there is none."""
+    try:
+        st = path.stat()
+    except (OSError, AttributeError):
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def saved_stats(stats: dict | None) -> TurnStats | None:
@@ -64,6 +98,17 @@ class ConversationScreen(Screen):
     """Its actions (panels, sidebar, new, scrolling) are bound to keys by `ChatScreen`."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # narrow: panels start hidden
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_BELOW, "-tall")]
+    DEFAULT_CSS = """
+    ConversationScreen.-short Footer { display: none; }
+    ConversationScreen.-short ChatPane { padding-bottom: 0; }
+    ConversationScreen.-short PromptInput, ConversationScreen.-short PromptInput:focus {  /* themes/: theirs too */
+        border: none; min-height: 1; padding: 0 1; background: $boost;
+    }
+    """
+    # Focus goes to the prompt as soon as the screen is composed (Textual's default, the first
+    # focusable widget, was the hidden sidebar's list: its styles were not applied yet).
+    AUTO_FOCUS = "#prompt"
 
     def __init__(
         self,
@@ -99,8 +144,9 @@ class ConversationScreen(Screen):
         self.tokens.display = False
         self.prompt = PromptInput(self.history, choices=self.argument_choices, id="prompt")
         self.attachments: list = []  # chat.attach.Attachment: the files /file attached to the next message
-        self.info = InfoBar("")
+        self.info = InfoBar()
         self.sidebar = Sidebar()
+        self._config_stamp: tuple[int, int] | None = None  # the config file's when read (file_stamp)
 
     def compose(self) -> ComposeResult:
         yield self.info
@@ -109,10 +155,12 @@ class ConversationScreen(Screen):
             yield self.pane
             yield self.panels
         yield self.tokens
+        yield self.panels.status
         yield self.prompt
         yield Footer()
 
     async def on_mount(self) -> None:
+        self._config_stamp = file_stamp(self._config_file())  # as read at start: a change reads it again
         await self.open_at_start()
         if not self.conversation.messages:  # an empty first screen says how to start
             self.note(START_HINT)
@@ -124,6 +172,13 @@ class ConversationScreen(Screen):
 
     def note(self, text: str, error: bool = False) -> None:
         self.pane.add_note(text, error=error)
+
+    def listing(self, rows: list[tuple[str, str]], tail: str = "", min_text: int = 24) -> None:
+        text = "\n".join(listing_lines(rows) + (["", tail] if tail else []))
+        self.pane.add_note(text, drawn=Listing(rows, tail, min_text))
+
+    def notice(self, text: str, title: str) -> None:
+        self.app.notify(text, title=title, timeout=6)
 
     def copy_text(self, text: str, what: str) -> None:
         self.app.copy_to_clipboard(text)  # through the terminal (OSC 52: works over ssh too)
@@ -139,7 +194,27 @@ class ConversationScreen(Screen):
 
     @property
     def config(self) -> Config:
-        return self.app.start.config
+        """The config file's values (its presets): read again where the file changed since they were
+        read (a [presets.NAME] added while chatcli runs); a changed file that does not read keeps the
+        values before, and says why once."""
+        from chatcli.config import ConfigError, load_config
+
+        config = self.app.start.config
+        path = self._config_file()
+        stamp = file_stamp(path)
+        if stamp == self._config_stamp:
+            return config
+        self._config_stamp = stamp
+        try:
+            config = self.app.start.config = load_config(path)
+        except ConfigError as exc:
+            self.note(f"The config file changed but does not read, so its values before stay: {exc}", error=True)
+        return config
+
+    def _config_file(self) -> Path:
+        from chatcli.config import config_path
+
+        return self.app.start.config.path or config_path()
 
     @property
     def chat_theme(self) -> str:
@@ -183,11 +258,11 @@ class ConversationScreen(Screen):
 
     def refresh_info(self) -> None:
         if self.engine is not None:
-            head = engine_label(self.engine)
+            head = engine_parts(self.engine)
         else:
             failed = "no server" if self.remote else "model failed to load"
-            head = failed if self.load_error else ("connecting…" if self.remote else "loading…")
-        self.info.update(f"{head} │ {sampling_line(self.params)}")
+            head = [(failed if self.load_error else ("connecting…" if self.remote else "loading…"), 0)]
+        self.info.show([head, sampling_parts(self.params)])
 
     # -- the conversation on screen ---------------------------------------------
 
@@ -236,6 +311,7 @@ class ConversationScreen(Screen):
                 note = reply_note(m.finish_reason, saved_stats(m.stats))
                 self.pane.add_saved_reply(m.content, note, n).message = m
         self.panels.reset()
+        self.show_turns()
         self.tokens.show_turn([], False)  # the inspector showed another conversation's turn
         self.last_stats = next((saved_stats(m.stats) for m in reversed(conv.messages) if m.stats), None)
         self.show_cache()
@@ -325,6 +401,12 @@ class ConversationScreen(Screen):
 
     # -- the sidebar and the pool panel -------------------------------------------
 
+    def show_turns(self) -> None:
+        """ "Recent turns": this conversation's replies, numbered in it, from their saved stats (another
+        conversation's turns are its own)."""
+        stats = [saved_stats(m.stats) for m in self.conversation.messages if m.role == "assistant" and m.stats]
+        self.panels.set_turns([turn_line(n, s) for n, s in enumerate(stats, 1)])
+
     def refresh_pool(self) -> None:
         if self.chats.pool is None:
             return
@@ -369,10 +451,17 @@ class ConversationScreen(Screen):
 
     def action_scroll_chat(self, direction: int) -> None:
         """Page through the chat; scrolling up lets go of the stream, back at the bottom it follows again."""
-        if direction < 0:
-            self.pane.scroll_page_up(animate=False)
-        else:
-            self.pane.scroll_page_down(animate=False)
+        self.pane.page(direction)
+
+    def action_chat_end(self, always: bool = False) -> None:
+        """End (Ctrl+End always): the bottom of the chat, following the stream again; in a prompt
+        holding text, or with another widget focused (the token inspector, the sidebar), End is theirs."""
+        if not always and self.focused is not None and (self.focused is not self.prompt or self.prompt.text):
+            raise SkipAction()
+        self.pane.follow()
 
     def action_toggle_panels(self) -> None:
-        self.panels.toggle_class("-toggled")  # hides them on a wide terminal, shows them on a narrow one
+        """The panels, or the one-line status bar that stands for them: hides them on a wide terminal,
+        shows them on a narrow one."""
+        self.panels.toggle_class("-toggled")
+        self.panels.status.toggle_class("-toggled")

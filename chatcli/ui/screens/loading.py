@@ -15,6 +15,14 @@ from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, ModelLoaded
 from chatcli.ui.widgets.chat_pane import LoadingLine
 
 
+def unnamed(error: str, name: str) -> str:
+    """A load error without the model's name where it starts with it ("--model NAME: …", "could not load
+    model NAME: …", as a command-line start says them): /model NAME's line names it once."""
+    for head in (f"could not load model {name}: ", f"--model {name}: "):
+        error = error.removeprefix(head)
+    return error
+
+
 class EngineLoading:
     def on_load_status(self, message: LoadStatus) -> None:
         self.load_status = message.line()
@@ -80,9 +88,10 @@ class EngineLoading:
         self.drop_loading()
         if message.engine is None:
             still = f"still answering with {self.engine.name}" if self.engine is not None else "no model is loaded"
-            self.note(f"/model {message.name}: {message.error} ({still})", error=True)
+            self.note(f"/model {message.name}: {unnamed(message.error, message.name)} ({still})", error=True)
             return
         old, self.load_error = self.engine, None  # a first model that failed to load is replaced too
+        self.panels.reset()  # "This turn" was the old model's
         self._answer_with(message.engine)
         self.chats.set_model(self.conversation)
         was = f"was {old.name}" if old is not None else "the first failed to load"

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse
+from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse, spec
 from chatcli.engine import setting_of
 from chatcli.errors import one_line
-from chatcli.ui.format import settings_lines, stats_lines
+from chatcli.ui.format import settings_rows, stats_lines
 from chatcli.ui.screens.slash_files import attach, load, save
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 BUSY = "a reply is streaming: press Esc to stop it first"
 KEYS = (
-    "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · Esc stop"
+    "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete · PgUp/PgDn scroll · End bottom · Esc stop"
     " · F2 panels · F3 conversations · F4 tokens · F5 copy the last reply · F8 reasoning · F9 edit"
     " · Ctrl+N new conversation · Ctrl+Q quit"
 )
@@ -41,8 +41,18 @@ async def run_command(screen: SlashTarget, text: str) -> None:
         return
     if command.setting is not None:
         set_value(screen, command)
+    elif command.field is not None:  # a setting's command without a value: what it is now
+        show_value(screen, command)
     else:
         await HANDLERS[command.name](screen, command.arg)
+
+
+def show_value(screen: SlashTarget, command: Command) -> None:
+    setting = setting_of(command.field)
+    usage = spec(command.name).usage
+    screen.note(
+        f"{setting.name} = {setting.show(getattr(screen.params, command.field))} (/{command.name} {usage} sets it)"
+    )
 
 
 def set_value(screen: SlashTarget, command: Command) -> None:
@@ -63,9 +73,7 @@ def set_value(screen: SlashTarget, command: Command) -> None:
 
 
 async def show_help(screen: SlashTarget, _arg: str) -> None:
-    rows = help_lines()
-    width = max(len(usage) for usage, _ in rows)
-    screen.note("\n".join([f"{usage:<{width}}  {desc}" for usage, desc in rows] + ["", KEYS]))
+    screen.listing(help_lines(), KEYS)
 
 
 async def system(screen: SlashTarget, arg: str) -> None:
@@ -191,8 +199,8 @@ async def search(screen: SlashTarget, arg: str) -> None:
 
 async def settings(screen: SlashTarget, _arg: str) -> None:
     model = getattr(screen.engine, "name", None) or "(loading)"
-    lines = settings_lines(screen.params, screen.conversation.system, screen.chat_theme, model)
-    screen.note("\n".join(lines))
+    rows = settings_rows(screen.params, screen.conversation.system, screen.chat_theme, model)
+    screen.listing(rows, min_text=10)  # short values: beside their names on a narrow terminal too
 
 
 async def stats(screen: SlashTarget, _arg: str) -> None:
@@ -222,7 +230,16 @@ async def models(screen: SlashTarget, _arg: str) -> None:
         screen.note(f"/models: {one_line(exc)}", error=True)
         return
     shown = [f"[{n}]" if n == engine.name else n for n in names]
-    screen.note("models: " + (", ".join(shown) if shown else "(none listed)"))
+    if not engine.keeps_cache:  # a server's list
+        screen.note("models: " + (", ".join(shown) if shown else "(none listed)"))
+        return
+    # in process: what /model takes besides the model answering — the config's default, the .gguf files here
+    config = screen.config.model
+    here = sorted(p.name for p in Path.cwd().glob("*.gguf") if p.is_file() and p.name not in names)
+    rows = [("loaded", ", ".join(shown))]
+    rows += [("config", config)] if config and config not in names else []
+    rows += [(f"here ({Path.cwd()})", ", ".join(here))] if here else []
+    screen.listing(rows, "/model NAME loads another: one of these, a .gguf file, a model folder or a hub id")
 
 
 async def theme(screen: SlashTarget, arg: str) -> None:
@@ -259,7 +276,20 @@ async def retry(screen: SlashTarget, _arg: str) -> None:
         screen.note("nothing to retry", error=True)
         return
     await screen.forget([popped])
+    why = same_reply_again(screen.params)
+    if why:
+        screen.notice(why, "Same settings, same reply")
     screen.begin_turn()
+
+
+def same_reply_again(params) -> str | None:
+    """Why /retry, with the settings unchanged, gives the reply it replaces again: greedy decoding, or a
+    fixed seed (which, as llama.cpp's --seed and ollama's seed option, makes a reply reproducible)."""
+    if params.temperature == 0:
+        return "temperature 0 picks the likeliest token each time: /retry gives the same reply (/temp X for another)"
+    if params.seed is not None:
+        return f"seed {params.seed} is fixed: /retry gives the same reply (/seed off, or another seed, for another)"
+    return None
 
 
 async def undo(screen: SlashTarget, _arg: str) -> None:

@@ -53,6 +53,13 @@ class SlashTarget(Protocol):
     def note(self, text: str, error: bool = False) -> None:
         """An inline line in the chat: a confirmation, a listing, or an error."""
 
+    def listing(self, rows: list[tuple[str, str]], tail: str = "", min_text: int = 24) -> None:
+        """An inline listing of (label, text) rows, each text beside its label and wrapped under itself
+        (under its label where that leaves the texts under `min_text` columns); `tail`: a paragraph after them."""
+
+    def notice(self, text: str, title: str) -> None:
+        """A short notice beside the chat that passes (it takes no place in the conversation)."""
+
     def copy_text(self, text: str, what: str) -> None:
         """`text` to the clipboard, and a short notice saying what was copied."""
 

@@ -39,12 +39,12 @@ class UserMessage(Static):
 class ReplyMarkdown(Markdown):
     """The reply's Markdown; counts its appends (each one is a re-parse of the tail and a re-render)."""
 
-    # A code block's long lines wrap: Textual's fence scrolls them sideways without a scrollbar,
-    # which on screen (and in a terminal's copy) cut them at the pane's edge.
+    # A code block's long lines scroll sideways, never wrapped mid-token (`print(reverse_string("Hell` /
+    # `o World"))`): Textual's fence scrolls without a scrollbar, so one shows where a line is cut at
+    # the pane's edge (Shift+wheel or a drag scrolls it; /copy code copies the whole block).
     DEFAULT_CSS = """
     ReplyMarkdown { margin: 0; padding: 0 1; background: transparent; }
-    ReplyMarkdown MarkdownFence { overflow-x: hidden; }
-    ReplyMarkdown MarkdownFence > Label { width: 1fr; text-wrap: wrap; }
+    ReplyMarkdown MarkdownFence { overflow-x: auto; scrollbar-size-horizontal: 1; }
     """
 
     def __init__(self, markdown: str = "") -> None:
@@ -81,6 +81,7 @@ class ReplyBox(Vertical):
         self.markdown = ReplyMarkdown(shown(answer))
         self.note = Static("", classes="reply-note", markup=False)
         self.stream = None
+        self.mounting = None  # the pane's AwaitMount of this box: the first write waits for it
         self._thinking_stream = None
         self._reasoning = ReasoningStream()
         self._thought = ""
@@ -98,7 +99,14 @@ class ReplyBox(Vertical):
 
     async def write(self, text: str) -> None:
         if self.stream is not None and text:
+            await self._mounted()
             await self._route(self._reasoning.push(text))
+
+    async def _mounted(self) -> None:
+        """A stream into a Markdown not yet mounted (a busy machine: the first tick came first) lost its text."""
+        if self.mounting is not None:
+            await self.mounting
+            self.mounting = None
 
     async def _route(self, pieces) -> None:
         for kind, piece in pieces:
@@ -114,6 +122,7 @@ class ReplyBox(Vertical):
 
     async def end_stream(self) -> None:
         if self.stream is not None:
+            await self._mounted()
             await self._route(self._reasoning.finish())
             if self._thinking_stream is not None:
                 await self._thinking_stream.stop()
@@ -143,8 +152,10 @@ class Note(Static):
     Note.-error { color: $error; }
     """
 
-    def __init__(self, text: str, error: bool = False) -> None:
-        super().__init__(shown(text), markup=False, classes="-error" if error else "")
+    def __init__(self, text: str, error: bool = False, drawn=None) -> None:
+        """`drawn`: a rich renderable that draws `text` (a listing's columns, its texts escaped as `shown`
+        does), instead of the text."""
+        super().__init__(shown(text) if drawn is None else drawn, markup=False, classes="-error" if error else "")
         self.text = text
 
 
@@ -172,18 +183,36 @@ class ChatPane(VerticalScroll):
         self.anchor()
 
     def follow(self) -> None:
-        """Stick to the bottom again (a new turn): the anchor lets go when the user scrolls up."""
+        """Stick to the bottom again (a new turn, End): the anchor lets go when the user scrolls up."""
         self.anchor()
+
+    def page(self, direction: int) -> None:
+        """PgUp (-1) lets go of the stream; a PgDn (1) that reaches the bottom follows it again, as
+        oterm and elia do. (Textual's own page down lets go first and takes the anchor back only
+        where the position changes: a PgDn at the bottom, or one landing where the reply had
+        grown past, left the view frozen while the reply streamed on.)"""
+        if direction < 0:
+            self.scroll_page_up(animate=False)
+        elif self.scroll_y + self.scrollable_content_region.height >= self.max_scroll_y:
+            self.follow()
+        else:
+            self.scroll_page_down(animate=False)
 
     def add_user(self, text: str, queued: bool = False) -> UserMessage:
         widget = UserMessage(text, queued)
         self.mount(widget)
         return widget
 
-    def add_reply(self) -> ReplyBox:
+    def add_reply(self, after=None) -> ReplyBox:
+        """A reply's box, under `after` (the message it answers) where that is on screen, else last: a
+        /retry's note (a setting changed before it) does not land between a question and its reply."""
         box = ReplyBox()
-        self.mount(box)
+        box.mounting = self.mount(box, after=after if after is not None and after.parent is self else None)
         return box
+
+    def widget_of(self, message):
+        """The widget that shows the conversation's `message` (None: not on screen)."""
+        return next((w for w in self.children if message is not None and getattr(w, "message", None) is message), None)
 
     def add_saved_reply(self, text: str, note: str, number: int) -> ReplyBox:
         """A finished reply of a reopened conversation (rendered once, no stream), message `number`."""
@@ -197,8 +226,8 @@ class ChatPane(VerticalScroll):
         self.mount(box)
         return box
 
-    def add_note(self, text: str, error: bool = False) -> Note:
-        note = Note(text, error)
+    def add_note(self, text: str, error: bool = False, drawn=None) -> Note:
+        note = Note(text, error, drawn)
         self.mount(note)
         return note
 

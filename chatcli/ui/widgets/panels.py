@@ -1,11 +1,16 @@
 """The stats panels: live numbers of the streaming turn, a context gauge, a decode-speed
-sparkline and the last turns. The screen calls `show(...)` at most once per UI tick."""
+sparkline and the last turns. The screen calls `show(...)` at most once per UI tick.
+
+Below `NARROW_BELOW` columns (the screen's `-narrow` class) the panels fold to `StatusLine`, one
+line of the turn's figures above the prompt; F2 (the `-toggled` class on both) swaps them."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import ProgressBar, Sparkline, Static
+
+from chatcli.ui.widgets.line import FittedLine
 
 ROWS = (
     ("ttft", "TTFT"),
@@ -25,6 +30,35 @@ HISTORY_TURNS = 5
 
 
 SPARK_MIN = 8  # decode-speed points before the sparkline draws
+
+# The status bar's parts: (the panel row, its text, its rank: the highest goes first where the line
+# does not fit)
+STATUS_PARTS = (
+    ("decode", "{}", 1),
+    ("ttft", "TTFT {}", 2),
+    ("tokens", "{} tok", 3),
+    ("context", "ctx {}", 4),
+    ("prefill", "prefill {}", 5),
+    ("kv", "KV {}", 6),
+    ("prompt", "prompt {}", 7),
+    ("drafts", "drafts {}", 8),
+)
+
+
+class StatusLine(FittedLine):
+    """The panels' figures in one line, where the panels are folded (a narrow terminal, or F2)."""
+
+    DEFAULT_CSS = """
+    StatusLine { background: $panel; color: $text-muted; }
+    Screen.-wide StatusLine { display: none; }
+    Screen.-wide StatusLine.-toggled { display: block; }
+    Screen.-narrow StatusLine.-toggled { display: none; }
+    """
+    SCOPED_CSS = False  # the rules above look at the screen's width class
+
+    def figures(self, values: dict[str, str]) -> None:
+        parts = [(text.format(values[key]), rank) for key, text, rank in STATUS_PARTS if values[key] != "–"]
+        self.show([parts + [("F2 panels", 10)]])
 
 
 class StatsPanel(VerticalScroll):
@@ -54,7 +88,8 @@ class StatsPanel(VerticalScroll):
         self.gauge = ProgressBar(total=1, show_eta=False, show_percentage=True)
         self.spark = Sparkline([], summary_function=max)
         self.history = Static("–", id="history", markup=False)
-        self.turns: list[str] = []
+        self.status = StatusLine()  # the screen puts it above the prompt
+        self.status.figures(self.values)
 
     def compose(self) -> ComposeResult:
         yield Static("This turn", classes="title")
@@ -78,10 +113,14 @@ class StatsPanel(VerticalScroll):
 
     def show(self, **values: str) -> None:
         """Set some rows; a row's widget is only touched when its text changes."""
+        changed = False
         for key, text in values.items():
             if self.values.get(key) != text:
                 self.values[key] = text
                 self._value_widgets[key].update(text, layout=False)  # one line, fixed size: no reflow
+                changed = True
+        if changed:
+            self.status.figures(self.values)
 
     def set_context(self, used: int, limit: int) -> None:
         """Tokens in the cache against the model's context (a limit of 0: a server that does not say)."""
@@ -97,9 +136,9 @@ class StatsPanel(VerticalScroll):
         panel's width, draw a solid block that says nothing)."""
         self.spark.data = list(rates) if len(rates) >= SPARK_MIN else []  # the widget buckets them into its width
 
-    def add_turn(self, line: str) -> None:
-        self.turns.append(line)
-        self.history.update("\n".join(self.turns[-HISTORY_TURNS:]))
+    def set_turns(self, lines: list[str]) -> None:
+        """ "Recent turns": the last HISTORY_TURNS of `lines` (one per turn of the conversation on screen)."""
+        self.history.update("\n".join(lines[-HISTORY_TURNS:]) or "–")
 
     def reset(self) -> None:
         self.show(**{key: "–" for key, _ in ROWS})

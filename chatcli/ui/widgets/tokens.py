@@ -45,16 +45,24 @@ class Piece:
 
 def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=None) -> list[Piece]:
     """A turn's pieces: its prompt ids (the first `cached` read from the KV cache), then its reply's
-    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text."""
+    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text (a
+    server's tokens have no id here: -1)."""
 
     def name(token_id: int, fallback: str = "") -> str:
-        return decode([token_id], skip_special_tokens=False) if decode else fallback
+        return decode([token_id], skip_special_tokens=False) if decode and token_id >= 0 else fallback
 
     pieces = [Piece(t, name(t), "cached" if i < cached else "prefilled") for i, t in enumerate(prompt_ids)]
     for t in reply_tokens:
         top = [(i, name(i), lp) for i, lp in t.top_logprobs or ()]
         pieces.append(Piece(t.token_id, name(t.token_id, t.text), "reply", t.logprob, top))
     return pieces
+
+
+NO_TURN = "No turn in this conversation yet: send a prompt, then its tokens show here."
+TEXT_ONLY = (
+    "The --api server sent this turn as text, without its tokens: the inspector shows the tokens of the "
+    "in-process engine (chatcli without --api), or a server's, with their logprobs, where it returns them."
+)
 
 
 def _visible(text: str) -> str:
@@ -83,6 +91,7 @@ class TokenInspector(Vertical, can_focus=True):
         self.pieces: list[Piece] = []
         self.selected: int | None = None  # index into pieces (a reply token once there is one)
         self.recorded = False  # the reply's logprobs were computed (the inspector was on for it)
+        self.empty = NO_TURN  # what it says without pieces
         self.head = Static("", classes="token-head")
         self.view = Static("")
         self.scroller = VerticalScroll(self.view, can_focus=False)
@@ -94,8 +103,9 @@ class TokenInspector(Vertical, can_focus=True):
     def on_mount(self) -> None:
         self.rebuild()
 
-    def show_turn(self, pieces: list[Piece], recorded: bool) -> None:
-        self.pieces, self.recorded = pieces, recorded
+    def show_turn(self, pieces: list[Piece], recorded: bool, empty: str = NO_TURN) -> None:
+        """`pieces` of a turn; `empty`: what the inspector says where there are none."""
+        self.pieces, self.recorded, self.empty = pieces, recorded, empty
         replies = [i for i, p in enumerate(pieces) if p.kind == "reply"]
         self.selected = replies[0] if replies else (len(pieces) - 1 if pieces else None)
         self.rebuild()
@@ -132,9 +142,7 @@ class TokenInspector(Vertical, can_focus=True):
     def parts(self) -> tuple[Text, Text]:
         """(the counts and the selected token's line, the tokens)."""
         if not self.pieces:
-            return Text(
-                "No turn in this conversation yet: send a prompt, then its tokens show here.", style="dim"
-            ), Text()
+            return Text(self.empty, style="dim"), Text()
         counts = {k: sum(p.kind == k for p in self.pieces) for k in ("cached", "prefilled", "reply")}
         head = Text(
             f"prompt {counts['cached'] + counts['prefilled']} tokens ({counts['cached']} cached, dim; "

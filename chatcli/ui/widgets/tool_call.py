@@ -57,4 +57,5 @@ class ToolCallBox(Vertical):
         self.state.set_class(status not in ("ok", "denied"), "-error")
         self.output.update(shown(message.content))
         self.fold.title = f"Result ({len(message.content):,} characters: click to show)"
-        self.fold.add_class("-shown")
+        # folded under a line that already shows all of it, it would only say "click to show" for nothing
+        self.fold.set_class(message.content.strip() not in line, "-shown")
