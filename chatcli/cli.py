@@ -15,7 +15,7 @@ import click
 
 from chatcli.config import ConfigError, load_config
 from chatcli.engine import InvalidParameter, LoadError
-from chatcli.errors import UserError, shown, shown_json
+from chatcli.errors import UserError
 from chatcli.flags import (
     API_KEY,
     CACHE_BUDGET,
@@ -37,6 +37,7 @@ class LazyGroup(click.Group):
 
     lazy = {"bench": "chatcli.bench:bench_command", "serve": "chatcli.server.cli:serve_command"}
     lazy |= {"models": "chatcli.models:models_command", "rm": "chatcli.models:rm_command"}
+    lazy |= {"history": "chatcli.history:history_command", "export": "chatcli.history:export_command"}
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *self.lazy])
@@ -317,81 +318,6 @@ def _verify(start) -> int:
     if not checks:
         click.echo("nothing to verify yet: the files are converted now")
     return sum(not check.ok for check in checks)
-
-
-@app.command(context_settings=CONTEXT)
-@JSON.option(help="A JSON list.")
-@click.option("--search", "text", default=None, metavar="TEXT", help="Saved messages with these words, best first.")
-@click.option("--recover", is_flag=True, help="Copy what a damaged database still holds into a new one.")
-def history(json_out, text, recover) -> None:
-    """List saved conversations, most recent first (or, with --search, the messages that match).
-    Each line as a terminal may show it (`errors.shown`); --json gives the exact text."""
-    import json
-    from datetime import datetime
-
-    if recover:
-        from chatcli.chat.salvage import salvage
-        from chatcli.chat.store import database_path
-
-        path = database_path()
-        click.echo(salvage(path).line(path))
-        return
-
-    if text is not None:
-        hits = _store().search(text)
-        if json_out:
-            click.echo(shown_json(json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1)))
-        elif not hits:  # an answer, not an error (as grep finding nothing): --json gives []
-            click.echo(shown(f"no saved message holds {text!r}"))
-        for h in hits if not json_out else ():
-            click.echo(shown(f"{h.conversation_id}  #{h.index + 1} {h.role:<9}  {h.title}\n    {h.snippet}"))
-            if h.copies:  # the same message in a branch or an import: folded under it
-                click.echo(shown(f"    {h.also_in()}"))
-        return
-    store = _store()
-    summaries = [s.to_dict() for s in store.summaries()]
-    if store.damage:  # listed around a damaged page: the ones it holds are marked
-        click.echo(f"warning: {store.damage}", err=True)
-    if json_out:
-        click.echo(shown_json(json.dumps(summaries, ensure_ascii=False, indent=1)))
-        return
-    for s in summaries:
-        when = datetime.fromtimestamp(s["updated"]).strftime("%Y-%m-%d %H:%M")
-        count = "damaged " if s["damaged"] else f"{s['messages']:>3} msgs"
-        click.echo(shown(f"{s['id']}  {when}  {count}  {s['model'] or '-'}  {s['title']}"))
-
-
-@app.command(context_settings=CONTEXT)
-@click.argument("conversation_id", metavar="ID")
-@click.option("--format", "fmt", default="md", show_default=True, help="md | json")
-def export(conversation_id, fmt) -> None:
-    """Print one saved conversation as Markdown or JSON: exact where stdout is a file or a pipe; on a
-    terminal, Markdown's control characters written out (`errors.shown`; JSON escapes them)."""
-    from chatcli.chat.export import render_export
-
-    if fmt not in ("md", "json"):
-        raise UserError(f"--format must be md or json, got {fmt!r}", 2)
-    store = _store()
-    found = store.find(conversation_id)
-    data = store.export(found) if found else None
-    if data is None:
-        from chatcli.chat.saved import not_found
-
-        raise UserError(not_found(store, conversation_id))
-    text = render_export(data, fmt)
-    click.echo(shown(text) if sys.stdout.isatty() else text, color=True)  # color: click strips no escape
-
-
-def _store():
-    from chatcli.chat.store import Store, StoreError
-
-    try:
-        store = Store()
-    except StoreError as exc:
-        raise UserError(str(exc)) from None
-    if store.recovered:  # a `history --recover` killed half way, finished on opening
-        click.echo(f"note: {store.recovered}", err=True)
-    return store
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -312,7 +312,7 @@ def test_a_ggufs_file_type_is_read_from_its_header(tmp_path, file_type, kind):
 def test_the_header_names_the_weights(tiny_model_dir, kernel):
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.options import LoadOptions
-    from chatcli.ui.screens.conversations import engine_label
+    from chatcli.ui.widgets.info_bar import engine_label
 
     for quantize, label in (("none", "float32-panels"), ("auto", "float32-panels"), ("int8", "int8"), ("q4", "q4")):
         engine = load_engine(str(tiny_model_dir), LoadOptions(device="cpu", quantize=quantize))

@@ -3,8 +3,11 @@ or a server that fails on purpose) as on the in-process one."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from chatcli.engine.load.sources import embedded_gguf
 from chatcli.engine.params import SamplingParams
 from chatcli.engine.remote import RemoteEngine
 from chatcli.options import StartOptions
@@ -64,8 +67,11 @@ async def test_the_in_process_backend_says_so(tiny_lean):
     async with app.run_test() as pilot:
         screen = await ready(pilot)
         assert (await command(pilot, "/backend")).text.startswith("backend: in-process (LeanRunner) · model ")
-        await command(pilot, "/models")  # the one loaded, and what else /model takes here
-        await wait_for(pilot, lambda: screen.pane.notes()[-1].text.startswith(f"loaded  [{tiny_lean.name}]"))
+        await command(pilot, "/models")  # the one loaded, and what else /model takes here: the models on disk
+        loaded = re.compile(rf"loaded +\[{re.escape(tiny_lean.name)}\]")
+        await wait_for(pilot, lambda: loaded.match(screen.pane.notes()[-1].text))
+        if embedded_gguf() is not None:  # the embedded model is on disk, by its name
+            assert re.search(r"^on disk +default\b", screen.pane.notes()[-1].text, re.M)
 
 
 async def test_esc_stops_a_remote_reply_and_the_server_stops_generating(tiny_lean, serve):

@@ -29,6 +29,7 @@ from chatcli.ui.live import DrawPace, LiveTurn, final_values, prompt_opens_think
 from chatcli.ui.messages import CacheNotSaved, TurnEvent, TurnFailed
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
+from chatcli.ui.screens.editing import Editing
 from chatcli.ui.screens.loading import EngineLoading
 from chatcli.ui.screens.tool_turns import ToolTurns
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
@@ -41,7 +42,7 @@ TICK_S = 1 / 10  # UI ticks while a reply streams (a draw at each, or fewer: ui/
 PANEL_EVERY = 3
 
 
-class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
+class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "toggle_panels", "Panels"),
@@ -269,43 +270,6 @@ class ChatScreen(ToolTurns, EngineLoading, ConversationScreen):
 
     async def action_copy_reply(self) -> None:
         await self.run_command("/copy")
-
-    # -- edit and branch -----------------------------------------------------------
-
-    async def action_edit_last(self) -> None:
-        await self.run_command("/edit")
-
-    def start_edit(self, number: int | None) -> None:
-        """/edit [N]: message #N, one of yours (your last by default), into the prompt; Enter sends it as a branch."""
-        users = [i + 1 for i, m in enumerate(self.conversation.messages) if m.role == "user"]
-        if not users:
-            self.note("/edit: no message of yours to edit yet", error=True)
-            return
-        if number is not None and number not in users:
-            yours = ", ".join(f"#{n}" for n in users[-8:])
-            self.note(f"/edit: #{number} is not one of your messages here ({yours})", error=True)
-            return
-        if self.refuse_switch():
-            return
-        number = number or users[-1]
-        self.editing = number - 1
-        self.prompt.restore(self.conversation.messages[self.editing].content)
-        self.prompt.focus()
-        self.note(
-            f"Editing message #{number}: Enter sends it as a new branch from there "
-            "(this one stays: /branches, F3); Esc cancels."
-        )
-
-    async def _branch_for_edit(self) -> bool:
-        """The edit is sent: a branch with the messages before the edited one becomes the conversation."""
-        if self.refuse_switch():
-            return False
-        at, self.editing = self.editing, None
-        old = self.conversation
-        branch = self.chats.branch(old, at)
-        await self.show_conversation(branch)
-        self.note(f"Branched from “{old.title}” at message {at + 1}; /branches lists its branches.")
-        return True
 
     # -- the token inspector -----------------------------------------------------
 

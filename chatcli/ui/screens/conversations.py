@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual.actions import SkipAction
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
@@ -25,18 +24,16 @@ from chatcli.chat.saved import NoSuchConversation
 from chatcli.engine import TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import (
-    ENGINE_RANKS,
-    PART,
     Listing,
     human_bytes,
     listing_lines,
     reply_note,
     sampling_parts,
-    turn_line,
 )
 from chatcli.ui.persist import PromptHistory
+from chatcli.ui.screens.sidebar_keys import SidebarKeys
 from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, UserMessage
-from chatcli.ui.widgets.line import FittedLine
+from chatcli.ui.widgets.info_bar import InfoBar, engine_parts
 from chatcli.ui.widgets.panels import StatsPanel
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.sidebar import Sidebar
@@ -55,32 +52,6 @@ BUSY_SWITCH = "a reply is streaming: press Esc to stop it before leaving this co
 QUEUED_SWITCH = "prompts are waiting to be sent: press Esc to drop them before leaving this conversation"
 
 
-class InfoBar(FittedLine):
-    """The header: the model and the settings, one line at every width (the least important parts go
-    first where they do not fit)."""
-
-    DEFAULT_CSS = "InfoBar { dock: top; background: $primary 25%; }"
-
-    def __init__(self) -> None:
-        super().__init__(name_first=True)
-
-
-def engine_parts(engine) -> list[tuple[str, int]]:
-    """The header's model, each part with its rank (`fit_line`): its name, device and weights, and on
-    the CPU the compiled kernel's build that runs it (avx512, avxvnni, avx2, neon) or why it is off;
-    a server's model and where it is."""
-    weights = getattr(engine, "weights", None)
-    if weights is None:  # a server: its model and where it is
-        return [(engine.name, 0), (engine.backend, ENGINE_RANKS["backend"])]
-    kernel = getattr(getattr(engine, "runner", None), "kernel", None)
-    parts = [(engine.name, 0), (engine.device, ENGINE_RANKS["device"]), (weights, ENGINE_RANKS["weights"])]
-    return parts + ([(f"kernel {kernel}", ENGINE_RANKS["kernel"])] if kernel else [])
-
-
-def engine_label(engine) -> str:
-    return PART.join(text for text, _rank in engine_parts(engine))
-
-
 def file_stamp(path: Path | None) -> tuple[int, int] | None:
     """(mtime in ns, size) of the file at `path`; None where there is none."""
     try:
@@ -94,7 +65,7 @@ def saved_stats(stats: dict | None) -> TurnStats | None:
     return TurnStats.from_dict(stats) if stats else None
 
 
-class ConversationScreen(Screen):
+class ConversationScreen(SidebarKeys, Screen):
     """Its actions (panels, sidebar, new, scrolling) are bound to keys by `ChatScreen`."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # narrow: panels start hidden
@@ -398,70 +369,3 @@ class ConversationScreen(Screen):
         self.chats.delete(self.conversation)
         await self.show_conversation(Conversation(system=self.default_system))
         self.note(f"deleted: {title}")
-
-    # -- the sidebar and the pool panel -------------------------------------------
-
-    def show_turns(self) -> None:
-        """ "Recent turns": this conversation's replies, numbered in it, from their saved stats (another
-        conversation's turns are its own)."""
-        stats = [saved_stats(m.stats) for m in self.conversation.messages if m.role == "assistant" and m.stats]
-        self.panels.set_turns([turn_line(n, s) for n, s in enumerate(stats, 1)])
-
-    def refresh_pool(self) -> None:
-        if self.chats.pool is None:
-            return
-        self.show_pool()
-        self.refresh_sidebar()
-
-    def show_pool(self) -> None:
-        """The pool panel's figures (cheap: the screen calls it each tick of a turn, as the cache grows)."""
-        pool = self.chats.pool
-        if pool is None:
-            return
-        if self.engine is not None and not self.engine.keeps_cache:  # a server's: its caches are its own
-            self.panels.set_pool("on the server", "n/a")
-            return
-        stats = pool.stats()
-        n = stats["sessions"]
-        self.panels.set_pool(
-            f"{n} conversation{'s' if n != 1 else ''}",
-            f"{human_bytes(stats['bytes'])} / {human_bytes(stats['budget_bytes'])}",
-        )
-
-    def refresh_sidebar(self) -> None:
-        self.sidebar.show_rows(self.chats.rows(), self.conversation.id, self.chats.resident())
-
-    def action_toggle_sidebar(self) -> None:
-        self.sidebar.toggle_class("-open")
-        if self.sidebar.is_open:
-            self.refresh_sidebar()
-            self.sidebar.list.focus()
-        else:
-            self.prompt.focus()
-
-    async def on_sidebar_picked(self, message: Sidebar.Picked) -> None:
-        await self.switch_to(message.index + 1)
-        self.prompt.focus()
-
-    def on_sidebar_typed(self, message: Sidebar.Typed) -> None:
-        self.prompt.focus()
-        self.prompt.insert(message.character)
-
-    # -- keys ------------------------------------------------------------------
-
-    def action_scroll_chat(self, direction: int) -> None:
-        """Page through the chat; scrolling up lets go of the stream, back at the bottom it follows again."""
-        self.pane.page(direction)
-
-    def action_chat_end(self, always: bool = False) -> None:
-        """End (Ctrl+End always): the bottom of the chat, following the stream again; in a prompt
-        holding text, or with another widget focused (the token inspector, the sidebar), End is theirs."""
-        if not always and self.focused is not None and (self.focused is not self.prompt or self.prompt.text):
-            raise SkipAction()
-        self.pane.follow()
-
-    def action_toggle_panels(self) -> None:
-        """The panels, or the one-line status bar that stands for them: hides them on a wide terminal,
-        shows them on a narrow one."""
-        self.panels.toggle_class("-toggled")
-        self.panels.status.toggle_class("-toggled")

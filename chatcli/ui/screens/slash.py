@@ -8,16 +8,14 @@ it mounts no widget, and asks the screen for what it shows (a note, a loading li
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chatcli.chat.commands import Command, CommandError, apply_setting, help_lines, parse, spec
 from chatcli.engine import setting_of
-from chatcli.errors import one_line
 from chatcli.ui.format import settings_rows, stats_lines
 from chatcli.ui.screens.slash_files import attach, load, save
+from chatcli.ui.screens.slash_models import backend, model, models
 
 if TYPE_CHECKING:
     from chatcli.ui.screens.slash_target import SlashTarget
@@ -123,33 +121,6 @@ async def copy(screen: SlashTarget, arg: str) -> None:
     screen.copy_text(text, what)
 
 
-async def model(screen: SlashTarget, arg: str) -> None:
-    """/model NAME: load another model (hub id, folder, .gguf, or the server's model with --api) in
-    the background; the current one answers until it is ready. Bare: what answers now."""
-    name = arg.strip()
-    if not name:
-        current = getattr(screen.engine, "name", None) or "(loading)"
-        screen.note(
-            f"model: {current} · /model NAME loads another (a name: default, qwen3:4b…; a hub id, a folder, a .gguf)"
-        )
-        return
-    failed, remote = screen.load_error is not None, screen.remote  # the first model (server) failed
-    if screen.engine is None and failed and remote:
-        screen.note("/model: no server answers yet; sending a message connects again", error=True)
-        return
-    if (screen.engine is None and not failed) or screen.switching:
-        screen.note("/model: a model is still loading; try again when it is ready", error=True)
-        return
-    if screen.busy:
-        screen.note("/model: a reply is streaming; press Esc to stop it first", error=True)
-        return
-    if screen.engine is not None and screen.engine.name in (name, Path(name).expanduser().name):
-        # the model answering now: a reload would only drop every conversation's cache
-        screen.note(f"/model: {screen.engine.name} is the model answering now")
-        return
-    screen.load_model(name)
-
-
 async def edit(screen: SlashTarget, arg: str) -> None:
     arg = arg.strip()
     if arg and not arg.isdigit():
@@ -208,38 +179,6 @@ async def stats(screen: SlashTarget, _arg: str) -> None:
         screen.note("no turn yet", error=True)
         return
     screen.note("\n".join(stats_lines(screen.last_stats)))
-
-
-async def backend(screen: SlashTarget, _arg: str) -> None:
-    engine = screen.engine
-    if engine is None:
-        screen.note("the backend is not ready yet", error=True)
-        return
-    limit = engine.context_limit or "n/a"
-    screen.note(f"backend: {engine.backend} · model {engine.name} · context {limit}")
-
-
-async def models(screen: SlashTarget, _arg: str) -> None:
-    engine = screen.engine
-    if engine is None:
-        screen.note("the backend is not ready yet", error=True)
-        return
-    try:
-        names = await asyncio.to_thread(engine.models)  # a server's list: off the UI thread
-    except Exception as exc:  # noqa: BLE001 - RemoteError, or what a server sent: one line
-        screen.note(f"/models: {one_line(exc)}", error=True)
-        return
-    shown = [f"[{n}]" if n == engine.name else n for n in names]
-    if not engine.keeps_cache:  # a server's list
-        screen.note("models: " + (", ".join(shown) if shown else "(none listed)"))
-        return
-    # in process: what /model takes besides the model answering — the config's default, the .gguf files here
-    config = screen.config.model
-    here = sorted(p.name for p in Path.cwd().glob("*.gguf") if p.is_file() and p.name not in names)
-    rows = [("loaded", ", ".join(shown))]
-    rows += [("config", config)] if config and config not in names else []
-    rows += [(f"here ({Path.cwd()})", ", ".join(here))] if here else []
-    screen.listing(rows, "/model NAME loads another: one of these, a .gguf file, a model folder or a hub id")
 
 
 async def theme(screen: SlashTarget, arg: str) -> None:
