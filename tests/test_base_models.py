@@ -1,7 +1,7 @@
 """A GGUF without a chat template (a base model, as llama.cpp's GGUF-my-repo makes Gemma 3 270M) runs:
 loaded with a built-in template named in the note, `--json` and the header; in the one-shot, serve's
 chat and completions; `--raw` continues a text; `--chat-template NAME|FILE` and the config's
-`chat_template`; an unknown name is one line."""
+`chat_template`; an unknown name is one line. Control tokens are never printed as text."""
 
 from __future__ import annotations
 
@@ -62,6 +62,39 @@ def test_a_llama_file_gets_chatml_and_a_chosen_template_replaces_it(base_files, 
     assert first.stats.prompt_tokens == len(prompt) == len(chosen.tokenizer.encode_chat(USER))
     with pytest.raises(LoadError, match="not a built-in template nor a file"):
         load_engine(str(base_files["llama"]), LoadOptions(chat_template="nope"))
+
+
+def test_control_tokens_are_never_printed_and_other_added_tokens_are(base_files):
+    engine = load_engine(str(base_files["llama"]))
+    tokenizer = engine.tokenizer
+    for token_id, shown in ((MEDIA, ""), (UNUSED, ""), (THINK, "<think>" * 3)):
+        done = reply(engine, params=SamplingParams(temperature=0, max_tokens=3, logit_bias=((token_id, 100.0),)))
+        assert done.stats.completion_tokens == 3 and done.reply == shown, token_id
+    assert tokenizer.decode([MEDIA], skip_special_tokens=False) == "<start_of_image>"  # the inspector's name
+    from chatcli.engine import Token
+    from chatcli.ui.widgets.tokens import turn_pieces
+
+    pieces = turn_pieces([MEDIA], 0, [Token(THINK, "<think>", 1, 0.0, 0.0)], tokenizer.decode)
+    assert [(p.text, p.control) for p in pieces] == [("<start_of_image>", True), ("<think>", False)]
+
+
+def test_the_files_tokenizer_marks_control_tokens_special(base_files, tmp_path):
+    """Both writers of a GGUF's tokenizer: ours (byte-level BPE) and transformers' converter (the rest,
+    as Gemma's SentencePiece), corrected by `mark_controls`."""
+    from transformers import AutoTokenizer
+
+    from chatcli.engine.text.tokenize import FolderTokenizer
+    from chatcli.engine.weights import gguf_meta
+    from chatcli.engine.weights.gguf_file import GGUFFile
+
+    path = base_files["llama"]
+    ours = gguf_meta.build_tokenizer(GGUFFile(path))
+    assert ours.decode([MEDIA, UNUSED, THINK], skip_special_tokens=True) == "<think>"
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp_path)
+    gguf_meta.mark_controls(GGUFFile(path), tmp_path)
+    theirs = FolderTokenizer(tmp_path)
+    assert theirs.decode([MEDIA, UNUSED, THINK]) == "<think>"
+    assert theirs.decode([MEDIA, THINK], skip_special_tokens=False) == "<start_of_image><think>"
 
 
 def test_a_template_text_the_vocabulary_lacks_ends_a_reply(base_files):
