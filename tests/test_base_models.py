@@ -117,7 +117,8 @@ def one_shot(*args, tmp_path, config: str | None = None, stdin: bytes | None = N
 
 def test_the_one_shot_answers_and_names_the_template(base_files, tmp_path):
     model = str(base_files["llama"])
-    result = one_shot("-m", model, "-p", "Hello there", "--max-tokens", "4", "--json", tmp_path=tmp_path)
+    result = one_shot("-m", model, "-p", "Hello there", "--temperature", "0", "--max-tokens", "4", "--json",
+                      tmp_path=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr.decode()
     record = json.loads(result.stdout)
     assert record["template"] == "built-in chatml" and record["stats"]["completion_tokens"] == 4
