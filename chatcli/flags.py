@@ -194,6 +194,8 @@ def model_options(*, device: str | None = None, without: tuple[str, ...] = ()):
             declared["type"] = click.Choice(f.metadata["choices"])
         elif f.metadata.get("type") is int:  # where its default does not say it (--ctx-size): 1 or more
             declared["type"] = click.IntRange(min=1)
+        if f.metadata.get("metavar"):
+            declared["metavar"] = f.metadata["metavar"]
         if isinstance(default, bool):
             options.append(click.option(flag, f.name, is_flag=True, default=default, help=text, **declared))
         else:

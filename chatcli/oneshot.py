@@ -298,6 +298,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
         record = {
             "model": engine.name,
             "weights": getattr(engine, "weights", None),  # what runs: `gguf Q4_K+Q6_K`, `float32-panels`, …
+            "template": getattr(engine, "template", None),  # "model's own", "built-in gemma", "raw", … (None: a server)
             "conversation": conversation.id if saving else None,
             "reply": done.reply,
             "finish_reason": done.finish_reason,

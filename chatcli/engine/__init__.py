@@ -52,6 +52,7 @@ from chatcli.engine.runners.threads import release_cpu_threads
 from chatcli.engine.sample.logprobs import token_entry
 from chatcli.engine.stats import TurnStats, known
 from chatcli.engine.text.template import ChatTemplateError
+from chatcli.engine.text.templates import check_chat_template
 from chatcli.engine.text.toolcalls import HERMES, Call, CallScanner, new_call_id, parse_calls
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ __all__ = [
     "TurnStats",
     "call_syntax",
     "catalogue_names",
+    "check_chat_template",
     "check_ctx_size",
     "default_budget_bytes",
     "fork_session",

@@ -79,6 +79,12 @@ class Engine:
     def backend(self) -> str:
         return f"in-process ({type(self.runner).__name__})"
 
+    @property
+    def template(self) -> str:
+        """The chat template that renders the turns, as the header and `--json` name it: "model's own",
+        "built-in gemma" (a model without one), "file chat.jinja", "raw" (`tokenizer.template_label`)."""
+        return getattr(self.tokenizer, "template_label", "model's own")
+
     def models(self) -> list[str]:
         return [self.name]
 
@@ -272,7 +278,7 @@ class Engine:
         yield Prefilled(len(target), cached, stats.prefill_tokens, prefill_s, truncated, target)
 
         detok = IncrementalDetokenizer(self.tokenizer)
-        stops = StopStringFilter(params.stop)
+        stops = StopStringFilter((*params.stop, *getattr(self.tokenizer, "stop_texts", ())))
         generator = session.generator_for(params)
         reply: list[str] = []
         finish_reason = FinishReason.LENGTH

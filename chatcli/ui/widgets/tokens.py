@@ -2,7 +2,8 @@
 
 Prompt tokens are marked as read from the KV cache (dim) or prefilled this turn (underlined);
 reply tokens are coloured by their probability under the distribution each was drawn from
-(`Token.logprob`). Left / right (the inspector focused: click it or Tab) select a token; the
+(`Token.logprob`); a control token (the template's markers, `<start_of_image>`: never printed in a
+reply) is shown by its text, framed ⟨…⟩. Left / right (the inspector focused: click it or Tab) select a token; the
 line under the counts names its id, its probability and the most likely alternatives
 (`/top-logprobs N`, 5 by default), and the view scrolls to keep the selected token in sight (a
 long prompt comes before the reply: the reply's first token is selected, and shown, at once).
@@ -41,6 +42,7 @@ class Piece:
     kind: str  # "cached" | "prefilled" | "reply"
     logprob: float | None = None
     top: list[tuple[int, str, float]] = field(default_factory=list)
+    control: bool = False  # a control token: its text is never printed (the tokenizer skips it)
 
 
 def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=None) -> list[Piece]:
@@ -51,10 +53,15 @@ def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=N
     def name(token_id: int, fallback: str = "") -> str:
         return decode([token_id], skip_special_tokens=False) if decode and token_id >= 0 else fallback
 
+    def control(token_id: int, text: str) -> bool:  # a text the reply's decode leaves out
+        return bool(decode and token_id >= 0 and text and not decode([token_id], skip_special_tokens=True))
+
     pieces = [Piece(t, name(t), "cached" if i < cached else "prefilled") for i, t in enumerate(prompt_ids)]
     for t in reply_tokens:
         top = [(i, name(i), lp) for i, lp in t.top_logprobs or ()]
         pieces.append(Piece(t.token_id, name(t.token_id, t.text), "reply", t.logprob, top))
+    for piece in pieces:
+        piece.control = control(piece.token_id, piece.text)
     return pieces
 
 
@@ -160,14 +167,16 @@ class TokenInspector(Vertical, can_focus=True):
                 style = shade(math.exp(piece.logprob))
             if i == self.selected:
                 style += " reverse"
-            body.append(_visible(piece.text), style=style.strip() or None)
+            shown_text = f"⟨{_visible(piece.text)}⟩" if piece.control else _visible(piece.text)
+            body.append(shown_text, style=style.strip() or None)
         return body
 
     def detail(self) -> Text:
         if self.selected is None:
             return Text("")
         piece = self.pieces[self.selected]
-        line = Text(f"#{self.selected} id {piece.token_id} {piece.text!r} ({piece.kind})", style="bold")
+        kind = f"{piece.kind}, control: never printed" if piece.control else piece.kind
+        line = Text(f"#{self.selected} id {piece.token_id} {piece.text!r} ({kind})", style="bold")
         if piece.kind == "reply" and piece.logprob is not None:
             line.append(f"  p = {math.exp(piece.logprob):.3f}")
             for _id, text, lp in piece.top:
