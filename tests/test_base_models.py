@@ -149,7 +149,8 @@ def test_an_unknown_template_name_is_one_line(base_files, tmp_path):
 
     result = one_shot("-m", str(base_files["llama"]), "-p", "hi", "--chat-template", "chatlm", tmp_path=tmp_path)
     said = result.stderr.decode()
-    assert result.returncode != 0 and said.count("\n") == 1 and said.startswith("chatcli: error: --chat-template")
+    assert result.returncode == 2 and said.count("\n") == 1  # refused as the line is parsed, as a bad --device
+    assert said.startswith("chatcli: error: Invalid value for '--chat-template': chatlm: not a built-in template")
     assert all(name in said for name in names())
     result = one_shot("-m", str(base_files["llama"]), "-p", "hi", tmp_path=tmp_path, config='chat_template = "x"\n')
     assert result.returncode == 2 and "chat_template: x: not a built-in template" in result.stderr.decode()

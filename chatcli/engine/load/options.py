@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatcli.engine.text.templates import check_chat_template
+
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 RUNNERS = ("auto", "hf", "lean")
@@ -28,11 +30,15 @@ class LoadError(RuntimeError):
 MODEL_HELP = "A model's name (qwen3:4b, hf.co/USER/REPO:QUANT; pulled on first use; default), hub id, folder or .gguf."
 
 
-def _flag(default, text: str, choices: tuple[str, ...] | None = None, kind: type | None = None, metavar=None):
+def _flag(
+    default, text: str, choices: tuple[str, ...] | None = None, kind: type | None = None, metavar=None, check=None
+):
     """A field and its flag: default, help, the values it takes (the flag refuses any other as it parses
     the command line: a usage error, exit 2), (where its default does not say) its value type (int: a
-    count, 1 or more) and the name its value goes by in --help."""
-    return field(default=default, metadata={"help": text, "choices": choices, "type": kind, "metavar": metavar})
+    count, 1 or more), the name its value goes by in --help, and `check`, a function that raises a
+    ValueError for a value the flag refuses as it parses, as it refuses one outside its choices."""
+    meta = {"help": text, "choices": choices, "type": kind, "metavar": metavar, "check": check}
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -66,6 +72,7 @@ class LoadOptions:
         "The chat template: a built-in one by llama.cpp's name (chatml, llama3, gemma, mistral, phi3, zephyr, "
         "vicuna, deepseek, …) or a Jinja file. Default: the model's own, else a built-in one for its architecture.",
         metavar="NAME|FILE",
+        check=check_chat_template,
     )
     raw: bool = _flag(False, "No chat template: the text is continued as it is (a base model's completion).")
 
