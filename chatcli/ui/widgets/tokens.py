@@ -45,15 +45,16 @@ class Piece:
 
 def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=None) -> list[Piece]:
     """A turn's pieces: its prompt ids (the first `cached` read from the KV cache), then its reply's
-    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text (a
-    server's tokens have no id here: -1)."""
+    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text and
+    its alternatives' (`Token.top_texts`: a server's tokens have no id here, -1)."""
 
     def name(token_id: int, fallback: str = "") -> str:
         return decode([token_id], skip_special_tokens=False) if decode and token_id >= 0 else fallback
 
     pieces = [Piece(t, name(t), "cached" if i < cached else "prefilled") for i, t in enumerate(prompt_ids)]
     for t in reply_tokens:
-        top = [(i, name(i), lp) for i, lp in t.top_logprobs or ()]
+        texts = t.top_texts or [""] * len(t.top_logprobs or ())
+        top = [(i, name(i, text), lp) for (i, lp), text in zip(t.top_logprobs or (), texts, strict=True)]
         pieces.append(Piece(t.token_id, name(t.token_id, t.text), "reply", t.logprob, top))
     return pieces
 
@@ -167,7 +168,8 @@ class TokenInspector(Vertical, can_focus=True):
         if self.selected is None:
             return Text("")
         piece = self.pieces[self.selected]
-        line = Text(f"#{self.selected} id {piece.token_id} {piece.text!r} ({piece.kind})", style="bold")
+        named = f"id {piece.token_id} " if piece.token_id >= 0 else ""  # a server's token: its text only
+        line = Text(f"#{self.selected} {named}{piece.text!r} ({piece.kind})", style="bold")
         if piece.kind == "reply" and piece.logprob is not None:
             line.append(f"  p = {math.exp(piece.logprob):.3f}")
             for _id, text, lp in piece.top:
