@@ -199,3 +199,5 @@ async def test_the_inspector_shows_a_chatcli_servers_tokens_and_their_alternativ
         assert screen.tokens.recorded and all(p.logprob <= 0 for p in pieces)
         line = screen.tokens.detail().plain
         assert "p = " in line and line.count("·") == 5 and "id -1" not in line
+        head = screen.tokens.parts()[0].plain
+        assert head.startswith(f"prompt tokens: the server's, not sent · reply {len(want)} tokens")  # not "prompt 0"

@@ -145,11 +145,13 @@ class TokenInspector(Vertical, can_focus=True):
         if not self.pieces:
             return Text(self.empty, style="dim"), Text()
         counts = {k: sum(p.kind == k for p in self.pieces) for k in ("cached", "prefilled", "reply")}
-        head = Text(
+        prompt = (
             f"prompt {counts['cached'] + counts['prefilled']} tokens ({counts['cached']} cached, dim; "
-            f"{counts['prefilled']} prefilled, underlined) · reply {counts['reply']} tokens\n",
-            style="bold",
+            f"{counts['prefilled']} prefilled, underlined)"
         )
+        if all(p.token_id < 0 for p in self.pieces):  # a server's turn: it sends the reply's tokens, not the prompt's
+            prompt = "prompt tokens: the server's, not sent"
+        head = Text(f"{prompt} · reply {counts['reply']} tokens\n", style="bold")
         return Text.assemble(head, self.detail()), self.tokens_text()
 
     def tokens_text(self, upto: int | None = None) -> Text:
