@@ -172,3 +172,32 @@ async def ready_or_failed(pilot):
     app = pilot.app
     await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.load_error is not None)
     return app.chat_screen
+
+
+async def test_the_inspector_shows_a_chatcli_servers_tokens_and_their_alternatives(tiny_lean, serve):
+    """F4 with --api on chatcli's own server: the reply's tokens come with their logprobs and the 5
+    alternatives, named by their text as the in-process inspector names them; a token's line names no id."""
+    from chatcli.engine.events import Token
+
+    server = serve(tiny_lean)
+    app = make_app(RemoteEngine(server.url).connect(), GREEDY)
+    name = lambda i: tiny_lean.tokenizer.decode([i], skip_special_tokens=False)  # noqa: E731
+    events = tiny_lean.generate(
+        [{"role": "user", "content": "Hello"}], tiny_lean.new_session(), GREEDY.params.with_(logprobs=5)
+    )
+    want = [
+        (name(t.token_id), [name(i) for i, _lp in t.top_logprobs])
+        for t in events
+        if isinstance(t, Token) and t.token_id >= 0
+    ]
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await pilot.press("f4")
+        await send(pilot, "Hello")
+        pieces = [p for p in screen.tokens.pieces if p.kind == "reply"]
+        assert [(p.text, [text for _i, text, _lp in p.top]) for p in pieces] == want
+        assert screen.tokens.recorded and all(p.logprob <= 0 for p in pieces)
+        line = screen.tokens.detail().plain
+        assert "p = " in line and line.count("·") == 5 and "id -1" not in line
+        head = screen.tokens.parts()[0].plain
+        assert head.startswith(f"prompt tokens: the server's, not sent · reply {len(want)} tokens")  # not "prompt 0"

@@ -47,8 +47,8 @@ class Piece:
 
 def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=None) -> list[Piece]:
     """A turn's pieces: its prompt ids (the first `cached` read from the KV cache), then its reply's
-    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text (a
-    server's tokens have no id here: -1)."""
+    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text and
+    its alternatives' (`Token.top_texts`: a server's tokens have no id here, -1)."""
 
     def name(token_id: int, fallback: str = "") -> str:
         return decode([token_id], skip_special_tokens=False) if decode and token_id >= 0 else fallback
@@ -58,7 +58,8 @@ def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=N
 
     pieces = [Piece(t, name(t), "cached" if i < cached else "prefilled") for i, t in enumerate(prompt_ids)]
     for t in reply_tokens:
-        top = [(i, name(i), lp) for i, lp in t.top_logprobs or ()]
+        texts = t.top_texts or [""] * len(t.top_logprobs or ())
+        top = [(i, name(i, text), lp) for (i, lp), text in zip(t.top_logprobs or (), texts, strict=True)]
         pieces.append(Piece(t.token_id, name(t.token_id, t.text), "reply", t.logprob, top))
     for piece in pieces:
         piece.control = control(piece.token_id, piece.text)
@@ -151,11 +152,13 @@ class TokenInspector(Vertical, can_focus=True):
         if not self.pieces:
             return Text(self.empty, style="dim"), Text()
         counts = {k: sum(p.kind == k for p in self.pieces) for k in ("cached", "prefilled", "reply")}
-        head = Text(
+        prompt = (
             f"prompt {counts['cached'] + counts['prefilled']} tokens ({counts['cached']} cached, dim; "
-            f"{counts['prefilled']} prefilled, underlined) · reply {counts['reply']} tokens\n",
-            style="bold",
+            f"{counts['prefilled']} prefilled, underlined)"
         )
+        if all(p.token_id < 0 for p in self.pieces):  # a server's turn: it sends the reply's tokens, not the prompt's
+            prompt = "prompt tokens: the server's, not sent"
+        head = Text(f"{prompt} · reply {counts['reply']} tokens\n", style="bold")
         return Text.assemble(head, self.detail()), self.tokens_text()
 
     def tokens_text(self, upto: int | None = None) -> Text:
@@ -176,7 +179,8 @@ class TokenInspector(Vertical, can_focus=True):
             return Text("")
         piece = self.pieces[self.selected]
         kind = f"{piece.kind}, control: never printed" if piece.control else piece.kind
-        line = Text(f"#{self.selected} id {piece.token_id} {piece.text!r} ({kind})", style="bold")
+        named = f"id {piece.token_id} " if piece.token_id >= 0 else ""  # a server's token: its text only
+        line = Text(f"#{self.selected} {named}{piece.text!r} ({kind})", style="bold")
         if piece.kind == "reply" and piece.logprob is not None:
             line.append(f"  p = {math.exp(piece.logprob):.3f}")
             for _id, text, lp in piece.top:
