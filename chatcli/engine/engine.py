@@ -50,6 +50,7 @@ PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets
 class Engine:
     keeps_cache = True  # sessions hold their KV cache in this process
     note = ""  # what the start should tell the user in one line (the loader's: a GGUF run dequantized)
+    source = ""  # where the weights came from: a .gguf path, a model folder or a hub id (the loader's)
 
     def __init__(self, runner: ModelRunner, tokenizer: ChatTokenizer, name: str = "model") -> None:
         self.runner = runner
