@@ -328,7 +328,7 @@ class Engine:
         stats.total_s = t_end - t_submit
         stats.kv_cache_bytes = cache.nbytes
         stats.context_tokens = len(cache)
-        yield Finished("".join(reply), finish_reason, stats)
+        yield Finished("".join(reply), finish_reason, stats, stop=stops.matched)
 
     # -- the decode loop --------------------------------------------------------
 

@@ -93,8 +93,7 @@ class RemoteEngine:
     # -- connecting --------------------------------------------------------------
 
     def connect(self) -> RemoteEngine:
-        """Ask the server for its models (checks the URL and the key); pick the first when none was named,
-        refuse a name it does not list."""
+        """Ask the server for its models (checks the URL and the key): the first unless named, else one it lists."""
         self.listed = self._models()
         ids = [m["id"] for m in self.listed]
         if not self.name:
