@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from chatcli.engine import Engine, SamplingParams, SessionPool
 from chatcli.errors import one_line
-from chatcli.server import anthropic, completions
+from chatcli.server import anthropic, completions, ollama, ollama_models
 from chatcli.server.guard import BearerAuth, HostCheck, error_response, status_response
 from chatcli.server.respond import TRUNCATED_HEADER
 from chatcli.server.schema import APIError
@@ -157,6 +157,8 @@ def create_app(
     routes = [
         *completions.routes(service),
         *anthropic.routes(service),
+        *ollama.routes(service),
+        *ollama_models.routes(service),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
