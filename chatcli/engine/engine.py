@@ -162,6 +162,12 @@ class Engine:
         verification is not exact (int8; see `ModelRunner.exact_verify`)."""
         return params.lookup if self.runner.exact_verify else 0
 
+    def embed(self, texts: list[str], dimensions: int | None = None, truncate: bool = False):
+        """The texts' embeddings: their final hidden states pooled and normalised (`runners.pooling.embed`)."""
+        from chatcli.engine.runners.pooling import embed
+
+        return embed(self, texts, dimensions, truncate)
+
     # -- ingress --------------------------------------------------------------
 
     def fit_prompt(

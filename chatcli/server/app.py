@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from chatcli.engine import Engine, SamplingParams, SessionPool
 from chatcli.errors import one_line
-from chatcli.server import anthropic, completions, ollama, ollama_models, responses
+from chatcli.server import anthropic, completions, embeddings, ollama, ollama_models, responses
 from chatcli.server.guard import BearerAuth, HostCheck, error_response, status_response
 from chatcli.server.respond import TRUNCATED_HEADER
 from chatcli.server.schema import APIError
@@ -160,6 +160,7 @@ def create_app(
         *ollama.routes(service),
         *ollama_models.routes(service),
         *responses.routes(service),
+        *embeddings.routes(service),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]

@@ -52,14 +52,14 @@ def details(engine) -> dict:
 
 def capabilities(engine) -> list[str]:
     """What Ollama's clients may ask of the model: completion, tools where its template renders them,
-    thinking where it writes `<think>`."""
+    thinking where it writes `<think>`, embedding (`/api/embed`: its pooled hidden states)."""
     template = getattr(getattr(engine, "tokenizer", None), "template_source", "") or ""
     out = ["completion"]
     if "tools" in template:
         out.append("tools")
     if "<think>" in template:
         out.append("thinking")
-    return out
+    return [*out, "embedding"]
 
 
 def routes(service: Service) -> list[Route]:
