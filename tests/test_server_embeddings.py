@@ -32,9 +32,9 @@ def test_openai_embeddings_are_the_engines_vectors(tiny_lean, serve):
     for got, vector in zip(many.data, want.vectors, strict=True):
         assert np.allclose(got.embedding, vector, atol=1e-6)
     assert many.usage.prompt_tokens == many.usage.total_tokens == want.tokens
-    raw = httpx.post(server.url + "/embeddings", json={"input": TEXTS[1], "encoding_format": "base64"})
+    raw = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[1], "encoding_format": "base64"})
     packed = np.frombuffer(base64.b64decode(raw.json()["data"][0]["embedding"]), dtype="<f4")
-    assert np.array_equal(packed, want.vectors[1].astype("<f4"))  # without /v1 too, as llama-server's
+    assert np.array_equal(packed, want.vectors[1].astype("<f4"))  # the float32 values' little-endian bytes
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Embeddings: OpenAI's `POST /v1/embeddings` (and `/embeddings`, as llama-server's), Ollama's `POST /api/embed`
+"""Embeddings: OpenAI's `POST /v1/embeddings`, Ollama's `POST /api/embed`
 (and its older `/api/embeddings`), over `Engine.embed`: each input's final hidden states pooled as the GGUF
 says (mean, CLS or last token; mean for a chat model's own states) and normalised (`runners.pooling`).
 
@@ -98,7 +98,6 @@ def routes(service: Service) -> list[Route]:
 
     return [
         Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/embeddings", embeddings, methods=["POST"]),
         Route("/api/embed", ollama_embed, methods=["POST"]),
         Route("/api/embeddings", ollama_embed, methods=["POST"]),
     ]
