@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from chatcli.engine import Engine, SamplingParams, SessionPool
 from chatcli.errors import one_line
-from chatcli.server import anthropic, completions, embeddings, ollama, ollama_models, responses
+from chatcli.server import anthropic, completions, embeddings, ollama, ollama_models, responses, utility
 from chatcli.server.guard import BearerAuth, HostCheck, error_response, status_response
 from chatcli.server.respond import TRUNCATED_HEADER
 from chatcli.server.schema import APIError
@@ -161,6 +161,7 @@ def create_app(
         *ollama_models.routes(service),
         *responses.routes(service),
         *embeddings.routes(service),
+        *utility.routes(service),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
