@@ -1,17 +1,17 @@
-"""The ASGI app: OpenAI-compatible routes over an `Engine`, given or loaded in a thread meanwhile.
+"""The ASGI app: the routes of each API over one `Engine`, given or loaded in a thread meanwhile.
 
-    POST /v1/chat/completions   chat.completion, or text/event-stream chunks then [DONE]
-    POST /v1/completions        text_completion (legacy: a string prompt, no chat template), or its chunks
-    GET  /v1/models             the one model this server has
-    GET  /v1/models/{id}        that model, or a 404
-    GET  /health                liveness, queue depth and cache pool numbers (open without the key)
+    completions.py    OpenAI's chat completions, completions and models (with and without /v1)
+    responses.py      OpenAI's Responses API          embeddings.py   /v1/embeddings, /api/embed
+    anthropic.py      Anthropic's Messages API        utility.py      /tokenize, /detokenize, /apply-template
+    ollama.py         Ollama's /api/chat, /api/generate; ollama_models.py its /api/tags, show, ps, version
+    here              GET /health (liveness, queue, slots and cache; open without the key), GET /metrics
 
 `create_app(engine, ...)` builds it (tests pass the tiny engine; `chatcli serve`
 the loaded model). A `GenerationWorker` runs the engine, `parallel` requests at once (its slots,
 their steps batched; by default 4 where the kernel batches, else 1: `worker.slots_for`); each
 response waits on its own asyncio queue, fed from its slot's thread with
 `loop.call_soon_threadsafe`, while a watcher task listens for the client's
-disconnect and sets the job's cancel event. Errors are OpenAI-shaped JSON:
+disconnect and sets the job's cancel event. Errors are JSON in the shape of the route's API (`peers`):
 400 for bad input, 401 without the API key, 403 for a Host a loopback server does not answer
 (`allowed_hosts`: DNS rebinding), 408 for a body that takes over `BODY_TIMEOUT` s, 413 past the
 body cap, 415 for a body that is not sent as JSON (a web page's form or `text/plain` post needs no

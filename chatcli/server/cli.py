@@ -104,7 +104,7 @@ def serve_command(
     aliases,
     **load,
 ) -> None:
-    """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
+    """Serve the model over HTTP: OpenAI's, Anthropic's and Ollama's APIs (SSE streaming)."""
     from chatcli.config import ConfigError, load_config
     from chatcli.options import StartOptions
 
