@@ -18,7 +18,7 @@ from chatcli.engine.events import ChatEngine, Finished, FinishReason, Prefilled,
 from chatcli.engine.params import SamplingParams
 from chatcli.engine.remote import RemoteEngine, RemoteError
 from tests.faults import MODEL, fault_app
-from tests.servers import USER, Server, alone, slow_endless
+from tests.servers import ALIAS, USER, Server, alone, slow_endless
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
@@ -42,7 +42,7 @@ def test_a_remote_engine_is_a_chat_engine_and_names_the_servers_model(tiny_lean,
     remote = RemoteEngine(server.url).connect()
     assert isinstance(remote, ChatEngine)
     assert remote.name == tiny_lean.name
-    assert remote.models() == [tiny_lean.name]
+    assert remote.models() == [tiny_lean.name, ALIAS]  # its id first, then its other names (--alias)
     assert remote.backend == server.url + "/v1"
     assert remote.context_limit == tiny_lean.context_limit  # /v1/models says max_model_len
 
@@ -418,7 +418,8 @@ def test_the_configs_key_and_model_go_only_to_the_configs_server(faults, tmp_pat
     monkeypatch.setenv("CHATCLI_CONFIG", str(config))
     start = start_options()
     assert (start.api, start.api_key) == (api, "k")
-    assert start.load_engine().name == "chosen"
+    with pytest.raises(RemoteError, match="lists no model 'chosen'"):  # the config's model, asked of its server
+        start.load_engine()
     other = start_options(api=faults.url + "/ok")  # another URL on the command line
     assert other.api_key is None  # the config's key is not sent to it
     assert other.load_engine().name == MODEL  # nor its model named: the server's first

@@ -57,9 +57,9 @@ def test_sixteen_openai_clients_at_once_each_get_the_reply_they_get_alone(native
         barrier.wait(TIMEOUT)
         b = bodies[i]
         if i % 3 == 0:  # a third stream
-            stream = client.chat.completions.create(model="local", max_tokens=20, stream=True, **b)
+            stream = client.chat.completions.create(model="tiny", max_tokens=20, stream=True, **b)
             return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        return client.chat.completions.create(model="local", max_tokens=20, **b).choices[0].message.content
+        return client.chat.completions.create(model="tiny", max_tokens=20, **b).choices[0].message.content
 
     with ThreadPoolExecutor(len(bodies)) as pool:
         replies = list(pool.map(run, range(len(bodies))))

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.library import catalogue_names, local_models, model_names, remove_model
     from chatcli.engine.load.verify import verify_model_files
+    from chatcli.engine.runners.pooling import EmbeddingError, Embeddings
     from chatcli.engine.sample.grammar import GrammarError
 
 _LAZY = {  # name -> the module that defines it, imported on first use (these bring numpy)
@@ -76,6 +77,8 @@ _LAZY = {  # name -> the module that defines it, imported on first use (these br
     "model_names": "chatcli.engine.load.library",
     "remove_model": "chatcli.engine.load.library",
     "verify_model_files": "chatcli.engine.load.verify",
+    "EmbeddingError": "chatcli.engine.runners.pooling",  # Engine.embed's (serve's /v1/embeddings)
+    "Embeddings": "chatcli.engine.runners.pooling",
     "GrammarError": "chatcli.engine.sample.grammar",
 }
 
@@ -102,6 +105,8 @@ __all__ = [
     "ChatEngine",
     "ChatTemplateError",
     "ContextOverflow",
+    "EmbeddingError",
+    "Embeddings",
     "Engine",
     "Event",
     "FinishReason",

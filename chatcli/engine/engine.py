@@ -50,6 +50,7 @@ PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets
 class Engine:
     keeps_cache = True  # sessions hold their KV cache in this process
     note = ""  # what the start should tell the user in one line (the loader's: a GGUF run dequantized)
+    source = ""  # where the weights came from: a .gguf path, a model folder or a hub id (the loader's)
 
     def __init__(self, runner: ModelRunner, tokenizer: ChatTokenizer, name: str = "model") -> None:
         self.runner = runner
@@ -147,6 +148,12 @@ class Engine:
         """The draft length a turn with `params` uses: `params.lookup`, or 0 where the runner's
         verification is not exact (int8; see `ModelRunner.exact_verify`)."""
         return params.lookup if self.runner.exact_verify else 0
+
+    def embed(self, texts: list[str], dimensions: int | None = None, truncate: bool = False):
+        """The texts' embeddings: their final hidden states pooled and normalised (`runners.pooling.embed`)."""
+        from chatcli.engine.runners.pooling import embed
+
+        return embed(self, texts, dimensions, truncate)
 
     # -- ingress --------------------------------------------------------------
 
@@ -330,7 +337,7 @@ class Engine:
         stats.total_s = t_end - t_submit
         stats.kv_cache_bytes = cache.nbytes
         stats.context_tokens = len(cache)
-        yield Finished("".join(reply), finish_reason, stats)
+        yield Finished("".join(reply), finish_reason, stats, stop=stops.matched)
 
     # -- the decode loop --------------------------------------------------------
 

@@ -61,6 +61,7 @@ class Finished:
     finish_reason: FinishReason
     stats: TurnStats
     error: str | None = None  # with FinishReason.ERROR: what cut the reply, in one line
+    stop: str | None = None  # with FinishReason.STOP: the stop string that ended it (None: an end-of-turn id)
 
 
 Event = Prefilled | Token | Finished

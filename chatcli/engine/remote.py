@@ -99,13 +99,15 @@ class RemoteEngine:
     # -- connecting --------------------------------------------------------------
 
     def connect(self) -> RemoteEngine:
-        """Ask the server for its models (checks the URL and the key); pick the first when none was named."""
+        """Ask the server for its models (checks the URL and the key): the first unless named, else one it lists."""
         self.listed = self._models()
         ids = [m["id"] for m in self.listed]
         if not self.name:
             if not ids:
                 raise RemoteError(f"{self.url}/models lists no model: name one with --model")
             self.name = ids[0]
+        elif ids and self.name not in ids:  # a server that lists its models answers only to those
+            raise RemoteError(f"{self.url}/models lists no model {self.name!r}: it has {', '.join(ids[:8])}")
         info = next((m for m in self.listed if m.get("id") == self.name), {})
         # vLLM's field (chatcli serve sends it too); llama-server's `meta.n_ctx_train` is the model's
         # training context, not the server's, so it is not taken: an unknown limit shows as n/a
