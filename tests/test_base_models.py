@@ -162,9 +162,10 @@ def test_serve_answers_chat_and_completions_for_a_file_without_a_template(base_f
     engine = load_engine(str(base_files["gemma3"]))
     server = serve(engine)
     client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    chat = client.chat.completions.create(model="m", messages=USER, temperature=0, max_tokens=6)
+    model = client.models.list().data[0].id  # the file's name: a name the server does not serve is a 404
+    chat = client.chat.completions.create(model=model, messages=USER, temperature=0, max_tokens=6)
     assert chat.choices[0].message.content == reply(engine).reply
-    text = client.completions.create(model="m", prompt="The capital of France is", temperature=0, max_tokens=6)
+    text = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=6)
     ids = engine.tokenizer.encode_prompt("The capital of France is")
     events = list(engine.complete(ids, engine.new_session(), GREEDY))
     assert text.choices[0].text == events[-1].reply and text.usage.prompt_tokens == len(ids)
