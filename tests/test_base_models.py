@@ -20,9 +20,10 @@ from tests.gguf_models import base_model_gguf
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 USER = [{"role": "user", "content": "Hello there"}]
 # a user-defined token llama.cpp's converter writes for Gemma 3's <start_of_image>, one it would have
-# typed control (`<unused7>`), and one that is text (`<think>`, as Qwen's)
-MEDIA, UNUSED, THINK = 500, 501, 502
-TOKENS = {MEDIA: ("<start_of_image>", 4), UNUSED: ("<unused7>", 4), THINK: ("<think>", 4)}
+# typed control (`<unused7>`), one that is text (`<think>`, as Qwen's), and a padding token typed UNUSED
+# (what llama.cpp's `token_to_piece` prints nothing for, `special` or not)
+MEDIA, UNUSED, THINK, PAD = 500, 501, 502, 503
+TOKENS = {MEDIA: ("<start_of_image>", 4), UNUSED: ("<unused7>", 4), THINK: ("<think>", 4), PAD: ("[PAD503]", 5)}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def test_a_llama_file_gets_chatml_and_a_chosen_template_replaces_it(base_files, 
 def test_control_tokens_are_never_printed_and_other_added_tokens_are(base_files):
     engine = load_engine(str(base_files["llama"]))
     tokenizer = engine.tokenizer
-    for token_id, shown in ((MEDIA, ""), (UNUSED, ""), (THINK, "<think>" * 3)):
+    for token_id, shown in ((MEDIA, ""), (UNUSED, ""), (PAD, ""), (THINK, "<think>" * 3)):
         done = reply(engine, params=SamplingParams(temperature=0, max_tokens=3, logit_bias=((token_id, 100.0),)))
         assert done.stats.completion_tokens == 3 and done.reply == shown, token_id
     assert tokenizer.decode([MEDIA], skip_special_tokens=False) == "<start_of_image>"  # the inspector's name
@@ -89,11 +90,11 @@ def test_the_files_tokenizer_marks_control_tokens_special(base_files, tmp_path):
 
     path = base_files["llama"]
     ours = gguf_meta.build_tokenizer(GGUFFile(path))
-    assert ours.decode([MEDIA, UNUSED, THINK], skip_special_tokens=True) == "<think>"
+    assert ours.decode([MEDIA, UNUSED, PAD, THINK], skip_special_tokens=True) == "<think>"
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp_path)
     gguf_meta.mark_controls(GGUFFile(path), tmp_path)
     theirs = FolderTokenizer(tmp_path)
-    assert theirs.decode([MEDIA, UNUSED, THINK]) == "<think>"
+    assert theirs.decode([MEDIA, UNUSED, PAD, THINK]) == "<think>"
     assert theirs.decode([MEDIA, THINK], skip_special_tokens=False) == "<start_of_image><think>"
 
 

@@ -55,7 +55,7 @@ SPLITS = {
 }
 # where llama.cpp sets `ignore_merges`: a piece of the split that is itself a token is that token, merges or not
 WHOLE_WORDS = frozenset({"llama-bpe", "llama3", "llama-v3"})
-UNKNOWN, CONTROL, USER_DEFINED, BYTE = 2, 3, 4, 6  # llama.cpp's token types
+UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 2, 3, 4, 5, 6  # llama.cpp's token types
 # user-defined tokens that llama.cpp's converter types CONTROL (`does_token_look_special`), which a file
 # another tool wrote may type USER_DEFINED
 LOOKS_CONTROL = re.compile(r"<\|.*\|>|<｜.*｜>|<unused[0-9]*>|<pad>|<mask>|<2mass>|\[@BOS@\]", re.DOTALL)
@@ -69,10 +69,11 @@ MEDIA_MARKERS = frozenset(
 
 def is_control(text: str, kind: int) -> bool:
     """A token never written as text: typed CONTROL or UNKNOWN (what llama.cpp's `token_to_piece` prints
-    nothing for without `special`), a user-defined one llama.cpp's converter would have typed CONTROL
-    (`LOOKS_CONTROL`), or a media placeholder (`MEDIA_MARKERS`). The other user-defined tokens are text,
-    as llama.cpp prints them: Qwen's `<think>` and `<tool_call>`, Gemma's `<table>` and `<h1>`."""
-    if kind in (UNKNOWN, CONTROL):
+    nothing for without `special`) or UNUSED (a vocabulary's padding: nothing even with it), a user-defined
+    one llama.cpp's converter would have typed CONTROL (`LOOKS_CONTROL`), or a media placeholder
+    (`MEDIA_MARKERS`). The other user-defined tokens are text, as llama.cpp prints them: Qwen's `<think>`
+    and `<tool_call>`, Gemma's `<table>` and `<h1>`."""
+    if kind in (UNKNOWN, CONTROL, UNUSED):
         return True
     if kind == BYTE:
         return False
