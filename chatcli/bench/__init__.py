@@ -19,6 +19,7 @@ import sys
 import click
 
 from chatcli.bench.baseline import cpu_name
+from chatcli.bench.depth import depth_options
 from chatcli.bench.errors import BenchError
 from chatcli.errors import one_line
 from chatcli.flags import model_options
@@ -75,6 +76,7 @@ __all__ = ["bench_command", "run_bench"]
     help="with --shape: the model as an F16 GGUF quantized to TYPE (Q4_K_M, Q5_K_M, Q6_K, Q8_0, …) by "
     "llama.cpp's own quantizer; chatcli runs that file as `-m FILE` does, llama.cpp beside it",
 )
+@depth_options
 @click.option("--json", "json_output", is_flag=True, help="print the result as JSON")
 def bench_command(
     model,
@@ -101,12 +103,15 @@ def bench_command(
     repeat,
     shape,
     gguf_type,
+    depths,
+    peers,
     json_output,
 ) -> None:
     """Measure decode, prefill, TTFT and multi-turn caching against transformers' generate()."""
     from rich.console import Console
 
     err = Console(stderr=True)
+    said = lambda line: err.print(f"chatcli: error: {line}", markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     for name, value, low in (
         ("turns", turns, 0),
         ("max-tokens", max_tokens, 2),
@@ -119,17 +124,32 @@ def bench_command(
         ("repeat", repeat, 1),
     ):
         if value < low:
-            err.print(f"chatcli: error: --{name} must be >= {low}, got {value}", markup=False, highlight=False)
+            said(f"--{name} must be >= {low}, got {value}")
             raise click.exceptions.Exit(2)
     from chatcli.engine.params import MAX_LOOKUP
 
     if lookup > MAX_LOOKUP:
-        err.print(f"chatcli: error: --lookup must be <= {MAX_LOOKUP}, got {lookup}", markup=False, highlight=False)
+        said(f"--lookup must be <= {MAX_LOOKUP}, got {lookup}")
         raise click.exceptions.Exit(2)
-    progress = (lambda _msg: None) if json_output else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    shown = [""]  # the last progress line: a step said once however many times it is reported
+
+    def progress(msg: str) -> None:
+        if not json_output and msg != shown[0]:
+            shown[0] = msg
+            err.print(f"[dim]{msg}[/dim]", markup=True, highlight=False)
     from chatcli.bench import report
 
     def run() -> dict:
+        if depths is not None or peers:
+            from chatcli.bench.depth import bench_depth
+            from chatcli.engine.load.options import LoadOptions
+
+            options = LoadOptions(
+                device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype, ctx_size=ctx_size,
+                chat_template=chat_template,
+            )  # fmt: skip
+            depths_run = depths or [0]
+            return bench_depth(model, options, depths_run, peers, max_tokens, prefill_tokens, repeat, threads, progress)
         if gguf_type:
             from chatcli.bench.gguf_types import bench_gguf_type
 
@@ -167,12 +187,13 @@ def bench_command(
     try:
         result = run()
     except BenchError as exc:
-        err.print(f"chatcli: error: {exc}", markup=False, highlight=False)
+        said(exc)
         raise click.exceptions.Exit(1) from None
     if json_output:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
-        (report.render_gguf_type if gguf_type else report.render_shape if shape else report.render)(result, Console())
+        shown = report.render_gguf_type if gguf_type else report.render_shape if shape else report.render
+        (report.render_depth if "rows" in result else shown)(result, Console())
 
 
 RUNNER_NAMES = {"NativeRunner": "native", "LeanRunner": "lean", "HFRunner": "hf"}
@@ -206,6 +227,7 @@ def run_bench(
     """Everything `chatcli bench` measures, as the dict `--json` prints."""
     from chatcli.bench import baseline as ref
     from chatcli.bench import measure
+    from chatcli.bench.peers import gguf_of
     from chatcli.engine.engine import PREFILL_CHUNK, ContextOverflow
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.options import LoadError, LoadOptions
@@ -326,7 +348,7 @@ def run_bench(
         result["quality"] = measure.quality(engine, reference, 32)
         result["quality"]["reference_weights"] = reference.runner.weights_dtype
         del reference
-    gguf = _gguf_of(model)
+    gguf = gguf_of(model)
     result["llama_cpp"] = None
     llama = ref.llama_python() if llama_cpp else None
     if llama and gguf:
@@ -343,16 +365,6 @@ def run_bench(
         progress("one-shot processes, start to exit")
         result["startup"] = ref.startup(model, startup_runs, llama, gguf, result["threads"])
     return result
-
-
-def _gguf_of(model: str | None) -> str | None:
-    """The GGUF file the model comes from (the embedded one by default), for llama.cpp."""
-    from chatcli.engine.load.sources import embedded_gguf
-
-    if model is None:
-        found = embedded_gguf()
-        return str(found) if found else None
-    return model if model.endswith(".gguf") else None
 
 
 def _kernel_build() -> str:

@@ -165,3 +165,32 @@ def render_gguf_type(result: dict, console) -> None:
     row("one-shot peak MiB", "oneshot_peak_mib", ".0f")
     table.add_row("cache on disk MiB", f"{ours.get('cache_mib', 0):.0f}", "0", "")
     console.print(table)
+
+
+def render_depth(result: dict, console) -> None:
+    """`chatcli bench --depth … --vs …`: decode and prefill by depth, each peer's beside chatcli's."""
+    from rich.table import Table
+
+    peers = result["peers"]
+    title = f"{result['model']} · {result['weights']} · {result['cpu']} · {result['threads']} threads"
+    table = Table(title=f"{title} · decode {result['decode_tokens']}, prefill {result['prefill_chunk']} tokens")
+    table.add_column("depth", justify="right")
+    for what in ("decode tok/s", "prefill tok/s"):
+        table.add_column(f"{what} chatcli", justify="right")
+        for name in peers:
+            table.add_column(f"{name} (ratio)", justify="right")
+
+    def cell(ours, theirs, fmt: str) -> str:
+        return f"{format(theirs, fmt)} ({_ratio(ours, theirs)})" if theirs else "–"
+
+    for row in result["rows"]:
+        cells = [str(row["depth"])]
+        for key, fmt in (("decode_tok_s", ".1f"), ("prefill_tok_s", ".0f")):
+            cells.append(format(row[key], fmt))
+            for peer in peers.values():
+                cells.append(cell(row[key], peer.get("rows", {}).get(str(row["depth"]), {}).get(key), fmt))
+        table.add_row(*cells)
+    said = [f"{name}: {peer['error']}" for name, peer in peers.items() if peer.get("error")]
+    said += [f"{name}: {' '.join(peer['command'])}" for name, peer in peers.items() if not peer.get("error")]
+    table.caption = "\n".join(said) or None
+    console.print(table)
