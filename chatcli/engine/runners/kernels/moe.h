@@ -1,0 +1,163 @@
+// A mixture-of-experts FFN (Qwen3-MoE, Mixtral; see decode.cpp): in place of a layer's gate_up and down, a
+// router [experts, D] scores each row's normalised input, the row takes its `experts_used` best experts
+// (softmax over every expert, the k largest, their weights normalised to sum 1 where the model says so:
+// Qwen3-MoE's norm_topk_prob, Mixtral's softmax over the top-k logits), and adds their outputs, each expert
+// a gated MLP of its own (gate_up [2 Fe, D], down [D, Fe]) times its weight.
+//
+// Only the chosen experts' weights are read. The step's (row, expert) pairs are grouped by expert, so an
+// expert's weights are read once for all the rows of a call that chose it (a prompt's chunk: each expert's
+// blocks once a chunk, unpacked once where it has enough rows), into the pair's own output row; a row then
+// adds its experts' outputs in the order of its choice. Every number of a row still comes from that row
+// alone in a fixed order: a draft gives the bits of single steps.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "step.h"
+
+namespace {
+
+// A row's choice: softmax of the router's logits [E], the k largest (the lower expert first where two are
+// equal) into ids, their probabilities into weights, divided by their sum where `norm`
+inline void route_row(const float* logits, int64_t E, int64_t k, bool norm, int32_t* ids, float* weights) {
+  thread_local std::vector<float> p;
+  p.resize(E);
+  float top = logits[0], sum = 0.f;
+  for (int64_t e = 1; e < E; e++) top = std::max(top, logits[e]);
+  for (int64_t e = 0; e < E; e++) sum += p[e] = std::exp(logits[e] - top);
+  for (int64_t e = 0; e < E; e++) p[e] /= sum;
+  float chosen = 0.f;
+  for (int64_t j = 0; j < k; j++) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; e++)
+      if (p[e] >= 0.f && (best < 0 || p[e] > p[best])) best = e;
+    ids[j] = static_cast<int32_t>(best);
+    weights[j] = p[best];
+    chosen += p[best];
+    p[best] = -1.f;  // taken
+  }
+  if (norm)
+    for (int64_t j = 0; j < k; j++) weights[j] /= chosen;
+}
+
+// The step's (row, expert) pairs: pair a = s k + j is row s's j-th choice; grouped by expert, expert e's
+// pairs hold the places start[e]..start[e + 1] of the gathered buffers, rows in order; place[a] is pair a's
+struct Routes {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  std::vector<int64_t> start, place;
+
+  // every row's choice from the router's logits [S, E], then the places (by one thread)
+  void choose(const Model& m, const float* logits, int64_t S) {
+    const int64_t E = m.experts, k = m.experts_used;
+    ids.resize(S * k), weights.resize(S * k), place.resize(S * k);
+    for (int64_t s = 0; s < S; s++) route_row(logits + s * E, E, k, m.norm_topk != 0, &ids[s * k], &weights[s * k]);
+    start.assign(E + 1, 0);
+    for (int64_t a = 0; a < S * k; a++) start[ids[a] + 1]++;
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (int64_t a = 0; a < S * k; a++) place[a] = next[ids[a]]++;
+  }
+
+  int64_t count(int64_t e) const { return start[e + 1] - start[e]; }
+};
+
+// The rows `first`..first + count of `rows` (a projection over m's kind prepared them all), as Rows of their own
+inline Rows rows_from(const Rows& rows, const Matrix& m, int64_t first, int64_t count) {
+  Rows part = rows;
+  part.count = count;
+  part.x = rows.x + first * rows.ldx;
+  part.xq = rows.xq + first * m.kp;
+  part.xs = rows.xs + first;
+  part.xz = rows.xz + first;
+  part.gs = rows.gs + first * (m.kp / 32);
+  part.gsum = rows.gsum + first * (m.kp / 32);
+  part.hsum = rows.hsum + first * (m.kp / 16);
+  return part;
+}
+
+// row s's experts' outputs (outs [places, D]) times their weights, summed in the order of its choice into t [D]
+// (then added to the row's x: the same operations in both forwards)
+inline void weigh_experts(const float* outs, const Routes& routes, int64_t s, int64_t k, int64_t D, float* t) {
+  std::fill(t, t + D, 0.f);
+  for (int64_t j = 0; j < k; j++) {
+    const float w = routes.weights[s * k + j];
+    const float* o = outs + routes.place[s * k + j] * D;
+    for (int64_t i = 0; i < D; i++) t[i] += w * o[i];
+  }
+}
+
+// What the experts' stages share in a step: the router's logits, the routes, the pairs' gathered inputs
+// (moe.h [S k, D]), their gate_up outputs (moe.gu [S k, 2 Fe]) and their outputs (moe.post [S k, D])
+struct Experts {
+  std::vector<float> logits;
+  Routes routes;
+  Scratch sc;
+
+  void size(const Model& m, int64_t S) {
+    if (m.experts < 1) return;
+    const int64_t pairs = S * m.experts_used, D = m.hidden, Fe = m.expert_ffn;
+    logits.resize(S * m.experts);
+    sc.h.resize(pairs * D);
+    sc.gu.resize(pairs * 2 * Fe);
+    sc.post.resize(pairs * D);
+    sc.size_activations(pairs, std::max(D, Fe));
+  }
+};
+
+// each pair's normalised row (h: the router's prepared rows, `ldh` apart) at its place in mc.h, prepared there
+// for the experts' gate_up (`first`: any of them), pairs a0..a1
+inline void gather_pairs(const Model& m, const Routes& routes, const float* h, int64_t ldh, const Matrix& first,
+                         int64_t a0, int64_t a1, Scratch& mc) {
+  const int64_t D = m.hidden, k = m.experts_used;
+  for (int64_t a = a0; a < a1; a++) {
+    const int64_t at = routes.place[a];
+    std::memcpy(&mc.h[at * D], h + a / k * ldh, D * sizeof(float));
+    prepare_row(first, mc.h.data(), D, at, false, m.eps, mc);
+  }
+}
+
+// x [S, D] += the layer's experts over the step's rows, on an OpenMP team with a barrier after each stage (called
+// by every thread); sc.h holds the router's normalised rows after its projection
+inline void experts_barrier(const Model& m, const Layer& layer, int64_t S, Scratch& sc, Experts& ex) {
+  const int64_t D = m.hidden, E = m.experts, k = m.experts_used, Fe = m.expert_ffn, pairs = S * k;
+  const Matrix& router = *layer.router;
+  const Matrix* gate_up = layer.experts;
+  const Matrix* down = layer.experts + E;
+#pragma omp for schedule(static)
+  for (int64_t s = 0; s < S; s++) prepare_row(router, sc.x.data(), D, s, true, m.eps, sc);
+  project(router, rows_for(router, sc.x.data(), D, S, true, sc), ex.logits.data(), E, false);
+#pragma omp single
+  ex.routes.choose(m, ex.logits.data(), S);
+  Scratch& mc = ex.sc;
+#pragma omp for schedule(static)
+  for (int64_t a = 0; a < pairs; a++) gather_pairs(m, ex.routes, sc.h.data(), router.k, gate_up[0], a, a + 1, mc);
+  const Rows in = rows_for(gate_up[0], mc.h.data(), D, pairs, false, mc);
+  for (int64_t e = 0; e < E; e++)
+    if (ex.routes.count(e))
+      project(gate_up[e], rows_from(in, gate_up[e], ex.routes.start[e], ex.routes.count(e)),
+              &mc.gu[ex.routes.start[e] * 2 * Fe], 2 * Fe, false);
+#pragma omp for schedule(static)
+  for (int64_t at = 0; at < pairs; at++) {
+    act_row(m, &mc.gu[at * 2 * Fe], Fe);
+    prepare_row(down[0], mc.gu.data(), 2 * Fe, at, false, m.eps, mc);
+  }
+  const Rows mid = rows_for(down[0], mc.gu.data(), 2 * Fe, pairs, false, mc);
+  for (int64_t e = 0; e < E; e++)
+    if (ex.routes.count(e))
+      project(down[e], rows_from(mid, down[e], ex.routes.start[e], ex.routes.count(e)),
+              &mc.post[ex.routes.start[e] * D], D, false);
+  thread_local std::vector<float> t;
+  t.resize(D);
+#pragma omp for schedule(static)
+  for (int64_t s = 0; s < S; s++) {
+    weigh_experts(mc.post.data(), ex.routes, s, k, D, t.data());
+    for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += t[i];
+  }
+}
+
+}  // namespace
