@@ -38,6 +38,7 @@ import gguf
 import numpy as np
 import torch
 
+from chatcli.bench.gguf_blocks import use_more_bits
 from tests import kquants
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral")
@@ -49,11 +50,6 @@ MOE = ("qwen3_moe", "mixtral")
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
 
 TypeChooser = Callable[..., str]
-
-
-def use_more_bits(i_layer: int, n_layers: int) -> bool:
-    """llama.cpp's choice of the layers that get more bits in the _M mixes (llama-quant.cpp)."""
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
 
 def Q4_K_M(name: str, shape: tuple[int, ...], *, n_layers: int | None = None, has_output: bool = True) -> str:
