@@ -68,6 +68,20 @@ def test_a_quantized_moe_gguf_computes_its_own_weights(build, tmp_path, family, 
     assert_drafts_are_single_steps(runner)
 
 
+def test_a_prompts_chunk_gives_the_bits_of_single_steps(build, tmp_path):
+    """A call of 16 rows or more projects expert by expert (an expert's rows unpack each block once where
+    they are enough), fewer rows all chosen experts in one split: the same bits either way, and as steps."""
+    runner = direct_runner(tiny("qwen3_moe", False, seed=1), Q4_K_M, tmp_path)
+    ids = [int(i) for i in np.random.default_rng(3).integers(3, 500, size=96)]
+    steps = runner.new_cache()
+    single = np.concatenate([runner.verify([t], steps) for t in ids])
+    chunked = runner.new_cache()
+    rows = np.concatenate(
+        [runner.verify(ids[:80], chunked), runner.verify(ids[80:90], chunked), runner.verify(ids[90:], chunked)]
+    )
+    assert np.array_equal(rows, single)
+
+
 def test_an_expert_no_row_chooses_is_never_computed(kernel, tmp_path):
     """An expert that none of four ids chooses in the last layer holds NaN weights: transformers, which
     computes only the chosen experts, and the kernel give the same finite logits (a dense sum over every

@@ -91,6 +91,73 @@ inline void weigh_experts(const float* outs, const Routes& routes, int64_t s, in
   }
 }
 
+// One projection of a list run as one split (a call's chosen experts', few rows each): a matrix that is not
+// WEIGHT_PARTS, its rows, where its outputs go
+struct Job {
+  const Matrix* w;
+  Rows in;
+  float* y;
+  int64_t ldy;
+};
+
+// `w` over rows `in` into y as jobs: a WEIGHT_PARTS' parts each into its columns
+inline void add_jobs(std::vector<Job>& jobs, const Matrix& w, const Rows& in, float* y, int64_t ldy) {
+  if (w.kind != WEIGHT_PARTS) return jobs.push_back({&w, in, y, ldy});
+  int64_t at = 0;
+  for (int64_t i = 0; i < w.n_parts; i++) {
+    add_jobs(jobs, w.parts[i], in, y + at, ldy);
+    at += w.parts[i].n;
+  }
+}
+
+// A run of one job's units (unit_width outputs each): u0..u1
+struct JobItem {
+  int64_t job, u0, u1;
+};
+
+// the jobs' units in runs, about `items` of them (one more a job at most), the same list for every thread
+inline std::vector<JobItem> job_items(const std::vector<Job>& jobs, int64_t items) {
+  const auto units = [](const Job& j) { return (j.w->n + unit_width(*j.w) - 1) / unit_width(*j.w); };
+  int64_t total = 0;
+  for (const Job& j : jobs) total += units(j);
+  const int64_t per = std::max<int64_t>(1, total / std::max<int64_t>(1, items));
+  std::vector<JobItem> out;
+  for (int64_t j = 0; j < static_cast<int64_t>(jobs.size()); j++)
+    for (int64_t u = 0; u < units(jobs[j]); u += per) out.push_back({j, u, std::min(units(jobs[j]), u + per)});
+  return out;
+}
+
+// an item's units, every row of its job, into y (unit u's outputs of row s at y[s ldy + u width]): each row in
+// passes of rows as project() splits them, so the same bits
+inline void project_item(const std::vector<Job>& jobs, const JobItem& it, float* y, int64_t ldy) {
+  const Job& job = jobs[it.job];
+  project_units(*job.w, job.in, y, ldy, false, [&](auto pass, int64_t, auto work) {
+    for (int64_t u = it.u0; u < it.u1; u++)
+      each_row_pass<decltype(pass)::value>(job.in, [&](auto r, int64_t s) { work(u, r, s); });
+  });
+}
+
+// each expert that rows chose: project(w(e), its pairs' rows of `in`, into y's rows from its first place); a call
+// of fewer than kJobRows rows runs them all as one split of the team (one barrier, not one a projection)
+constexpr int64_t kJobRows = 16;
+template <typename Of>
+void project_experts(const Routes& routes, int64_t E, int64_t S, Of w, const Rows& in, float* y, int64_t ldy) {
+  if (S >= kJobRows) {  // a prompt's chunk: expert by expert (its rows unpack each block once, or run on AMX)
+    for (int64_t e = 0; e < E; e++)
+      if (routes.count(e)) project(w(e), rows_from(in, w(e), routes.start[e], routes.count(e)), y + routes.start[e] * ldy, ldy, false);
+    return;
+  }
+  std::vector<Job> jobs;
+  for (int64_t e = 0; e < E; e++)
+    if (routes.count(e)) add_jobs(jobs, w(e), rows_from(in, w(e), routes.start[e], routes.count(e)), y + routes.start[e] * ldy, ldy);
+  const std::vector<JobItem> items = job_items(jobs, omp_get_num_threads() * 8);
+#pragma omp for schedule(static)
+  for (size_t i = 0; i < items.size(); i++) {
+    const Job& job = jobs[items[i].job];
+    project_item(jobs, items[i], job.y, job.ldy);
+  }
+}
+
 // What the experts' stages share in a step: the router's logits, the routes, the pairs' gathered inputs
 // (moe.h [S k, D]), their gate_up outputs (moe.gu [S k, 2 Fe]) and their outputs (moe.post [S k, D])
 struct Experts {
@@ -137,20 +204,14 @@ inline void experts_barrier(const Model& m, const Layer& layer, int64_t S, Scrat
 #pragma omp for schedule(static)
   for (int64_t a = 0; a < pairs; a++) gather_pairs(m, ex.routes, sc.h.data(), router.k, gate_up[0], a, a + 1, mc);
   const Rows in = rows_for(gate_up[0], mc.h.data(), D, pairs, false, mc);
-  for (int64_t e = 0; e < E; e++)
-    if (ex.routes.count(e))
-      project(gate_up[e], rows_from(in, gate_up[e], ex.routes.start[e], ex.routes.count(e)),
-              &mc.gu[ex.routes.start[e] * 2 * Fe], 2 * Fe, false);
+  project_experts(ex.routes, E, S, [&](int64_t e) -> const Matrix& { return gate_up[e]; }, in, mc.gu.data(), 2 * Fe);
 #pragma omp for schedule(static)
   for (int64_t at = 0; at < pairs; at++) {
     act_row(m, &mc.gu[at * 2 * Fe], Fe);
     prepare_row(down[0], mc.gu.data(), 2 * Fe, at, false, m.eps, mc);
   }
   const Rows mid = rows_for(down[0], mc.gu.data(), 2 * Fe, pairs, false, mc);
-  for (int64_t e = 0; e < E; e++)
-    if (ex.routes.count(e))
-      project(down[e], rows_from(mid, down[e], ex.routes.start[e], ex.routes.count(e)),
-              &mc.post[ex.routes.start[e] * D], D, false);
+  project_experts(ex.routes, E, S, [&](int64_t e) -> const Matrix& { return down[e]; }, mid, mc.post.data(), D);
   thread_local std::vector<float> t;
   t.resize(D);
 #pragma omp for schedule(static)

@@ -191,51 +191,19 @@ void project_stage(Stages& stages, int t, int64_t& stage, const Matrix& w, const
   stages.run(t, stage, n, compute, commit);
 }
 
-// One of a stage's projections (a mixture's experts): a matrix that is not WEIGHT_PARTS, its rows (the
-// thread's own), where its outputs go (shared)
-struct Job {
-  const Matrix* w;
-  Rows in;
-  float* y;
-  int64_t ldy;
-};
-
-// `w` over rows `in` into y as jobs: a WEIGHT_PARTS' parts each into its columns
-void add_jobs(std::vector<Job>& jobs, const Matrix& w, const Rows& in, float* y, int64_t ldy) {
-  if (w.kind != WEIGHT_PARTS) return jobs.push_back({&w, in, y, ldy});
-  int64_t at = 0;
-  for (int64_t i = 0; i < w.n_parts; i++) {
-    add_jobs(jobs, w.parts[i], in, y + at, ldy);
-    at += w.parts[i].n;
-  }
-}
-
-// the jobs as one stage of thread t: each item a run of one job's units into own.out, then copied into its y
-// (at most threads * kItemsPerThread items, and one more a job)
+// the jobs as one stage of thread t: each item (job_items) a run of one job's units into own.out, then copied
+// into its y
 void project_jobs_stage(Stages& stages, int t, int64_t& stage, const std::vector<Job>& jobs, std::vector<float>& out) {
-  struct Item {
-    int64_t job, u0, u1;
-  };
-  const auto units = [](const Job& j) { return (j.w->n + unit_width(*j.w) - 1) / unit_width(*j.w); };
-  int64_t total = 0;
-  for (const Job& j : jobs) total += units(j);
-  const int64_t per = std::max<int64_t>(1, total / (stages.threads() * kItemsPerThread));
-  std::vector<Item> items;
-  for (int64_t j = 0; j < static_cast<int64_t>(jobs.size()); j++)
-    for (int64_t u = 0; u < units(jobs[j]); u += per) items.push_back({j, u, std::min(units(jobs[j]), u + per)});
+  const std::vector<JobItem> items = job_items(jobs, stages.threads() * kItemsPerThread);
   const auto compute = [&](int64_t i) {
-    const Item& it = items[i];
+    const JobItem& it = items[i];
     const Job& job = jobs[it.job];
     const int64_t width = unit_width(*job.w), ldo = (it.u1 - it.u0) * width;
     if (out.size() < static_cast<size_t>(job.in.count * ldo)) out.resize(job.in.count * ldo);
-    float* o = out.data() - it.u0 * width;  // unit u's outputs of row s at out[s * ldo + (u - u0) * width]
-    project_units(*job.w, job.in, o, ldo, false, [&](auto pass, int64_t, auto work) {
-      for (int64_t u = it.u0; u < it.u1; u++)
-        each_row_pass<decltype(pass)::value>(job.in, [&](auto r, int64_t s) { work(u, r, s); });
-    });
+    project_item(jobs, it, out.data() - it.u0 * width, ldo);  // unit u's row s at out[s ldo + (u - u0) width]
   };
   const auto commit = [&](int64_t i) {
-    const Item& it = items[i];
+    const JobItem& it = items[i];
     const Job& job = jobs[it.job];
     const int64_t width = unit_width(*job.w), ldo = (it.u1 - it.u0) * width;
     const int64_t cols = std::min(it.u1 * width, job.w->n) - it.u0 * width;
