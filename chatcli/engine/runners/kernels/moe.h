@@ -128,30 +128,40 @@ inline std::vector<JobItem> job_items(const std::vector<Job>& jobs, int64_t item
 }
 
 // an item's units, every row of its job, into y (unit u's outputs of row s at y[s ldy + u width]): each row in
-// passes of rows as project() splits them, so the same bits
+// passes of rows as project() splits them (a K-quant's codes unpacked once a unit where the rows are enough), so
+// the same bits
 inline void project_item(const std::vector<Job>& jobs, const JobItem& it, float* y, int64_t ldy) {
   const Job& job = jobs[it.job];
+  const auto units = [&](auto, int64_t, auto work) {
+    for (int64_t u = it.u0; u < it.u1; u++) work(u, 0, job.in.count);
+  };
+  if (unpacked_passes(*job.w, job.in, y, ldy, false, units)) return;
   project_units(*job.w, job.in, y, ldy, false, [&](auto pass, int64_t, auto work) {
     for (int64_t u = it.u0; u < it.u1; u++)
       each_row_pass<decltype(pass)::value>(job.in, [&](auto r, int64_t s) { work(u, r, s); });
   });
 }
 
-// each expert that rows chose: project(w(e), its pairs' rows of `in`, into y's rows from its first place); a call
-// of fewer than kJobRows rows runs them all as one split of the team (one barrier, not one a projection)
-constexpr int64_t kJobRows = 16;
+// each expert that rows chose: project(w(e), its pairs' rows of `in`, into y's rows from its first place), all
+// as one split of the team (one barrier, not one a projection; an item a run of an expert's units, taken as
+// threads come free: experts have more rows or fewer); where the CPU has AMX, a prompt's chunk (kAmxCallRows rows
+// or more) goes expert by expert, each on its tiles
+constexpr int64_t kAmxCallRows = 16;
 template <typename Of>
 void project_experts(const Routes& routes, int64_t E, int64_t S, Of w, const Rows& in, float* y, int64_t ldy) {
-  if (S >= kJobRows) {  // a prompt's chunk: expert by expert (its rows unpack each block once, or run on AMX)
+#if defined(__AVX512F__)
+  if (S >= kAmxCallRows && amx_ready()) {
     for (int64_t e = 0; e < E; e++)
       if (routes.count(e)) project(w(e), rows_from(in, w(e), routes.start[e], routes.count(e)), y + routes.start[e] * ldy, ldy, false);
     return;
   }
+#endif
+  (void)S;
   std::vector<Job> jobs;
   for (int64_t e = 0; e < E; e++)
     if (routes.count(e)) add_jobs(jobs, w(e), rows_from(in, w(e), routes.start[e], routes.count(e)), y + routes.start[e] * ldy, ldy);
   const std::vector<JobItem> items = job_items(jobs, omp_get_num_threads() * 8);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
   for (size_t i = 0; i < items.size(); i++) {
     const Job& job = jobs[items[i].job];
     project_item(jobs, items[i], job.y, job.ldy);
