@@ -12,6 +12,11 @@ expert no row chooses is never computed, and a qwen3moe file loads as a user's d
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -125,3 +130,29 @@ def test_without_the_kernel_a_moe_gguf_is_one_line(no_kernel, tmp_path):
     path = write_gguf(tiny("qwen3_moe", False), tmp_path / "moe.gguf", "F32")
     with pytest.raises(LoadError, match=r"moe.gguf.*mixture of experts \(qwen3_moe\) runs only on the compiled kernel"):
         load_engine(str(path), LoadOptions(device="cpu"))
+
+
+NAN_ROUTER = r"""
+import sys
+from pathlib import Path
+import numpy as np, torch
+from tests.gguf_models import tiny
+from tests.gguf_runs import IDS, direct_runner
+model = tiny("qwen3_moe", False)
+with torch.no_grad():
+    model.model.layers[0].mlp.gate.weight.fill_(float("nan"))
+runner = direct_runner(model, "F32", Path(sys.argv[1]))
+cache = runner.new_cache()
+rows = [runner.verify(IDS[:6], cache), runner.verify([IDS[6]], cache)]
+print("nan" if all(np.isnan(r).all() for r in rows) else "numbers")
+"""
+
+
+def test_a_router_of_nan_weights_gives_nan_not_a_crash(kernel, tmp_path):
+    """A damaged router (NaN logits) chose expert -1, out of range: the process crashed. Now every row takes
+    the lowest experts and its logits are NaN (in a child: a crash must not take the test run with it)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    argv = [sys.executable, "-c", NAN_ROUTER, str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "nan"

@@ -22,10 +22,13 @@
 namespace {
 
 // A row's choice: softmax of the router's logits [E], the k largest (the lower expert first where two are
-// equal) into ids, their probabilities into weights, divided by their sum where `norm`
+// equal) into ids, their probabilities into weights, divided by their sum where `norm`. NaN logits (damaged
+// weights) choose the lowest experts not taken: NaN outputs, never an expert out of range.
 inline void route_row(const float* logits, int64_t E, int64_t k, bool norm, int32_t* ids, float* weights) {
   thread_local std::vector<float> p;
+  thread_local std::vector<char> taken;
   p.resize(E);
+  taken.assign(E, 0);
   float top = logits[0], sum = 0.f;
   for (int64_t e = 1; e < E; e++) top = std::max(top, logits[e]);
   for (int64_t e = 0; e < E; e++) sum += p[e] = std::exp(logits[e] - top);
@@ -34,11 +37,11 @@ inline void route_row(const float* logits, int64_t E, int64_t k, bool norm, int3
   for (int64_t j = 0; j < k; j++) {
     int64_t best = -1;
     for (int64_t e = 0; e < E; e++)
-      if (p[e] >= 0.f && (best < 0 || p[e] > p[best])) best = e;
+      if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+    taken[best] = 1;
     ids[j] = static_cast<int32_t>(best);
     weights[j] = p[best];
     chosen += p[best];
-    p[best] = -1.f;  // taken
   }
   if (norm)
     for (int64_t j = 0; j < k; j++) weights[j] /= chosen;
