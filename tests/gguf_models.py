@@ -38,20 +38,18 @@ import gguf
 import numpy as np
 import torch
 
+from chatcli.bench.gguf_blocks import use_more_bits
 from tests import kquants
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
-GGUF_ARCH = {"gemma3_text": "gemma3"}  # transformers' model_type -> GGUF's architecture, where they differ
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral")
+# transformers' model_type -> GGUF's architecture, where they differ (Mixtral is a llama with experts)
+GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+MOE = ("qwen3_moe", "mixtral")
 
 # llama.cpp's replacement for a K-quant when a row is not a multiple of 256 wide
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
 
 TypeChooser = Callable[..., str]
-
-
-def use_more_bits(i_layer: int, n_layers: int) -> bool:
-    """llama.cpp's choice of the layers that get more bits in the _M mixes (llama-quant.cpp)."""
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
 
 def Q4_K_M(name: str, shape: tuple[int, ...], *, n_layers: int | None = None, has_output: bool = True) -> str:
@@ -63,7 +61,7 @@ def Q4_K_M(name: str, shape: tuple[int, ...], *, n_layers: int | None = None, ha
     del shape
     if name == "output.weight" or (name == "token_embd.weight" and not has_output):
         return "Q6_K"
-    match = re.match(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight$", name)
+    match = re.match(r"blk\.(\d+)\.(attn_v|ffn_down|ffn_down_exps)\.weight$", name)
     if match and n_layers is not None and use_more_bits(int(match.group(1)), n_layers):
         return "Q6_K"
     return "Q4_K"
@@ -87,7 +85,7 @@ def tensor_type(types: TypeChooser | str, name: str, shape: tuple[int, ...], n_l
     `has_output` if it takes them), falling back as llama.cpp does where the width does not fit."""
     import gguf
 
-    if len(shape) < 2:
+    if len(shape) < 2 or ".ffn_gate_inp." in name:  # llama.cpp's quantizer leaves the router F32
         return "F32"
     chooser = uniform(types) if isinstance(types, str) else types
     wants = inspect.signature(chooser).parameters
@@ -131,13 +129,19 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
     chosen = {name: tensor_type(types, name, array.shape, n_layers, has_output) for name, array in tensors}
 
     path = Path(path)
-    w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(arch, arch))
+    gguf_arch = GGUF_ARCH.get(arch, arch)
+    w = gguf.GGUFWriter(str(path), gguf_arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name("chatcli-test")
     w.add_block_count(n_layers)
     w.add_context_length(config.max_position_embeddings)
     w.add_embedding_length(config.hidden_size)
     w.add_feed_forward_length(config.intermediate_size)
+    if arch in MOE:  # as llama.cpp's converter: the experts' count, those a token takes, (Qwen3-MoE) their width
+        w.add_expert_count(getattr(config, "num_experts", None) or config.num_local_experts)
+        w.add_expert_used_count(config.num_experts_per_tok)
+        if arch == "qwen3_moe":
+            w.add_expert_feed_forward_length(config.moe_intermediate_size)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(float(rope_theta))
@@ -145,7 +149,7 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
     if "head_dim" in config.to_dict():
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if arch == "llama":
+    if gguf_arch == "llama":
         w.add_vocab_size(vocab)
         w.add_rope_dimension_count(hd)
     if arch.startswith("gemma"):
@@ -316,7 +320,7 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
         return np.ascontiguousarray(tensor.detach().float().cpu().numpy(), dtype=np.float32)
 
     def permuted(tensor, n_heads: int) -> np.ndarray:
-        if arch != "llama":  # NEOX rope: transformers' own pairing
+        if arch not in ("llama", "mixtral"):  # NEOX rope: transformers' own pairing
             return f32(tensor)
         return f32(tensor[head_rows(tensor.shape[0], n_heads)])  # LlamaModel.permute's row order
 
@@ -352,6 +356,13 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
             yield f"blk.{i}.post_ffw_norm.weight", norm(block.post_feedforward_layernorm)
         else:
             yield f"blk.{i}.ffn_norm.weight", norm(block.post_attention_layernorm)
+        if hasattr(m, "experts"):  # a mixture of experts: the router, each expert's gate, up and down stacked
+            width = m.experts.down_proj.shape[2]
+            yield f"blk.{i}.ffn_gate_inp.weight", f32(m.gate.weight)
+            yield f"blk.{i}.ffn_gate_exps.weight", f32(m.experts.gate_up_proj[:, :width])
+            yield f"blk.{i}.ffn_up_exps.weight", f32(m.experts.gate_up_proj[:, width:])
+            yield f"blk.{i}.ffn_down_exps.weight", f32(m.experts.down_proj)
+            continue
         if hasattr(m, "gate_up_proj"):  # Phi-3: gate and up in one, gate first
             yield f"blk.{i}.ffn_up.weight", f32(m.gate_up_proj.weight)
         else:
@@ -436,7 +447,16 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
                 "original_max_position_embeddings": 64,
             },
         )
+    if family in MOE:  # eight experts of 256 (K-quants fit their down), two a token, every layer sparse
+        experts = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}[family]
+        config.update({experts: 8, "num_experts_per_tok": 2, "head_dim": 64})
+        if family == "qwen3_moe":
+            config.update(moe_intermediate_size=256, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        else:
+            config.update(intermediate_size=256, sliding_window=None)
     kind = {
+        "qwen3_moe": t.Qwen3MoeConfig,
+        "mixtral": t.MixtralConfig,
         "llama": t.LlamaConfig,
         "qwen2": t.Qwen2Config,
         "qwen3": t.Qwen3Config,
@@ -448,7 +468,9 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
     model = t.AutoModelForCausalLM.from_config(kind(**config), attn_implementation="eager")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() > 1:
+            if name.endswith("mlp.gate.weight"):  # the router: random whatever its init (ties choose at random),
+                p.copy_(2.0 / math.sqrt(p.shape[1]) * torch.randn_like(p))  # its logits ~2 (a real router's size)
+            elif p.dim() > 1:
                 p.mul_(0.5 if any(f"{x}_proj" in name for x in ("q", "k")) else 4.0)
             elif "norm" in name:  # Gemma's norms multiply by 1 + w
                 p.copy_((0.0 if gemma else 1.0) + 0.3 * torch.randn_like(p))
@@ -469,6 +491,7 @@ GGUF_NAMES = [
     (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"blk.\1.ffn_gate.weight"),
     (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"blk.\1.ffn_up.weight"),
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blk.\1.ffn_down.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate\.weight", r"blk.\1.ffn_gate_inp.weight"),
 ]
 
 
@@ -482,18 +505,29 @@ def gguf_name(name: str) -> str:
 def fake_quantized(model, types) -> dict[str, str]:
     """Each 2-D weight of `model` replaced, in place, by what its GGUF type makes of it; {gguf name: type}."""
     chosen = {}
+    has_output = not model.config.tie_word_embeddings
+
+    def rounded(target: str, values: torch.Tensor) -> torch.Tensor:
+        kind = tensor_type(types, target, tuple(values.shape), model.config.num_hidden_layers, has_output)
+        chosen[target] = kind
+        raw = kquants.quantize(values.numpy(), kind)
+        raw = raw if raw.dtype == np.uint8 else raw.view(np.uint8)
+        return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(values.shape))
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() < 2:
                 continue
-            target = gguf_name(name)
-            has_output = not model.config.tie_word_embeddings
-            kind = tensor_type(types, target, tuple(p.shape), model.config.num_hidden_layers, has_output)
-            chosen[target] = kind
-            raw = kquants.quantize(p.numpy(), kind)
-            raw = raw if raw.dtype == np.uint8 else raw.view(np.uint8)
-            values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
-            p.copy_(torch.from_numpy(values.reshape(p.shape)))
+            experts = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)", name)
+            if experts and experts.group(2) == "gate_up_proj":  # [E, 2 I, D]: the gates, then the ups
+                width = p.shape[1] // 2
+                b = f"blk.{experts.group(1)}."
+                p.copy_(torch.cat([rounded(b + "ffn_gate_exps.weight", p[:, :width]),
+                                   rounded(b + "ffn_up_exps.weight", p[:, width:])], dim=1))  # fmt: skip
+            elif experts:
+                p.copy_(rounded(f"blk.{experts.group(1)}.ffn_down_exps.weight", p))
+            else:
+                p.copy_(rounded(gguf_name(name), p))
     return chosen
 
 

@@ -95,7 +95,7 @@ def write_case(runner, path: Path, script: Script, kv_dtype: str, threads: tuple
     file = runner.weights.file
     w = _Words(file.base, file.size)
     m = runner._model
-    w.add(MAGIC, 1, m.n_layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn, m.vocab)
+    w.add(MAGIC, 2, m.n_layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn, m.vocab)
     w.add(_float(m.eps), _float(m.attn_scale), _float(m.attn_softcap), m.act)
     w.pointer(m.embed)
     for i in range(m.n_layers):
@@ -109,11 +109,15 @@ def write_case(runner, path: Path, script: Script, kv_dtype: str, threads: tuple
         w.add(layer.window)
         for name in ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
             w.pointer(getattr(layer, name))
+        experts = [layer.experts[e] for e in range(2 * m.experts)] if layer.router else []  # gate_ups, downs
+        w.add(1 + len(experts) if layer.router else 0)
+        for matrix in [layer.router.contents, *experts] if layer.router else []:
+            w.matrix(matrix)
     w.matrix(m.head)
     w.add(1 if m.embed_rows else 0)
     if m.embed_rows:
         w.matrix(m.embed_rows.contents)
-    w.add(_float(m.embed_scale))
+    w.add(_float(m.embed_scale), m.experts, m.experts_used, m.expert_ffn, m.norm_topk)
     capacity = -(-runner.context_limit // 16) * 16
     w.add(CACHE_BF16 if kv_dtype == "bfloat16" else CACHE_F32, capacity, *threads)
     for ids in (script.prompt, script.draft, script.other):
@@ -205,7 +209,7 @@ def project_neon(binary: Path, folder: Path, p: Projection, x: np.ndarray, threa
         offsets[field] = len(blob)
         blob += np.ascontiguousarray(array).tobytes()
         blob += bytes(-len(blob) % 64)
-    words = [int.from_bytes(b"CHATPROJ", "little"), 1, p.kind, p.n, p.k, p.kp]
+    words = [int.from_bytes(b"CHATPROJ", "little"), 2, p.kind, p.n, p.k, p.kp]
     words += [offsets.get(f, -1) for f in FIELDS] + [0, len(x), threads]
     words += np.ascontiguousarray(x, np.float32).view(np.uint32).ravel().tolist()
     case, data, out = folder / "project.bin", folder / "blob.bin", folder / "y.bin"

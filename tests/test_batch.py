@@ -74,7 +74,7 @@ def test_a_sequence_in_a_batch_gets_the_bits_it_gets_alone(kernel, lean_files, k
         assert cache.ids == [t for ids, _every in calls for t in ids]
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe"])
 def test_the_gguf_blocks_and_sliding_layers_batch_too(kernel, tmp_path, family):
     """K-quant parts, and Gemma 3's sliding layers (a window of 4: strips move on, some calls past it)."""
     path = write_gguf(tiny(family, True), tmp_path / "model.gguf", Q4_K_M)

@@ -94,11 +94,17 @@ def test_the_table_names_both_sides(kernel):
 
 
 def test_gguf_type_asks_for_llama_cpps_quantizer(monkeypatch):
+    """Without llama-cpp-python a file is written as random blocks of Q4_K_M, Q8_0 or F16 (gguf_blocks);
+    any other type needs llama.cpp's quantizer."""
     from chatcli.bench import baseline
 
     monkeypatch.setattr(baseline, "llama_python", lambda: None)
-    result = CliRunner().invoke(bench_command, ["--shape", "llama-3.2-1b", "--gguf-type", "Q4_K_M"])
+    result = CliRunner().invoke(bench_command, ["--shape", "llama-3.2-1b", "--gguf-type", "Q5_K_M"])
     assert result.exit_code == 1 and "llama.cpp's own quantizer" in result.output
+    result = CliRunner().invoke(bench_command, ["--shape", "qwen3-30b-a3b", "--gguf-type", "Q5_K_M"])
+    assert "--shape qwen3-30b-a3b is written as Q4_K_M, Q8_0, F16" in " ".join(result.output.split())
+    result = CliRunner().invoke(bench_command, ["--shape", "qwen3-30b-a3b"])
+    assert result.exit_code == 1 and "is a mixture of experts: add --gguf-type" in " ".join(result.output.split())
     result = CliRunner().invoke(bench_command, ["--gguf-type", "Q4_K_M"])
     assert result.exit_code == 1 and "takes --shape" in result.output
 
@@ -116,3 +122,80 @@ def test_the_random_f16_gguf_is_what_the_quantizer_takes(tmp_path):
     assert header.tensors["blk.0.attn_k.weight"].type_name == "F16" and "output.weight" not in header.tensors
     assert header.tensors["output_norm.weight"].type_name == "F32"
     assert gguf_meta.save(header, tmp_path) and (tmp_path / "chat_template.jinja").is_file()
+
+
+TINY_MOE = dict(  # Qwen3-30B-A3B's kind of shape, tiny: eight experts of 256, two a token, untied
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=512,
+    moe_intermediate_size=256,
+    num_experts=8,
+    num_experts_per_tok=2,
+    vocab_size=1000,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+)
+
+
+def test_random_blocks_are_a_file_of_llama_cpps_mix_that_chatcli_runs(kernel, tmp_path):
+    """`gguf_blocks.write_random_blocks`: Q4_K_M's types (Q6_K for the output and the use_more_bits layers'
+    attn_v and ffn_down_exps, the router F32), the bytes `file_bytes` counts, a model whose logits are finite."""
+    from chatcli.bench.gguf_blocks import file_bytes, write_random_blocks
+    from chatcli.engine.weights.gguf_file import GGUFFile
+    from tests.gguf_runs import IDS
+
+    path = write_random_blocks({**TINY_MOE, "max_position_embeddings": 64}, tmp_path / "moe.gguf", "Q4_K_M")
+    header = GGUFFile(path)
+    types = {name: t.type_name for name, t in header.tensors.items()}
+    assert types["output.weight"] == types["blk.2.ffn_down_exps.weight"] == types["blk.3.attn_v.weight"] == "Q6_K"
+    assert types["blk.0.ffn_down_exps.weight"] == types["blk.2.ffn_up_exps.weight"] == "Q4_K"
+    assert types["blk.1.ffn_gate_inp.weight"] == types["blk.1.attn_q_norm.weight"] == "F32"
+    assert header.tensors["blk.1.ffn_gate_exps.weight"].shape == (256, 256, 8)
+    assert sum(t.n_bytes for t in header.tensors.values()) == file_bytes(TINY_MOE, "Q4_K_M")
+    from chatcli.engine.load.build import load_engine
+
+    runner = load_engine(str(path)).runner
+    assert runner.config.experts == 8 and runner.active_bytes < runner.weight_bytes
+    assert np.isfinite(runner.verify(IDS, runner.new_cache())).all()
+
+
+def test_the_layers_kept_fit_the_memory():
+    from chatcli.bench.gguf_blocks import MEMORY_SHARE, file_bytes, fitting_layers
+
+    qwen3 = sh.SHAPES["qwen3-30b-a3b"]
+    whole = file_bytes(qwen3, "Q4_K_M")
+    assert 17.0 < whole / 2**30 < 17.6  # Qwen3-30B-A3B-Q4_K_M.gguf is 17.3 GiB
+    assert fitting_layers(qwen3, "Q4_K_M", memory=2 * whole / MEMORY_SHARE) == 48
+    layers = fitting_layers(qwen3, "Q4_K_M", memory=24 * 2**30)
+    assert 20 <= layers < 48
+    kept = file_bytes({**qwen3, "num_hidden_layers": layers}, "Q4_K_M")
+    more = file_bytes({**qwen3, "num_hidden_layers": layers + 1}, "Q4_K_M")
+    assert kept <= MEMORY_SHARE * 24 * 2**30 < more
+
+
+def test_a_mixture_of_experts_shape_runs_without_llama_cpp(kernel, monkeypatch):
+    """`--shape --gguf-type` on a mixture of experts: random blocks, fewer layers where the memory says so,
+    chatcli's first start, one-shots, decode and prefill; llama.cpp said not to have run; the table says all."""
+    from rich.console import Console
+
+    from chatcli.bench import gguf_blocks
+    from chatcli.bench.gguf_types import run_gguf_type
+    from chatcli.bench.report import render_gguf_type
+
+    monkeypatch.setitem(sh.SHAPES, "tiny-moe", TINY_MOE)
+    three = gguf_blocks.file_bytes({**TINY_MOE, "num_hidden_layers": 3}, "Q4_K_M")
+    monkeypatch.setattr(gguf_blocks, "memory_bytes", lambda: int(three / gguf_blocks.MEMORY_SHARE) + 1)
+    result = run_gguf_type("tiny-moe", "Q4_K_M", context=20, new_tokens=6, prefill_tokens=48, runs=1)
+    ours = result["chatcli"]
+    assert result["layers"] == 3 and result["layers_of"] == 4 and result["blocks"] == "random, written here"
+    assert ours["decode_tok_s"] > 0 and ours["prefill_tok_s"] > 0 and ours["first_start_exit"] == 0
+    assert 0 < ours["active_mib"] < ours["weights_mib"]
+    assert "not run" in result["llama_cpp"]["error"]
+    console = Console(record=True, width=160)
+    render_gguf_type({**result, "cpu": "a CPU"}, console)
+    text = console.export_text()
+    assert "tiny-moe (3 of its 4 layers)" in text and "weights a token reads MiB" in text
+    assert "llama.cpp: not run" in text

@@ -128,3 +128,36 @@ def test_the_transformers_path_is_checked_too(source, tmp_path):
     path, line = crafted(source, tmp_path, "negative rope base")
     with pytest.raises(LoadError, match=f"bad GGUF: {line}"):
         load_engine(str(path), LoadOptions(runner="hf"))
+
+
+# a mixture of experts' fields and tensors (a tiny qwen3moe: eight experts of 256, two a token)
+MOE_CASES = {
+    "more experts a token than there are": (
+        {"fields": {"qwen3moe.expert_used_count": (9, T.UINT32)}},
+        "qwen3moe.expert_used_count is 9: a token takes 1 to qwen3moe.expert_count 8 experts",
+    ),
+    "no experts a token": (
+        {"fields": {"qwen3moe.expert_used_count": (0, T.UINT32)}},
+        "qwen3moe.expert_used_count is 0, not a whole number above 0",
+    ),
+    "a router of other experts": (
+        {"tensors": {"blk.0.ffn_gate_inp.weight": np.zeros((6, 256), np.float32)}},
+        "blk.0.ffn_gate_inp.weight is [256, 6] but qwen3moe.embedding_length 256 and qwen3moe.expert_count 8 "
+        "make it [256, 8]",
+    ),
+    "experts of another width": (
+        {"tensors": {"blk.1.ffn_down_exps.weight": np.zeros((8, 256, 128), np.float32)}},
+        "blk.1.ffn_down_exps.weight is [128, 256, 8] but qwen3moe.embedding_length 256, "
+        "qwen3moe.expert_feed_forward_length 256 and qwen3moe.expert_count 8 make it [256, 256, 8]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MOE_CASES))
+def test_a_crafted_mixture_of_experts_is_one_line(tmp_path_factory, tmp_path, case):
+    source = write_gguf(tiny("qwen3_moe", False), tmp_path_factory.mktemp("moe") / "good.gguf")
+    check_header(GGUFFile(source))
+    change, line = MOE_CASES[case]
+    with pytest.raises(GGUFError) as caught:
+        check_header(GGUFFile(rewrite_gguf(source, tmp_path / "bad.gguf", **change)))
+    assert str(caught.value) == f"bad GGUF: {line}"

@@ -57,11 +57,12 @@ def equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text", "qwen3_moe"])
 @pytest.mark.parametrize("threads", [2, 3])
 def test_steps_without_barriers_give_the_barrier_forwards_bits(lib, tmp_path, family, threads):
     """K-quant parts (Q4_K_M's fused projections in two types), q/k norms, Gemma 3's sandwich norms and
-    sliding layers; two and three threads, the last one stalled or not."""
+    sliding layers, a mixture of experts (its experts' projections one stage); two and three threads, the
+    last one stalled or not."""
     runner = direct_runner(tiny(family, True), Q4_K_M, tmp_path)
     runner.threads = -threads  # as many threads, decode steps without barriers
     barrier, tolerant, stalled, taken = each_way(lib, lambda: calls(runner))
@@ -90,12 +91,13 @@ def test_a_batch_of_sequences_too(lib, tmp_path):
             assert np.array_equal(cache.k, want.k) and np.array_equal(cache.v, want.v)
 
 
-def test_every_build_this_cpu_runs(build, tmp_path):
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_every_build_this_cpu_runs(build, tmp_path, family):
     """The AVX-512, AVX-VNNI and AVX2 builds alike (each with its own passes of rows)."""
     from chatcli.engine.runners import kernels
 
     lib = kernels.library()
-    runner = direct_runner(tiny("llama", True), Q4_K_M, tmp_path)
+    runner = direct_runner(tiny(family, True), Q4_K_M, tmp_path)
     runner.threads = -2
     try:
         barrier, tolerant, stalled, taken = each_way(lib, lambda: calls(runner))

@@ -5,6 +5,11 @@ no transformers model, no fp32 copy), quantized to TYPE by llama.cpp's own quant
 llama-cpp-python's interpreter, and run by chatcli as a user runs it (`chatcli -m FILE`: its first
 start into a cache that holds only the compiled kernel, built once per machine; later one-shots;
 decode and prefill in a child of their own) and by llama.cpp beside it, with each side's peak memory.
+
+A mixture of experts (`--shape qwen3-30b-a3b`), or any shape where llama-cpp-python is not installed, is
+written straight as random blocks of the type (`gguf_blocks`: Q4_K_M's mix, Q8_0 or F16), with as many of its
+layers as this machine's memory holds the file of (the result says how many); llama.cpp then runs beside it
+where it is installed, else the result says it did not.
 """
 
 from __future__ import annotations
@@ -48,25 +53,27 @@ def run_gguf_type(
     import os
 
     from chatcli.bench.baseline import LLAMA_ONESHOT, llama_cpp, process_run
-    from chatcli.bench.gguf_write import write_random_gguf
+    from chatcli.bench.gguf_blocks import TYPES, fitting_layers, write_random_blocks
 
-    if not llama_python:
-        raise ValueError("--gguf-type quantizes with llama.cpp's own quantizer: install llama-cpp-python")
     fields = {**SHAPES[shape], "max_position_embeddings": CONTEXT}
+    layers = fields["num_hidden_layers"]
+    random_blocks = bool(fields.get("num_experts")) or not llama_python
+    if random_blocks and gguf_type not in TYPES:
+        raise ValueError(
+            f"--gguf-type {gguf_type} is made by llama.cpp's own quantizer (install llama-cpp-python)"
+            if not fields.get("num_experts") else f"--shape {shape} is written as {', '.join(TYPES)}, not {gguf_type}"
+        )  # fmt: skip
+    if random_blocks:
+        fields["num_hidden_layers"] = fitting_layers(fields, gguf_type)
     folder = Path(tempfile.mkdtemp(prefix=f"chatcli-shape-{shape}-"))
     try:
-        progress(f"writing a random {shape} model as an F16 GGUF")
-        f16 = write_random_gguf(fields, folder / "F16.gguf")
         path = folder / f"{gguf_type}.gguf"
-        if gguf_type.upper() == "F16":  # the file as written: nothing to quantize
-            f16.rename(path)
+        if random_blocks:
+            kept = fields["num_hidden_layers"]
+            progress(f"writing a random {shape} model ({kept} of its {layers} layers) as {gguf_type}'s blocks")
+            write_random_blocks(fields, path, gguf_type)
         else:
-            progress(f"quantizing it to {gguf_type} with llama.cpp")
-            done = subprocess.run([llama_python, "-c", _QUANTIZE, str(f16), str(path), gguf_type, str(threads)],
-                                  capture_output=True, text=True, timeout=3600)  # fmt: skip
-            if done.returncode != 0 or not path.is_file():
-                raise RuntimeError(f"llama.cpp could not quantize to {gguf_type}: {(done.stderr or '').strip()[-300:]}")
-            f16.unlink()
+            _quantized_by_llama_cpp(fields, folder, path, shape, gguf_type, llama_python, threads, progress)
         cache, data = folder / "cache", folder / "data"
         env = {
             **os.environ,
@@ -91,11 +98,17 @@ def run_gguf_type(
         result = {
             "shape": shape,
             "gguf_type": gguf_type,
+            "layers": fields["num_hidden_layers"],
+            "layers_of": layers,
+            "blocks": "random, written here" if random_blocks else "llama.cpp's quantizer",
             "file_mib": path.stat().st_size / 2**20,
             "threads": threads,
             "chatcli": ours,
             "llama_cpp": None,
         }
+        if not llama_python:
+            result["llama_cpp"] = {"error": "not run: llama-cpp-python is not installed here"}
+            return result
         progress(f"llama.cpp {gguf_type}: one-shots, decode and prefill")
         try:
             theirs = llama_cpp(llama_python, str(path), decode, prefill, new_tokens, threads)
@@ -109,6 +122,23 @@ def run_gguf_type(
         return result
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _quantized_by_llama_cpp(fields, folder, path, shape, gguf_type, llama_python, threads, progress) -> None:
+    """A random model of these fields written as an F16 GGUF, quantized to `gguf_type` at `path` by llama.cpp."""
+    from chatcli.bench.gguf_write import write_random_gguf
+
+    progress(f"writing a random {shape} model as an F16 GGUF")
+    f16 = write_random_gguf(fields, folder / "F16.gguf")
+    if gguf_type.upper() == "F16":  # the file as written: nothing to quantize
+        f16.rename(path)
+        return
+    progress(f"quantizing it to {gguf_type} with llama.cpp")
+    done = subprocess.run([llama_python, "-c", _QUANTIZE, str(f16), str(path), gguf_type, str(threads)],
+                          capture_output=True, text=True, timeout=3600)  # fmt: skip
+    if done.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"llama.cpp could not quantize to {gguf_type}: {(done.stderr or '').strip()[-300:]}")
+    f16.unlink()
 
 
 def _copy_kernel(cache: Path) -> None:
@@ -146,11 +176,6 @@ def bench_gguf_type(shape, model, gguf_type, max_tokens, prefill_tokens, threads
     if not shape or model:
         raise BenchError("--gguf-type takes --shape (a random model of that shape), not --model")
     llama_python = ref.llama_python()
-    if not llama_python:
-        raise BenchError(
-            "--gguf-type quantizes with llama.cpp's own quantizer: install llama-cpp-python "
-            "(or name a venv's python that has it in $CHATCLI_LLAMA_PYTHON)"
-        )
     try:
         result = run_gguf_type(
             shape,
@@ -161,6 +186,6 @@ def bench_gguf_type(shape, model, gguf_type, max_tokens, prefill_tokens, threads
             threads=threads or kernel_threads(),
             progress=progress,
         )
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         raise BenchError(str(exc)) from None
     return {"cpu": ref.cpu_name(), **result}

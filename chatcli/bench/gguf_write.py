@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 
 
-def start_llama_gguf(path: Path, fields: dict, qtype: str):
-    """A GGUFWriter for a Llama of these config fields (hidden_size, num_hidden_layers, …, as a
-    LlamaConfig names them), its metadata and tokenizer written, its tensors to add."""
+def start_llama_gguf(path: Path, fields: dict, qtype: str, arch: str = "llama"):
+    """A GGUFWriter for a Llama (or another `arch` of Llama's keys: qwen3moe) of these config fields
+    (hidden_size, num_hidden_layers, …, as a LlamaConfig names them), its metadata and tokenizer written,
+    its tensors to add."""
     import gguf
 
     from chatcli.engine.load.sources import embedded_gguf
@@ -25,7 +26,7 @@ def start_llama_gguf(path: Path, fields: dict, qtype: str):
     heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
     hd = fields.get("head_dim") or fields["hidden_size"] // heads
     vocab = fields["vocab_size"]
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(fields.get("max_position_embeddings", 2048))
     w.add_embedding_length(fields["hidden_size"])
     w.add_block_count(fields["num_hidden_layers"])
@@ -66,6 +67,16 @@ def finish(w) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
+    w.close()
+
+
+def finish_streamed(w, arrays) -> None:
+    """Write a file whose tensors were declared (`add_tensor_info`), then each one's data from `arrays`, in order."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for array in arrays:
+        w.write_tensor_data(array)
     w.close()
 
 

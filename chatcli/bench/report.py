@@ -145,7 +145,9 @@ def render_gguf_type(result: dict, console) -> None:
     from rich.table import Table
 
     ours, theirs = result["chatcli"], result.get("llama_cpp") or {}
-    title = f"random {result['shape']} · {result['gguf_type']} ({result['file_mib']:.0f} MiB) · {result['cpu']}"
+    layers = result.get("layers_of") and result["layers"] < result["layers_of"]
+    shape = f"{result['shape']} ({result['layers']} of its {result['layers_of']} layers)" if layers else result["shape"]
+    title = f"random {shape} · {result['gguf_type']} ({result['file_mib']:.0f} MiB) · {result['cpu']}"
     kernel = f" · kernel {ours['kernel']}" if ours.get("kernel") else ""
     table = Table(title=f"{title} · {result['threads']} threads{kernel}")
     for col in ("metric", f"chatcli ({ours.get('weights', '')})", "llama.cpp", "ratio"):
@@ -164,6 +166,13 @@ def render_gguf_type(result: dict, console) -> None:
     row("one-shot s (median)", "oneshot_s", ".2f")
     row("one-shot peak MiB", "oneshot_peak_mib", ".0f")
     table.add_row("cache on disk MiB", f"{ours.get('cache_mib', 0):.0f}", "0", "")
+    if ours.get("active_mib") and ours["active_mib"] < ours.get("weights_mib", 0):  # a mixture of experts
+        table.add_row("weights a token reads MiB", f"{ours['active_mib']:.0f} of {ours['weights_mib']:.0f}", "", "")
+    notes = [f"blocks: {result['blocks']}"] if result.get("blocks") else []
+    if layers:
+        notes.append(f"{result['layers']} layers: the file the memory of this machine holds (bench/gguf_blocks.py)")
+    if notes:
+        table.caption = " · ".join(filter(None, [table.caption, *notes]))
     console.print(table)
 
 

@@ -51,6 +51,21 @@ SHAPES = {
         vocab_size=151936,
         rope_theta=1000000.0,
     ),
+    # a mixture of experts (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): --gguf-type only (bench/gguf_blocks.py)
+    "qwen3-30b-a3b": dict(
+        hidden_size=2048,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+    ),
 }
 LLAMA_QUANT = {None: "F32", "int8": "Q8_0", "q8": "Q8_0", "q4": "Q4_0"}  # chatcli's --quantize -> the GGUF's
 KINDS = {None: "float32-panels", "int8": "int8", "q8": "q8", "q4": "q4"}
@@ -122,6 +137,7 @@ for _ in range(a["new_tokens"] - 1):
 peak = next((int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")), None)
 print(json.dumps({"decode_tok_s": 1 / statistics.median(steps), "prefill_tok_s": len(a["prefill"]) / prefill_s,
                   "weights": runner.weights_dtype, "weights_mib": runner.weight_bytes / 2**20, "peak_rss_kib": peak,
+                  "active_mib": getattr(runner, "active_bytes", runner.weight_bytes) / 2**20,
                   "kernel": runner.kernel}))
 """
 
@@ -144,6 +160,8 @@ def run_shape(
 
     name = shape if isinstance(shape, str) else "custom"
     fields = SHAPES[shape] if isinstance(shape, str) else shape
+    if fields.get("num_experts"):
+        raise BenchError(f"--shape {name} is a mixture of experts: add --gguf-type Q4_K_M")
     qtype, kind = LLAMA_QUANT[quantize], KINDS[quantize]
     progress(f"building a random {name} model")
     model = build(fields)

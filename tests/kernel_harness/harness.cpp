@@ -7,7 +7,8 @@
 //
 // CASE: little-endian int64 words: "CHATNEON", the version, then the model (Model's fields in order, each
 // Matrix's with its parts, each Layer's; a float as its bits, a pointer as an offset into LEAN or -1 for
-// null; a layer's rope -2: the identity, cos 1 and sin 0 at every position), then the script's numbers:
+// null; a layer's rope -2: the identity, cos 1 and sin 0 at every position; after a layer's vectors 0, or the
+// count of its router and experts' matrices and those), then the script's numbers:
 // cache kind, capacity, the threads of single steps and of the rest, and three id lists (a count, the
 // ids): the prompt P, the draft D, another prompt O.
 // OUT: float32 rows of V logits, in order:
@@ -167,7 +168,7 @@ int main(int argc, char** argv) {
   in.blob_size = static_cast<int64_t>(lean_size);
 
   const int64_t magic = in.next();
-  if (in.next() != 1) fail("a case file of another version");
+  if (in.next() != 2) fail("a case file of another version");
   if (magic == 0x4a4f525054414843LL) return project(in, argv[3]);  // "CHATPROJ"
   if (magic != 0x4e4f454e54414843LL) fail("not a case file");      // "CHATNEON"
   Model m{};
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
   m.act = static_cast<int32_t>(in.next());
   m.embed = in.pointer<const float>();
   std::vector<Layer> layers;
+  std::deque<std::vector<Matrix>> mixtures;  // each mixture of experts' router, then its experts (moe.h)
   for (int64_t l = 0; l < m.n_layers; l++) {
     Layer layer{};
     layer.qkv = in.matrix();
@@ -200,6 +202,13 @@ int main(int argc, char** argv) {
     layer.k_norm = in.pointer<const float>();
     layer.post_attn_norm = in.pointer<const float>();
     layer.post_ffn_norm = in.pointer<const float>();
+    if (const int64_t count = in.next(); count > 0) {
+      std::vector<Matrix> matrices;
+      for (int64_t i = 0; i < count; i++) matrices.push_back(in.matrix());
+      mixtures.push_back(std::move(matrices));
+      layer.router = &mixtures.back()[0];
+      layer.experts = &mixtures.back()[1];
+    }
     layers.push_back(layer);
   }
   m.layers = layers.data();
@@ -210,6 +219,10 @@ int main(int argc, char** argv) {
     m.embed_rows = &embed_rows;
   }
   m.embed_scale = in.real();
+  m.experts = in.next();
+  m.experts_used = in.next();
+  m.expert_ffn = in.next();
+  m.norm_topk = static_cast<int32_t>(in.next());
   const int32_t kind = static_cast<int32_t>(in.next());
   const int64_t capacity = in.next();
   const int32_t step_threads = static_cast<int32_t>(in.next()), threads = static_cast<int32_t>(in.next());

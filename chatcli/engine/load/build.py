@@ -85,4 +85,4 @@ def why_not_lean(options: LoadOptions, source: Source) -> str | None:
     reason = "--runner hf" if options.runner == "hf" else "--device-map" if options.device_map else None
     if source.folder is None:
         return reason or "not in the local Hugging Face cache"
-    return reason or lean_support(read_config(source.folder))
+    return reason or lean_support(read_config(source.folder), gguf=source.gguf is not None)

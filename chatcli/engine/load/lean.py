@@ -76,6 +76,7 @@ def lean_engine(
     `kv`: the --kv-dtype (auto: see `pick_kv_dtype`); `quantize`: the --quantize (auto: `resolve_quantize`)."""
     asked = quantize
     native, quantize = plan(source.folder, device, dtype, kv, quantize, kernel, source.gguf)
+    experts_only_native(source, native, quantize, lambda: _why_no_kernel(kernel, device, dtype, kv))
     kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32 or bfloat16 where native: dtype is float32
     status(f"Loading {source.name}")
     folder = source.folder if quantize == GGUF else source.weights(status)  # a GGUF read as it is needs no model
@@ -125,6 +126,29 @@ def dequantized_note(source: Source, asked: str | None, quantize: str | None, ru
     return (
         f"{source.name} is {name}, but its blocks are not read here ({why}): it runs dequantized, as {runs}, "
         "slower and in several times the memory (--quantize none asks for that)"
+    )
+
+
+def experts_only_native(source: Source, native: bool, quantize: str | None, why_no_kernel) -> None:
+    """A mixture of experts (`families.MOE_FAMILIES`) runs on the kernel from its GGUF's own blocks only:
+    one line where it would not (`why_no_kernel()`: why the kernel does not run here)."""
+    from chatcli.engine.weights.families import MOE_FAMILIES
+
+    kind = read_config(source.folder).get("model_type")
+    if kind not in MOE_FAMILIES or (native and quantize == GGUF):
+        return
+    if not native:
+        why = f"the kernel does not run here: {why_no_kernel()}"
+    elif quantize is None:
+        from chatcli.engine.weights.gguf_convert import recorded_direct_reason
+
+        reason = recorded_direct_reason(source.folder)
+        why = f"its blocks are not read directly: {reason}" if reason else "--quantize none asks for fp32 weights"
+    else:
+        why = f"--quantize {quantize} asks for other weights"
+    raise LoadError(
+        f"{source.name}: a mixture of experts ({kind}) runs only on the compiled kernel from the GGUF's own blocks, "
+        f"and {why} (--runner hf tries transformers)"
     )
 
 

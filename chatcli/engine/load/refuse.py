@@ -1,7 +1,7 @@
 """A GGUF refused before anything reads it, in one line: one part of a split model, or an architecture
 chatcli does not run.
 
-Without this, a GGUF of an architecture outside the lean families (`qwen3moe`, `mamba`, `rwkv6`, …)
+Without this, a GGUF of an architecture outside the lean families (`mamba`, `rwkv6`, `gpt-oss`, …)
 went to transformers' GGUF converter, which spent from seconds to minutes before it stopped with its
 own text (`You set ignore_mismatched_sizes to False…` for Qwen3-MoE). The architecture is read from the
 first key-value pairs of the header (llama.cpp writes `general.architecture` first): a few KiB, no
@@ -60,10 +60,10 @@ def architecture_of(head: bytes) -> str | None:
 
 def runnable_architectures() -> list[str]:
     """The GGUF architectures chatcli runs: those whose config it writes for a lean family."""
-    from chatcli.engine.weights.families import LEAN_FAMILIES
+    from chatcli.engine.weights.families import LEAN_FAMILIES, MOE_FAMILIES
     from chatcli.engine.weights.gguf_meta import FAMILIES
 
-    return [arch for arch, (model_type, _) in FAMILIES.items() if model_type in LEAN_FAMILIES]
+    return [arch for arch, (model_type, _) in FAMILIES.items() if model_type in (*LEAN_FAMILIES, *MOE_FAMILIES)]
 
 
 def check_gguf(path: Path, runner: str = "auto") -> None:

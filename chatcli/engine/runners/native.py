@@ -49,6 +49,7 @@ from chatcli.engine.weights.lean_file import (
     PROJECTIONS,
     VECTORS,
     LeanWeights,
+    block_strides,
     norm_before,
 )
 
@@ -148,12 +149,16 @@ class NativeRunner(ModelRunner):
         def vector(name: str):  # a family's vector, or null where it has none
             return weights.address(name) if name in vectors else None
 
+        def projections(i: int) -> list[str]:  # a mixture of experts' layer has no gate_up nor down (zeros)
+            return [f"layers.{i}.{p}" for p in PROJECTIONS]
+
         layers = [
             Layer(
-                *[self._matrix(f"layers.{i}.{p}", shapes) for p in PROJECTIONS],
+                *[self._matrix(name, shapes) if name in shapes else Matrix() for name in projections(i)],
                 weights.address(c.rope_name(i)),
                 c.layer_window(i),
                 *[vector(f"layers.{i}.{n}") for n in VECTORS],  # in Layer's field order
+                *self._experts(i, shapes),
             )
             for i in range(c.layers)
         ]
@@ -174,17 +179,23 @@ class NativeRunner(ModelRunner):
             self._layers,
             self._matrix("head", shapes),
         )
+        self._model.experts, self._model.experts_used, self._model.expert_ffn = c.experts, c.experts_used, c.ffn
+        self._model.norm_topk = int(c.norm_topk)
         if c.kind in BLOCKS:  # the embedding from its blocks: the head's where tied
             self._embed = self._model.head if c.tied else self._matrix("embed", {"embed": (c.hidden, c.embed_rows)})
             self._model.embed_rows = ctypes.pointer(self._embed)
             self._model.embed_scale = c.embed_scale
         self.final_softcap = c.final_softcap
         apart = {**vectors, **c.norms()}  # fp32 vectors beside the projections, not their weights
-        self.weight_bytes = sum(
-            weights.file.tensors[n].nbytes
+        sizes = {
+            n: weights.file.tensors[n].nbytes
             for n in weights.file.tensors
             if n.split(".")[0] not in ("embed", "rope", "rope_sliding") and n not in apart
-        )
+        }
+        self.weight_bytes = sum(sizes.values())
+        # what a token reads: its experts' share of the experts' weights (all of them where there are none)
+        experts = sum(size for n, size in sizes.items() if ".experts_" in n)
+        self.active_bytes = self.weight_bytes - experts + experts * c.experts_used // max(1, c.experts)
 
     def _matrix(self, name: str, shapes: dict) -> Matrix:
         k, n = shapes[name]
@@ -232,6 +243,36 @@ class NativeRunner(ModelRunner):
                 w.address(f"{name}.wsum"),
             )
         return Matrix(WEIGHT_F32, n, k, k, self.weights.address(name), None, None)
+
+    def _experts(self, i: int, shapes: dict) -> tuple:
+        """Layer i's router and its experts (every one's gate_up, then every one's down), each expert a view of
+        its rows of the stacked tensors (`lean_file.EXPERT_PROJECTIONS`); (None, None) for a dense layer."""
+        c = self.config
+        if not c.experts:
+            return None, None
+        router = self._matrix(f"layers.{i}.router", shapes)
+        experts = self._expert_views(f"layers.{i}.experts_gate_up", c.hidden)
+        experts += self._expert_views(f"layers.{i}.experts_down", c.ffn)
+        array = (Matrix * len(experts))(*experts)
+        self._keep.append((experts, array))
+        return ctypes.pointer(router), ctypes.cast(array, ctypes.POINTER(Matrix))
+
+    def _expert_views(self, name: str, k: int) -> list[Matrix]:
+        """Each expert's Matrix over its rows of `name`'s stacked parts (its gate's and up's, or its down's)."""
+        c, w = self.config, self.weights
+        has = w.file.tensors
+        views = []
+        for e in range(c.experts):
+            parts = []
+            for j, (kind, size) in enumerate(c.parts[name]):
+                rows, key, strides = size // c.experts, f"{name}.{j}.", block_strides(kind, k)
+
+                def address(a: str, key=key, first=e * size // c.experts // 16, strides=strides):
+                    return w.address(key + a) + first * strides[a] if key + a in has else None
+
+                parts.append(block_matrix(kind, rows, k, k, address))
+            views.append(parts_matrix(parts, k, k))
+        return views
 
     def files(self) -> list:
         return [self.weights.file.path]

@@ -13,6 +13,7 @@ kernel (`kernels/decode.cpp`) both follow:
 | phi3 (Phi-3 / 3.5 / 4-mini) | fused qkv and gate_up; partial rotary; longrope; a sliding window |
 | gemma2 | scaled embedding, (1 + w) norms, sandwich norms, GeGLU, score and logit soft-capping, alternating windows |
 | gemma3_text (Gemma 3 1B, the text model) | Gemma 2's, with q/k norms and a second rope base for sliding layers |
+| qwen3_moe, mixtral (GGUFs, on the kernel only) | every layer's FFN a mixture of experts: a router, its top k |
 
 A sliding layer's keys and values are kept for its window (and a margin for crops), not the whole
 context: `kv.memory.Strip`.
@@ -25,6 +26,9 @@ config (config.json as a dict, or a transformers config) and imports neither tor
 from __future__ import annotations
 
 LEAN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+# mixtures of experts: run from a GGUF's own blocks on the compiled kernel only (kernels/moe.h), every layer's
+# router choosing its experts (`gguf_lean`); a model folder of them, or no kernel, is transformers'
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
 GEMMA = ("gemma2", "gemma3_text")
 # static rope tables (computed once for the context); "dynamic" NTK rescales with the length and is not
 LEAN_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "su")
@@ -46,13 +50,16 @@ def rope_types(config) -> list[str]:
     return [r.get("rope_type", r.get("type", "default")) for r in (nested or [rope])]
 
 
-def lean_support(config) -> str | None:
+def lean_support(config, gguf: bool = False) -> str | None:
     """None if the lean runners compute this model exactly, else why not (one line).
 
-    `config`: a model's config.json as a dict, or a transformers config (read by attribute)."""
+    `config`: a model's config.json as a dict, or a transformers config (read by attribute); `gguf`: the
+    model is a GGUF's (then a mixture of experts, `MOE_FAMILIES`, runs too: on the kernel, from its blocks)."""
     get = _getter(config)
     kind = get("model_type")
-    if kind not in LEAN_FAMILIES:
+    if kind in MOE_FAMILIES and not gguf:
+        return f"a mixture of experts ({kind}) runs on the lean path from a GGUF's own blocks only"
+    if kind not in (*LEAN_FAMILIES, *MOE_FAMILIES):
         return f"architecture {kind!r} is not in the lean path ({', '.join(LEAN_FAMILIES)})"
     gemma = kind in GEMMA
     act = (get("hidden_activation", None) or get("hidden_act", None)) if gemma else get("hidden_act", "silu")

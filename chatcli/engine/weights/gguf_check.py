@@ -16,8 +16,9 @@ for the kernel's file), this refuses such a file with one line naming the field 
 - every tensor's dimensions above 0 and whole blocks of its type;
 - for the architectures whose config is read here (`gguf_meta.FAMILIES`): their dims present,
   the heads dividing the width and the query heads a multiple of the key/value heads, the rotated
-  dims even and within a head, each tensor the shape the dims give it, and a vocabulary no longer
-  than the embedding.
+  dims even and within a head, a mixture's `expert_used_count` within its `expert_count`, each
+  tensor the shape the dims give it (the experts' [experts, rows, k] too), and a vocabulary no
+  longer than the embedding.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ COUNTS = (
     "rope.dimension_count",
     "rope.scaling.original_context_length",
     "vocab_size",
+    "expert_used_count",
+    "expert_feed_forward_length",
 )
 PER_LAYER = ("feed_forward_length", "attention.head_count", "attention.head_count_kv")  # or an array: each >= 0
-WINDOWS = ("attention.sliding_window",)  # whole, at least 0 (0: none)
+ZERO_NONE = ("attention.sliding_window", "expert_count")  # whole, at least 0 (0: none)
 POSITIVE = (  # finite, above 0
     "attention.layer_norm_rms_epsilon",
     "attention.layer_norm_epsilon",
@@ -99,7 +102,7 @@ def _layout(f: GGUFFile) -> str | None:
 
 
 def _fields(f: GGUFFile) -> str | None:
-    for key in (*COUNTS, *WINDOWS, *POSITIVE, *CAPS):
+    for key in (*COUNTS, *ZERO_NONE, *POSITIVE, *CAPS):
         name = f"{f.arch}.{key}"
         if name not in f.fields:
             continue
@@ -107,7 +110,7 @@ def _fields(f: GGUFFile) -> str | None:
         if key in PER_LAYER and isinstance(value, np.ndarray) and value.dtype.kind in "iu" and value.size:
             if (value < 0).any():  # per layer, as llama.cpp reads some: a FAMILIES file's are refused below
                 return f"{name} holds {int(value.min())}, not a count"
-        elif key in COUNTS or key in WINDOWS:
+        elif key in COUNTS or key in ZERO_NONE:
             least = 1 if key in COUNTS else 0
             if not _whole(value) or value < least:
                 return f"{name} is {_shown(value)}, not a whole number {'above 0' if least else 'of 0 or more'}"
@@ -164,7 +167,26 @@ def _family(f: GGUFFile) -> str | None:
     rotary = f.hp("rope.dimension_count", hd)
     if hd % 2 or rotary % 2 or rotary > hd:
         return f"{arch}.rope.dimension_count is {rotary}: rope turns pairs of a head's {hd} dims"
+    experts, used = f.hp("expert_count", 0), f.hp("expert_used_count")
+    if experts and (used is None or used > experts):
+        return f"{arch}.expert_used_count is {_shown(used)}: a token takes 1 to {arch}.expert_count {experts} experts"
     return _shapes(f, hidden, heads, kv_heads, hd, hd_v, rotary)
+
+
+def _experts(f: GGUFFile, hidden: int) -> dict:
+    """A mixture of experts' tensors' shapes (none without experts): the router, each expert's gate, up, down."""
+    arch, experts = f.arch, f.hp("expert_count", 0)
+    if not experts:
+        return {}
+    width = f.hp("expert_feed_forward_length", f.hp("feed_forward_length"))
+    n = f"{arch}.expert_count {experts}"
+    ff = f"{arch}.embedding_length {hidden}, {arch}.expert_feed_forward_length {width} and {n}"
+    return {
+        "ffn_gate_inp.weight": ((hidden, experts), f"{arch}.embedding_length {hidden} and {n}"),
+        "ffn_gate_exps.weight": ((hidden, width, experts), ff),
+        "ffn_up_exps.weight": ((hidden, width, experts), ff),
+        "ffn_down_exps.weight": ((width, hidden, experts), ff),
+    }
 
 
 def _shapes(f: GGUFFile, hidden: int, heads: int, kv_heads: int, hd: int, hd_v: int, rotary: int) -> str | None:
@@ -194,6 +216,7 @@ def _shapes(f: GGUFFile, hidden: int, heads: int, kv_heads: int, hd: int, hd_v: 
         "ffn_gate.weight": ((hidden, ffn), f"{width} and {ff}"),
         "ffn_up.weight": ((hidden, ffn if gated else 2 * ffn), f"{width} and {ff}{'' if gated else ' (gate and up)'}"),
         "ffn_down.weight": ((ffn, hidden), f"{width} and {ff}"),
+        **_experts(f, hidden),
     }
     whole = {
         "output_norm.weight": ((hidden,), width),

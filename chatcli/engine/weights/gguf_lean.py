@@ -5,9 +5,15 @@ What llama.cpp reads, read the same way: the architecture's hyperparameters from
 `<arch>.rope.freq_base` with `rope_freqs.weight` (Llama 3's per-frequency factors) or a linear
 scaling, and every tensor by its GGUF name in the type the file holds it (`kquant_blocks`). The
 families read so: `llama` (Llama 2/3/3.2, SmolLM, Mistral without a sliding window), `qwen2`
-(q/k/v biases), `qwen3` (q/k norms), `gemma2` and `gemma3` (Gemma 3's text model). llama.cpp stores
+(q/k/v biases), `qwen3` (q/k norms), `qwen3moe` (qwen3's attention, every layer a mixture of experts), `gemma2`
+and `gemma3` (Gemma 3's text model). llama.cpp stores
 a llama's q and k rows in rope's adjacent pairs, the lean order already; the others rotate halves
 (NEOX), so their q/k rows (and biases and norms) are put in that order here.
+
+A mixture of experts (`qwen3moe`, a `llama` with `expert_count`: Mixtral) keeps its router (`ffn_gate_inp`,
+F32 as llama.cpp leaves it) as a projection with the FFN's norm, and its experts' 3-D tensors
+(`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`: [experts, rows, k]) as stacked 2-D ones, every expert's rows
+in turn, so that an expert is a view of its own rows (`native.NativeRunner`); `ffn` is then an expert's width.
 
 Gemma as llama.cpp runs it: the file's norms already hold 1 + w (llama.cpp's converter adds the 1),
 the embedding is scaled by sqrt(D), GeGLU, sandwich norms (`post_attention_norm`, `post_ffw_norm`),
@@ -35,7 +41,8 @@ from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
 
 FAMILIES = {arch: model_type for arch, (model_type, _) in gguf_meta.FAMILIES.items()}  # read directly
-NEOX = ("qwen2", "qwen3", "phi3", *GEMMA)  # rope on rotate-half pairs: q/k rows reordered here
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # [experts, rows, k] each, stacked
+NEOX = ("qwen2", "qwen3", "qwen3_moe", "phi3", *GEMMA)  # rope on rotate-half pairs: q/k rows reordered here
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: of every n layers the last attends to all, the rest slide
 SWA_DEFAULT = {"gemma2": 4096}  # the window where the file does not say (llama.cpp's)
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0)}  # attention's and the logits' where the file does not say
@@ -52,10 +59,26 @@ def direct_reason(meta: GGUFFile) -> str | None:
     if scaling not in ("none", "linear"):
         return f"rope scaling {scaling!r}"
     for name, t in meta.tensors.items():
-        if len(t.shape) == 2 and name.endswith(".weight") and kind_of(t.type_name) is None:
+        if len(t.shape) in (2, 3) and name.endswith(".weight") and kind_of(t.type_name) is None:
             return f"{name} is {t.type_name}"
     if "token_embd.weight" not in meta.tensors:
         return "no token_embd.weight"
+    return experts_reason(meta)
+
+
+def experts_reason(meta: GGUFFile) -> str | None:
+    """Why a mixture of experts is not read directly (None: it is, or the file has none): every layer must
+    have its router and experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`), each expert's rows whole blocks
+    of 16 (the kernel's view of one expert in the stacked tensors)."""
+    if not meta.hp("expert_count"):
+        return None
+    for i in range(int(meta.hp("block_count"))):
+        for part in ("ffn_gate_inp", *EXPERT_TENSORS):
+            if f"blk.{i}.{part}.weight" not in meta.tensors:
+                return f"blk.{i}.{part}.weight is missing (a layer without experts)"
+    rows = int(meta.tensors["blk.0.ffn_gate_exps.weight"].shape[1])
+    if rows % 16:
+        return f"experts of {rows} rows (the kernel takes a multiple of 16)"
     return None
 
 
@@ -127,6 +150,12 @@ def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
             ]
         out[f"layers.{i}.qkv"] = (qkv, b + "attn_norm.weight")
         out[f"layers.{i}.out"] = ([(b + "attn_output.weight", None)], None)
+        if b + "ffn_gate_inp.weight" in meta.tensors:  # a mixture of experts: the router, then the stacked experts
+            out[f"layers.{i}.router"] = ([(b + "ffn_gate_inp.weight", None)], b + "ffn_norm.weight")
+            gate, up, down = (b + name + ".weight" for name in EXPERT_TENSORS)
+            out[f"layers.{i}.experts_gate_up"] = ([(gate, None), (up, None)], None)
+            out[f"layers.{i}.experts_down"] = ([(down, None)], None)
+            continue
         gate_up = [(b + "ffn_gate.weight", None)] if b + "ffn_gate.weight" in meta.tensors else []  # Phi-3: in up
         out[f"layers.{i}.gate_up"] = ([*gate_up, (b + "ffn_up.weight", None)], b + "ffn_norm.weight")
         out[f"layers.{i}.down"] = ([(b + "ffn_down.weight", None)], None)
@@ -165,13 +194,14 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
     gemma = FAMILIES[meta.arch] in GEMMA
     sliding = sliding_layers(meta)
     caps = SOFTCAP_DEFAULTS.get(meta.arch)  # None: the family caps nothing
+    experts = int(meta.hp("expert_count", 0) or 0)
     return LeanConfig(
         layers=int(meta.hp("block_count")),
         hidden=hidden,
         heads=heads,
         kv_heads=int(meta.hp("attention.head_count_kv", heads) or heads),
         head_dim=head_dim,
-        ffn=int(meta.hp("feed_forward_length")),
+        ffn=int(meta.tensors["blk.0.ffn_gate_exps.weight"].shape[1] if experts else meta.hp("feed_forward_length")),
         vocab=int(meta.tensors["token_embd.weight" if tied else "output.weight"].shape[1]),
         embed_rows=int(meta.tensors["token_embd.weight"].shape[1]),
         eps=float(meta.hp("attention.layer_norm_rms_epsilon", 1e-5)),
@@ -193,6 +223,9 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         embed_scale=float(hidden) ** 0.5 if gemma else 1.0,
         parts={name: [[kind, n] for kind, n, _ in listed] for name, listed in parts.items()},
         types="+".join(sorted({extra[2] for listed in parts.values() for _, _, extra in listed})),
+        experts=experts,
+        experts_used=int(meta.hp("expert_used_count", 0) or 0) if experts else 0,
+        norm_topk=True,  # llama.cpp's qwen3moe and llama (Mixtral) always normalise, whatever the file says
     )
 
 
@@ -244,7 +277,7 @@ def write_lean_file(
             parts[name] = []
             for j, (tensor, order) in enumerate(listed):
                 t = meta.tensors[tensor]
-                type_name, n, k = t.type_name, int(t.shape[1]), int(t.shape[0])
+                type_name, n, k = t.type_name, t.rows, int(t.shape[0])  # an expert tensor: every expert's rows
                 kind = kind_of(type_name)
                 arrays = block_arrays(kind, n, k)
                 if type_name in MINS:

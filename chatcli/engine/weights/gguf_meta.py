@@ -29,6 +29,7 @@ FAMILIES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
@@ -102,6 +103,7 @@ def hf_config(f: GGUFFile) -> dict:
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
     }
+    config.update(experts_config(f))
     if f.arch.startswith("gemma"):  # what lean_support reads; the weights' own settings come from the file
         config["hidden_act"] = config["hidden_activation"] = "gelu_pytorch_tanh"
         if f.hp("attention.sliding_window"):
@@ -111,6 +113,20 @@ def hf_config(f: GGUFFile) -> dict:
         if value is not None:
             config[name.replace("padding", "pad")] = int(value)
     return config
+
+
+def experts_config(f: GGUFFile) -> dict:
+    """A mixture of experts' config.json fields (none where the file has no experts): Qwen3-MoE's, or a
+    `llama` file's as Mixtral's (its own model_type)."""
+    experts = int(f.hp("expert_count", 0) or 0)
+    if not experts:
+        return {}
+    used = int(f.hp("expert_used_count", 0) or 0)
+    if f.arch == "llama":
+        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": experts,
+                "num_experts_per_tok": used}  # fmt: skip
+    width = int(f.hp("expert_feed_forward_length", 0) or f.hp("feed_forward_length"))
+    return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": width, "norm_topk_prob": True}
 
 
 def build_tokenizer(f: GGUFFile):

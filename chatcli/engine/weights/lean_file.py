@@ -48,6 +48,9 @@ from chatcli.engine.weights import sidecar
 FORMAT = 2  # 2: the families' fields and vectors
 PANEL = 64  # fp32 panel width (decode.cpp's kPanel)
 PROJECTIONS = ("qkv", "out", "gate_up", "down")
+# a mixture of experts' layer (gguf only): the router [experts, D], every expert's gate_up stacked (all gates, then
+# all ups: parts), every expert's down stacked; in place of gate_up and down
+EXPERT_PROJECTIONS = ("router", "experts_gate_up", "experts_down")
 INT8 = "int8"
 GROUPED = ("q4", "q8")  # group-wise kinds (quant_blocks)
 GGUF = "gguf"  # a GGUF's own types, per tensor (kquant_blocks)
@@ -93,6 +96,9 @@ class LeanConfig:
     embed_scale: float = 1.0  # q4 / q8: what each embedding row is multiplied by (Gemma: sqrt(D))
     parts: dict = field(default_factory=dict)  # gguf: per projection, its parts' [type, outputs] in order
     types: str = ""  # gguf: the file's tensor types, as llama.cpp names them ("Q4_K+Q6_K")
+    experts: int = 0  # gguf: every layer a mixture of this many experts, `ffn` wide each (Qwen3-MoE, Mixtral; 0: none)
+    experts_used: int = 0  # the experts a row takes
+    norm_topk: bool = True  # their weights divided by their sum
 
     def layer_window(self, i: int) -> int:
         """The positions layer i attends to at most (0: all of them)."""
@@ -134,9 +140,12 @@ class LeanConfig:
 
     def shapes(self) -> dict[str, tuple[int, int]]:
         """Every projection's (k inputs, n outputs), by tensor name prefix."""
-        d, f = self.hidden, self.ffn
+        d, f, e = self.hidden, self.ffn, self.experts
         per = {"qkv": (d, self.qkv), "out": (self.heads * self.head_dim, d), "gate_up": (d, 2 * f), "down": (f, d)}
-        out = {f"layers.{i}.{p}": per[p] for i in range(self.layers) for p in PROJECTIONS}
+        if e:
+            del per["gate_up"], per["down"]
+            per.update(router=(d, e), experts_gate_up=(d, 2 * e * f), experts_down=(f, e * d))
+        out = {f"layers.{i}.{p}": shape for i in range(self.layers) for p, shape in per.items()}
         out["head"] = (d, self.vocab)
         return out
 
@@ -157,7 +166,7 @@ def norm_before(projection: str) -> str | None:
     if projection == "head":
         return "final_norm"
     layer, _, part = projection.rpartition(".")
-    norm = {"qkv": "attn_norm", "gate_up": "mlp_norm"}.get(part)
+    norm = {"qkv": "attn_norm", "gate_up": "mlp_norm", "router": "mlp_norm"}.get(part)
     return f"{layer}.{norm}" if norm else None
 
 
@@ -192,6 +201,20 @@ def block_arrays(kind: str, n: int, k: int) -> dict[str, tuple[str, tuple]]:
         return {**out, "hi": ("U8", (blocks, groups, 2, 64)), "sc": ("U8", (blocks * groups * 32,))}
     out.update({"m": ("F16", per_super), "sc": ("U8", (blocks * groups * 16,)), "sm": ("U8", (blocks * groups * 16,))})
     return {**out, "hi": ("U8", (blocks, groups, 64))} if kind == "q5k" else out
+
+
+def block_strides(kind: str, k: int) -> dict[str, int]:
+    """The bytes a block of 16 outputs takes in each array of a block type (`block_arrays`; `m` as `d`, as a
+    type with mins stores it): in a stack of experts' rows, each a multiple of 16, an expert's arrays start at
+    its first block times these (64 blocks' arrays need no padding)."""
+    sizes = {"U8": 1, "F16": 2, "BF16": 2, "F32": 4}
+    out = {}
+    for key, (code, shape) in block_arrays(kind, 16 * 64, k).items():
+        count = 1
+        for d in shape:
+            count *= d
+        out[key] = count * sizes[code] // 64
+    return {"m": out["d"], **out} if "d" in out else out
 
 
 def rope_order(head_dim: int, rotary: int | None = None) -> list[int]:

@@ -5,7 +5,8 @@
 // draft that follows it), `chatcli_decode_batch` the rows of several sequences (`Segment`s, each with its
 // own KV cache and positions: every weight read once for all of them), through every layer of a decoder of a lean family (Llama, and the extras of Mistral, Qwen2/3,
 // Phi-3 and Gemma 2/3 where a layer has them: q/k/v biases, q/k norms, a sliding window, its own
-// rope table, sandwich norms, GeGLU, soft-capped scores; see families.py) and writes their keys and values into the KV cache
+// rope table, sandwich norms, GeGLU, soft-capped scores; see families.py; a mixture of experts in place of
+// the MLP: Qwen3-MoE's, Mixtral's, moe.h) and writes their keys and values into the KV cache
 // at positions pos..pos+S-1. It computes what `LeanRunner.decode_one_token` computes
 // (RMSNorm weights folded into the projections, q/k rows in adjacent rope pairs), but with
 // no per-op dispatch: one OpenMP team for the whole step, a barrier between stages (a call of fewer
@@ -63,6 +64,7 @@
 #include "pack.h"
 #include "steps.h"
 #include "step.h"
+#include "moe.h"
 #include "tolerant.h"
 
 namespace {
@@ -100,6 +102,8 @@ void forward_barrier(Step& step, float* logits, int threads) {
   const int64_t D = step.D, H = step.H, hd = step.hd, F = step.F, n_qkv = step.n_qkv, S = step.S, L = step.L;
   const int64_t n_tasks = static_cast<int64_t>(step.tasks.size());
   std::vector<float> last(step.n_segs > 1 ? L * D : 0);  // the rows with logits, gathered (several segments)
+  Experts experts;  // a mixture of experts' buffers (moe.h), where the model has one
+  experts.size(m, S);
 
   // Every stage splits its rows (or output blocks, or heads) over the team; a barrier ends each.
 #pragma omp parallel num_threads(threads)
@@ -121,6 +125,10 @@ void forward_barrier(Step& step, float* logits, int threads) {
       }
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
       project_residual(layer.out, rows, layer.post_attn_norm, m.eps, sc);
+      if (layer.router) {
+        experts_barrier(m, layer, S, sc, experts);
+        continue;
+      }
       rows = prepare(layer.gate_up, sc.x.data(), D, S, true, m.eps, sc);
       project(layer.gate_up, rows, sc.gu.data(), 2 * F, false);
 #pragma omp for schedule(static)
@@ -157,6 +165,12 @@ void forward(const Model& m, const Segment* segs, int64_t n_segs, const int64_t*
 // 0 where every segment's rows fit its cache (and the model's heads the kernel's), else 1
 int check_segments(const Model* m, const Segment* segs, int64_t n_segs) {
   if (n_segs < 1 || m->head_dim % 16 != 0 || m->head_dim > kMaxHeadDim || (!m->embed && !m->embed_rows)) return 1;
+  for (int64_t l = 0; l < m->n_layers; l++) {  // a mixture of experts: a router of one output per expert, k of them
+    const Layer& layer = m->layers[l];
+    if (layer.router && (m->experts_used < 1 || m->experts_used > m->experts || m->expert_ffn < 1 ||
+                         layer.router->n != m->experts || !layer.experts))
+      return 1;
+  }
   for (int64_t j = 0; j < n_segs; j++) {
     const Segment& g = segs[j];
     if (g.rows < 1 || g.logit_rows < 1 || g.logit_rows > g.rows || !g.cache || g.cache->kind != segs[0].cache->kind)

@@ -23,6 +23,8 @@ struct Layer {
   const float* k_norm;
   const float* post_attn_norm;  // [D] or null (with post_ffn_norm): RMSNorm of each block's output
   const float* post_ffn_norm;
+  const Matrix* router;   // [experts, D] or null (a dense layer): the layer's FFN is a mixture of experts (moe.h)
+  const Matrix* experts;  // with a router: every expert's gate_up [2 expert_ffn, D], then every one's down
 };
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
@@ -38,6 +40,8 @@ struct Model {
   Matrix head;
   const Matrix* embed_rows;  // q4 / q8 files: the embedding's blocks (a tied model's head), or null
   float embed_scale;         // what each row looked up from embed_rows is multiplied by (Gemma: sqrt(D))
+  int64_t experts, experts_used, expert_ffn;  // a mixture of experts' layers (moe.h): experts, those a row takes, Fe
+  int32_t norm_topk;                          // 1: a row's experts' weights divided by their sum
 };
 
 struct Cache {

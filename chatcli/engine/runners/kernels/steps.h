@@ -135,10 +135,13 @@ inline bool project_amx(const Matrix& m, const Rows& in, float* y, int64_t ldy, 
 // a K-quant projection of kUnpackRows rows or more (a prompt's chunk) on the vector units: each block's codes
 // unpacked once, then its passes of rows read them. AVX-512: unpack_group, kRowsPerPass rows a pass; AVX2:
 // unpack_codes (the scale vectors too) and kquant_block_unpacked, kUnpackedPass rows a pass, half a block at a
-// time. The same dots and sums, so the same bits as kquant_block's own passes; false: not here (NEON, fewer rows)
-inline bool project_unpacked(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
+// time. The same dots and sums, so the same bits as kquant_block's own passes; false: not here (NEON, fewer rows).
+// blocks(pass, units, work): work(b, first, count) for each block b and run of rows (whole passes) the caller
+// gives it: split_blocks over a team (project_unpacked), or a unit's every row (moe.h's project_item).
+template <typename Blocks>
+inline bool unpacked_passes(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate, Blocks blocks) {
 #if defined(__aarch64__)
-  (void)m, (void)in, (void)y, (void)ldy, (void)accumulate;
+  (void)m, (void)in, (void)y, (void)ldy, (void)accumulate, (void)blocks;
   return false;
 #else
   if (m.kind < WEIGHT_Q4K || m.kind > WEIGHT_Q6K || in.count < kUnpackRows) return false;
@@ -160,7 +163,7 @@ inline bool project_unpacked(const Matrix& m, const Rows& in, float* y, int64_t 
   };
 #endif
   with_kquant_kind(m, [&](auto kind) {
-    split_blocks<kPass>(in, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
+    blocks(std::integral_constant<int, kPass>{}, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
       unpack(kind, b);
       Rows part = in;
       part.count = count;
@@ -169,6 +172,12 @@ inline bool project_unpacked(const Matrix& m, const Rows& in, float* y, int64_t 
   });
   return true;
 #endif
+}
+
+inline bool project_unpacked(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumulate) {
+  return unpacked_passes(m, in, y, ldy, accumulate, [&](auto pass, int64_t units, auto work) {
+    split_blocks<decltype(pass)::value>(in, units, work);
+  });
 }
 
 // y [S, n] (row stride ldy) = in · W^T, or += with accumulate; called by every thread of a team, each

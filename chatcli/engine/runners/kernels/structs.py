@@ -67,6 +67,8 @@ class Layer(ctypes.Structure):
         ("k_norm", _ptr),
         ("post_attn_norm", _ptr),
         ("post_ffn_norm", _ptr),
+        ("router", ctypes.POINTER(Matrix)),  # a mixture of experts' (null: a dense FFN)
+        ("experts", ctypes.POINTER(Matrix)),  # every expert's gate_up, then every one's down
     ]
 
 
@@ -91,6 +93,10 @@ class Model(ctypes.Structure):
         ("head", Matrix),
         ("embed_rows", ctypes.POINTER(Matrix)),
         ("embed_scale", ctypes.c_float),
+        ("experts", _i64),
+        ("experts_used", _i64),
+        ("expert_ffn", _i64),
+        ("norm_topk", _i32),
     ]
 
 

@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "moe.h"
 #include "pool.h"
 #include "step.h"
 
@@ -190,6 +191,95 @@ void project_stage(Stages& stages, int t, int64_t& stage, const Matrix& w, const
   stages.run(t, stage, n, compute, commit);
 }
 
+// the jobs as one stage of thread t: each item (job_items) a run of one job's units into own.out, then copied
+// into its y
+void project_jobs_stage(Stages& stages, int t, int64_t& stage, const std::vector<Job>& jobs, std::vector<float>& out) {
+  const std::vector<JobItem> items = job_items(jobs, stages.threads() * kItemsPerThread);
+  const auto compute = [&](int64_t i) {
+    const JobItem& it = items[i];
+    const Job& job = jobs[it.job];
+    const int64_t width = unit_width(*job.w), ldo = (it.u1 - it.u0) * width;
+    if (out.size() < static_cast<size_t>(job.in.count * ldo)) out.resize(job.in.count * ldo);
+    project_item(jobs, it, out.data() - it.u0 * width, ldo);  // unit u's row s at out[s ldo + (u - u0) width]
+  };
+  const auto commit = [&](int64_t i) {
+    const JobItem& it = items[i];
+    const Job& job = jobs[it.job];
+    const int64_t width = unit_width(*job.w), ldo = (it.u1 - it.u0) * width;
+    const int64_t cols = std::min(it.u1 * width, job.w->n) - it.u0 * width;
+    for (int64_t s = 0; s < job.in.count; s++)
+      std::memcpy(job.y + s * job.ldy + it.u0 * width, out.data() + s * ldo, cols * sizeof(float));
+  };
+  stages.run(t, stage, static_cast<int64_t>(items.size()), compute, commit);
+}
+
+// A thread's own for a mixture's experts (moe.h): its routes (every thread the same), its gathered and prepared
+// rows, its copy of the pairs' gate_up outputs
+struct OwnExperts {
+  Routes routes;
+  Scratch sc;
+  std::vector<float> gu;
+
+  void size(const Model& m, int64_t S) {
+    if (m.experts < 1) return;
+    const int64_t pairs = S * m.experts_used;
+    sc.h.resize(pairs * m.hidden);
+    sc.size_activations(pairs, std::max(m.hidden, m.expert_ffn));
+    gu.resize(pairs * 2 * m.expert_ffn);
+  }
+};
+
+// x += layer's experts (moe.h) as stages of thread t: the router, every chosen expert's gate_up, their downs, each
+// row's weighted sum added. The per-row work (the router's rows, the routes, the pairs' rows, the activation) is
+// done by every thread into its own, unless the stages that read it are done.
+void experts_stages(Stages& stages, int t, int64_t& stage, const Model& m, const Layer& layer, int64_t S, Scratch& sc,
+                    Experts& shared, Own& own, OwnExperts& mine) {
+  const int64_t D = m.hidden, E = m.experts, k = m.experts_used, Fe = m.expert_ffn, pairs = S * k;
+  const Matrix& router = *layer.router;
+  const Matrix* gate_up = layer.experts;
+  const Matrix* down = layer.experts + E;
+  const Routes& routes = mine.routes;
+  const bool behind = stages.done(stage + (router.kind == WEIGHT_PARTS ? router.n_parts : 1) + 3);
+  if (!behind)
+    for (int64_t s = 0; s < S; s++) prepare_row(router, sc.x.data(), D, s, true, m.eps, own.sc);
+  const Rows rows = rows_for(router, sc.x.data(), D, S, true, own.sc);
+  project_stage(stages, t, stage, router, rows, shared.logits.data(), E, false, own.out);
+  std::vector<Job> jobs;
+  if (!behind) {
+    mine.routes.choose(m, shared.logits.data(), S);
+    gather_pairs(m, routes, own.sc.h.data(), router.k, gate_up[0], 0, pairs, mine.sc);
+    const Rows in = rows_for(gate_up[0], mine.sc.h.data(), D, pairs, false, mine.sc);
+    for (int64_t e = 0; e < E; e++)
+      if (routes.count(e))
+        add_jobs(jobs, gate_up[e], rows_from(in, gate_up[e], routes.start[e], routes.count(e)),
+                 &shared.sc.gu[routes.start[e] * 2 * Fe], 2 * Fe);
+  }
+  project_jobs_stage(stages, t, stage, jobs, own.out);
+  jobs.clear();
+  if (!behind) {
+    for (int64_t at = 0; at < pairs; at++) {
+      std::memcpy(&mine.gu[at * 2 * Fe], &shared.sc.gu[at * 2 * Fe], 2 * Fe * sizeof(float));
+      act_row(m, &mine.gu[at * 2 * Fe], Fe);
+      prepare_row(down[0], mine.gu.data(), 2 * Fe, at, false, m.eps, mine.sc);
+    }
+    const Rows mid = rows_for(down[0], mine.gu.data(), 2 * Fe, pairs, false, mine.sc);
+    for (int64_t e = 0; e < E; e++)
+      if (routes.count(e))
+        add_jobs(jobs, down[e], rows_from(mid, down[e], routes.start[e], routes.count(e)),
+                 &shared.sc.post[routes.start[e] * D], D);
+  }
+  project_jobs_stage(stages, t, stage, jobs, own.out);
+  stages.run(
+      t, stage, S,
+      [&](int64_t s) {
+        if (own.out.size() < static_cast<size_t>(D)) own.out.resize(D);
+        weigh_experts(shared.sc.post.data(), routes, s, k, D, own.out.data());
+      },
+      [&](int64_t s) {
+        for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += own.out[i];
+      });
+}
+
 // The step's rows through every layer as tolerant stages (see the top); logits as forward_barrier's
 template <typename T>
 void forward_tolerant(Step& step, float* logits, int threads) {
@@ -197,7 +287,10 @@ void forward_tolerant(Step& step, float* logits, int threads) {
   Scratch& sc = step.sc;
   const int64_t D = step.D, H = step.H, hd = step.hd, F = step.F, n_qkv = step.n_qkv, S = step.S, L = step.L;
   const int64_t n_tasks = static_cast<int64_t>(step.tasks.size());
-  Stages stages(threads, std::max({threads * kItemsPerThread, n_tasks, S}));
+  const int64_t jobs = m.experts ? threads * kItemsPerThread + 4 * S * m.experts_used : 0;  // project_jobs_stage's
+  Stages stages(threads, std::max({threads * kItemsPerThread, n_tasks, S, jobs}));
+  Experts experts;  // a mixture of experts' shared buffers (moe.h), where the model has one
+  experts.size(m, S);
   const std::function<void(int)> body = [&](int t) {
     if (t == g_fail_thread.load(std::memory_order_relaxed)) throw std::runtime_error("a test's failure");
     int64_t stage = 0;
@@ -206,6 +299,8 @@ void forward_tolerant(Step& step, float* logits, int threads) {
     own.sc.size_activations(S, step.widest);
     own.qkv.resize(S * n_qkv);
     own.gu.resize(S * 2 * F);
+    OwnExperts mine;
+    mine.size(m, S);
     float* scratch = sc.scores.data() + static_cast<size_t>(t) * step.scratch_per_thread;
     // whether the next `stages_ahead` stages are done: per-row work for them is skipped
     const auto skip = [&](int64_t stages_ahead) { return stages.done(stage + stages_ahead); };
@@ -253,6 +348,10 @@ void forward_tolerant(Step& step, float* logits, int threads) {
           });
       rows = prepare_own(layer.out, sc.att.data(), H * hd, S, false);
       residual(layer.out, rows, layer.post_attn_norm);
+      if (layer.router) {
+        experts_stages(stages, t, stage, m, layer, S, sc, experts, own, mine);
+        continue;
+      }
       rows = prepare_own(layer.gate_up, sc.x.data(), D, S, true);
       project_stage(stages, t, stage, layer.gate_up, rows, sc.gu.data(), 2 * F, false, own.out);
       for (int64_t s = 0; s < S && !skip(uses(layer.down)); s++) {  // act(gate) * up, in place of gate

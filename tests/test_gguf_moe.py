@@ -1,0 +1,158 @@
+"""A mixture of experts read from its GGUF's own blocks on the kernel (`gguf_lean`, `kernels/moe.h`).
+
+Tiny random Qwen3-MoE (`qwen3moe`) and Mixtral (`llama` with `expert_count`) models, eight experts of which
+a token takes two in every layer, are written as GGUF files (the router F32, each expert's gate, up and
+down stacked in 3-D tensors, as llama.cpp's converter writes them) and run by the native runner, in each
+kernel build this CPU runs (AVX2's included): its logits must be transformers' over the same weights — to
+float rounding at F32 and F16, within the int8 activations' rounding at K-quants and Q8_0 (where a
+routing within rounding of a tie could take the other expert, as llama.cpp's can: the seeds' routings are
+checked to be nowhere near one) — over a prefill, decode steps and drafts bit-equal to single steps. An
+expert no row chooses is never computed, and a qwen3moe file loads as a user's does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from chatcli.engine.load.options import LoadError
+from chatcli.engine.runners.native import NativeRunner
+from tests.gguf_models import Q4_K_M, tiny, uniform, write_gguf
+from tests.gguf_runs import IDS, assert_close, assert_drafts_are_single_steps, computed, direct_runner
+
+FLOATS = [("qwen3_moe", "F32"), ("qwen3_moe", "F16"), ("mixtral", "F32"), ("mixtral", "F16")]
+# (family, types, seed): seeds whose routing (transformers', over the file's weights) is nowhere near a tie
+QUANTIZED = [
+    ("qwen3_moe", Q4_K_M, 1),
+    ("qwen3_moe", Q4_K_M, 2),
+    ("mixtral", uniform("Q8_0"), 0),
+    ("mixtral", uniform("Q5_K"), 0),
+]
+MARGIN = 0.1  # the least gap between a row's last expert's router logit and the next one's, in every layer
+
+
+def routes(model, ids: list[int]) -> list[torch.Tensor]:
+    """Per layer, transformers' router logits [ids, experts] over `ids` (one forward)."""
+    seen = []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda _m, _a, o: seen.append(o[0])) for layer in model.model.layers]
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def tie_margin(model, k: int) -> float:
+    """The least gap, over every layer and id, between a row's k-th router logit and its (k+1)-th."""
+    return min(float((top[:, k - 1] - top[:, k]).min()) for top in (r.topk(k + 1).values for r in routes(model, IDS)))
+
+
+@pytest.mark.parametrize(("family", "types"), FLOATS)
+def test_a_float_moe_gguf_computes_transformers_logits(build, tmp_path, family, types):
+    model = tiny(family, False)
+    runner = direct_runner(model, types, tmp_path)
+    assert runner.config.experts == 8 and runner.config.experts_used == 2 and runner.config.ffn == 256
+    c = computed(model, types, runner)
+    assert np.abs(c.got - c.want).max() < 1e-4 * np.abs(c.want).max()
+    assert_drafts_are_single_steps(runner)
+
+
+@pytest.mark.parametrize(("family", "types", "seed"), QUANTIZED, ids=lambda c: getattr(c, "__name__", str(c)))
+def test_a_quantized_moe_gguf_computes_its_own_weights(build, tmp_path, family, types, seed):
+    model = tiny(family, False, seed=seed)
+    runner = direct_runner(model, types, tmp_path)
+    c = computed(model, types, runner)  # the model now holds the file's weights
+    assert tie_margin(model, 2) > MARGIN  # else rounding may route a row to the other expert
+    assert_close(c)
+    assert_drafts_are_single_steps(runner)
+
+
+def test_a_prompts_chunk_gives_the_bits_of_single_steps(build, tmp_path):
+    """A call of 16 rows or more projects expert by expert (an expert's rows unpack each block once where
+    they are enough), fewer rows all chosen experts in one split: the same bits either way, and as steps."""
+    runner = direct_runner(tiny("qwen3_moe", False, seed=1), Q4_K_M, tmp_path)
+    ids = [int(i) for i in np.random.default_rng(3).integers(3, 500, size=96)]
+    steps = runner.new_cache()
+    single = np.concatenate([runner.verify([t], steps) for t in ids])
+    chunked = runner.new_cache()
+    rows = np.concatenate(
+        [runner.verify(ids[:80], chunked), runner.verify(ids[80:90], chunked), runner.verify(ids[90:], chunked)]
+    )
+    assert np.array_equal(rows, single)
+
+
+def test_an_expert_no_row_chooses_is_never_computed(kernel, tmp_path):
+    """An expert that none of four ids chooses in the last layer holds NaN weights: transformers, which
+    computes only the chosen experts, and the kernel give the same finite logits (a dense sum over every
+    expert, its weight 0, would be NaN)."""
+    model = tiny("qwen3_moe", False)
+    ids = IDS[:4]
+    chosen = routes(model, ids)[-1].topk(2).indices.unique().tolist()
+    unused = next(e for e in range(8) if e not in chosen)
+    experts = model.model.layers[-1].mlp.experts
+    with torch.no_grad():
+        experts.gate_up_proj[unused] = float("nan")
+        experts.down_proj[unused] = float("nan")
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    runner = direct_runner(model, "F32", tmp_path)
+    cache = runner.new_cache()
+    got = np.concatenate([runner.verify(ids[:2], cache), *(runner.verify([t], cache) for t in ids[2:])])
+    assert np.isfinite(want).all() and np.isfinite(got).all()
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+
+
+def test_a_qwen3moe_gguf_loads_on_its_own_blocks(kernel, tmp_path):
+    """The whole load: no longer refused, its config written from the metadata, `--quantize auto` reads its
+    blocks, and the engine's logits are the direct runner's; the active weights are the file's share a token
+    reads."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+
+    path = write_gguf(tiny("qwen3_moe", False, seed=1), tmp_path / "moe.gguf", Q4_K_M)
+    runner = load_engine(str(path), LoadOptions(device="cpu")).runner
+    assert isinstance(runner, NativeRunner) and runner.config.kind == "gguf" and runner.config.family == "qwen3_moe"
+    assert runner.active_bytes < 0.5 * runner.weight_bytes  # two experts of eight
+    (tmp_path / "again").mkdir()
+    direct = direct_runner(tiny("qwen3_moe", False, seed=1), Q4_K_M, tmp_path / "again")
+    assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
+
+
+def test_without_the_kernel_a_moe_gguf_is_one_line(no_kernel, tmp_path):
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+
+    path = write_gguf(tiny("qwen3_moe", False), tmp_path / "moe.gguf", "F32")
+    with pytest.raises(LoadError, match=r"moe.gguf.*mixture of experts \(qwen3_moe\) runs only on the compiled kernel"):
+        load_engine(str(path), LoadOptions(device="cpu"))
+
+
+NAN_ROUTER = r"""
+import sys
+from pathlib import Path
+import numpy as np, torch
+from tests.gguf_models import tiny
+from tests.gguf_runs import IDS, direct_runner
+model = tiny("qwen3_moe", False)
+with torch.no_grad():
+    model.model.layers[0].mlp.gate.weight.fill_(float("nan"))
+runner = direct_runner(model, "F32", Path(sys.argv[1]))
+cache = runner.new_cache()
+rows = [runner.verify(IDS[:6], cache), runner.verify([IDS[6]], cache)]
+print("nan" if all(np.isnan(r).all() for r in rows) else "numbers")
+"""
+
+
+def test_a_router_of_nan_weights_gives_nan_not_a_crash(kernel, tmp_path):
+    """A damaged router (NaN logits) chose expert -1, out of range: the process crashed. Now every row takes
+    the lowest experts and its logits are NaN (in a child: a crash must not take the test run with it)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    argv = [sys.executable, "-c", NAN_ROUTER, str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "nan"
