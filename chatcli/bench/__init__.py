@@ -138,6 +138,7 @@ def bench_command(
         if not json_output and msg != shown[0]:
             shown[0] = msg
             err.print(f"[dim]{msg}[/dim]", markup=True, highlight=False)
+
     from chatcli.bench import report
 
     def run() -> dict:
