@@ -331,14 +331,16 @@ def usage(first, stats) -> dict:
 
 
 def finish_reason(reason: FinishReason, calls: bool = False) -> str:
-    """OpenAI's finish reason: "length", else "tool_calls" for a reply with calls, else "stop" (a
-    cancelled turn only reaches a client that left)."""
-    return "length" if reason == FinishReason.LENGTH else "tool_calls" if calls else "stop"
+    """OpenAI's finish reason: "tool_calls" for a reply whose calls are whole (`calls`; none cut by
+    max_tokens, though the turn may have ended there), else "length", else "stop" (a cancelled turn
+    only reaches a client that left)."""
+    return "tool_calls" if calls else "length" if reason == FinishReason.LENGTH else "stop"
 
 
 def completion(
     cid: str, model: str, text: str, reason: str, use: dict, logprobs: list | None = None, calls: list | None = None
 ) -> dict:
+    """A chat.completion; `reason`: its finish reason (`finish_reason`)."""
     message = {"role": "assistant", "content": text or None} if calls else {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls
@@ -351,7 +353,7 @@ def completion(
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": finish_reason(reason, bool(calls)),
+                "finish_reason": reason,
                 "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
             }
         ],
