@@ -216,8 +216,11 @@ def _response_format(value) -> ResponseFormat | None:
     kind = value.get("type")
     if kind == "text":
         return None
-    if kind == "json_object":
-        return ResponseFormat("json_object")
+    if kind == "json_object":  # with a `schema`, llama-server's form (instructor's JSON_SCHEMA mode): held to it
+        schema = value.get("schema")
+        if schema is not None and not isinstance(schema, (dict, bool)):
+            raise bad("response_format.schema must be a JSON schema object", "response_format.schema", "invalid_type")
+        return ResponseFormat("json_object") if schema is None else ResponseFormat.json_schema(schema)
     if kind != "json_schema":
         raise bad(
             f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"

@@ -8,10 +8,11 @@ cannot hold a reply to (an unknown keyword, a bad reference). Each step the engi
 with `Constraint.mask` (an id the grammar cannot take next gets -inf) before the sampler's chain and
 tells `advance` the id it took. A draft's positions are masked one at a time, in the order the ids are
 taken, so a drafted reply is the one single steps would give. Once the value is complete only
-end-of-turn ids are left, and `stopped` says so. Tool calls are held the same way, by the Lark grammar
-of `chatcli.engine.sample.tools` (`check_params`, `constraint_for`). Beyond the grammar,
-`chatcli.engine.sample.steer` narrows each mask: numbers of bounded length, no call made twice, calls
-that end within max_tokens (or the context left).
+end-of-turn ids are left, and `stopped` says so. A format's objects are closed unless its schema opens
+them (`additionalProperties`), `strict` or not, as OpenAI's strict mode and llama.cpp close them. Tool
+calls are held the same way, by the Lark grammar of `chatcli.engine.sample.tools` (`check_params`,
+`constraint_for`). Beyond the grammar, `chatcli.engine.sample.steer` narrows each mask: numbers of
+bounded length, no call made twice, calls that end within max_tokens (or the context left).
 
 No torch and no UI: numpy logits in, numpy logits out.
 """
@@ -29,6 +30,7 @@ from chatcli.engine.sample.tools import (
     JSON_OPTIONS,
     call_text_of,
     calls_lark,
+    closed,
     held,
     parameters_of,
     several,
@@ -57,8 +59,8 @@ def _llguidance():
 
 
 def grammar_of(fmt: ResponseFormat) -> str:
-    """The llguidance grammar (its JSON text) that holds a reply to `fmt`."""
-    return _llguidance().LLMatcher.grammar_from_json_schema(fmt.schema_object(), defaults=JSON_OPTIONS)
+    """The llguidance grammar (its JSON text) that holds a reply to `fmt` (its objects closed)."""
+    return _llguidance().LLMatcher.grammar_from_json_schema(closed(fmt.schema_object()), defaults=JSON_OPTIONS)
 
 
 def _ll_tokenizer(tokenizer: ChatTokenizer, vocab: int | None):
