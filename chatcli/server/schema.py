@@ -35,6 +35,9 @@ MAX_STOPS = 4
 FIELD_OF = {setting.name: name for name, setting in settings()}
 
 
+# serve's max_tokens where neither --max-tokens nor the config file's [sampling] sets one: a request that
+# sends none runs to the context limit (the engine stops there), as OpenAI's and llama-server's do
+TO_CONTEXT = 2**31 - 1
 RETRY_AFTER = "2"  # seconds a 503 asks the client to wait (the model loading, a full queue)
 
 
