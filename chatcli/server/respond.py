@@ -85,7 +85,7 @@ class CompletionResponse(Response):
         return schema.completion(self.cid, self.model, text, reason, use, scored, listed)
 
     def _whole_calls(self) -> bool:
-        """The reply's calls are whole (finish_reason tool_calls): some, and none cut by max_tokens."""
+        """The reply gives calls, all whole (finish_reason tool_calls; `ReplyCalls.whole`)."""
         return self.reader is not None and self.reader.whole
 
     def _deltas(self, text: str | None) -> list:

@@ -337,9 +337,9 @@ def usage(first, stats) -> dict:
 
 
 def finish_reason(reason: FinishReason, calls: bool = False) -> str:
-    """OpenAI's finish reason: "tool_calls" for a reply whose calls are whole (`calls`; none cut by
-    max_tokens, though the turn may have ended there), else "length", else "stop" (a cancelled turn
-    only reaches a client that left)."""
+    """OpenAI's finish reason: "tool_calls" for a reply that gives calls (`calls`: whole ones, though the
+    turn may have ended at max_tokens: a call it cut is dropped), else "length", else "stop" (a
+    cancelled turn only reaches a client that left)."""
     return "tool_calls" if calls else "length" if reason == FinishReason.LENGTH else "stop"
 
 

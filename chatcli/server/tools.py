@@ -181,7 +181,8 @@ class ReplyCalls:
     """A reply's pieces as the client gets them, whole (`push` then `finish`) or as it streams: text
     (str, never call markup) and `Call`s, a call equal to one already given dropped (the same name and
     arguments as JSON values: the grammar refuses the same text, this the same value written otherwise).
-    `whole`: the reply holds calls and none was cut by max_tokens, its finish_reason "tool_calls"."""
+    `whole`: the reply gives calls, each of them whole (one cut by max_tokens is dropped, never given), so
+    its finish_reason is "tool_calls" and the openai client's `.parse()` / `.stream()` take it."""
 
     def __init__(self, tools: ToolCalls, syntax: str) -> None:
         self.scanner = CallScanner(syntax)
@@ -196,7 +197,7 @@ class ReplyCalls:
 
     @property
     def whole(self) -> bool:
-        return bool(self.given) and not self.scanner.cut
+        return bool(self.given)
 
     def _kept(self, pieces: list) -> list:
         out = []
