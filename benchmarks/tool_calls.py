@@ -37,7 +37,7 @@ import jsonschema
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve_load import start_server  # noqa: E402 - beside this script: `chatcli serve` started and waited for
+from serve_load import MODEL, start_server  # noqa: E402 - beside this script: `chatcli serve` (--alias MODEL) started
 
 TOOLS = [
     {
@@ -117,7 +117,7 @@ def ask_for(choice: str, i: int, temperature: float, max_tokens: int | None) -> 
         messages = [*FEW_SHOT, *messages]
     elif choice == "named":
         tool_choice = {"type": "function", "function": {"name": function}}
-    ask = dict(model="m", messages=messages, tools=TOOLS, tool_choice=tool_choice, temperature=temperature, seed=i)
+    ask = dict(model=MODEL, messages=messages, tools=TOOLS, tool_choice=tool_choice, temperature=temperature, seed=i)
     if max_tokens is not None:
         ask["max_tokens"] = max_tokens
     return ask, function if choice == "named" else None
