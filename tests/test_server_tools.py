@@ -27,7 +27,7 @@ from chatcli.engine.text.toolcalls import (
     parse_calls,
     syntax_of,
 )
-from tests.servers import leaves, slow_endless
+from tests.servers import ALIAS, leaves, slow_endless
 from tests.tiny import CHATML
 
 # A Qwen2.5-style template (the tools in the system turn, calls as <tool_call> blocks, results as
@@ -781,7 +781,7 @@ def test_the_embedded_model_makes_whole_calls_within_max_tokens(real_default, se
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice in ("required", named):
         for seed in range(4):
-            fields = dict(model="m", messages=ASK, tools=strict, tool_choice=choice, max_tokens=60)
+            fields = dict(model=ALIAS, messages=ASK, tools=strict, tool_choice=choice, max_tokens=60)
             fields.update(temperature=1.0, seed=seed)
             parsed = client(server).chat.completions.parse(**fields)
             with client(server).chat.completions.stream(**fields) as stream:
