@@ -279,7 +279,7 @@ def main() -> None:
     if trips:
         filled = sorted(t["prefilled"] for t in trips)
         print(
-            f"round trips: {sum(t['kept'] for t in trips)}/{len(trips)} kept the call in the cache; "
+            f"round trips: {sum(t['kept'] for t in trips)}/{len(trips)} found the whole reply cached; "
             f"prefilled a follow-up: median {filled[len(filled) // 2]} tokens ({filled[0]}-{filled[-1]})"
         )
 
