@@ -1,40 +1,50 @@
-"""Tool calls through `chatcli serve`: how many replies under `tool_choice: required` parse and validate
-(issue 35's goal: all of them, over 50 sampled requests on the embedded model), beside what the same
-model makes of the same requests under `auto`, where its text is free.
+"""Tool calls through `chatcli serve`, as an agent sees them (issues 35 and 48): over `--requests`
+seeds, for each `tool_choice` (`required`; `auto` with a few-shot history: one call and its result
+shown; a named function), temperature and `max_tokens`, how many replies repeat a call, how many calls
+parse and validate, whether `finish_reason` is `tool_calls` on every reply with calls, whether call
+markup reaches `content`, and whether the openai client's `.parse()` / `.stream()` raise.
 
-    python benchmarks/tool_calls.py [--model PATH] [--requests 50] [--url URL] [--json]
+    python benchmarks/tool_calls.py [--model PATH | --tiny-qwen3] [--requests 50] [--url URL] [--json]
+        [--choices required,auto,named] [--temperatures 1,0] [--max-tokens 60,120,unset]
 
-Starts `chatcli serve` on a free port (or uses `--url`), then sends `--requests` sampled chat
-completions (temperature 1.0, seed i for request i, prompts and three tools in turn, every other one
-streamed through the openai client's `chat.completions.stream`) with `tool_choice: required`, then
-the same ones with `auto`. A required reply counts as good when it has calls and no text, and each
-call names one of the tools with arguments that are JSON valid against the function's parameters
-(jsonschema, on the schema as the client sent it); its finish_reason is tool_calls, or length where
-the calls were closed early to end within max_tokens (counted apart: `cut`). For auto the replies
-with calls are counted, and of those the ones whose calls all validate. Each good required reply is
-followed by a round trip (`round_trip`): its calls and a result for each sent back, and the server's
-`usage.prompt_tokens_details.cached_tokens` says whether the call stayed in the KV cache (issue 35's
-goal: a round trip costs one prefill of the result).
+Starts `chatcli serve` on a free port with `--ctx-size` (2048: a reply that loops runs to it; or uses
+`--url`) and a config file of its own; `--tiny-qwen3` serves a random Qwen3-shaped
+GGUF (the embedded model's tokenizer, 512 ids) with a Qwen tools template instead of the embedded
+model, which has none (it gets the fallback prompt). Request i asks prompt i % 5 (three tools offered)
+with seed i; even requests go through `client.chat.completions.parse`, odd ones through
+`chat.completions.stream` (each raises on finish_reason `length`: counted in `raised`, the reply
+still read). `unset` sends no `max_tokens` (the server's default: the context limit). Per row:
+`calls` made, `dup` replies holding one call twice, `valid` calls that name a tool and whose arguments
+validate (jsonschema, against the schema as sent), `named` replies of a named choice with exactly one
+call of that function, `tool_calls` replies with calls whose finish_reason says so, `length` replies,
+`markup` replies with call markup in `content`. Under `required` at the first temperature and
+max_tokens unset, each good reply is followed at once by a round trip (its calls and a result each
+sent back, `usage.prompt_tokens_details.cached_tokens` read: issue 35's goal, a round trip prefills
+only the result), summed up after the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import jsonschema
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import start_server  # noqa: E402 - beside this script: `chatcli serve` started and waited for
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from serve_load import MODEL, start_server  # noqa: E402 - beside this script: `chatcli serve` (--alias MODEL) started
 
 TOOLS = [
     {
         "type": "function",
         "function": {
             "name": "get_weather",
+            "strict": True,  # what `.parse()` asks of a tool; this server holds every call to its schema
             "description": "Get the current weather in a city",
             "parameters": {
                 "type": "object",
@@ -50,6 +60,7 @@ TOOLS = [
         "type": "function",
         "function": {
             "name": "search_web",
+            "strict": True,
             "description": "Search the web and return the top results",
             "parameters": {
                 "type": "object",
@@ -65,6 +76,7 @@ TOOLS = [
         "type": "function",
         "function": {
             "name": "send_email",
+            "strict": True,
             "description": "Send an email",
             "parameters": {
                 "type": "object",
@@ -79,83 +91,99 @@ TOOLS = [
     },
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-PROMPTS = [
-    "What is the weather like in Paris today?",
-    "Find me three recent articles about solar panels.",
-    "Email bob@example.com that the meeting moved to 3pm.",
-    "Is it raining in Tokyo right now? Use fahrenheit.",
-    "Search for a good pancake recipe.",
+PROMPTS = [  # each with the function a named tool_choice gives it
+    ("What is the weather like in Paris today?", "get_weather"),
+    ("Find me three recent articles about solar panels.", "search_web"),
+    ("Email bob@example.com that the meeting moved to 3pm.", "send_email"),
+    ("Is it raining in Tokyo right now? Use fahrenheit.", "get_weather"),
+    ("Search for a good pancake recipe.", "search_web"),
 ]
+ROME = '{"city": "Rome", "unit": "celsius"}'
+SHOT = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ROME}}
+FEW_SHOT = [  # auto: one exchange with a call and its result before the question
+    {"role": "user", "content": "How warm is it in Rome?"},
+    {"role": "assistant", "content": None, "tool_calls": [SHOT]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'},
+    {"role": "assistant", "content": "It is 21 °C and clear in Rome."},
+]
+MARKUP = ("<tool_call>", "</tool_call>", "<|python_tag|>", "[TOOL_CALLS]")
 
 
-def problems(message, reason: str, required: bool) -> list[str]:
-    """What is wrong with a reply's calls (none: every call parses and validates)."""
-    found = []
-    if required and reason not in ("tool_calls", "length"):
-        found.append(f"finish_reason {reason}")
-    if required and message.content:
-        found.append(f"text beside the calls: {message.content[:60]!r}")
-    calls = message.tool_calls or []
-    if required and not calls:
-        found.append("no call")
-    for call in calls:
-        schema = SCHEMAS.get(call.function.name)
-        if schema is None:
-            found.append(f"unknown function {call.function.name!r}")
-            continue
-        try:
-            jsonschema.validate(json.loads(call.function.arguments), schema)
-        except (ValueError, jsonschema.ValidationError) as exc:
-            found.append(f"{call.function.name}: {str(exc).splitlines()[0][:100]}")
-    return found
+def ask_for(choice: str, i: int, temperature: float, max_tokens: int | None) -> tuple[dict, str | None]:
+    prompt, function = PROMPTS[i % len(PROMPTS)]
+    messages = [{"role": "user", "content": prompt}]
+    tool_choice = choice
+    if choice == "auto":
+        messages = [*FEW_SHOT, *messages]
+    elif choice == "named":
+        tool_choice = {"type": "function", "function": {"name": function}}
+    ask = dict(model=MODEL, messages=messages, tools=TOOLS, tool_choice=tool_choice, temperature=temperature, seed=i)
+    if max_tokens is not None:
+        ask["max_tokens"] = max_tokens
+    return ask, function if choice == "named" else None
 
 
-def run(client, choice: str, n: int, max_tokens: int) -> dict:
+def one(client, ask: dict, stream: bool):
+    """The reply, and whether the openai client raised for it (LengthFinishReasonError)."""
     from openai import LengthFinishReasonError
 
-    good = with_calls = calls = cut = 0
-    failures, trips = [], []
+    try:
+        if stream:
+            with client.chat.completions.stream(**ask, stream_options={"include_usage": True}) as s:
+                return s.get_final_completion(), False
+        return client.chat.completions.parse(**ask), False
+    except LengthFinishReasonError as exc:
+        return exc.completion, True
+
+
+def valid(call) -> bool:
+    schema = SCHEMAS.get(call.function.name)
+    try:
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+    except (TypeError, ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return schema is not None
+
+
+def run(client, choice: str, temperature: float, max_tokens: int | None, n: int, trips: list | None = None) -> dict:
+    """One row of the table; `trips`: where given, each good reply's round trip (`round_trip`) is added,
+    made at once (while the server's cache still holds the reply)."""
+    row = dict(choice=choice, temperature=temperature, max_tokens=max_tokens or "unset", replies=n)
+    row.update(with_calls=0, calls=0, dup=0, valid=0, named=0, tool_calls=0, length=0, markup=0, raised=0)
+    failures = []
     t0 = time.perf_counter()
     for i in range(n):
-        ask = dict(
-            model="m",
-            messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-            tools=TOOLS,
-            tool_choice=choice,
-            temperature=1.0,
-            seed=i,
-            max_tokens=max_tokens,
-        )
-        try:
-            if i % 2:
-                with client.chat.completions.stream(**ask, stream_options={"include_usage": True}) as stream:
-                    done = stream.get_final_completion()
-            else:
-                done = client.chat.completions.create(**ask)
-        except LengthFinishReasonError as exc:  # the stream helper's way to say finish_reason length
-            done = exc.completion
+        ask, function = ask_for(choice, i, temperature, max_tokens)
+        done, raised = one(client, ask, stream=bool(i % 2))
         message, reason = done.choices[0].message, done.choices[0].finish_reason
-        wrong = problems(message, reason, choice == "required")
-        with_calls += bool(message.tool_calls)
-        calls += len(message.tool_calls or [])
-        cut += reason == "length"
+        calls = message.tool_calls or []
+        keys = [(c.function.name, json.dumps(json.loads(c.function.arguments), sort_keys=True)) for c in calls]
+        wrong = []
+        row["with_calls"] += bool(calls)
+        row["calls"] += len(calls)
+        row["valid"] += sum(valid(c) for c in calls)
+        row["length"] += reason == "length"
+        row["raised"] += raised
+        if len(set(keys)) < len(keys):
+            row["dup"] += 1
+            wrong.append("a call twice")
+        if calls and reason == "tool_calls":
+            row["tool_calls"] += 1
+        elif calls:
+            wrong.append(f"finish_reason {reason} with calls")
+        if any(m in (message.content or "") for m in MARKUP):
+            row["markup"] += 1
+            wrong.append(f"markup in content: {message.content[:60]!r}")
+        if function is not None:
+            row["named"] += [k[0] for k in keys] == [function]
+        if not all(valid(c) for c in calls):
+            wrong.append("a call that does not validate")
         if wrong:
-            failures.append({"request": i, "problems": wrong, "reply": message.content})
-        elif choice == "required" or message.tool_calls:
-            good += 1
-            if choice == "required":
-                trips.append(round_trip(client, ask, message, done.usage))
-    return {
-        "tool_choice": choice,
-        "requests": n,
-        "replies_with_calls": with_calls,
-        "calls": calls,
-        "valid_replies": good,
-        "cut": cut,
-        "failures": failures,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "round_trips": trips,
-    }
+            failures.append({"request": i, "problems": wrong, "calls": keys, "content": message.content})
+        if calls and not wrong and trips is not None:
+            trips.append(round_trip(client, ask, message, done.usage))
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return {**row, "failures": failures}
 
 
 def round_trip(client, ask: dict, message, usage) -> dict:
@@ -172,53 +200,88 @@ def round_trip(client, ask: dict, message, usage) -> dict:
     return {"held": held, "cached": cached, "prefilled": after.prompt_tokens - cached, "kept": cached >= held - 1}
 
 
+def tiny_qwen3(folder: Path) -> str:
+    """A random Qwen3-shaped GGUF (tests/gguf_models.py's, 4,096 positions) under a Qwen tools template."""
+    sys.path.insert(0, str(HERE.parent))  # the tests' model builders and Qwen tools template
+    from tests.gguf_models import rewrite_gguf, tiny, write_gguf
+    from tests.test_server_tools import QWEN_TOOLS
+
+    model = tiny("qwen3", tied=False)
+    model.config.max_position_embeddings = 4096
+    plain = write_gguf(model, folder / "tiny-qwen3.gguf")
+    import gguf
+
+    template = {"tokenizer.chat_template": (QWEN_TOOLS, gguf.GGUFValueType.STRING)}
+    return str(rewrite_gguf(plain, folder / "tiny-qwen3-tools.gguf", template))
+
+
+def table(rows: list[dict]) -> str:
+    names = "tool_choice temp max_tokens replies with_calls calls dup valid named tool_calls length markup raised s"
+    lines = ["| " + " | ".join(names.split()) + " |", "|" + "---|" * len(names.split())]
+    for r in rows:
+        valid_share = f"{r['valid']}/{r['calls']}"
+        named = str(r["named"]) if r["choice"] == "named" else "-"
+        calls_share = f"{r['tool_calls']}/{r['with_calls']}"
+        cells = [r["choice"], f"{r['temperature']:g}", str(r["max_tokens"]), str(r["replies"]), str(r["with_calls"])]
+        cells += [str(r["calls"]), str(r["dup"]), valid_share, named, calls_share, str(r["length"]), str(r["markup"])]
+        cells += [str(r["raised"]), str(r["seconds"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="a .gguf, folder or hub id (default: the embedded model)")
+    ap.add_argument("--tiny-qwen3", action="store_true", help="serve a random Qwen3-shaped model with a tools template")
     ap.add_argument("--url", help="an already running server (http://host:port) instead of starting one")
     ap.add_argument("--requests", type=int, default=50)
-    ap.add_argument("--max-tokens", type=int, default=1024)
-    ap.add_argument("--no-auto", action="store_true", help="skip the comparison under tool_choice auto")
+    ap.add_argument("--choices", default="required,auto,named")
+    ap.add_argument("--temperatures", default="1,0")
+    ap.add_argument("--max-tokens", default="60,120,unset")
+    ap.add_argument("--ctx-size", type=int, default=2048, help="the served context (what `unset` runs to)")
+    ap.add_argument("--no-round-trips", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from openai import OpenAI
 
-    proc, url = (
-        (None, args.url.rstrip("/").removesuffix("/v1"))
-        if args.url
-        else start_server("chatcli", args.model, 1, 0, None)
-    )
-    try:
-        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
-        results = [run(client, "required", args.requests, args.max_tokens)]
-        if not args.no_auto:
-            results.append(run(client, "auto", args.requests, min(args.max_tokens, 256)))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
+    limits = [None if m == "unset" else int(m) for m in args.max_tokens.split(",")]
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    with tempfile.TemporaryDirectory() as scratch:
+        model = tiny_qwen3(Path(scratch)) if args.tiny_qwen3 else args.model
+        config = Path(scratch) / "config.toml"  # a config of its own: no [sampling] defaults of the user's
+        config.write_text(f"ctx_size = {args.ctx_size}\n")
+        os.environ["CHATCLI_CONFIG"] = str(config)
+        proc, url = (
+            (None, args.url.rstrip("/").removesuffix("/v1")) if args.url else start_server("chatcli", model, 1, 0, None)
+        )
+        try:
+            client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+            trips, rows = [], []
+            for choice in args.choices.split(","):
+                for t in temperatures:
+                    for m in limits:
+                        first = choice == "required" and t == temperatures[0] and m is None and not args.no_round_trips
+                        rows.append(run(client, choice, t, m, args.requests, trips if first else None))
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(30)
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps({"rows": rows, "round_trips": trips}, indent=2))
         return
-    for r in results:
-        if r["tool_choice"] == "required":
-            line = f"required: {r['valid_replies']}/{r['requests']} replies parse and validate"
-            line += f", {r['cut']} closed at max_tokens"
-            trips = r["round_trips"]
-            if trips:
-                filled = sorted(t["prefilled"] for t in trips)
-                print(
-                    f"round trips: {sum(t['kept'] for t in trips)}/{len(trips)} kept the call in the cache; "
-                    f"prefilled a follow-up: median {filled[len(filled) // 2]} tokens ({filled[0]}-{filled[-1]})"
-                )
-        else:
-            line = (
-                f"auto:     {r['replies_with_calls']}/{r['requests']} replies made calls, "
-                f"{r['valid_replies']} of them all valid"
+    print(table(rows))
+    for r in rows:
+        for f in r["failures"][:5]:
+            print(
+                f"  {r['choice']} t={r['temperature']:g} max_tokens={r['max_tokens']} request {f['request']}: "
+                f"{'; '.join(f['problems'])}"
             )
-        print(f"{line} ({r['calls']} calls, {r['seconds']} s)")
-        for f in r["failures"][:10]:
-            print(f"  request {f['request']}: {'; '.join(f['problems'])}")
+    if trips:
+        filled = sorted(t["prefilled"] for t in trips)
+        print(
+            f"round trips: {sum(t['kept'] for t in trips)}/{len(trips)} found the whole reply cached; "
+            f"prefilled a follow-up: median {filled[len(filled) // 2]} tokens ({filled[0]}-{filled[-1]})"
+        )
 
 
 if __name__ == "__main__":

@@ -173,6 +173,15 @@ def sampling_options():
     return _stack(options)
 
 
+def sampling_option(field: str, help: str):  # noqa: A002 - click's name
+    """The flag of one SamplingParams field alone (serve's --max-tokens), from the same declaration as
+    `chatcli`'s, with a command's own help."""
+    setting = dict(settings())[field]
+    return click.option(
+        f"--{setting.name}", field, cls=Declared, source=setting, type=_TYPES[setting.kind], default=None, help=help
+    )
+
+
 def given_sampling(values: dict) -> dict:
     """The SamplingParams changes the sampling flags ask for: the ones given (a repeatable one as a tuple)."""
     return {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in values.items() if v not in (None, (), [])}

@@ -96,6 +96,8 @@ def test_format_holds_the_reply_to_json_or_a_schema(qwen, serve):
 
 
 def test_tools_calls_and_their_results(qwen, serve, monkeypatch):
+    from ollama import Tool
+
     scripted(qwen, CALLS, monkeypatch)
     server = serve(qwen, defaults=SamplingParams(lookup=0))
     ollama = client(server)
@@ -123,7 +125,8 @@ def test_tools_calls_and_their_results(qwen, serve, monkeypatch):
             "name": "get_weather", "arguments": want[0][1]}}]},
         {"role": "tool", "content": "18 C, sunny", "tool_call_id": "000000001", "name": "get_weather"},
     ]  # fmt: skip
-    assert reply.message.content == engine_reply(qwen, chat, TOOLS, max_tokens=10)
+    sent = [Tool.model_validate(t).model_dump(exclude_none=True, by_alias=True) for t in TOOLS]  # as the client
+    assert reply.message.content == engine_reply(qwen, chat, sent, max_tokens=10)  # sends them: no maxLength
 
 
 def test_a_reasoning_models_think_block_is_its_thinking(qwen, serve, monkeypatch):

@@ -27,7 +27,7 @@ from chatcli.engine.text.toolcalls import (
     parse_calls,
     syntax_of,
 )
-from tests.servers import leaves, slow_endless
+from tests.servers import ALIAS, leaves, slow_endless
 from tests.tiny import CHATML
 
 # A Qwen2.5-style template (the tools in the system turn, calls as <tool_call> blocks, results as
@@ -192,11 +192,18 @@ def validated(calls) -> list[tuple[str, dict]]:
 
 
 def streamed(server, **fields):
-    """The openai client's own reassembly of a streamed reply (`chat.completions.stream`)."""
+    """The openai client's own reassembly of a streamed reply (`chat.completions.stream`; where it raises
+    for finish_reason length, the completion it holds)."""
+    from openai import LengthFinishReasonError
+
     fields = {"model": "tiny", "messages": ASK, "tools": TOOLS, "max_tokens": 600, **fields}
-    with client(server).chat.completions.stream(**fields) as stream:
-        chunks = [event.chunk for event in stream if event.type == "chunk"]
-        return stream.get_final_completion(), chunks
+    chunks = []
+    try:
+        with client(server).chat.completions.stream(**fields) as stream:
+            chunks += [event.chunk for event in stream if event.type == "chunk"]
+            return stream.get_final_completion(), chunks
+    except LengthFinishReasonError as exc:
+        return exc.completion, chunks
 
 
 # -- required, named, none, auto ----------------------------------------------------------------
@@ -237,16 +244,22 @@ def test_a_streamed_call_is_reassembled_by_the_openai_client(qwen, serve):
         assert validated(final.choices[0].message.tool_calls)
 
 
-def test_a_named_function_is_the_one_called(qwen, serve):
+def test_a_named_function_is_called_once(qwen, serve):
+    """A named tool_choice gives exactly one call of that function (OpenAI's behaviour), parallel calls
+    allowed or not: the grammar allowed up to 16, and a small model made them."""
     server = serve(qwen)
     named = {"type": "function", "function": {"name": "search"}}
-    for seed in (None, 1, 2, 3):
+    for seed in (None, *range(8)):
         sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
         done = ask(server, tool_choice=named, **sampling)
-        calls = validated(done.choices[0].message.tool_calls)
-        assert calls and all(name == "search" for name, _ in calls)
-    final, _ = streamed(server, tool_choice=named, temperature=0)
-    assert [name for name, _ in validated(final.choices[0].message.tool_calls)][0] == "search"
+        assert [name for name, _ in validated(done.choices[0].message.tool_calls)] == ["search"]
+        assert done.choices[0].finish_reason == "tool_calls"
+        final, _ = streamed(server, tool_choice=named, **sampling)
+        assert [name for name, _ in validated(final.choices[0].message.tool_calls)] == ["search"]
+    raw = SamplingParams(temperature=1.0, max_tokens=600, tools=ToolCalls.of(TOOLS, "search"))
+    for seed in range(8):  # the reply itself holds one call, not only what the server returns
+        reply = list(qwen.generate(ASK, qwen.new_session(), raw.with_(seed=seed)))[-1].reply
+        assert len(parse_calls(reply)[1]) == 1, reply
 
 
 def test_none_is_text_without_the_tools_in_the_prompt(qwen, serve):
@@ -259,8 +272,9 @@ def test_none_is_text_without_the_tools_in_the_prompt(qwen, serve):
     assert none.usage.prompt_tokens == plain.usage.prompt_tokens < auto.usage.prompt_tokens
 
 
-def test_auto_leaves_the_reply_free(qwen, serve):
-    """Under auto the reply is what the model writes with the tools in its prompt, unconstrained."""
+def test_auto_is_the_engines_reply(qwen, serve):
+    """Under auto the reply is what the model writes with the tools in its prompt: its text free but for
+    call markup, its calls held (the engine's own reply, the same through the server)."""
     server = serve(qwen)
     done = ask(server, tool_choice="auto", temperature=0, max_tokens=30)
     params = SamplingParams(temperature=0, max_tokens=30, tools=ToolCalls.of(TOOLS))
@@ -334,22 +348,92 @@ def test_parallel_calls_where_allowed_one_call_where_not(qwen, serve):
     assert max(counts) > 1, counts  # the grammar lets the model make several
 
 
-def test_a_required_call_closes_itself_within_max_tokens(qwen, serve):
-    """Strings without a maxLength: the random model writes them until max_tokens; the call closes
-    itself in the last tokens (finish_reason length says it was cut), and still parses and validates."""
+def test_a_call_cut_by_max_tokens_is_dropped_never_closed_inside_a_string(qwen, serve):
+    """Strings without a maxLength: the random model writes them until max_tokens. Its call is not
+    closed by force inside the string (it came back as a call of junk arguments with finish_reason
+    length): a call the model finishes is whole (finish_reason tool_calls), one it cannot finish within
+    max_tokens is dropped (no call, no markup in content, finish_reason length), streamed or not."""
     note = {"type": "object", "properties": {"text": {"type": "string"}, "tags": {"type": "array"}}}
     tool = {"type": "function", "function": {"name": "note", "parameters": {**note, "required": ["text", "tags"]}}}
     server = serve(qwen)
     reasons = []
     for seed in range(8):
-        done = ask(server, tools=[tool], tool_choice="required", temperature=1.0, seed=seed, max_tokens=100)
-        calls = done.choices[0].message.tool_calls
-        assert calls and done.choices[0].message.content is None
-        for call in calls:
-            jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
-        assert done.usage.completion_tokens <= 100
+        fields = {"tools": [tool], "tool_choice": "required", "temperature": 1.0, "seed": seed, "max_tokens": 100}
+        done = ask(server, parallel_tool_calls=False, **fields)
+        final, _ = streamed(server, parallel_tool_calls=False, **fields)
+        for reply in (done, final):
+            choice = reply.choices[0]
+            assert not choice.message.content, choice.message.content
+            calls = choice.message.tool_calls or []
+            for call in calls:
+                jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+            assert choice.finish_reason == ("tool_calls" if calls else "length"), (choice.finish_reason, calls)
+            assert reply.usage is None or reply.usage.completion_tokens <= 100
         reasons.append(done.choices[0].finish_reason)
-    assert "length" in reasons and set(reasons) <= {"length", "tool_calls"}, reasons
+    assert "length" in reasons, reasons  # the random model does run out of room
+
+
+def test_call_markup_never_reaches_the_content(qwen, serve):
+    """A reply cut inside its call (max_tokens 12): the call is dropped, not returned as content (the
+    raw `<tool_call>` markup came back as content), streamed or not; finish_reason length."""
+    server = serve(qwen)
+    for seed in (None, 1, 2):
+        sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+        done = ask(server, tool_choice="required", max_tokens=12, **sampling)
+        final, chunks = streamed(server, tool_choice="required", max_tokens=12, **sampling)
+        for reply in (done, final):
+            choice = reply.choices[0]
+            assert not choice.message.content and not choice.message.tool_calls, choice.message
+            assert choice.finish_reason == "length"
+        assert not any(c.choices and c.choices[0].delta.content for c in chunks)
+
+
+TWICE = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+)
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_a_call_already_made_is_not_made_again(fallback, serve, monkeypatch, choice):
+    """A model that writes the same call twice (as the embedded model did, up to 16 times): the grammar's
+    mask refuses the second at its last id, so the reply itself never holds it twice; the server gives
+    the call once, with finish_reason tool_calls."""
+    scripted(fallback, TWICE, monkeypatch)
+    server = serve(fallback, defaults=SamplingParams(lookup=0))
+    params = SamplingParams(temperature=0, max_tokens=200, lookup=0, tools=ToolCalls.of(TOOLS, choice))
+    reply = list(fallback.generate(ASK, fallback.new_session(), params))[-1].reply
+    made = [(c.name, json.loads(c.arguments)) for c in parse_calls(reply)[1]]
+    assert made[0] == ("get_weather", {"city": "Paris", "unit": "celsius"}) and made.count(made[0]) == 1, reply
+    for reply in (
+        ask(server, tool_choice=choice, temperature=0),
+        streamed(server, tool_choice=choice, temperature=0)[0],
+    ):
+        calls = validated(reply.choices[0].message.tool_calls)
+        assert calls[0] == made[0] and calls.count(made[0]) == 1 and reply.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("template", ["qwen", "fallback", "llama", "mistral"])
+def test_sampled_calls_are_whole_distinct_and_never_content(template, request, serve):
+    """Every syntax, required and auto, sampled, max_tokens 80 (room for a call or two): each call
+    validates, no call twice, no call markup of any syntax in the content, and finish_reason tool_calls
+    wherever there are calls (they were closed inside their strings to fit, and ended `length`)."""
+    engine = request.getfixturevalue(template)
+    server = serve(engine)
+    for choice in ("required", "auto"):
+        for seed in range(6):
+            done = ask(server, tool_choice=choice, temperature=1.0, seed=seed, max_tokens=80)
+            final, _ = streamed(server, tool_choice=choice, temperature=1.0, seed=seed, max_tokens=80)
+            for reply in (done, final):
+                choice_ = reply.choices[0]
+                calls = validated(choice_.message.tool_calls or [])
+                assert len({json.dumps(c, sort_keys=True) for c in calls}) == len(calls), calls
+                content = choice_.message.content or ""
+                assert not any(m in content for m in ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "python_tag"))
+                if calls:
+                    assert choice_.finish_reason == "tool_calls"
+                if choice == "required":  # calls, or none where the one begun was cut (dropped)
+                    assert not content and (calls or choice_.finish_reason == "length")
 
 
 def test_drafts_under_a_required_call_give_the_single_step_reply(qwen):
@@ -484,8 +568,9 @@ def test_mistral_scanner():
             scanner = CallScanner(MISTRAL)
             pieces = [p for i in range(0, len(text), size) for p in scanner.push(text[i : i + size])]
             assert pieces == [] and scanner.finish() == calls  # held to the end, read whole
-    for text in ("[a link](x) and text", '[{"name": 3}]', "[]", "[1, 2]", "plain words"):
+    for text in ("[a link](x) and text", "[]", "[1, 2]", "plain words"):
         assert parse_calls(text, MISTRAL) == (text, [])  # not calls: text, as it was
+    assert parse_calls('[{"name": 3}]', MISTRAL) == ("", [])  # a list of calls that does not parse: dropped
     scanner = CallScanner(MISTRAL)
     assert scanner.push("Sure") == ["Sure"]  # text that cannot open a call is not held
     assert call_text("f", {"a": 1}, MISTRAL) == '[{"name": "f", "arguments": {"a": 1}}]'
@@ -503,18 +588,26 @@ def test_syntax_and_scanner():
         assert "".join(p for p in pieces if isinstance(p, str)) == text
         assert [p for p in pieces if not isinstance(p, str)] == calls
     broken = "<tool_call>\n{not json}\n</tool_call> and <tool_call>\n{"
-    assert parse_calls(broken) == (broken, [])  # what does not parse stays text
+    assert parse_calls(broken) == (" and ", [])  # what does not parse is dropped, never text
+    scanner = CallScanner()
+    assert scanner.push(broken) == [] and "".join(scanner.finish()) == " and " and scanner.cut  # the last was cut
+    whole = '<tool_call>\n{"name": "f", "arguments": {}}'
+    for tail in ("", "\n</tool_", "\n</tool_call>\n<tool_"):  # the call whole, what follows cut
+        scanner = CallScanner()
+        assert scanner.push(whole + tail) + scanner.finish() == [Call("f", "{}")]
+        assert scanner.cut == tail.endswith("<tool_"), tail
     tagged = '<tool_call>\n{"name": "f", "arguments": {"s": "a</tool_call>b"}}\n</tool_call>'
     for size in (1, 4, len(tagged)):  # the tag inside a string does not end the block
         scanner = CallScanner()
         pieces = [p for i in range(0, len(tagged), size) for p in scanner.push(tagged[i : i + size])]
         assert pieces + scanner.finish() == [Call("f", '{"s": "a</tool_call>b"}')]
     text, calls = parse_calls("<tool_call>{bad}</tool_call> then " + tagged)
-    assert text == "<tool_call>{bad}</tool_call> then" and calls == [Call("f", '{"s": "a</tool_call>b"}')]
+    assert text == " then" and calls == [Call("f", '{"s": "a</tool_call>b"}')]
     assert parse_calls("  x < y\n") == ("  x < y\n", [])
     llama_call = '<|python_tag|>{"name": "search", "parameters": {"query": "a"}}'
     assert parse_calls(llama_call, LLAMA3)[1][0].arguments == '{"query": "a"}'
-    assert parse_calls("{not a call", LLAMA3) == ("{not a call", [])
+    assert parse_calls("{not a call", LLAMA3) == ("", [])  # a call begun, never finished: dropped
+    assert parse_calls("Sure, {x} it is", LLAMA3) == ("Sure, {x} it is", [])
 
 
 # -- bad tools -----------------------------------------------------------------------------------
@@ -674,3 +767,29 @@ def test_the_params_carry_the_tools():
     ]
     with pytest.raises(ValueError, match="names no function"):
         ToolCalls.of(TOOLS, "nope")
+
+
+@pytest.mark.real_model
+def test_the_embedded_model_makes_whole_calls_within_max_tokens(real_default, serve):
+    """The embedded model under `required` and a named function, sampled, max_tokens 60 (a valid call
+    came with a junk one or was cut, finish_reason length, and the openai client's `.parse()` and
+    `.stream()` raised): each reply is calls, whole, distinct and valid, finish_reason tool_calls, and
+    neither helper raises; a named function is called once."""
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in REAL_TOOLS]  # as `.parse()` asks
+    schema = REAL_TOOLS[0]["function"]["parameters"]
+    server = serve(real_default)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        for seed in range(4):
+            fields = dict(model=ALIAS, messages=ASK, tools=strict, tool_choice=choice, max_tokens=60)
+            fields.update(temperature=1.0, seed=seed)
+            parsed = client(server).chat.completions.parse(**fields)
+            with client(server).chat.completions.stream(**fields) as stream:
+                final = stream.get_final_completion()
+            for reply in (parsed, final):
+                assert reply.choices[0].finish_reason == "tool_calls" and not reply.choices[0].message.content
+                calls = [json.loads(c.function.arguments) for c in reply.choices[0].message.tool_calls]
+                for arguments in calls:
+                    jsonschema.validate(arguments, schema)
+                assert len({json.dumps(a, sort_keys=True) for a in calls}) == len(calls) >= 1
+                assert choice == "required" or len(calls) == 1

@@ -4,9 +4,11 @@ drafts kept exact; the server's response_format through the openai client; the o
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
+import numpy as np
 import pytest
 
 from chatcli.engine.events import Finished, Token
@@ -244,3 +246,80 @@ def test_the_remote_engine_forwards_the_format():
     assert sent["name"] == "my_schema_v2" and sent["strict"] is False
     body = remote.body(USER, SamplingParams(response_format=ResponseFormat("json_object")))
     assert body["response_format"] == {"type": "json_object"}
+
+
+# -- as strict as the strictest peer (issue 48) ----------------------------------------------------
+
+NAMED = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}}, "required": ["name"]}
+
+
+def takes(engine, fmt: ResponseFormat, text: str) -> bool:
+    """The grammar of `fmt` takes `text` whole (each of its ids through the mask, then complete)."""
+    constraint = engine.grammar.constraint(fmt)
+    for token in engine.tokenizer.encode(text):
+        if not constraint.mask(np.zeros(constraint.vocab, dtype=np.float32))[token] > float("-inf"):
+            return False
+        constraint.advance(token)
+    return constraint.matcher.is_accepting()
+
+
+def test_objects_are_closed_unless_the_schema_opens_them(tiny_lean):
+    """An object schema that lists properties and says nothing of others takes no others, `strict` or
+    not (OpenAI's strict mode requires it; llama.cpp's converter closes them): a small model otherwise
+    writes keys of its own. `additionalProperties: true` (or a schema) opens it."""
+    extra = '{"name": "ab", "x": 1}'
+    for strict in (False, True):
+        assert takes(tiny_lean, ResponseFormat.json_schema(NAMED, strict=strict), '{"name": "ab"}')
+        assert not takes(tiny_lean, ResponseFormat.json_schema(NAMED, strict=strict), extra)
+    nested = {"type": "array", "items": NAMED}
+    assert not takes(tiny_lean, ResponseFormat.json_schema(nested), '[{"name": "ab", "x": 1}]')
+    assert takes(tiny_lean, ResponseFormat.json_schema({**NAMED, "additionalProperties": True}), extra)
+    assert takes(tiny_lean, ResponseFormat.json_schema({**NAMED, "additionalProperties": {"type": "integer"}}), extra)
+    assert takes(tiny_lean, ResponseFormat("json_object"), extra)  # no properties listed: any object
+
+
+NUMBERS = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "x": {"type": "number"}, "s": {"type": "string", "maxLength": 30}},
+    "required": ["n", "x", "s"],
+}
+
+
+def test_numbers_are_bounded_in_length_as_llama_cpp_bounds_them(tiny_lean, serve):
+    """Each run of a number's digits (its integral part, fraction, exponent) is at most 16 long, as in
+    llama.cpp's json-schema-to-grammar: the random model, whose digits run on to max_tokens unheld,
+    ends its numbers; a string's digits are free."""
+    assert takes(tiny_lean, ResponseFormat.json_schema({"type": "integer"}), "1234567890123456")
+    assert not takes(tiny_lean, ResponseFormat.json_schema({"type": "integer"}), "12345678901234567")
+    assert not takes(tiny_lean, ResponseFormat.json_schema({"type": "number"}), "0.12345678901234567")
+    assert takes(tiny_lean, ResponseFormat.json_schema({"type": "string"}), '"12345678901234567890"')
+    server = serve(tiny_lean)
+    fmt = {"type": "json_schema", "json_schema": {"name": "numbers", "schema": NUMBERS}}
+    for seed in range(6):
+        done = client(server).chat.completions.create(
+            model="tiny", messages=USER, max_tokens=200, temperature=1.0, seed=seed, response_format=fmt
+        )
+        text = done.choices[0].message.content
+        value = json.loads(text)
+        jsonschema.validate(value, NUMBERS)
+        numbers = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)  # the strings' digits are free
+        assert max(len(run) for run in re.findall(r"[0-9]+", numbers)) <= 16, text
+
+
+def test_a_json_object_with_a_schema_is_held_to_it(tiny_lean, serve):
+    """`{"type": "json_object", "schema": {...}}`, llama-server's form (instructor's JSON_SCHEMA mode):
+    the reply is held to the schema, not to any object (it was ignored with a 200)."""
+    server = serve(tiny_lean)
+    for seed in range(4):
+        done = client(server).chat.completions.create(
+            model="tiny",
+            messages=USER,
+            max_tokens=200,
+            temperature=1.0,
+            seed=seed,
+            response_format={"type": "json_object", "schema": PERSON},
+        )
+        jsonschema.validate(json.loads(done.choices[0].message.content), PERSON)
+    body = {"model": "tiny", "messages": USER, "response_format": {"type": "json_object", "schema": "person"}}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.schema", r.text

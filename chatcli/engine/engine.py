@@ -109,10 +109,10 @@ class Engine:
         if params.response_format is not None or params.tools is not None:
             self.grammar.check_params(params)
 
-    def constraint_for(self, params: SamplingParams) -> Constraint | None:
-        """A turn's grammar state for `params.response_format` or the tool calls it must make, or None
-        where the reply is free."""
-        return self.grammar.constraint_for(params) if held(params) else None
+    def constraint_for(self, params: SamplingParams, room: int | None = None) -> Constraint | None:
+        """A turn's grammar state for `params.response_format` or the tool calls it may make, or None
+        where the reply is free; `room`: the reply ids the context leaves (calls end within it)."""
+        return self.grammar.constraint_for(params, room) if held(params) else None
 
     def new_session(self) -> Session:
         return Session(self.runner.new_cache())
@@ -260,7 +260,7 @@ class Engine:
 
     def _turn(self, target: list[int], truncated: int, session: Session, params, cancel, t_submit) -> Iterator[Event]:
         cache = session.cache
-        constraint = self.constraint_for(params)  # a bad schema fails here, before any work
+        constraint = self.constraint_for(params, self.context_limit - len(target))  # a bad schema fails here
         spelled = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
         target = realigned(cache.ids, target, self.tokenizer.token_bytes, spelled)  # the cache's ids, same text
         cached = self.reuse(cache, target)  # prefill's own crop then keeps it as it is
@@ -319,8 +319,6 @@ class Engine:
                 finish_reason = FinishReason.LENGTH
                 break
         ids.close()
-        if constraint is not None and constraint.cut and finish_reason == FinishReason.STOP:
-            finish_reason = FinishReason.LENGTH  # tool calls closed early to end within max_tokens
         if samples:
             # Drafting may have fed ids past the last one taken: the cache holds the prompt and
             # every sampled id but the last, whether or not a draft ran ahead.

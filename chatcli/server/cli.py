@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from chatcli.flags import API_KEY, CACHE_BUDGET, CONTEXT, load_options, model_options, run_command
+from chatcli.flags import API_KEY, CACHE_BUDGET, CONTEXT, load_options, model_options, run_command, sampling_option
 from chatcli.server.hosts import is_loopback
 
 MIB = 1 << 20
@@ -74,6 +74,11 @@ def _fail(message: str, code: int = 1):
     metavar="N",
     help="Requests generated at once, their steps batched [default: 4 where the compiled kernel runs, else 1].",
 )
+@sampling_option(
+    "max_tokens",
+    help="Most tokens in the reply to a request that sends no max_tokens "
+    "[default: the config file's [sampling] max_tokens, else up to the context limit].",
+)
 @click.option(
     "--log-level", default="info", show_default=True, help="uvicorn's log level: debug, info, warning, error."
 )
@@ -99,6 +104,7 @@ def serve_command(
     cache_budget,
     max_queue,
     parallel,
+    max_tokens,
     log_level,
     cors_origins,
     aliases,
@@ -119,11 +125,12 @@ def serve_command(
         click.echo(warning, err=True)
     try:
         config = load_config()
-        start = StartOptions(
-            model=model, load=config.load_options(load_options(load)), params=config.params(), config=config
-        )
+        params = serve_defaults(config.params(), config.sampling, max_tokens)
+        start = StartOptions(model=model, load=config.load_options(load_options(load)), params=params, config=config)
     except ConfigError as exc:
         _fail(str(exc))
+    except ValueError as exc:  # InvalidParameter: --max-tokens out of range
+        _fail(str(exc), 2)
 
     def load_model():
         """In the app's loading thread, while /health says loading; a LoadError stops the server in one line."""
@@ -150,6 +157,18 @@ def serve_command(
         cors_origins=origins,
         aliases=tuple(aliases),
     )
+
+
+def serve_defaults(params, sampling: dict, max_tokens: int | None):
+    """The sampling defaults of a request: the config file's `params`, and max_tokens from --max-tokens,
+    else from its [sampling] table (`sampling`), else up to the context limit (`schema.TO_CONTEXT`): most
+    clients send none, and a reply cut at a default of ours would end `length` (OpenAI's and llama-server's
+    run to the context limit)."""
+    from chatcli.server.schema import TO_CONTEXT
+
+    if max_tokens is None and "max_tokens" not in sampling:
+        max_tokens = TO_CONTEXT
+    return params if max_tokens is None else params.with_(max_tokens=max_tokens)
 
 
 def cors_list(value: str | None) -> tuple[str, ...]:

@@ -203,7 +203,9 @@ class ChatResponse(PeerResponse):
         out[self.field] = message
         out["done"] = done is not None
         if done is not None:
-            out["done_reason"] = "length" if schema.finish_reason(done[1].finish_reason) == "length" else "stop"
+            out["done_reason"] = (
+                "length" if schema.finish_reason(done[1].finish_reason, self._whole_calls()) == "length" else "stop"
+            )
             out.update(stats(*done))
         return out
 

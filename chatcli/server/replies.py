@@ -1,7 +1,9 @@
 """A reply in parts, for the APIs that answer in blocks rather than in chat.completion's text and calls
 (Anthropic's Messages, Ollama's chat, OpenAI's Responses): its reasoning (what a reasoning model writes
 in `<think>…</think>`, told apart as `chatcli.chat.reasoning` does), its text, and its tool calls (read
-in the model's own call syntax, `CallScanner`), as they stream (`ReplyParts`) or whole (`Whole`).
+in the model's own call syntax by the response's `tools.ReplyCalls`, as chat completions read them: no
+call twice, one for a named function, a cut call dropped, no call markup in text), as they stream
+(`ReplyParts`) or whole (`Whole`).
 
 `PeerResponse` is the base of those APIs' responses: the same job, worker, slots, prefix cache, grammar
 and tools as chat completions (`respond.CompletionResponse`, whose `__call__` it keeps), its errors in the
@@ -16,10 +18,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from chatcli.chat.reasoning import OPEN, THINKING, ReasoningStream
-from chatcli.engine import Call, CallScanner, Finished, Prefilled, Token
+from chatcli.engine import Call, Finished, Prefilled, Token
 from chatcli.server.peers import error_body
 from chatcli.server.respond import CompletionResponse
 from chatcli.server.schema import APIError
+from chatcli.server.tools import ReplyCalls
 from chatcli.server.worker import Failed
 
 TEXT, CALL = "text", "call"  # beside THINKING: the kinds of a reply's parts
@@ -28,31 +31,30 @@ END, FAILED = "end", "failed"  # the last item of `PeerResponse._items`: the Fin
 
 class ReplyParts:
     """A reply's text, as it streams, → its parts: (THINKING, text), (TEXT, text), (CALL, Call). Calls are
-    read only where the request has tools to call (`tools`) and the engine says its syntax; one only where
-    parallel calls are not allowed. `opened`: the prompt itself opened the reasoning (`<think>` at its end)."""
+    read by `reader` (a `tools.ReplyCalls`: None where the request has no tools to call or the engine says
+    no syntax), which keeps the calls chat completions would give. `opened`: the prompt itself opened the
+    reasoning (`<think>` at its end)."""
 
-    def __init__(self, syntax: str | None, tools=None, opened: bool = False) -> None:
+    def __init__(self, reader: ReplyCalls | None, opened: bool = False) -> None:
         self.reasoning = ReasoningStream(thinking=opened)
-        self.scanner = CallScanner(syntax) if tools is not None and syntax else None
-        self.parallel = tools.parallel if tools is not None else True
-        self.calls = 0
+        self.reader = reader
 
     def push(self, text: str) -> list[tuple]:
         return self._split(self.reasoning.push(text))
 
     def finish(self) -> list[tuple]:
         out = self._split(self.reasoning.finish())
-        return out + (self._scanned(self.scanner.finish()) if self.scanner is not None else [])
+        return out + (self._scanned(self.reader.finish()) if self.reader is not None else [])
 
     def _split(self, pieces: list[tuple[str, str]]) -> list[tuple]:
         out: list[tuple] = []
         for kind, text in pieces:
             if kind == THINKING:
                 out.append((THINKING, text))
-            elif self.scanner is None:
+            elif self.reader is None:
                 out.append((TEXT, text))
             else:
-                out += self._scanned(self.scanner.push(text))
+                out += self._scanned(self.reader.push(text))
         return out
 
     def _scanned(self, pieces: list) -> list[tuple]:
@@ -61,9 +63,8 @@ class ReplyParts:
             if isinstance(piece, str):
                 if piece:
                     out.append((TEXT, piece))
-            elif self.calls == 0 or self.parallel:
+            else:
                 out.append((CALL, piece))
-                self.calls += 1
         return out
 
 
@@ -105,7 +106,7 @@ class PeerResponse(CompletionResponse):
         return error_body(err, self.path)
 
     def _parts(self, first: Prefilled) -> ReplyParts:
-        return ReplyParts(self.syntax, self.tools, prompt_opens_reasoning(self.tokenizer, first))
+        return ReplyParts(self.reader, prompt_opens_reasoning(self.tokenizer, first))
 
     def _whole(self, first: Prefilled, done: Finished, scored: list | None) -> dict:
         parts = self._parts(first)

@@ -19,18 +19,17 @@ import anyio
 from starlette.responses import Response
 
 from chatcli.engine import (
-    CallScanner,
+    Call,
     Finished,
     GrammarError,
     Prefilled,
     Token,
     call_syntax,
-    parse_calls,
     token_entry,
 )
 from chatcli.server import schema
 from chatcli.server.schema import APIError, ChatRequest
-from chatcli.server.tools import call_deltas, tool_calls
+from chatcli.server.tools import ReplyCalls, call_deltas, tool_calls
 from chatcli.server.worker import Failed, GenerationWorker, Job
 
 
@@ -56,7 +55,7 @@ class CompletionResponse(Response):
         tools = getattr(request.params, "tools", None)
         self.tools = tools if tools is not None and tools.callable() else None  # calls to read from the reply
         self.syntax = call_syntax(worker.engine)
-        self.scanner = CallScanner(self.syntax) if self.tools is not None and self.syntax else None
+        self.reader = ReplyCalls(self.tools, self.syntax) if self.tools is not None and self.syntax else None
         self.calls = 0  # calls streamed
 
     def _job(self, emit) -> Job:
@@ -81,23 +80,28 @@ class CompletionResponse(Response):
     def _whole(self, first: Prefilled, done: Finished, scored: list | None) -> dict:
         use = schema.usage(first, done.stats)
         text, calls = done.reply, []
-        if self.scanner is not None:
-            content, calls = parse_calls(done.reply, self.syntax)
-            calls = calls if self.tools.parallel else calls[:1]
-            text = content if calls else text
+        if self.reader is not None:
+            pieces = self.reader.push(done.reply) + self.reader.finish()
+            text = "".join(p for p in pieces if isinstance(p, str))
+            calls = [p for p in pieces if isinstance(p, Call)]
         listed = tool_calls(calls, self.syntax)
-        return schema.completion(self.cid, self.model, text, done.finish_reason, use, scored, listed)
+        reason = schema.finish_reason(done.finish_reason, self._whole_calls())
+        return schema.completion(self.cid, self.model, text, reason, use, scored, listed)
+
+    def _whole_calls(self) -> bool:
+        """The reply gives calls, all whole (finish_reason tool_calls; `ReplyCalls.whole`)."""
+        return self.reader is not None and self.reader.whole
 
     def _deltas(self, text: str | None) -> list:
         """What the reply's next text (None: its end) lets out: the text (a str, for `_piece`), or with
-        tools the scanner's pieces as deltas, text and calls (one only where parallel calls are not allowed)."""
-        if self.scanner is None:
+        tools the reader's pieces as deltas, text and calls (`ReplyCalls`)."""
+        if self.reader is None:
             return [text] if text else []
         out = []
-        for piece in self.scanner.finish() if text is None else self.scanner.push(text):
+        for piece in self.reader.finish() if text is None else self.reader.push(text):
             if isinstance(piece, str):
                 out.append({"content": piece})
-            elif self.calls == 0 or self.tools.parallel:
+            else:
                 out += call_deltas(piece, self.calls, self.syntax)
                 self.calls += 1
         return out
@@ -221,7 +225,7 @@ class CompletionResponse(Response):
                 pending = [] if pending is not None else None
                 await data(self._piece(delta, scored) if isinstance(delta, str) else self._chunk(delta, scored=scored))
             if isinstance(event, Finished):
-                await data(self._closing(schema.finish_reason(event.finish_reason, self.calls > 0)))
+                await data(self._closing(schema.finish_reason(event.finish_reason, self._whole_calls())))
                 if self.request.include_usage:
                     await data(self._usage_chunk(schema.usage(first, event.stats)))
                 break

@@ -85,7 +85,7 @@ class ResponsesResponse(PeerResponse):
 
     def _response(self, output: list, first: Prefilled, done: Finished | None) -> dict:
         params = self.request.params
-        cut = done is not None and schema.finish_reason(done.finish_reason) == "length"
+        cut = done is not None and schema.finish_reason(done.finish_reason, self._whole_calls()) == "length"
         status = "in_progress" if done is None else "incomplete" if cut else "completed"
         b = self.body
         out = {

@@ -35,6 +35,9 @@ MAX_STOPS = 4
 FIELD_OF = {setting.name: name for name, setting in settings()}
 
 
+# serve's max_tokens where neither --max-tokens nor the config file's [sampling] sets one: a request that
+# sends none runs to the context limit (the engine stops there), as OpenAI's and llama-server's do
+TO_CONTEXT = 2**31 - 1
 RETRY_AFTER = "2"  # seconds a 503 asks the client to wait (the model loading, a full queue)
 
 
@@ -216,8 +219,11 @@ def _response_format(value) -> ResponseFormat | None:
     kind = value.get("type")
     if kind == "text":
         return None
-    if kind == "json_object":
-        return ResponseFormat("json_object")
+    if kind == "json_object":  # with a `schema`, llama-server's form (instructor's JSON_SCHEMA mode): held to it
+        schema = value.get("schema")
+        if schema is not None and not isinstance(schema, (dict, bool)):
+            raise bad("response_format.schema must be a JSON schema object", "response_format.schema", "invalid_type")
+        return ResponseFormat("json_object") if schema is None else ResponseFormat.json_schema(schema)
     if kind != "json_schema":
         raise bad(
             f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"
@@ -331,14 +337,16 @@ def usage(first, stats) -> dict:
 
 
 def finish_reason(reason: FinishReason, calls: bool = False) -> str:
-    """OpenAI's finish reason: "length", else "tool_calls" for a reply with calls, else "stop" (a
+    """OpenAI's finish reason: "tool_calls" for a reply that gives calls (`calls`: whole ones, though the
+    turn may have ended at max_tokens: a call it cut is dropped), else "length", else "stop" (a
     cancelled turn only reaches a client that left)."""
-    return "length" if reason == FinishReason.LENGTH else "tool_calls" if calls else "stop"
+    return "tool_calls" if calls else "length" if reason == FinishReason.LENGTH else "stop"
 
 
 def completion(
     cid: str, model: str, text: str, reason: str, use: dict, logprobs: list | None = None, calls: list | None = None
 ) -> dict:
+    """A chat.completion; `reason`: its finish reason (`finish_reason`)."""
     message = {"role": "assistant", "content": text or None} if calls else {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls
@@ -351,7 +359,7 @@ def completion(
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": finish_reason(reason, bool(calls)),
+                "finish_reason": reason,
                 "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
             }
         ],

@@ -4,8 +4,10 @@ as `message.tool_calls` or streamed `delta.tool_calls`.
 
 The model sees the tools through its own chat template (or the fallback of one without tools:
 `chatcli.engine.text.toolcalls`); its reply's calls are read back in the syntax it writes them in
-(`parse_calls`, `CallScanner`). Under `required` or a named function the reply is held to calls by
-the grammar, so each one parses and matches its function's parameters.
+(`ReplyCalls`, over `CallScanner`). The reply is held by the grammar (text or calls under auto, calls
+under `required` or a named function), so each call parses and matches its function's parameters; the
+reader drops a call identical to one already given, a call past the one a named function (or
+`parallel_tool_calls: false`) allows, and a call the reply was cut in (never content).
 
 Errors are `ToolError(message, param)`, which `schema` turns into its 400.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from chatcli.engine import Call, ToolCalls, new_call_id
+from chatcli.engine import Call, CallScanner, ToolCalls, new_call_id
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's function names
 
@@ -173,3 +175,37 @@ def call_deltas(call: Call, index: int, syntax: str | None) -> list[dict]:
         "function": {"name": call.name, "arguments": ""},
     }
     return [{"tool_calls": [opening]}, {"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]}]
+
+
+class ReplyCalls:
+    """A reply's pieces as the client gets them, whole (`push` then `finish`) or as it streams: text
+    (str, never call markup) and `Call`s, a call equal to one already given dropped (the same name and
+    arguments as JSON values: the grammar refuses the same text, this the same value written otherwise).
+    `whole`: the reply gives calls, each of them whole (one cut by max_tokens is dropped, never given), so
+    its finish_reason is "tool_calls" and the openai client's `.parse()` / `.stream()` take it."""
+
+    def __init__(self, tools: ToolCalls, syntax: str) -> None:
+        self.scanner = CallScanner(syntax)
+        self.one = not tools.parallel or tools.choice not in ("auto", "required")  # a named function: one call
+        self.given: list[tuple[str, object]] = []
+
+    def push(self, text: str) -> list:
+        return self._kept(self.scanner.push(text))
+
+    def finish(self) -> list:
+        return self._kept(self.scanner.finish())
+
+    @property
+    def whole(self) -> bool:
+        return bool(self.given)
+
+    def _kept(self, pieces: list) -> list:
+        out = []
+        for piece in pieces:
+            if isinstance(piece, Call):
+                key = (piece.name, json.loads(piece.arguments))
+                if key in self.given or (self.one and self.given):
+                    continue
+                self.given.append(key)
+            out.append(piece)
+        return out

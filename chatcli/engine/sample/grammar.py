@@ -8,8 +8,11 @@ cannot hold a reply to (an unknown keyword, a bad reference). Each step the engi
 with `Constraint.mask` (an id the grammar cannot take next gets -inf) before the sampler's chain and
 tells `advance` the id it took. A draft's positions are masked one at a time, in the order the ids are
 taken, so a drafted reply is the one single steps would give. Once the value is complete only
-end-of-turn ids are left, and `stopped` says so. Tool calls that must be made are held the same way,
-by the Lark grammar of `chatcli.engine.sample.tools` (`check_params`, `constraint_for`).
+end-of-turn ids are left, and `stopped` says so. A format's objects are closed unless its schema opens
+them (`additionalProperties`), `strict` or not, as OpenAI's strict mode and llama.cpp close them. Tool
+calls are held the same way, by the Lark grammar of `chatcli.engine.sample.tools` (`check_params`,
+`constraint_for`). Beyond the grammar, `chatcli.engine.sample.steer` narrows each mask: numbers of
+bounded length, no call made twice, calls that end within max_tokens (or the context left).
 
 No torch and no UI: numpy logits in, numpy logits out.
 """
@@ -22,10 +25,20 @@ import json
 import numpy as np
 
 from chatcli.engine.params import ResponseFormat, SamplingParams
-from chatcli.engine.sample.tools import JSON_OPTIONS, calls_lark, held, parameters_of, with_options
+from chatcli.engine.sample.steer import Steer, Vocab
+from chatcli.engine.sample.tools import (
+    JSON_OPTIONS,
+    call_text_of,
+    calls_lark,
+    closed,
+    held,
+    parameters_of,
+    several,
+    with_options,
+)
 from chatcli.engine.text.tokenize import ChatTokenizer
 
-CLOSING_RESERVE = 64  # reply tokens a held tool call keeps to close itself within max_tokens
+CLOSING_RESERVE = 64  # a reply of calls' last ids, where a call in progress closes at its next JSON boundary
 
 
 class GrammarError(ValueError):
@@ -46,8 +59,8 @@ def _llguidance():
 
 
 def grammar_of(fmt: ResponseFormat) -> str:
-    """The llguidance grammar (its JSON text) that holds a reply to `fmt`."""
-    return _llguidance().LLMatcher.grammar_from_json_schema(fmt.schema_object(), defaults=JSON_OPTIONS)
+    """The llguidance grammar (its JSON text) that holds a reply to `fmt` (its objects closed)."""
+    return _llguidance().LLMatcher.grammar_from_json_schema(closed(fmt.schema_object()), defaults=JSON_OPTIONS)
 
 
 def _ll_tokenizer(tokenizer: ChatTokenizer, vocab: int | None):
@@ -153,46 +166,44 @@ class TokenGrammar:
         return grammar
 
     def constraint(self, fmt: ResponseFormat) -> Constraint:
-        return self._matched(self.check(fmt))
+        return self._matched(self.check(fmt), Steer(self.spelling))
 
-    def constraint_for(self, params: SamplingParams) -> Constraint | None:
-        """A turn's grammar state for its response format or the calls it must make; None: a free reply.
-        Calls close themselves within max_tokens: from CLOSING_RESERVE tokens before it, where the
-        grammar takes an id that ends something (`closers`), only those (a small model can write a
-        string in a loop until max_tokens, and a call cut there would not parse)."""
+    def constraint_for(self, params: SamplingParams, room: int | None = None) -> Constraint | None:
+        """A turn's grammar state for its response format or the calls it may make; None: a free reply.
+        `room`: the reply ids the context has left (with max_tokens, the budget calls end within)."""
         grammar = self.check_params(params)
         if grammar is None:
             return None
-        closing = None
-        if params.tools is not None and params.tools.callable():
-            closing = (self.closers, params.max_tokens - min(CLOSING_RESERVE, params.max_tokens // 2))
-        return self._matched(grammar, closing)
+        tools = params.tools
+        if tools is None or not tools.callable():
+            return self._matched(grammar, Steer(self.spelling))
+        limit = params.max_tokens if room is None else max(1, min(params.max_tokens, room))
+        fmt = None if tools.forced else params.response_format
+        text = call_text_of(self.syntax)
+        window = min(CLOSING_RESERVE, limit // 2)
+        steer = Steer(self.spelling, text, fmt is not None, several(tools), limit, window)
+        return self._matched(grammar, steer)
 
     @functools.cached_property
-    def closers(self) -> np.ndarray:
-        """[vocab] bool: the ids whose text begins with `"`, `}` or `]` (each ends a string, an object or
-        an array where the grammar takes it there), and the end-of-turn ids."""
-        out = np.array([self.tokenizer.decode_bytes([t])[:1] in (b'"', b"}", b"]") for t in range(self.vocab)])
-        out[self.stop_ids] = True
-        return out
+    def spelling(self) -> Vocab:
+        """The vocabulary by bytes, for steering (built on first use: ~0.3 s for 49k ids)."""
+        return Vocab(self.tokenizer, self.vocab, self.stop_ids)
 
-    def _matched(self, grammar: str, closing=None) -> Constraint:
+    def _matched(self, grammar: str, steer: Steer | None = None) -> Constraint:
         matcher = _llguidance().LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the JSON schema is not usable: {matcher.get_error()}")
-        return Constraint(matcher, self.vocab, closing)
+        return Constraint(matcher, self.vocab, steer)
 
 
 class Constraint:
     """One turn's grammar state: which ids may come next, advanced by each id taken."""
 
-    def __init__(self, matcher, vocab: int, closing: tuple[np.ndarray, int] | None = None) -> None:
+    def __init__(self, matcher, vocab: int, steer: Steer | None = None) -> None:
         self.matcher = matcher
         self.vocab = vocab
         self._bits = np.zeros((vocab + 31) // 32, dtype=np.int32)  # [ceil(V/32)]: one bit an id
-        self.closing = closing  # (closer ids, the step from which they are preferred), or None
-        self.taken = 0  # ids advanced
-        self.cut = False  # closing left out an id the grammar takes: the reply was ended for max_tokens
+        self.steer = steer  # narrows each mask past the grammar (`chatcli.engine.sample.steer`), or None
 
     def allowed(self) -> np.ndarray:
         """[vocab] bool: the ids the grammar takes next."""
@@ -203,10 +214,8 @@ class Constraint:
         """[V] logits → a copy where every id the grammar cannot take next is -inf (ids past the
         tokenizer's vocabulary, padding rows of the head, too)."""
         allowed = self.allowed()
-        if self.closing is not None and self.taken >= self.closing[1]:
-            closers = allowed & self.closing[0]
-            if closers.any() and np.count_nonzero(closers) < np.count_nonzero(allowed):
-                allowed, self.cut = closers, True
+        if self.steer is not None:
+            allowed = self.steer.narrow(allowed, self.matcher)
         n = min(len(allowed), len(logits))
         allowed = allowed[:n]
         if 2 * np.count_nonzero(allowed) < n:  # few ids allowed (between values): copy those
@@ -223,7 +232,8 @@ class Constraint:
         """The id the engine took; it came from the mask, so the grammar accepts it."""
         if not self.matcher.consume_token(int(token)):
             raise GrammarError(f"the JSON schema is not usable: {matcher_error(self.matcher)}")
-        self.taken += 1
+        if self.steer is not None:
+            self.steer.advance(token)
 
     @property
     def stopped(self) -> bool:

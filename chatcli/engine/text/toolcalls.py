@@ -29,6 +29,7 @@ HERMES, LLAMA3, MISTRAL = "hermes", "llama3", "mistral"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 TOOL_CALLS = "[TOOL_CALLS]"
+MARKUP = (OPEN, CLOSE, PYTHON_TAG, TOOL_CALLS)  # call markup of every syntax: never a reply's text
 
 FALLBACK = (
     "You may call functions to help with the user's request. Their signatures are given as JSON "
@@ -124,7 +125,7 @@ def _call_of(found: dict | None, syntax: str) -> Call | None:
 
 
 def parse_calls(text: str, syntax: str = HERMES) -> tuple[str, list[Call]]:
-    """A reply's text outside its calls, and the calls (a block that does not parse stays text)."""
+    """A reply's text outside its calls, and the calls (a block that does not parse is dropped)."""
     scanner = CallScanner(syntax)
     pieces = scanner.push(text) + scanner.finish()
     return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, Call)]
@@ -133,7 +134,9 @@ def parse_calls(text: str, syntax: str = HERMES) -> tuple[str, list[Call]]:
 class CallScanner:
     """A streamed reply's text → its pieces: text (str) as soon as it cannot be part of a call, and each
     `Call` once its block is complete. Text that may open a call is held back; so is whitespace, until
-    more text follows (at the end, whitespace is dropped where there were calls)."""
+    more text follows (at the end, whitespace is dropped where there were calls). A block that never
+    becomes a call is dropped, never text (`dropped` counts them); `cut`: the reply ended inside one
+    (a call the model did not finish)."""
 
     def __init__(self, syntax: str = HERMES) -> None:
         self.syntax = syntax
@@ -141,7 +144,9 @@ class CallScanner:
         self.blank = ""  # whitespace held back
         self.tried = len(OPEN)  # where in a block (the buffer) the next `</tool_call>` to try may start
         self.calls = 0
-        self.started = False  # LLAMA3: the reply's first text decided whether it is a call
+        self.dropped = 0
+        self.cut = False
+        self.started = False  # LLAMA3, MISTRAL: the reply's first text decided whether it is a call
 
     def push(self, text: str) -> list:
         self.buffer += text
@@ -166,57 +171,94 @@ class CallScanner:
 
     def _hermes(self, final: bool) -> list:
         """A block's end is the first `</tool_call>` before which its text is a call (the JSON's own
-        strings may hold the tag); a block that never becomes one is text (told at the end)."""
+        strings may hold the tag); a block that never becomes one is dropped (told at the end)."""
         out: list = []
         while True:
             start = self.buffer.find(OPEN)
             if start < 0:
-                keep = 0 if final else _partial(self.buffer, OPEN)
+                keep = _partial(self.buffer, OPEN)
+                if final and keep and (keep > 1 or self.calls):  # the reply ended opening a call
+                    self.cut = True
+                elif final:
+                    keep = 0
                 self._text(self.buffer[: len(self.buffer) - keep], out)
-                self.buffer = self.buffer[len(self.buffer) - keep :]
+                self.buffer = "" if final else self.buffer[len(self.buffer) - keep :]
                 return out
             if start:
                 self._text(self.buffer[:start], out)
                 self.buffer, self.tried = self.buffer[start:], len(OPEN)
-            call = None
+            call, end = None, -1
             while call is None:
                 end = self.buffer.find(CLOSE, self.tried)
                 if end < 0:
                     break
                 call, self.tried = _call(self.buffer[len(OPEN) : end], HERMES), end + 1
+            if call is None and final:
+                call, end = self._unclosed()
             if call is None:
                 if not final:
                     return out
-                after = self.buffer.find(OPEN, 1)  # not a call: text, up to the next block
-                after = len(self.buffer) if after < 0 else after
-                self._text(self.buffer[:after], out)
-                self.buffer, self.tried = self.buffer[after:], len(OPEN)
+                self._drop()
                 continue
             self.buffer, self.tried = self.buffer[end + len(CLOSE) :], len(OPEN)
             self.blank = ""
             self.calls += 1
             out.append(call)
 
+    def _unclosed(self) -> tuple[Call | None, int]:
+        """At the end: the block as a call whose closing tag was cut (its JSON whole), and where that
+        tag would begin; else (None, -1)."""
+        if self.buffer.find(OPEN, 1) >= 0:
+            return None, -1
+        partial = _partial(self.buffer, CLOSE)
+        end = len(self.buffer) - partial
+        call = _call(self.buffer[len(OPEN) : end], HERMES)
+        return (call, end) if call is not None else (None, -1)
+
+    def _drop(self) -> None:
+        """A block that is not a call, dropped up to its closing tag or the next block; one that runs to
+        the end of the reply was cut."""
+        after = self.buffer.find(OPEN, 1)
+        close = self.buffer.find(CLOSE)
+        if close >= 0 and (after < 0 or close < after):
+            after = close + len(CLOSE)
+        elif after < 0:
+            after, self.cut = len(self.buffer), True
+        self.dropped += 1
+        self.buffer, self.tried = self.buffer[after:], len(OPEN)
+
     def _whole(self, final: bool = False) -> list:
-        """LLAMA3 and MISTRAL: a reply that begins as a call (`{`, `[`) is held to its end and read whole;
-        one that does not is text as it comes."""
+        """LLAMA3 and MISTRAL: a reply that begins as a call (`{`, `[{`) is held to its end and read whole
+        (dropped where it does not parse); one that does not is text as it comes."""
         out: list = []
         llama = self.syntax == LLAMA3
         head = self.buffer.lstrip().removeprefix(PYTHON_TAG if llama else TOOL_CALLS).lstrip()
-        if not self.started and head and not head.startswith("{" if llama else "["):
+        if not self.started and head and not _may_open(head, llama):
             self.started = True  # text: as it comes
         if self.started:
             self._text(self.buffer, out)
             self.buffer = ""
         elif final:
             calls = ([_call(head, LLAMA3)] if llama else _mistral_calls(head)) if head else None
-            if not calls or None in calls:
+            if not head:
                 self._text(self.buffer, out)
+            elif not calls or None in calls:
+                self.dropped, self.cut = self.dropped + 1, True
             else:
                 self.calls += len(calls)
                 out.extend(calls)
             self.buffer = ""
         return out
+
+
+def _may_open(head: str, llama: bool) -> bool:
+    """The reply's first text (`head`, stripped) is, or may yet be, a call's opening: `{` (LLAMA3),
+    `[` then `{` (MISTRAL), or the start of the tag before one (`<|python_tag|>`, `[TOOL_CALLS]`)."""
+    if (PYTHON_TAG if llama else TOOL_CALLS).startswith(head):
+        return True
+    if llama:
+        return head.startswith("{")
+    return head.startswith("[") and head[1:].lstrip()[:1] in ("", "{")
 
 
 def _mistral_calls(text: str) -> list | None:
