@@ -3,7 +3,7 @@ and the events a call streams, as they come.
 
 Messages are pickled tuples over a `multiprocessing.connection.Connection` on one end of a socket pair.
 The front end sends `(call, method, args)`: `call` is a number it picks, unique while the call runs;
-`method` one of the host's (`host.METHODS`), or `cancel` / `drop` / `exit`, which have no reply. The
+`method` one of the host's calls, or `cancel` / `drop` / `exit`, which have no reply. The
 host answers `(call, kind, value)`: any number of `EVENT` (a status line while loading, a turn's
 events), then one `DONE` (the method's return value) or one `ERROR` (the exception it raised: the
 same type and message here, or a `RuntimeError` with its one line where it does not pickle).
@@ -36,6 +36,7 @@ class Channel:
         self._why_lost = why_lost
         self._send_lock = threading.Lock()
         self._calls: dict[int, queue.SimpleQueue] = {}
+        self._dropped: list[int] = []  # sessions let go of, not yet said (`drop`)
         self._ids = itertools.count(1)
         self.lost: str | None = None
         self._reader = threading.Thread(target=self._read, name="chatcli-generation-pipe", daemon=True)
@@ -80,13 +81,20 @@ class Channel:
             self._calls.pop(call, None)
 
     def tell(self, method: str, *args) -> None:
-        """A message without a reply (`cancel`, `drop`, `exit`); nothing where the host has gone."""
+        """A message without a reply (`cancel`, `exit`); nothing where the host has gone."""
         if self.lost is None:
             self._send((0, method, args), None)
+
+    def drop(self, session: int) -> None:
+        """The host may forget `session`: said with the next message. A finalizer calls it, which may run in
+        the middle of a send on this very thread (the garbage collector): it must not send itself."""
+        self._dropped.append(session)
 
     def _send(self, message: tuple, replies: queue.SimpleQueue | None) -> None:
         try:
             with self._send_lock:
+                while self._dropped:
+                    self._conn.send((0, "drop", (self._dropped.pop(),)))
                 self._conn.send(message)
         except (OSError, ValueError) as exc:  # a closed pipe: the reader says why to everyone waiting
             if replies is not None and self.lost is not None:

@@ -53,7 +53,7 @@ class ProcessSession:
     def __init__(self, channel: Channel, number: int, size: tuple[int, int] = (0, 0)) -> None:
         self.number = number
         self.cache = CacheSize(*size)
-        weakref.finalize(self, channel.tell, "drop", number)
+        weakref.finalize(self, channel.drop, number).atexit = False
 
     def sized(self, size: tuple[int, int]) -> None:
         self.cache.tokens, self.cache.nbytes = size
@@ -167,10 +167,11 @@ class ProcessEngine:
             for event, tokens, nbytes in self._channel.replies(call, queued):
                 session.cache.tokens, session.cache.nbytes = tokens, nbytes
                 yield event
+        except GeneratorExit:
+            self._channel.tell("cancel", call)  # a turn given up on stops there too
+            raise
         finally:
-            if not done.is_set():
-                done.set()
-                self._channel.tell("cancel", call)  # a turn given up on stops there too (nothing where it ended)
+            done.set()
 
     def _forward_cancel(self, cancel: threading.Event, done: threading.Event, call: int) -> None:
         while not done.is_set():
