@@ -1,6 +1,7 @@
 """The TUI's decode speed beside the one-shot's, on the same prompt and settings (issue 50).
 
     python benchmarks/tui_speed.py [--rounds 2] [--cases story,code] [--sizes 140x45,80x24] [--json]
+    python benchmarks/tui_speed.py --before /tmp/old   # and that checkout's TUI, in the same rounds
 
 Each measurement is a fresh process, as a user starts one: the one-shot (`chatcli -p PROMPT
 --temperature 0 --max-tokens N [--logit-bias ID=-100 …] --json --no-save`), then the real app driven
@@ -18,7 +19,8 @@ the panels' and `--json`'s), the TUI's share of the one-shot's speed, the UI thr
 second while the reply streams (`ui cpu`), then a third run of the TUI where keys are typed into the
 prompt while the reply streams (one every 100 ms): how long each took to show in the prompt (the key
 sent to the app, to the refresh after the prompt holds it: p50 / p95), and, half-way through the
-reply, Esc: the time to the reply marked stopped (the turn's end handled by the screen). Headless,
+reply, Esc: the time to the last token the screen took in (`stop`: the reply stops growing) and to the
+turn's end (`end`: the reply marked stopped, after its KV cache was written to disk; the worst of the rounds). Headless,
 the app lays out and renders every frame but writes no terminal: a real terminal costs a little more.
 The load average at the start and end is printed: other processes on a 2-core machine change all of it.
 """
@@ -133,17 +135,20 @@ async def drive(case: Case, size: tuple[int, int], typing: bool) -> dict:
         cpu, wall = time.thread_time(), time.perf_counter()
         await pilot.press("enter")
         echoes: list[float] = []
-        stop_s = None
+        stop_s = end_s = None
         while screen.turns_done == 0:
             if not typing:
                 await asyncio.sleep(0.02)
                 continue
             if screen.live.tokens >= case.tokens // 2 and stop_s is None:
-                esc = time.perf_counter()
+                esc = last = time.perf_counter()
                 app._driver.send_message(events.Key("escape", None))
+                tokens = screen.live.tokens
                 while screen.busy:
+                    if screen.live.tokens != tokens:
+                        tokens, last = screen.live.tokens, time.perf_counter()
                     await asyncio.sleep(0.0005)
-                stop_s = time.perf_counter() - esc
+                stop_s, end_s = last - esc, time.perf_counter() - esc
                 break
             if screen.live.tokens > 0:
                 echoes.append(await echo_latency(app, screen.prompt, "abcdefghij"[len(echoes) % 10]))
@@ -163,6 +168,7 @@ async def drive(case: Case, size: tuple[int, int], typing: bool) -> dict:
         if typing:
             result["echo_ms"] = [e * 1000 for e in echoes]
             result["stop_ms"] = None if stop_s is None else stop_s * 1000
+            result["end_ms"] = None if stop_s is None else end_s * 1000
         app.action_quit_clean()
     return result
 
@@ -190,51 +196,62 @@ def p95(values: list[float]) -> float:
     return sorted(values)[max(0, round(0.95 * len(values)) - 1)] if values else float("nan")
 
 
-def measure(cases: list[str], sizes: list[tuple[int, int]], rounds: int, env: dict) -> list[dict]:
+def summary(name: str, size: tuple[int, int], tree: str, runs: list[tuple[dict, dict, dict]]) -> dict:
+    """One case at one size for one checkout: `runs` are (one-shot, TUI, TUI typing) taken together."""
+    ratios = [t["decode"] / o["decode"] for o, t, _ in runs]
+    echoes = [e for *_, k in runs for e in k["echo_ms"]]
+    return {
+        "case": name,
+        "size": f"{size[0]}x{size[1]}",
+        "tree": tree,
+        "oneshot_tok_s": statistics.median(o["decode"] for o, _, _ in runs),
+        "tui_tok_s": statistics.median(t["decode"] for _, t, _ in runs),
+        "tui_share": statistics.median(ratios),
+        "shares": ratios,
+        "oneshot_ttft_ms": statistics.median(o["ttft"] for o, _, _ in runs) * 1000,
+        "tui_ttft_ms": statistics.median(t["ttft"] for _, t, _ in runs) * 1000,
+        "ui_cpu": statistics.median(t["ui_cpu"] for _, t, _ in runs),
+        "typing_tok_s": statistics.median(k["decode"] for *_, k in runs),
+        "echo_p50_ms": statistics.median(echoes) if echoes else float("nan"),
+        "echo_p95_ms": p95(echoes),
+        "stop_ms": max(k["stop_ms"] if k["stop_ms"] is not None else float("nan") for *_, k in runs),
+        "end_ms": max(k["end_ms"] if k["end_ms"] is not None else float("nan") for *_, k in runs),
+        "tokens": runs[-1][1]["tokens"],
+        "code_blocks": runs[-1][1]["blocks"],
+    }
+
+
+def measure(cases: list[str], sizes: list[tuple[int, int]], rounds: int, trees: dict[str, dict]) -> list[dict]:
+    """`trees`: each checkout's environment by its label (this one's first); in each round the one-shot
+    runs once, then each checkout's TUI, so that every figure of a round is taken within a minute."""
     rows = []
+    here = next(iter(trees.values()))
     for name in cases:
         case = CASES[name]
         for size in sizes:
-            pairs = []
+            runs: dict[str, list] = {label: [] for label in trees}
             for _ in range(rounds):
-                one = oneshot(case, env)
-                pairs.append((one, tui(case, size, False, env), tui(case, size, True, env)))
-            ratios = [t["decode"] / o["decode"] for o, t, _ in pairs]
-            echoes = [e for *_, k in pairs for e in k["echo_ms"]]
-            rows.append(
-                {
-                    "case": name,
-                    "size": f"{size[0]}x{size[1]}",
-                    "oneshot_tok_s": statistics.median(o["decode"] for o, _, _ in pairs),
-                    "tui_tok_s": statistics.median(t["decode"] for _, t, _ in pairs),
-                    "tui_share": statistics.median(ratios),
-                    "shares": ratios,
-                    "oneshot_ttft_ms": statistics.median(o["ttft"] for o, _, _ in pairs) * 1000,
-                    "tui_ttft_ms": statistics.median(t["ttft"] for _, t, _ in pairs) * 1000,
-                    "ui_cpu": statistics.median(t["ui_cpu"] for _, t, _ in pairs),
-                    "typing_tok_s": statistics.median(k["decode"] for *_, k in pairs),
-                    "echo_p50_ms": statistics.median(echoes) if echoes else float("nan"),
-                    "echo_p95_ms": p95(echoes),
-                    "stop_ms": max(k["stop_ms"] or float("nan") for *_, k in pairs),
-                    "tokens": pairs[-1][1]["tokens"],
-                    "code_blocks": pairs[-1][1]["blocks"],
-                }
-            )
-            print_row(rows[-1])
+                one = oneshot(case, here)
+                for label, env in trees.items():
+                    runs[label].append((one, tui(case, size, False, env), tui(case, size, True, env)))
+            for label in reversed(trees):
+                rows.append(summary(name, size, label, runs[label]))
+                print_row(rows[-1])
     return rows
 
 
 HEADER = (
-    f"{'case':6} {'size':7} {'one-shot':>9} {'TUI':>7} {'share':>6} {'TTFT 1/TUI ms':>14} {'ui cpu':>6} "
-    f"{'typing':>7} {'echo p50/p95 ms':>16} {'Esc ms':>7} {'tokens':>6} {'blocks':>6}"
+    f"{'case':6} {'size':7} {'tree':6} {'one-shot':>9} {'TUI':>7} {'share':>6} {'TTFT 1/TUI ms':>14} "
+    f"{'ui cpu':>6} {'typing':>7} {'echo p50/p95 ms':>16} {'Esc: stop/end ms':>17} {'tokens':>6} {'blocks':>6}"
 )
 
 
 def print_row(r: dict) -> None:
     print(
-        f"{r['case']:6} {r['size']:7} {r['oneshot_tok_s']:9.1f} {r['tui_tok_s']:7.1f} {r['tui_share']:6.0%} "
-        f"{r['oneshot_ttft_ms']:6.0f} / {r['tui_ttft_ms']:5.0f} {r['ui_cpu']:6.2f} {r['typing_tok_s']:7.1f} "
-        f"{r['echo_p50_ms']:7.1f} / {r['echo_p95_ms']:6.1f} {r['stop_ms']:7.1f} {r['tokens']:6} {r['code_blocks']:6}",
+        f"{r['case']:6} {r['size']:7} {r['tree']:6} {r['oneshot_tok_s']:9.1f} {r['tui_tok_s']:7.1f} "
+        f"{r['tui_share']:6.0%} {r['oneshot_ttft_ms']:6.0f} / {r['tui_ttft_ms']:5.0f} {r['ui_cpu']:6.2f} "
+        f"{r['typing_tok_s']:7.1f} {r['echo_p50_ms']:7.1f} / {r['echo_p95_ms']:6.1f} "
+        f"{r['stop_ms']:7.1f} / {r['end_ms']:7.1f} {r['tokens']:6} {r['code_blocks']:6}",
         flush=True,
     )
 
@@ -245,6 +262,7 @@ def main() -> None:
     ap.add_argument("--cases", default="story,code")
     ap.add_argument("--sizes", default="140x45,80x24")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--before", metavar="CHECKOUT", help="another checkout's TUI, measured in the same rounds")
     ap.add_argument("--tui", nargs=3, metavar=("CASE", "SIZE", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tui:
@@ -254,13 +272,13 @@ def main() -> None:
         return
     home = Path(tempfile.mkdtemp(prefix="tui-speed-"))
     env = {**os.environ, "CHATCLI_DATA_DIR": str(home / "data"), "CHATCLI_CONFIG": str(home / "config.toml")}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p
-    )
+    trees = {"after" if args.before else "": {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}}
+    if args.before:
+        trees["before"] = {**env, "PYTHONPATH": str(Path(args.before).resolve())}
     sizes = [tuple(map(int, s.split("x"))) for s in args.sizes.split(",")]
     print(f"load average at the start: {load_average()}  ({os.cpu_count()} CPUs)")
     print(HEADER)
-    rows = measure(args.cases.split(","), sizes, args.rounds, env)
+    rows = measure(args.cases.split(","), sizes, args.rounds, trees)
     print(f"load average at the end: {load_average()}")
     if args.json:
         print(json.dumps(rows, indent=1))
