@@ -118,7 +118,7 @@ class Host:
             "name": engine.name,
             "device": engine.device,
             "weights": engine.weights,
-            "backend": engine.backend,
+            "runner": type(runner).__name__,
             "note": engine.note,
             "context_limit": engine.context_limit,
             "kernel": getattr(runner, "kernel", None),

@@ -93,7 +93,7 @@ class ProcessEngine:
     def __init__(self, process: subprocess.Popen, channel: Channel, info: dict) -> None:
         self._process, self._channel = process, channel
         self.name, self.device, self.weights = info["name"], info["device"], info["weights"]
-        self.backend = f"{info['backend']}, in a generation process (pid {process.pid})"
+        self.backend = f"generation process (pid {process.pid}, {info['runner']})"  # /backend
         self.note = info["note"]
         self.context_limit = info["context_limit"]
         self._exact_verify = info["exact_verify"]
@@ -111,11 +111,14 @@ class ProcessEngine:
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", "chatcli.engine.process.host", str(theirs.fileno())],
+                env=_importing_chatcli(),
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
-                start_new_session=True,  # the terminal's signals are the front end's
+                # The front end's session (it ignores SIGINT: Ctrl+C is the front end's). Not a session of its
+                # own: with the kernel's autogroups, one decoded slower beside a busy machine (tmux, 140x45,
+                # the story: 33-88 tok/s, against 62-124 in the front end's session).
             )
         finally:
             theirs.close()
@@ -201,6 +204,16 @@ class ProcessEngine:
     def close(self) -> None:
         """End the generation process (after the call it is running)."""
         self._closer()
+
+
+def _importing_chatcli() -> dict[str, str]:
+    """The environment for the process: this one's, where `python -m` finds this very chatcli (a source
+    checkout run with `python -m chatcli` from elsewhere, or with PYTHONPATH, as well as an installed one)."""
+    root = Path(__file__).resolve().parents[3]  # the folder chatcli is imported from
+    env = dict(os.environ)
+    if root.name not in ("site-packages", "dist-packages"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+    return env
 
 
 def _shut(process: subprocess.Popen, channel: Channel) -> None:
