@@ -8,9 +8,10 @@ as a `SlashTarget` (`slash_target.py`), which the two screens implement between 
 
 Turns run in a Textual thread worker that iterates `engine.generate(...)` (the TUI's engine runs
 in a generation process of its own: `chatcli.engine.ProcessEngine`) and puts each event, as a
-`TurnEvent`, in the screen's `Inbox` (`ui/inbox.py`), which wakes the screen once for all that came
-meanwhile; the handlers only buffer text and numbers. While a reply streams, a draw tick (10 Hz, or
-less often where drawing is dear: `DrawPace`) writes the buffered text to the reply's Markdown stream
+`TurnEvent`, in the screen's `Inbox` (`ui/inbox.py`), which the screen empties at each draw tick
+(a turn's start and end wake it at once); the handlers only buffer text and numbers. While a reply
+streams, the draw tick (10 Hz; a draw at each, or fewer where drawing is dear: `DrawPace`) writes the
+buffered text to the reply's Markdown stream
 — Textual's `MarkdownStream`: the finished blocks stay as they were laid out, only the last one is
 parsed and laid out again — and a panel tick (`PANEL_S`) refreshes the panels and the sparkline, which
 touches nothing of the chat pane. So the UI's cost a second stays bounded whatever the token rate.
@@ -174,8 +175,9 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
                         self.post_message(CacheNotSaved(reason))
                 here = engine.keeps_cache  # else the server holds the cache: its size is known at the end
                 cache = session.cache
-                if self.inbox.put(TurnEvent(turn, event, len(cache) if here else None, cache.nbytes if here else None)):
-                    self.post_message(EventsWaiting())
+                sizes = (len(cache), cache.nbytes) if here else (None, None)
+                if self.inbox.put(TurnEvent(turn, event, *sizes), wake=not isinstance(event, Token)):
+                    self.post_message(EventsWaiting())  # a turn's start and end: at once; tokens at the tick
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
             self.post_message(TurnFailed(turn, one_line(exc)))
         finally:
@@ -193,7 +195,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
 
     # -- streaming -------------------------------------------------------------
 
-    async def on_events_waiting(self, _message: EventsWaiting) -> None:
+    async def on_events_waiting(self, _message: EventsWaiting | None = None) -> None:
         for event in self.inbox.take():
             await self.on_turn_event(event)
 
@@ -217,6 +219,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
                 await self._finish(done)
 
     async def _on_tick(self) -> None:
+        await self.on_events_waiting()  # the tokens that came since the last tick
         if self._pace.due():  # drawing costs the UI more than its share: not at every tick
             await self._flush()
 
@@ -312,6 +315,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
     async def on_turn_failed(self, message: TurnFailed) -> None:
         if message.turn != self.turn:
             return
+        await self.on_events_waiting()  # the tokens before the fault, as they came
         self._stop_tick()
         if self._reply is not None:
             await self._reply.end_stream()
