@@ -36,7 +36,7 @@ from chatcli.ui.messages import CacheNotSaved, EventsWaiting, TurnEvent, TurnFai
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.editing import Editing
-from chatcli.ui.screens.loading import EngineLoading
+from chatcli.ui.screens.loading import EngineLoading, let_go
 from chatcli.ui.screens.tool_turns import ToolTurns
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
@@ -378,3 +378,4 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
     def on_unmount(self) -> None:
         self.stop_all()
         self.app.close_tools()
+        let_go(self.engine, wait=True)  # the generation process ends with the app
