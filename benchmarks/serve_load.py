@@ -2,6 +2,7 @@
 or an agent's parallel calls, get from it.
 
     python benchmarks/serve_load.py [--model PATH] [--clients 1,4,8] [--tokens 64] [--json]
+    python benchmarks/serve_load.py --api openai,anthropic,ollama  # the same requests through each API
     python benchmarks/serve_load.py --model FILE.gguf --llama-server PATH  # llama-server -np N beside it
     python benchmarks/serve_load.py --hostile 4  # clients that send 20,000 messages and leave, and a `hi`
 
@@ -16,6 +17,12 @@ generation of sequences decoded together), each client's own rate (median), and 
 (p50, p95). The OpenAI-
 compatible `stream_options.include_usage` gives the token counts where the server sends them, else
 the streamed chunks are counted.
+
+`--api` names the APIs the clients speak, comma-separated: `openai` (chat completions, the default),
+`anthropic` (`/v1/messages`, its `content_block_delta` events; the count from `message_delta`'s
+usage) and `ollama` (`/api/chat`, NDJSON; the count from the last line's `eval_count`). Each number of
+clients then runs through each API in turn on the same server: the same requests, the same engine, so
+the rows compare what each API's layer costs. llama-server runs beside it for `openai` only.
 
 `--hostile N` measures what clients that leave cost the others (issue 46): on `chatcli serve` with its
 default slots, N clients each POST a conversation of 20,000 one-letter messages (680 KB; every other
@@ -64,6 +71,7 @@ def start_server(kind: str, model: str | None, clients: int | None, threads: int
     if kind == "chatcli":
         argv = [sys.executable, "-m", "chatcli", "serve", "--port", str(port)]
         argv += ["--parallel", str(clients)] if clients else []  # a slot a client, as llama-server's -np below
+        argv += ["--alias", MODEL]  # the name the requests give the model
         argv += ["--model", model] if model else []
     else:
         argv = [binary, "-m", model, "--port", str(port), "-np", str(clients), "-t", str(threads)]
@@ -84,40 +92,64 @@ def start_server(kind: str, model: str | None, clients: int | None, threads: int
     raise SystemExit(f"{kind} did not answer /health within 300 s")
 
 
-def one_request(url: str, prompt: str, tokens: int, t0: float, out: list, i: int) -> None:
+MODEL = "bench"  # chatcli serve --alias bench; llama-server answers to any name
+APIS = ("openai", "anthropic", "ollama")
+
+
+def request(api: str, prompt: str, tokens: int) -> tuple[str, dict]:
+    """The route and body of one streamed, greedy request of `tokens` tokens through `api`."""
+    messages = [{"role": "user", "content": prompt}]
+    if api == "anthropic":
+        return "/v1/messages", {"model": MODEL, "messages": messages, "max_tokens": tokens, "temperature": 0,
+                                "stream": True}  # fmt: skip
+    if api == "ollama":
+        options = {"num_predict": tokens, "temperature": 0}
+        return "/api/chat", {"model": MODEL, "messages": messages, "options": options, "stream": True}
+    return "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": tokens, "temperature": 0,
+                                    "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+
+
+def read(api: str, line: str) -> tuple[bool, int | None]:
+    """A streamed line: whether it brings text, and the reply's token count where it says it."""
+    if api == "ollama":
+        event = json.loads(line) if line.strip() else {}
+        return bool((event.get("message") or {}).get("content")), event.get("eval_count") if event.get("done") else None
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return False, None
+    event = json.loads(line[6:])
+    if api == "anthropic":
+        count = (event.get("usage") or {}).get("output_tokens") if event.get("type") == "message_delta" else None
+        return bool((event.get("delta") or {}).get("text")), count
+    count = (event.get("usage") or {}).get("completion_tokens")
+    return any((c.get("delta") or {}).get("content") for c in event.get("choices") or []), count
+
+
+def one_request(url: str, prompt: str, tokens: int, t0: float, out: list, i: int, api: str = "openai") -> None:
     """One streamed completion: (seconds to the first token, tokens, seconds to the last token), from t0."""
-    body = {
-        "model": "m",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    first = last = None
-    chunks, usage = 0, None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+    route, body = request(api, prompt, tokens)
+    first = last = count = None
+    chunks = 0
+    with httpx.stream("POST", url + route, json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            usage = event.get("usage") or usage
-            if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
+            text, said = read(api, line)
+            count = said if said is not None else count
+            if text:
                 now = time.perf_counter() - t0
                 first = now if first is None else first
                 last = now
                 chunks += 1
-    count = (usage or {}).get("completion_tokens") or chunks
-    out[i] = (first or 0.0, count, last or 0.0)
+    out[i] = (first or 0.0, count or chunks, last or 0.0)
 
 
-def load(url: str, clients: int, tokens: int) -> dict:
-    one_request(url, "Say hello.", 8, time.perf_counter(), [None], 0)  # warm: the first request's costs
+def load(url: str, clients: int, tokens: int, api: str = "openai") -> dict:
+    one_request(url, "Say hello.", 8, time.perf_counter(), [None], 0, api)  # warm: the first request's costs
     results: list = [None] * clients
     t0 = time.perf_counter()
     workers = [
-        threading.Thread(target=one_request, args=(url, PROMPTS[i % len(PROMPTS)] + f" ({i})", tokens, t0, results, i))
+        threading.Thread(
+            target=one_request, args=(url, PROMPTS[i % len(PROMPTS)] + f" ({i})", tokens, t0, results, i, api)
+        )
         for i in range(clients)
     ]
     for w in workers:
@@ -207,6 +239,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama-server binary")
+    ap.add_argument("--api", default="openai", help=f"the APIs the clients speak, comma separated: {', '.join(APIS)}")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--hostile", type=int, metavar="N", help="only: N clients of 20,000 messages that leave, a hi")
     ap.add_argument("--leave", type=float, default=1.0, help="seconds before a hostile client leaves")
@@ -229,6 +262,9 @@ def main() -> None:
         )
         return
     counts = [int(c) for c in args.clients.split(",")]
+    apis = [a.strip() for a in args.api.split(",") if a.strip()]
+    if not apis or set(apis) - set(APIS):
+        raise SystemExit(f"--api takes {', '.join(APIS)}, comma separated; got {args.api!r}")
     sides = ["chatcli"]
     if args.llama_server and args.model and args.model.endswith(".gguf"):
         sides.append("llama-server")
@@ -236,8 +272,9 @@ def main() -> None:
     for side in sides:
         for n in counts:
             proc, url = start_server(side, args.model, n, args.threads, args.llama_server)
-            try:
-                rows.append({"server": side, **load(url, n, args.tokens)})
+            try:  # every API on the same server, in turn: the same engine under each
+                for api in apis if side == "chatcli" else ["openai"]:
+                    rows.append({"server": side, "api": api, **load(url, n, args.tokens, api)})
             finally:
                 proc.terminate()
                 proc.wait(30)
@@ -245,11 +282,11 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     print(f"{args.tokens} tokens a client, greedy; {os.cpu_count()} CPUs")
-    head = f"{'server':14s} {'clients':>7s} {'aggregate':>10s} {'decode':>7s} {'per client':>11s}"
+    head = f"{'server':14s} {'api':9s} {'clients':>7s} {'aggregate':>10s} {'decode':>7s} {'per client':>11s}"
     print(f"{head} {'TTFT p50':>9s} {'TTFT p95':>9s}")
     for r in rows:
         print(
-            f"{r['server']:14s} {r['clients']:7d} {r['aggregate_tok_s']:10.1f} {r['decode_tok_s']:7.1f} "
+            f"{r['server']:14s} {r['api']:9s} {r['clients']:7d} {r['aggregate_tok_s']:10.1f} {r['decode_tok_s']:7.1f} "
             f"{r['per_client_tok_s']:11.1f} {r['ttft_p50_s']:9.3f} {r['ttft_p95_s']:9.3f}"
         )
 

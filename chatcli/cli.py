@@ -274,7 +274,7 @@ def app(
 
 @app.command(context_settings=CONTEXT)
 @click.argument("name", required=False, metavar="[NAME]")
-@model_options(device="cpu", without=("device_map", "runner", "kv_dtype"))
+@model_options(device="cpu", without=("device_map", "runner", "kv_dtype", "chat_template", "raw"))
 @click.option(
     "--verify",
     is_flag=True,

@@ -8,6 +8,7 @@ Lives at `<user config dir>/config.toml` (or `$CHATCLI_CONFIG`):
     theme = "dark"
     system = "You are terse."
     ctx_size = 8192                   # optional: --ctx-size's default, the context in tokens
+    chat_template = "gemma"           # optional: --chat-template's default (a built-in name or a Jinja file)
     [sampling]
     temperature = 0.7
     top_k = 40
@@ -41,6 +42,7 @@ from chatcli.engine import (
     LoadError,
     LoadOptions,
     SamplingParams,
+    check_chat_template,
     check_ctx_size,
     setting_of,
     settings,
@@ -51,9 +53,10 @@ if TYPE_CHECKING:
     from chatcli.chat.mcp import Server
 
 SAMPLING_KEYS = tuple(name for name, setting in settings() if setting.config)  # the SamplingParams fields
-TOP_KEYS = ("model", "api", "api_key", "theme", "system", "save", "ctx_size", "sampling", "presets", "mcp")
+TOP_KEYS = ("model", "api", "api_key", "theme", "system", "save", "ctx_size", "chat_template", "sampling", "presets")
+TOP_KEYS += ("mcp",)
 MCP_KEYS = ("command", "args", "env", "cwd", "timeout", "startup_timeout")
-TEXT_KEYS = ("model", "api", "api_key", "theme", "system")
+TEXT_KEYS = ("model", "api", "api_key", "theme", "system", "chat_template")
 
 
 class ConfigError(ValueError):
@@ -73,10 +76,14 @@ class Config:
     save: bool = True  # one-shots saved as conversations (`save = false`: --no-save by default)
     mcp: dict[str, Server] = field(default_factory=dict)  # [mcp.NAME]: the MCP servers --mcp picks from
     ctx_size: int | None = None  # --ctx-size where the command line does not give it
+    chat_template: str | None = None  # --chat-template where the command line gives neither it nor --raw
 
     def load_options(self, given: LoadOptions) -> LoadOptions:
-        """The model flags' values with this file's defaults where a flag was not given (`ctx_size`)."""
-        return given if given.ctx_size is not None else replace(given, ctx_size=self.ctx_size)
+        """The model flags' values with this file's defaults where a flag was not given (`ctx_size`,
+        `chat_template`: not beside --raw)."""
+        ctx_size = given.ctx_size if given.ctx_size is not None else self.ctx_size
+        template = given.chat_template or (None if given.raw else self.chat_template)
+        return replace(given, ctx_size=ctx_size, chat_template=template)
 
     def params(self, base: SamplingParams | None = None) -> SamplingParams:
         """`base` (the defaults) with the [sampling] values; ConfigError for a wrong type or range."""
@@ -180,6 +187,11 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(
             f"{path}: ctx_size must be a whole number of tokens, 1 or more, got {config.ctx_size!r}"
         ) from None
+    config.chat_template = data.get("chat_template")
+    try:
+        check_chat_template(config.chat_template)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: chat_template: {str(exc).removeprefix('--chat-template ')}") from None
     config.presets = _presets(path, data.get("presets", {}))
     config.mcp = _mcp(path, data.get("mcp", {}))
     config.params()  # validate the values now, with the file's name in the message

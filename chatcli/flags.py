@@ -194,6 +194,10 @@ def model_options(*, device: str | None = None, without: tuple[str, ...] = ()):
             declared["type"] = click.Choice(f.metadata["choices"])
         elif f.metadata.get("type") is int:  # where its default does not say it (--ctx-size): 1 or more
             declared["type"] = click.IntRange(min=1)
+        if f.metadata.get("metavar"):
+            declared["metavar"] = f.metadata["metavar"]
+        if f.metadata.get("check"):  # a value it refuses is a usage error too (exit 2)
+            declared["callback"] = _checked(f.metadata["check"], flag)
         if isinstance(default, bool):
             options.append(click.option(flag, f.name, is_flag=True, default=default, help=text, **declared))
         else:
@@ -201,6 +205,20 @@ def model_options(*, device: str | None = None, without: tuple[str, ...] = ()):
                 click.option(flag, f.name, default=default, show_default=default is not None, help=text, **declared)
             )
     return _stack(options)
+
+
+def _checked(check, flag: str):
+    """A click callback that passes a flag's value through `check`, its ValueError a bad parameter (its
+    message without the `--flag ` it starts with, which click says itself)."""
+
+    def callback(_ctx, _param, value):
+        try:
+            check(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc).removeprefix(f"{flag} ")) from None
+        return value
+
+    return callback
 
 
 def load_options(values: dict) -> LoadOptions:

@@ -167,7 +167,7 @@ def stream_reply(engine, conversation, session, params, out, scored: list | None
                 if isinstance(event, Token) and scored is not None:
                     from chatcli.engine import token_entry
 
-                    found = token_entry(engine.tokenizer, event, top_key="top", with_id=True)
+                    found = token_entry(getattr(engine, "tokenizer", None), event, top_key="top", with_id=True)
                     if found is not None:
                         scored.append(found)
                 if isinstance(event, Token) and event.text:
@@ -273,8 +273,6 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
         engine.restore_session(session, kv)
     out = reply_out(sys.stdout)
     scored = [] if json_out and start.params.logprobs is not None else None
-    if scored is not None and not hasattr(engine, "tokenizer"):
-        raise UserError("--logprobs needs the in-process engine (a server's logprobs are not read)")
 
     def save(message, params=None) -> None:
         if saving:
@@ -298,6 +296,7 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
         record = {
             "model": engine.name,
             "weights": getattr(engine, "weights", None),  # what runs: `gguf Q4_K+Q6_K`, `float32-panels`, …
+            "template": getattr(engine, "template", None),  # "model's own", "built-in gemma", "raw", … (None: a server)
             "conversation": conversation.id if saving else None,
             "reply": done.reply,
             "finish_reason": done.finish_reason,
@@ -324,6 +323,10 @@ def _exchange(store, start: StartOptions, text: str, json_out: bool, show_stats:
         say(f"chatcli: warning: the KV cache was not saved ({not_saved}); the next -c prefills again")
     if show_stats:
         say(done.stats.summary())
+    if (
+        scored == [] and done.reply and not getattr(engine, "keeps_cache", True)
+    ):  # --api: a server refused them, or ignored them
+        say("chatcli: warning: the server sent no logprobs")
     if start.params.response_format is not None and done.finish_reason == FinishReason.LENGTH:
         say("chatcli: error: the reply reached --max-tokens before its JSON was complete")
         return 1

@@ -6,7 +6,8 @@ engine meets (`/{scenario}/v1/models`, `/{scenario}/v1/chat/completions`).
     slow        answers after 5 s (for a client timeout)
     cut         two chunks, then the connection drops mid-body
     malformed   one chunk, then an event that is not JSON
-    fussy       400 naming `top_k` when the request has the non-OpenAI sampling fields
+    fussy       400 naming `top_k` when the request has the non-OpenAI sampling fields, then one naming
+                `logprobs` when it asks for them
     endless     a chunk every 10 ms until the client leaves (`state.left` is set then)
     empty       /models lists nothing;  html   /models answers a web page
 
@@ -104,6 +105,8 @@ def fault_app() -> Starlette:
             await asyncio.sleep(5)
         if scenario == "fussy" and "top_k" in body:
             return _error(400, "Unrecognized request argument supplied: top_k")
+        if scenario == "fussy" and "logprobs" in body:
+            return _error(400, "logprobs are not supported by this model")
         if scenario == "listerror":
             return JSONResponse(["no", "object"], status_code=500)
 

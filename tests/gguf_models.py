@@ -495,3 +495,23 @@ def fake_quantized(model, types) -> dict[str, str]:
             values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
             p.copy_(torch.from_numpy(values.reshape(p.shape)))
     return chosen
+
+
+def base_model_gguf(family: str, path: Path, tokens: dict[int, tuple[str, int]] | None = None) -> Path:
+    """A tiny F32 GGUF of `family` as a base model's file is: no `tokenizer.chat_template` (`tokens`:
+    {id: (text, llama.cpp token type)} written over the vocabulary's, the merges that made the old ones
+    dropped)."""
+    source = write_gguf(tiny(family, True), path.with_name(path.stem + "-with-template.gguf"), "F32")
+    fields: dict = {"tokenizer.chat_template": None}
+    if tokens:
+        metadata = read_metadata(source)
+        texts, kinds = list(metadata["tokenizer.ggml.tokens"][0]), list(metadata["tokenizer.ggml.token_type"][0])
+        old = {texts[i] for i in tokens}
+        for i, (text, kind) in tokens.items():
+            texts[i], kinds[i] = text.encode(), kind
+        merges = [m for m in metadata["tokenizer.ggml.merges"][0] if not ({m.replace(b" ", b""), *m.split(b" ")} & old)]
+        array, string, int32 = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING, gguf.GGUFValueType.INT32
+        fields["tokenizer.ggml.tokens"] = (texts, array, string)
+        fields["tokenizer.ggml.token_type"] = (kinds, array, int32)
+        fields["tokenizer.ggml.merges"] = (merges, array, string)
+    return rewrite_gguf(source, path, fields)

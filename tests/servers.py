@@ -113,12 +113,17 @@ class Server:
         return httpx.post(self.url + "/v1/chat/completions", json=body, **kwargs)
 
 
+ALIAS = "tiny"  # the name the tests' requests give the model: an alias of every server they start
+
+
 @pytest.fixture
 def serve():
-    """serve(engine, **create_app options) → a started Server; all are stopped at teardown."""
+    """serve(engine, **create_app options) → a started Server whose model also answers to `ALIAS`;
+    all are stopped at teardown."""
     started: list[Server] = []
 
     def start(engine, **options) -> Server:
+        options.setdefault("aliases", (ALIAS,))
         server = Server(create_app(engine, **options)).start()
         started.append(server)
         return server

@@ -130,7 +130,8 @@ def test_openai_client_gets_logprobs_whole_and_streamed(tiny_engine, serve):
     assert len(content) == 8 and "".join(c.token for c in content) == done.choices[0].message.content
     for c in content:
         assert c.logprob <= 0 and len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
-        assert bytes(c.bytes) == c.token.encode()
+        # a whole character's token: its UTF-8; part of one (U+FFFD as text): the part's own bytes
+        assert bytes(c.bytes) == c.token.encode() or (c.token == "\ufffd" and len(c.bytes) < 4)
     chunks = list(client(server).chat.completions.create(**ask, stream=True))
     streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
     assert [(e.token, round(e.logprob, 5)) for e in streamed] == [(e.token, round(e.logprob, 5)) for e in content]

@@ -45,8 +45,8 @@ def test_json_output(cli):
     result = cli("-p", "Hello", "--temperature", "0", "--max-tokens", "5", "--json")
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
-    assert set(record) == {"model", "weights", "conversation", "reply", "finish_reason", "stats"}
-    assert record["finish_reason"] in ("stop", "length")
+    assert set(record) == {"model", "weights", "template", "conversation", "reply", "finish_reason", "stats"}
+    assert record["template"] == "model's own" and record["finish_reason"] in ("stop", "length")
     stats = record["stats"]
     for field in (
         "prompt_tokens",

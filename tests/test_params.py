@@ -241,9 +241,9 @@ def model_commands():
     # command → the LoadOptions fields it has no flag for (on purpose), and --device's default
     return {
         "app": (app, set(), "auto"),
-        "pull": (pull, {"device_map", "runner", "kv_dtype"}, "cpu"),
+        "pull": (pull, {"device_map", "runner", "kv_dtype", "chat_template", "raw"}, "cpu"),  # pull renders nothing
         "serve": (serve_command, set(), "auto"),
-        "bench": (bench_command, {"device_map", "trust_remote_code"}, "auto"),
+        "bench": (bench_command, {"device_map", "trust_remote_code", "raw"}, "auto"),
     }
 
 

@@ -4,6 +4,7 @@ line and nothing received is lost."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from chatcli.engine.events import ChatEngine, Finished, FinishReason, Prefilled,
 from chatcli.engine.params import SamplingParams
 from chatcli.engine.remote import RemoteEngine, RemoteError
 from tests.faults import MODEL, fault_app
-from tests.servers import USER, Server, alone, slow_endless
+from tests.servers import ALIAS, USER, Server, alone, slow_endless
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
@@ -41,7 +42,7 @@ def test_a_remote_engine_is_a_chat_engine_and_names_the_servers_model(tiny_lean,
     remote = RemoteEngine(server.url).connect()
     assert isinstance(remote, ChatEngine)
     assert remote.name == tiny_lean.name
-    assert remote.models() == [tiny_lean.name]
+    assert remote.models() == [tiny_lean.name, ALIAS]  # its id first, then its other names (--alias)
     assert remote.backend == server.url + "/v1"
     assert remote.context_limit == tiny_lean.context_limit  # /v1/models says max_model_len
 
@@ -62,6 +63,32 @@ def test_the_greedy_reply_over_http_is_the_in_process_one(tiny_lean, serve):
     assert stats.cached_tokens == 0 and stats.prefill_tokens == stats.prompt_tokens
     assert 0 < stats.ttft_s <= stats.total_s
     assert stats.kv_cache_bytes is None and stats.prefill_tok_s is None  # the client cannot know them
+
+
+def in_process_scores(engine, messages, params) -> list[tuple[str, float, list[tuple[str, float]]]]:
+    """Each reply token's text, logprob and alternatives (text, logprob) from the in-process engine."""
+    name = functools.partial(engine.tokenizer.decode, skip_special_tokens=False)
+    events = engine.generate(messages, engine.new_session(), params)
+    tokens = [e for e in events if isinstance(e, Token) and e.token_id >= 0]
+    return [(name([t.token_id]), t.logprob, [(name([i]), lp) for i, lp in t.top_logprobs]) for t in tokens]
+
+
+def test_logprobs_over_http_are_the_in_process_ones(tiny_lean, serve):
+    """With `logprobs` the request asks for them, and each token the server scores comes as a Token with
+    its logprob and its alternatives named by their text (a server's ids are not known here)."""
+    server = serve(tiny_lean)
+    remote = RemoteEngine(server.url).connect()
+    params = GREEDY.with_(logprobs=3)
+    events = turn(remote, USER, params=params)
+    scored = [e for e in events if isinstance(e, Token) and e.logprob is not None]
+    got = [(t.text, t.logprob, list(zip(t.top_texts, [lp for _i, lp in t.top_logprobs], strict=True))) for t in scored]
+    want = in_process_scores(tiny_lean, USER, params)
+    assert [(text, [a for a, _lp in top]) for text, _lp, top in got] == [
+        (text, [a for a, _ in top]) for text, _, top in want
+    ]
+    assert [lp for _t, lp, _top in got] == pytest.approx([lp for _t, lp, _top in want])
+    assert all(t.token_id == -1 and [i for i, _lp in t.top_logprobs] == [-1] * 3 for t in scored)
+    assert events[-1].reply == alone(tiny_lean, USER, temperature=0, max_tokens=12)
 
 
 def test_the_second_turn_reports_the_servers_cached_tokens(tiny_lean, serve):
@@ -208,6 +235,22 @@ def test_a_server_that_refuses_the_extra_sampling_fields_gets_the_request_again_
     assert "top_k" not in faults.app.state.faults.bodies[-1]
 
 
+def test_a_server_that_refuses_logprobs_is_asked_again_without_them(faults):
+    """A 400 naming `logprobs` (after the one naming top_k): the request goes again without them, and
+    later turns do not ask; the reply comes as text."""
+    remote = fault(faults, "fussy").connect()
+    events = turn(remote, USER, params=GREEDY.with_(logprobs=2))
+    assert events[-1].reply == "Hello world" and all(e.logprob is None for e in events if isinstance(e, Token))
+    bodies = faults.app.state.faults.bodies[-3:]
+    assert [("top_k" in b, b.get("logprobs"), b.get("top_logprobs")) for b in bodies] == [
+        (True, True, 2),
+        (False, True, 2),
+        (False, None, None),
+    ]
+    turn(remote, USER, params=GREEDY.with_(logprobs=2))
+    assert "logprobs" not in faults.app.state.faults.bodies[-1]
+
+
 def test_a_cancel_mid_stream_makes_the_server_see_the_client_leave(faults):
     remote = fault(faults, "endless").connect()
     cancel = threading.Event()
@@ -326,6 +369,23 @@ def test_the_one_shot_over_http_gives_the_in_process_reply(tiny_lean, serve, cli
     assert again["stats"]["cached_tokens"] >= record["stats"]["prompt_tokens"]
 
 
+def test_the_one_shot_logprobs_over_http(tiny_lean, serve, cli):
+    """`--api URL --json --logprobs 3`: each token the server scored, its text, logprob, bytes and the 3
+    alternatives, as the in-process one-shot writes them (less the ids a server does not send)."""
+    server = serve(tiny_lean)
+    args = ("-p", USER[0]["content"], "--temperature", "0", "--max-tokens", "6", "--json", "--logprobs", "3")
+    result = cli("--api", server.url, "--no-save", *args)
+    assert result.returncode == 0, result.stderr
+    assert b"no logprobs" not in result.stderr
+    entries = json.loads(result.stdout)["logprobs"]
+    want = in_process_scores(tiny_lean, USER, SamplingParams(temperature=0, max_tokens=6, logprobs=3))
+    assert [(e["token"], [a["token"] for a in e["top"]]) for e in entries] == [
+        (text, [a for a, _lp in top]) for text, _lp, top in want
+    ]
+    assert [e["logprob"] for e in entries] == pytest.approx([lp for _t, lp, _top in want])
+    assert all(e["bytes"] == list(e["token"].encode()) and "id" not in e for e in entries)
+
+
 def test_the_one_shot_reads_the_api_and_its_key_from_the_config(tiny_lean, serve, cli):
     server = serve(tiny_lean, api_key="k3y")
     cli.config.write_text(f'api = "{server.url}/v1"\napi_key = "k3y"\n')
@@ -358,7 +418,8 @@ def test_the_configs_key_and_model_go_only_to_the_configs_server(faults, tmp_pat
     monkeypatch.setenv("CHATCLI_CONFIG", str(config))
     start = start_options()
     assert (start.api, start.api_key) == (api, "k")
-    assert start.load_engine().name == "chosen"
+    with pytest.raises(RemoteError, match="lists no model 'chosen'"):  # the config's model, asked of its server
+        start.load_engine()
     other = start_options(api=faults.url + "/ok")  # another URL on the command line
     assert other.api_key is None  # the config's key is not sent to it
     assert other.load_engine().name == MODEL  # nor its model named: the server's first

@@ -4,6 +4,7 @@ stream with a cap on a line, a chunk's fields of their types, the cap on a reply
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -69,12 +70,49 @@ def test_a_chunk_is_checked_and_read():
             "choices[0].delta.tool_calls[0].function.arguments is 4, not text or an object",
         ),
         ('"just text"', 'an event that is not a JSON object: "just text"'),
+        (
+            '{"choices": [{"logprobs": {"content": [{"token": "a"}]}}]}',
+            "choices[0].logprobs.content[0].logprob is null, not a log p (a number ≤ 0)",
+        ),
+        (
+            '{"choices": [{"logprobs": {"content": [{"token": "a", "logprob": 0.5}]}}]}',
+            "choices[0].logprobs.content[0].logprob is 0.5, not a log p (a number ≤ 0)",
+        ),
+        (
+            '{"choices": [{"logprobs": {"content": [{"token": "a", "logprob": NaN}]}}]}',
+            "choices[0].logprobs.content[0].logprob is NaN, not a log p (a number ≤ 0)",
+        ),
+        (
+            '{"choices": [{"logprobs": {"content": [{"token": 5, "logprob": -1}]}}]}',
+            "choices[0].logprobs.content[0].token is 5, not text",
+        ),
+        (
+            '{"choices": [{"logprobs": {"content": [{"token": "a", "logprob": -1,'
+            ' "top_logprobs": [{"logprob": -2}]}]}}]}',
+            "choices[0].logprobs.content[0].top_logprobs[0].token is missing",
+        ),
+        ('{"choices": [{"logprobs": {"content": "a"}}]}', 'choices[0].logprobs.content is "a", not a list'),
     ],
 )
 def test_each_wrong_shape_is_one_line_naming_the_field(data, words):
     with pytest.raises(WireError) as exc:
         parse_chunk(data)
     assert str(exc.value) == words
+
+
+def test_a_chunks_logprobs_are_read_and_their_alternatives_bounded():
+    """OpenAI's `logprobs.content[]`: each token's text, logprob and alternatives (at most 20 kept, however
+    many a server sends); an integer logprob is a number too."""
+    top = [{"token": str(i), "logprob": -i - 1, "bytes": [48 + i % 10]} for i in range(500)]
+    chunk = parse_chunk(
+        '{"choices": [{"delta": {"content": "Hi!"}, "logprobs": {"content": ['
+        '{"token": "Hi", "logprob": -0.25, "bytes": [72, 105], "top_logprobs": ' + json.dumps(top) + "},"
+        ' {"token": "!", "logprob": 0, "top_logprobs": []}], "refusal": null}}]}'
+    )
+    hi, bang = chunk.choices[0].scored
+    assert (hi.token, hi.logprob, bang.token, bang.logprob, bang.top) == ("Hi", -0.25, "!", 0.0, [])
+    assert hi.top == [(str(i), -i - 1.0) for i in range(20)]
+    assert parse_chunk('{"choices": [{"delta": {"content": "a"}, "logprobs": null}]}').choices[0].scored == []
 
 
 def test_the_reply_cap_is_max_tokens_and_a_margin():

@@ -11,12 +11,13 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "serve_load.py"
 
 
-def test_the_load_benchmark_counts_every_clients_tokens(tiny_model_dir):
+def test_the_load_benchmark_counts_every_clients_tokens_through_each_api(tiny_model_dir):
     argv = [sys.executable, str(SCRIPT), "--model", str(tiny_model_dir), "--clients", "1,3", "--tokens", "4", "--json"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*argv, "--api", "openai,anthropic,ollama"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
-    assert [(r["server"], r["clients"]) for r in rows] == [("chatcli", 1), ("chatcli", 3)]
+    apis = ["openai", "anthropic", "ollama"]
+    assert [(r["server"], r["api"], r["clients"]) for r in rows] == [("chatcli", a, n) for n in (1, 3) for a in apis]
     for r in rows:
         assert r["tokens"] == 4 * r["clients"]  # max_tokens each: the usage's counts, summed
         assert r["aggregate_tok_s"] > 0 and r["decode_tok_s"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p95_s"]

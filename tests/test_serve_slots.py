@@ -57,9 +57,9 @@ def test_sixteen_openai_clients_at_once_each_get_the_reply_they_get_alone(native
         barrier.wait(TIMEOUT)
         b = bodies[i]
         if i % 3 == 0:  # a third stream
-            stream = client.chat.completions.create(model="local", max_tokens=20, stream=True, **b)
+            stream = client.chat.completions.create(model="tiny", max_tokens=20, stream=True, **b)
             return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        return client.chat.completions.create(model="local", max_tokens=20, **b).choices[0].message.content
+        return client.chat.completions.create(model="tiny", max_tokens=20, **b).choices[0].message.content
 
     with ThreadPoolExecutor(len(bodies)) as pool:
         replies = list(pool.map(run, range(len(bodies))))
@@ -369,3 +369,85 @@ def test_hostile_clients_with_a_looping_template_never_hold_a_slot(tiny_model_di
     held = max(f - t for f, t in zip(freed, left, strict=True))
     assert held < 1.0, f"a slot was held {held:.1f} s after its client left"
     assert answered - left[-1] < 1.5, f"the hi was answered {answered - left[-1]:.1f} s after the clients left"
+
+
+def test_a_call_whose_turn_is_cancelled_drops_out_of_its_batch():
+    """A call that waits for its batch while the batch before runs, its turn cancelled meanwhile, never
+    runs: CallDropped in its own thread, nothing written to its cache; the next batch runs without it."""
+    from types import SimpleNamespace
+
+    from chatcli.engine.runners.batched import BatchedRunner, CallDropped
+
+    ran: list[list[int]] = []
+    first_in, go = threading.Event(), threading.Event()
+
+    class Runner:  # a forward that records its ids, the first held until the test lets it go
+        def forward(self, ids, cache):
+            first_in.set()
+            assert go.wait(TIMEOUT)
+            ran.append(list(ids))
+            cache.ids.extend(ids)
+            return ids
+
+    runner, cancel = BatchedRunner(Runner()), threading.Event()
+    caches = [SimpleNamespace(ids=[]), SimpleNamespace(ids=[])]  # what the runner reads of a cache
+    with ThreadPoolExecutor(2) as pool, runner.slot(), runner.slot():
+        first = pool.submit(runner.forward, [1, 2], caches[0])
+        assert first_in.wait(TIMEOUT)  # in flight
+        second = pool.submit(runner.forward, [3, 4], caches[1], cancel)
+        time.sleep(0.05)  # queued behind it
+        cancel.set()
+        go.set()
+        assert first.result(TIMEOUT) == [1, 2]
+        with pytest.raises(CallDropped):
+            second.result(TIMEOUT)
+    runner.close()
+    assert ran == [[1, 2]] and caches[1].ids == []
+
+
+def test_clients_that_leave_during_prefill_free_their_slots_within_a_second(native, serve):
+    """Four clients send prompts of ~200 tokens and leave while they are prefilled together, each row
+    made slow (8 ms: a row deep in a long prompt of the embedded model on a busy machine costs more). Each
+    slot is free within 1 s of its client leaving: a chunk is sized so that a batch takes ~BATCH_S, and a
+    call whose turn was cancelled drops out of the next batch (where a batch of four 128-row chunks took
+    4 s, then each turn's next chunk ran anyway). The caches stay consistent: the same prompts asked
+    again get the replies they get alone."""
+    row_s = 0.008
+    batched, alone_forward = native.runner.forward_batch, native.runner.forward
+
+    def slow_batch(requests):
+        time.sleep(row_s * sum(len(ids) for ids, _cache, _every in requests))
+        return batched(requests)
+
+    def slow_forward(ids, cache):
+        time.sleep(row_s * len(ids))
+        return alone_forward(ids, cache)
+
+    prompts = [f"{i} count: " + " ".join(str(j % 10) for j in range(i, i + 120)) for i in range(4)]
+    assert min(len(native.tokenizer.encode_chat([{"role": "user", "content": p}])) for p in prompts) > 160
+    expected = [alone(native, [{"role": "user", "content": p}], temperature=0, max_tokens=4) for p in prompts]
+    native.runner.forward_batch, native.runner.forward = slow_batch, slow_forward
+    server = serve(native, parallel=4)
+    worker, left, freed = server.worker, [], []
+
+    def leaver(prompt: str) -> None:
+        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 4}
+        with pytest.raises(httpx.ReadTimeout):
+            server.post(body, timeout=httpx.Timeout(TIMEOUT, read=1.5))
+        left.append(time.monotonic())
+
+    with ThreadPoolExecutor(4) as pool:
+        for f in [pool.submit(leaver, p) for p in prompts]:
+            f.result(TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while len(freed) < 4 and time.monotonic() < deadline:
+            freed.extend([time.monotonic()] * (worker.cancelled - len(freed)))
+            time.sleep(0.005)
+    assert worker.cancelled == 4 and worker.served == 0, "a client left after its prefill, not during it"
+    held = max(f - t for f, t in zip(sorted(freed), sorted(left), strict=True))
+    assert held < 1.0, f"a slot was held {held:.1f} s after its client left"
+    native.runner.forward_batch, native.runner.forward = batched, alone_forward
+    with ThreadPoolExecutor(4) as pool:
+        bodies = [{"messages": [{"role": "user", "content": p}], "temperature": 0, "max_tokens": 4} for p in prompts]
+        replies = list(pool.map(lambda b: server.post(b).json()["choices"][0]["message"]["content"], bodies))
+    assert replies == expected

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from chatcli.engine.engine import Finished
 from chatcli.engine.sample.sampling import SamplingParams
-from tests.servers import TIMEOUT, USER, alone, free_port, leaves, slow, slow_endless
+from tests.servers import ALIAS, TIMEOUT, USER, alone, free_port, leaves, slow, slow_endless
 
 
 def client(server, **kwargs):
@@ -216,7 +216,7 @@ def test_stop_strings_and_max_tokens(tiny_engine, serve):
 def test_models_and_health(tiny_engine, serve):
     server = serve(tiny_engine)
     models = client(server).models.list()
-    assert [m.id for m in models.data] == [tiny_engine.name]
+    assert [m.id for m in models.data] == [tiny_engine.name, ALIAS]  # its id first, then the alias the tests give it
     assert models.data[0].max_model_len == tiny_engine.context_limit  # vLLM's field: clients learn the context
     health = httpx.get(server.url + "/health", timeout=TIMEOUT).json()
     assert health["status"] == "ok" and health["model"] == tiny_engine.name and health["pending"] == 0
@@ -362,12 +362,12 @@ def test_the_api_key_is_required_on_every_route(tiny_engine, serve):
     assert full["status"] == "ok" and "model" in full and "cache" in full
     assert httpx.get(server.url + "/v1/models", timeout=TIMEOUT).status_code == 401
     assert server.post(body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
-    done = client(server, api_key="s3cret").chat.completions.create(model="t", messages=USER, max_tokens=4)
+    done = client(server, api_key="s3cret").chat.completions.create(model="tiny", messages=USER, max_tokens=4)
     assert done.usage.completion_tokens >= 1
     from openai import AuthenticationError
 
     with pytest.raises(AuthenticationError):
-        client(server, api_key="nope").chat.completions.create(model="t", messages=USER, max_tokens=4)
+        client(server, api_key="nope").chat.completions.create(model="tiny", messages=USER, max_tokens=4)
 
 
 def test_bodies_over_the_cap_get_a_413(tiny_engine, serve):
@@ -657,7 +657,7 @@ def test_real_model_streams_and_reuses_its_cache(real_engine, serve):
     openai = client(server)
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     stream = openai.chat.completions.create(
-        model="smollm2",
+        model=real_engine.name,
         messages=messages,
         temperature=0,
         max_tokens=12,
@@ -668,7 +668,7 @@ def test_real_model_streams_and_reuses_its_cache(real_engine, serve):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "paris" in text.lower()
     follow = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": "And of Italy?"}]
-    second = openai.chat.completions.create(model="smollm2", messages=follow, temperature=0, max_tokens=12)
+    second = openai.chat.completions.create(model=real_engine.name, messages=follow, temperature=0, max_tokens=12)
     assert second.usage.prompt_tokens_details.cached_tokens >= chunks[-1].usage.prompt_tokens
     assert "rome" in second.choices[0].message.content.lower()
 

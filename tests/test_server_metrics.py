@@ -23,7 +23,7 @@ def scrape(server, **headers) -> dict[str, float]:
 
 
 def ask(server, messages: list[dict]) -> tuple[dict, str]:
-    body = {"model": "t", "messages": messages, "max_tokens": 5, "temperature": 0}
+    body = {"model": "tiny", "messages": messages, "max_tokens": 5, "temperature": 0}
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     return r.json()["usage"], r.json()["choices"][0]["message"]["content"]

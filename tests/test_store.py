@@ -151,11 +151,11 @@ def test_sigkill_mid_reply_keeps_database_readable(cli, tmp_path):
     script.write_text(
         "import sys, time\n"
         "import chatcli.engine.engine as e\n"
-        "orig = e.Engine._pick\n"
+        "orig = e.pick\n"
         "def slow(*args, **kwargs):\n"
         "    time.sleep(0.05)\n"
         "    return orig(*args, **kwargs)\n"
-        "e.Engine._pick = staticmethod(slow)\n"
+        "e.pick = slow\n"
         "from chatcli.cli import main\n"
         "main(sys.argv[1:])\n"
     )

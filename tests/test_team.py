@@ -163,6 +163,42 @@ def test_a_look_at_a_quiet_machine_spares_the_reply_a_slow_try():
     assert slowed[2][1] == 1 and team.current == 1
 
 
+def test_a_short_prompt_that_begins_a_turn_is_a_prefill():
+    """A turn after `-c` prefills a few new tokens, a call of as few rows as a step with its draft: the
+    process's first call of several rows, or one after a pause, looks at the machine and runs at the
+    look's width like a longer prefill (not on the whole team with barriers beside a busy process: 3.5 s
+    for 15 tokens), and teaches nothing. A draft's verify right after a step is still a step."""
+    from chatcli.engine.runners.team import DECODE_ROWS, PAUSE_S
+
+    clock, looks = Clock(), []
+
+    def busy() -> int:
+        looks.append(clock.now)
+        return 1
+
+    team = TeamWidth(2, clock, busy)
+    ran = []
+
+    def call(rows: int, seconds: float):
+        def run(width: int) -> int:
+            ran.append(width)
+            clock.now += seconds
+            return 0
+
+        return team.timed(rows, run)
+
+    call(DECODE_ROWS, 3.5)  # a process's first call: the prompt's 15 new tokens
+    assert ran == [1] and looks == [0.0] and team.current == -2  # the prefill on one thread, the steps without barriers
+    assert team.steps == 0 and team.per_row == {}  # its time taught the steps nothing
+    for _ in range(20):
+        call(1, 0.0045)  # decode steps
+    call(5, 0.01)  # a draft verified right after a step: a step
+    assert len(looks) == 1 and team.steps == 21
+    clock.now += PAUSE_S + 1.0  # the next turn, after the user typed
+    call(12, 0.1)
+    assert len(looks) == 2 and ran[-1] == 1 and team.steps == 21
+
+
 def test_others_running_sees_a_busy_process():
     import subprocess
     import sys

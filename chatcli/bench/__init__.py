@@ -27,7 +27,7 @@ __all__ = ["bench_command", "run_bench"]
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
-@model_options(without=("device_map", "trust_remote_code"))  # the engine's own paths: transformers' is the baseline
+@model_options(without=("device_map", "trust_remote_code", "raw"))  # the engine's paths: transformers' is the baseline
 @click.option("--turns", type=int, default=10, show_default=True, help="user turns in the multi-turn run (0 skips it)")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="tokens to decode in the decode run")
 @click.option("--prefill-tokens", type=int, default=1000, show_default=True, help="prompt length of the prefill run")
@@ -84,6 +84,7 @@ def bench_command(
     quantize,
     kv_dtype,
     ctx_size,
+    chat_template,
     turns,
     max_tokens,
     prefill_tokens,
@@ -145,6 +146,7 @@ def bench_command(
             quantize=quantize,
             kv_dtype=kv_dtype,
             ctx_size=ctx_size,
+            chat_template=chat_template,
             turns=turns,
             max_tokens=max_tokens,
             prefill_tokens=prefill_tokens,
@@ -184,6 +186,7 @@ def run_bench(
     quantize=None,
     kv_dtype="auto",
     ctx_size=None,
+    chat_template=None,
     turns=10,
     max_tokens=128,
     prefill_tokens=1000,
@@ -210,7 +213,13 @@ def run_bench(
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel's team; torch's below
     options = LoadOptions(
-        device=device, dtype=dtype, runner=runner, quantize=quantize, kv_dtype=kv_dtype, ctx_size=ctx_size
+        device=device,
+        dtype=dtype,
+        runner=runner,
+        quantize=quantize,
+        kv_dtype=kv_dtype,
+        ctx_size=ctx_size,
+        chat_template=chat_template,
     )
     report = lambda text, *_a, **_k: progress(text)  # noqa: E731 - load steps as progress lines
     try:

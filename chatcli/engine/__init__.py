@@ -53,6 +53,7 @@ from chatcli.engine.runners.threads import release_cpu_threads
 from chatcli.engine.sample.logprobs import token_entry
 from chatcli.engine.stats import TurnStats, known
 from chatcli.engine.text.template import ChatTemplateError
+from chatcli.engine.text.templates import check_chat_template
 from chatcli.engine.text.toolcalls import HERMES, Call, CallScanner, new_call_id, parse_calls
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from chatcli.engine.load.verify import verify_model_files
     from chatcli.engine.process.pipe import ProcessLost
     from chatcli.engine.process.proxy import ProcessEngine
+    from chatcli.engine.runners.pooling import EmbeddingError, Embeddings
     from chatcli.engine.sample.grammar import GrammarError
 
 _LAZY = {  # name -> the module that defines it, imported on first use (these bring numpy)
@@ -80,6 +82,8 @@ _LAZY = {  # name -> the module that defines it, imported on first use (these br
     "verify_model_files": "chatcli.engine.load.verify",
     "ProcessEngine": "chatcli.engine.process.proxy",  # the engine in a generation process (the TUI's)
     "ProcessLost": "chatcli.engine.process.pipe",
+    "EmbeddingError": "chatcli.engine.runners.pooling",  # Engine.embed's (serve's /v1/embeddings)
+    "Embeddings": "chatcli.engine.runners.pooling",
     "GrammarError": "chatcli.engine.sample.grammar",
 }
 
@@ -106,6 +110,8 @@ __all__ = [
     "ChatEngine",
     "ChatTemplateError",
     "ContextOverflow",
+    "EmbeddingError",
+    "Embeddings",
     "Engine",
     "Event",
     "FinishReason",
@@ -131,6 +137,7 @@ __all__ = [
     "TurnStats",
     "call_syntax",
     "catalogue_names",
+    "check_chat_template",
     "check_ctx_size",
     "default_budget_bytes",
     "fork_session",

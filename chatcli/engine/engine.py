@@ -33,6 +33,7 @@ from chatcli.engine.kv.cache import KVCache
 from chatcli.engine.kv.prefix import common_prefix, realigned, reusable_prefix
 from chatcli.engine.kv.session import Session
 from chatcli.engine.runners.base import ModelRunner
+from chatcli.engine.runners.batched import BatchedRunner, CallDropped
 from chatcli.engine.sample.grammar import Constraint, TokenGrammar
 from chatcli.engine.sample.lookup import PromptLookup
 from chatcli.engine.sample.sampling import InvalidParameter, SamplingParams, pick
@@ -42,7 +43,6 @@ from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFil
 from chatcli.engine.text.fit import ContextOverflow, fit_conversation
 from chatcli.engine.text.template import PromptCancelled
 from chatcli.engine.text.tokenize import ChatTokenizer
-from chatcli.errors import one_line
 
 PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets cancel land
 
@@ -50,6 +50,7 @@ PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets
 class Engine:
     keeps_cache = True  # sessions hold their KV cache in this process
     note = ""  # what the start should tell the user in one line (the loader's: a GGUF run dequantized)
+    source = ""  # where the weights came from: a .gguf path, a model folder or a hub id (the loader's)
 
     def __init__(self, runner: ModelRunner, tokenizer: ChatTokenizer, name: str = "model") -> None:
         self.runner = runner
@@ -79,14 +80,18 @@ class Engine:
     def backend(self) -> str:
         return f"in-process ({type(self.runner).__name__})"
 
+    @property
+    def template(self) -> str:
+        """The chat template that renders the turns, as the header and `--json` name it: "model's own",
+        "built-in gemma" (a model without one), "file chat.jinja", "raw" (`tokenizer.template_label`)."""
+        return getattr(self.tokenizer, "template_label", "model's own")
+
     def models(self) -> list[str]:
         return [self.name]
 
     def batched(self) -> Engine:
         """This model for several turns at once, each in its own thread (serve's slots): their forward
         calls run together as one batch, each reply the bits it gets alone (`runners.batched`)."""
-        from chatcli.engine.runners.batched import BatchedRunner
-
         return Engine(BatchedRunner(self.runner), self.tokenizer, self.name)
 
     @functools.cached_property
@@ -115,35 +120,18 @@ class Engine:
     # -- sessions on disk and cropped ------------------------------------------
 
     def save_session(self, session: Session, path: Path) -> bool:
-        """Write the session's KV cache to `path` (atomically: a failed write leaves no partial
-        file; the folder is kept within its budget), for a later start to restore. False when
-        there is nothing worth saving (an empty or too large cache); OSError, with a one-line
-        message, whatever made the write fail (a full disk: "[Errno 28] No space left on device",
-        from the writer, `tensorfile.write_tensors`)."""
-        from chatcli.engine.kv.persist import fingerprint, save_cache, trim_folder
+        """Write the session's KV cache to `path`, for a later start to restore (`kv.persist.save_session`:
+        atomic, the folder kept within its budget; False where not worth saving; OSError in one line)."""
+        from chatcli.engine.kv.persist import save_session
 
-        try:
-            saved = save_cache(session.cache, path, fingerprint(self.runner, self.name))
-        except OSError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one kind of error for callers, in one line
-            raise OSError(f"cannot write the KV cache: {one_line(exc)}") from exc
-        trim_folder(path.parent)
-        return saved
+        return save_session(self.runner, self.name, session, path)
 
     def restore_session(self, session: Session, path: Path) -> bool:
-        """Give `session` the KV cache saved at `path` when it was made by this model, runner and
-        dtypes; False (the session unchanged) for a missing, foreign, older-format or damaged file.
-        A damaged one leaves a note (`Session.note`) that the session's next turn's stats carry."""
-        from chatcli.engine.kv.persist import fingerprint, read_cache
+        """Give `session` the KV cache saved at `path` when it was made by this model, runner and dtypes
+        (`kv.persist.restore_session`: False, the session unchanged, for any other file)."""
+        from chatcli.engine.kv.persist import restore_session
 
-        cache, note = read_cache(self.runner, path, fingerprint(self.runner, self.name))
-        if note:
-            session.note = note
-        if cache is None:
-            return False
-        session.cache = cache
-        return True
+        return restore_session(self.runner, self.name, session, path)
 
     def crop_session(self, session: Session, messages: Sequence[dict]) -> int:
         """Crop the session's cache to what the (shorter) conversation `messages` still shares
@@ -160,6 +148,12 @@ class Engine:
         """The draft length a turn with `params` uses: `params.lookup`, or 0 where the runner's
         verification is not exact (int8; see `ModelRunner.exact_verify`)."""
         return params.lookup if self.runner.exact_verify else 0
+
+    def embed(self, texts: list[str], dimensions: int | None = None, truncate: bool = False):
+        """The texts' embeddings: their final hidden states pooled and normalised (`runners.pooling.embed`)."""
+        from chatcli.engine.runners.pooling import embed
+
+        return embed(self, texts, dimensions, truncate)
 
     # -- ingress --------------------------------------------------------------
 
@@ -189,14 +183,27 @@ class Engine:
     def prefill(self, target: list[int], cache: KVCache, cancel: threading.Event | None):
         """Crop the cache to the common prefix and feed the rest of `target`; None if cancelled."""
         start = self.reuse(cache, target)
+        sized = getattr(self.runner, "prefill_chunk", None)  # a BatchedRunner's: by time, beside others' steps
         logits = None
         while start < len(target):
             if cancel is not None and cancel.is_set():
                 return None
-            chunk = getattr(self.runner, "prefill_chunk", None) or PREFILL_CHUNK  # smaller beside others' steps
-            logits = self.runner.forward(target[start : start + chunk], cache)
+            chunk = sized(cache, PREFILL_CHUNK) if sized is not None else PREFILL_CHUNK
+            try:
+                logits = self._call(target[start : start + chunk], cache, cancel)
+            except CallDropped:
+                return None
             start += chunk
         return logits
+
+    def _call(self, ids: list[int], cache: KVCache, cancel: threading.Event | None, every: bool = False):
+        """The runner's forward (`every`: verify) of `ids`; a runner that takes the turn's `cancel` (a
+        BatchedRunner: its calls wait for a batch) gets it, and raises CallDropped, nothing written,
+        where it is set before the call ran."""
+        run = self.runner.verify if every else self.runner.forward
+        if cancel is not None and isinstance(self.runner, BatchedRunner):
+            return run(ids, cache, cancel)
+        return run(ids, cache)
 
     # -- one turn -------------------------------------------------------------
 
@@ -272,20 +279,23 @@ class Engine:
         yield Prefilled(len(target), cached, stats.prefill_tokens, prefill_s, truncated, target)
 
         detok = IncrementalDetokenizer(self.tokenizer)
-        stops = StopStringFilter(params.stop)
+        stops = StopStringFilter((*params.stop, *getattr(self.tokenizer, "stop_texts", ())))
         generator = session.generator_for(params)
         reply: list[str] = []
         finish_reason = FinishReason.LENGTH
         t_first = t_last = t_prefilled
         n = samples = 0  # reply tokens; sampled ids (an end-of-turn id too)
         rate = 0.0
-        ids = self._decode(logits, cache, params, generator, stats, constraint)
+        ids = self._decode(logits, cache, params, generator, stats, constraint, cancel)
         while True:
             if cancel is not None and cancel.is_set():
                 finish_reason = FinishReason.CANCELLED
                 break
-            token_id, scored = next(ids, (None, None))
-            if token_id is None:  # prefill was cancelled
+            try:
+                token_id, scored = next(ids, (None, None))
+            except CallDropped:  # a step's call dropped for `cancel`
+                token_id = None
+            if token_id is None:  # prefill or a step was cancelled
                 finish_reason = FinishReason.CANCELLED
                 break
             t_last = time.perf_counter()
@@ -327,19 +337,20 @@ class Engine:
         stats.total_s = t_end - t_submit
         stats.kv_cache_bytes = cache.nbytes
         stats.context_tokens = len(cache)
-        yield Finished("".join(reply), finish_reason, stats)
+        yield Finished("".join(reply), finish_reason, stats, stop=stops.matched)
 
     # -- the decode loop --------------------------------------------------------
 
     def _decode(
-        self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats, constraint=None
+        self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats, constraint=None, cancel=None
     ) -> Iterator[tuple]:
         """Sampled ids with their log-probabilities (or None; see `pick`), one at a time: sample,
         feed the id back, repeat. The caller stops taking ids when it is done. With `params.lookup`,
         each fed id may bring a draft (`PromptLookup`) that one `verify` pass checks; the ids the
         model agrees with come out without a forward of their own, and the cache drops the rest.
         A `constraint` masks each position's logits as its id is picked, so a drafted id the grammar
-        refuses is rejected like any other. Nothing when prefill was cancelled (`logits` None)."""
+        refuses is rejected like any other. Nothing when prefill was cancelled (`logits` None); CallDropped
+        where a step's call is dropped for `cancel` (`_call`: the cache then lacks the last id, as always)."""
         if logits is None:
             return
         drafts = self.lookup_for(params)
@@ -359,11 +370,11 @@ class Engine:
                 else:
                     draft = lookup.draft(min(drafts, budget - 1, self.context_limit - len(cache) - 1))
             if not draft:
-                logits = self.runner.forward([token], cache)  # [V]
+                logits = self._call([token], cache, cancel)  # [V]
                 token, scored = pick(logits, cache.ids, len(cache), params, generator, constraint)
                 continue
             base = len(cache)
-            rows = self.runner.verify([token, *draft], cache)  # [1 + k, V]: row j predicts the id after draft[:j]
+            rows = self._call([token, *draft], cache, cancel, True)  # [1 + k, V]: row j predicts the id after draft[:j]
             stats.draft_tokens += len(draft)
             for j, guess in enumerate(draft):
                 token, scored = pick(rows[j], cache.ids, base + 1 + j, params, generator, constraint, guess)

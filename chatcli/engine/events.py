@@ -50,6 +50,9 @@ class Token:
     # the most likely alternatives as (id, log p) (see `sampling.token_logprobs`); else None
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    # a server's logprobs (`RemoteEngine`): its tokens have no ids here (-1, in `top_logprobs` too), so
+    # a token is named by its `text` (see `remote_turn`) and the alternatives by these texts, in order
+    top_texts: list[str] | None = None
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Finished:
     finish_reason: FinishReason
     stats: TurnStats
     error: str | None = None  # with FinishReason.ERROR: what cut the reply, in one line
+    stop: str | None = None  # with FinishReason.STOP: the stop string that ended it (None: an end-of-turn id)
 
 
 Event = Prefilled | Token | Finished

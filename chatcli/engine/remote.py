@@ -15,6 +15,10 @@ turn with `FinishReason.ERROR` and the text so far, so nothing received is lost;
 `max_tokens` (and `reply_cap`'s margin) ends `LENGTH`: the engine stops reading. A cancel closes the
 stream: the server sees the client leave and stops generating.
 
+With `SamplingParams.logprobs` the request asks for `logprobs` and N `top_logprobs`, and each token
+comes as a Token with its logprob and alternatives, named by their text (`remote_turn`); a server that
+refuses them (a 400 naming them) is asked again without, and from then on.
+
 Tools (`SamplingParams.tools`, an assistant's `tool_calls`, `tool` results) go to the server as
 OpenAI's fields (`chatcli.engine.remote_tools`). The server's structured calls come back in the
 reply's text as Hermes `<tool_call>` blocks — one `Token` of their text when the reply finishes, and
@@ -35,9 +39,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from chatcli.engine import remote_wire as wire
-from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
+from chatcli.engine.events import Event, Finished, FinishReason, Prefilled
 from chatcli.engine.params import SamplingParams
-from chatcli.engine.remote_tools import HINT, SYNTAX, CallParts, tool_fields, wire_messages
+from chatcli.engine.remote_tools import HINT, SYNTAX, tool_fields, wire_messages
+from chatcli.engine.remote_turn import StreamedTurn
 from chatcli.engine.stats import TurnStats
 from chatcli.errors import clip, one_line
 
@@ -82,6 +87,7 @@ class RemoteEngine:
         self.client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout))
         self.timeout = timeout
         self.send_extras = True  # dropped once a server refuses them (OpenAI's own API does)
+        self.send_logprobs = True  # likewise `logprobs` (a server that has no tokens to score)
         self.listed: list[dict] = []
         self.name = model or ""
         self.context_limit = 0  # unknown (n/a) unless the server lists it
@@ -93,13 +99,15 @@ class RemoteEngine:
     # -- connecting --------------------------------------------------------------
 
     def connect(self) -> RemoteEngine:
-        """Ask the server for its models (checks the URL and the key); pick the first when none was named."""
+        """Ask the server for its models (checks the URL and the key): the first unless named, else one it lists."""
         self.listed = self._models()
         ids = [m["id"] for m in self.listed]
         if not self.name:
             if not ids:
                 raise RemoteError(f"{self.url}/models lists no model: name one with --model")
             self.name = ids[0]
+        elif ids and self.name not in ids:  # a server that lists its models answers only to those
+            raise RemoteError(f"{self.url}/models lists no model {self.name!r}: it has {', '.join(ids[:8])}")
         info = next((m for m in self.listed if m.get("id") == self.name), {})
         # vLLM's field (chatcli serve sends it too); llama-server's `meta.n_ctx_train` is the model's
         # training context, not the server's, so it is not taken: an unknown limit shows as n/a
@@ -164,14 +172,12 @@ class RemoteEngine:
         params = params or SamplingParams()
         cancel = cancel or threading.Event()
         t_submit = time.perf_counter()
-        for attempt in (1, 2):
+        while True:  # each optional field is dropped at most once: at most three tries
             try:
                 yield from self._stream(messages, session, params, cancel, t_submit)
                 return
-            except _ExtrasRefused:
-                if attempt == 2:
-                    raise RemoteError("the server refused the request's sampling fields") from None
-                self.send_extras = False
+            except _Refused as refused:
+                setattr(self, refused.flag, False)
 
     def body(self, messages: Sequence[dict], params: SamplingParams) -> dict:
         body = {
@@ -199,6 +205,8 @@ class RemoteEngine:
             body.update(tool_fields(params.tools))
         if self.send_extras:
             body.update(top_k=params.top_k, min_p=params.min_p, repetition_penalty=params.repeat_penalty)
+        if params.logprobs is not None and self.send_logprobs:  # each token's, and N alternatives
+            body.update(logprobs=True, top_logprobs=params.logprobs)
         return body
 
     # -- one streamed turn ---------------------------------------------------------------
@@ -206,15 +214,16 @@ class RemoteEngine:
     def _stream(self, messages, session, params, cancel, t_submit) -> Iterator[Event]:
         import httpx
 
-        turn = _Turn(t_submit, params.max_tokens)
+        turn = StreamedTurn(t_submit, params.max_tokens)
         url = self.url + "/chat/completions"
         body = self.body(messages, params)
         try:
             with self.client.stream("POST", url, json=body, headers=SSE_HEADERS) as response:
                 if response.status_code >= 400:
                     answer = self._whole(response)
-                    if response.status_code == 400 and self.send_extras and _names_extra(answer):
-                        raise _ExtrasRefused
+                    refused = self._refused(answer, body) if response.status_code == 400 else None
+                    if refused is not None:
+                        raise _Refused(refused)
                     hint = HINT if response.status_code == 400 and "tools" in body else ""
                     raise RemoteError(self._status(response, answer) + hint)
                 closer = _close_on(cancel, response)
@@ -229,7 +238,7 @@ class RemoteEngine:
                     turn.fail(f"the server sent {exc}")
                 finally:
                     closer.set()
-        except (RemoteError, _ExtrasRefused):
+        except (RemoteError, _Refused):
             raise
         except (httpx.HTTPError, httpx.StreamError) as exc:
             if not cancel.is_set():
@@ -272,6 +281,14 @@ class RemoteEngine:
 
     # -- errors in one line ----------------------------------------------------------
 
+    def _refused(self, answer: bytes, body: dict) -> str | None:
+        """The switch of the optional fields a 400 names, where the request sent them: EXTRAS
+        (`send_extras`), then `logprobs` (`send_logprobs`); None where it names neither."""
+        text = answer.decode("utf-8", "replace").lower()
+        if self.send_extras and any(name in text for name in EXTRAS):
+            return "send_extras"
+        return "send_logprobs" if "logprobs" in body and "logprobs" in text else None
+
     def _whole(self, response) -> bytes:
         try:
             return wire.whole(response.iter_bytes())
@@ -305,82 +322,12 @@ class RemoteEngine:
         return line
 
 
-class _Turn:
-    """One streamed reply as its chunks arrive: the text, the usage, how it ended; `over` once the
-    server has sent more than `max_tokens` allows (`reply_cap`): the engine stops reading, `length`."""
+class _Refused(Exception):
+    """A 400 that names optional fields the request sent (`flag`: the engine's switch for them): the
+    request goes again without them."""
 
-    def __init__(self, t_submit: float, max_tokens: int) -> None:
-        self.t_submit = t_submit
-        self.t_first: float | None = None
-        self.reply: list[str] = []
-        self.calls = CallParts()
-        self.chunks = 0
-        self.usage = wire.Usage()
-        self.reason = FinishReason.LENGTH  # a stream that ends without saying why ran out
-        self.error: str | None = None
-        self.events, self.size = 0, 0
-        self.cap = wire.reply_cap(max_tokens)
-
-    @property
-    def started(self) -> bool:
-        return self.t_first is not None
-
-    @property
-    def over(self) -> bool:
-        return self.events > self.cap[0] or self.size > self.cap[1]
-
-    def fail(self, error: str) -> None:
-        self.reason, self.error = FinishReason.ERROR, error
-
-    def take(self, data: str) -> Iterator[Event]:
-        """The events of one `data:` line: Prefilled before the first text, a Token per text chunk."""
-        try:
-            chunk = wire.parse_chunk(data)
-        except wire.WireError as exc:
-            self.fail(f"a malformed event from the server: {exc}")
-            return
-        if chunk.error is not None:
-            self.fail(f"the server stopped: {chunk.error}")
-            return
-        self.events, self.size = self.events + 1, self.size + chunk.size
-        if self.over:  # the reply ran past max_tokens: what came before is kept
-            self.reason = FinishReason.LENGTH
-            return
-        self.usage = chunk.usage or self.usage
-        for choice in chunk.choices:
-            text, parts = choice.text, choice.tool_calls
-            if text or parts:
-                if self.t_first is None:
-                    self.t_first = time.perf_counter()
-                    yield Prefilled(None, None, None, self.t_first - self.t_submit, 0)
-                self.chunks += 1
-                self.calls.take(parts)
-            if text:
-                yield self._token(text)
-            if choice.finish_reason:  # "tool_calls" too: STOP, as the in-process engine's reply of calls
-                self.reason = FinishReason.LENGTH if choice.finish_reason == "length" else FinishReason.STOP
-                yield from self.calls_out()
-
-    def calls_out(self) -> Iterator[Token]:
-        """The calls put together so far, as one Token of their text (Hermes blocks)."""
-        text = self.calls.render(after_text=bool(self.reply))
-        if text:
-            yield self._token(text)
-
-    def _token(self, text: str) -> Token:
-        now = time.perf_counter()
-        self.reply.append(text)
-        rate = (self.chunks - 1) / (now - self.t_first) if now > self.t_first else 0.0
-        return Token(-1, text, self.chunks, rate, now - self.t_submit)
-
-
-class _ExtrasRefused(Exception):
-    """A 400 that names one of EXTRAS: the request goes again without them."""
-
-
-def _names_extra(body: bytes) -> bool:
-    text = body.decode("utf-8", "replace").lower()
-    return any(name in text for name in EXTRAS)
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
 
 
 def _close_on(cancel: threading.Event, response) -> threading.Event:

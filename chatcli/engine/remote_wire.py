@@ -5,13 +5,16 @@ line naming the field and what it held, never a TypeError three calls later.
 - `events`: the `data` of each Server-Sent Event of a streamed body. A line, and an event, are at
   most `LINE_CAP` (1 MiB; a chunk is a few hundred bytes), so a line that never ends costs 1 MiB,
   not the memory. (httpx-sse's parser buffers a line without bound: not used.)
-- `parse_chunk`: one `chat.completion.chunk` as a `Chunk`: each choice's text, tool-call parts and
-  finish reason, the usage, an error event. The fields OpenAI's API sends are checked for their type
-  (a count is an integer ≥ 0); the fields a server adds of its own are not read.
+- `parse_chunk`: one `chat.completion.chunk` as a `Chunk`: each choice's text, tool-call parts,
+  logprobs (`logprobs.content[]`: each token's text, logprob and `top_logprobs`, at most
+  `MAX_TOP_LOGPROBS` of them kept) and finish reason, the usage, an error event. The fields OpenAI's
+  API sends are checked for their type (a count is an integer ≥ 0, a logprob a number ≤ 0); the
+  fields a server adds of its own are not read.
 - `parse_models`: `/v1/models`' list; `error_message`: the message of an error body, whatever its shape;
   `whole`: such a body, at most `BODY_CAP` (16 MiB).
-- `reply_cap`: how many events and characters a reply of `max_tokens` may take: past them the server
-  has not kept to `max_tokens`, and the engine stops reading (the turn ends `length`).
+- `reply_cap`: how many events (or tokens, where they come with logprobs) and characters a reply of
+  `max_tokens` may take: past them the server has not kept to `max_tokens`, and the engine stops
+  reading (the turn ends `length`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from chatcli.engine.params import MAX_TOP_LOGPROBS
 from chatcli.errors import clip
 
 LINE_CAP = 1 << 20  # bytes of one event line, and of one event's data
@@ -86,7 +90,13 @@ def _bytes(count: int) -> str:
 
 # -- the JSON of a chunk ---------------------------------------------------------------------
 
-_KINDS = {"text": (str, "text"), "count": (int, "a count"), "object": (dict, "an object"), "list": (list, "a list")}
+_KINDS = {
+    "text": (str, "text"),
+    "count": (int, "a count"),
+    "number": ((int, float), "a number"),
+    "object": (dict, "an object"),
+    "list": (list, "a list"),
+}
 
 
 def _field(body: dict, name: str, kind: str, where: str = ""):
@@ -106,10 +116,20 @@ def _shown(value) -> str:
 
 
 @dataclass
+class Scored:
+    """One token of `logprobs.content[]`: its text, log p, and the alternatives as (text, log p)."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
 class Choice:
     text: str = ""
     tool_calls: list[dict] = field(default_factory=list)  # OpenAI's parts, checked: index, id, function
     finish_reason: str | None = None
+    scored: list[Scored] = field(default_factory=list)  # the logprobs of the tokens this text brings
 
 
 @dataclass
@@ -142,7 +162,10 @@ def parse_chunk(data: str) -> Chunk:
     if body.get("error") and not listed:
         return Chunk([], error=error_message(body) or _shown(body["error"]))
     chunk = Chunk([_choice(c, f"choices[{i}]") for i, c in enumerate(listed)], _usage(body))
-    chunk.size = sum(len(c.text) + sum(len(json.dumps(p)) for p in c.tool_calls) for c in chunk.choices)
+    chunk.size = sum(
+        len(c.text) + sum(len(json.dumps(p)) for p in c.tool_calls) + sum(len(s.token) for s in c.scored)
+        for c in chunk.choices
+    )
     return chunk
 
 
@@ -151,11 +174,30 @@ def _choice(choice, where: str) -> Choice:
         raise WireError(f"{where} is {_shown(choice)}, not an object")
     delta = _field(choice, "delta", "object", f"{where}.") or {}
     parts = _field(delta, "tool_calls", "list", f"{where}.delta.") or []
+    logprobs = _field(choice, "logprobs", "object", f"{where}.") or {}
+    scored = _field(logprobs, "content", "list", f"{where}.logprobs.") or []
     return Choice(
         _field(delta, "content", "text", f"{where}.delta.") or "",
         [_part(part, f"{where}.delta.tool_calls[{i}]") for i, part in enumerate(parts)],
         _field(choice, "finish_reason", "text", f"{where}."),
+        [_scored(entry, f"{where}.logprobs.content[{i}]") for i, entry in enumerate(scored)],
     )
+
+
+def _scored(entry, where: str, top: bool = True) -> Scored:
+    """A token's logprobs entry: `token` text, `logprob` a number (≤ 0; OpenAI writes log 0 as -9999),
+    `top_logprobs` entries of the same shape (their first MAX_TOP_LOGPROBS)."""
+    if not isinstance(entry, dict):
+        raise WireError(f"{where} is {_shown(entry)}, not an object")
+    token = _field(entry, "token", "text", f"{where}.")
+    if token is None:
+        raise WireError(f"{where}.token is missing")
+    logprob = _field(entry, "logprob", "number", f"{where}.")
+    if logprob is None or not logprob <= 0:  # NaN too
+        raise WireError(f"{where}.logprob is {_shown(logprob)}, not a log p (a number ≤ 0)")
+    alternatives = (_field(entry, "top_logprobs", "list", f"{where}.") or []) if top else []
+    listed = [_scored(e, f"{where}.top_logprobs[{i}]", False) for i, e in enumerate(alternatives[:MAX_TOP_LOGPROBS])]
+    return Scored(token, float(logprob), [(a.token, a.logprob) for a in listed])
 
 
 def _part(part, where: str) -> dict:

@@ -1,4 +1,4 @@
-"""`chatcli serve`: the engine behind an OpenAI-compatible HTTP API with SSE streaming.
+"""`chatcli serve`: the engine behind OpenAI's, Anthropic's and Ollama's HTTP APIs, streaming.
 
 `app.create_app(engine)` builds the ASGI app, `cli.serve_command` is the command.
 """

@@ -83,16 +83,37 @@ def _fail(message: str, code: int = 1):
     metavar="ORIGINS",
     help="Web origins whose pages may call the server, comma-separated ('*': any). Off by default.",
 )
+@click.option(
+    "--alias",
+    "aliases",
+    multiple=True,
+    metavar="NAME",
+    help="Another name the model answers to in requests' model field (repeatable); besides its id and file name.",
+)
 def serve_command(
-    host, port, api_key, model, max_body_bytes, cache_budget, max_queue, parallel, log_level, cors_origins, **load
+    host,
+    port,
+    api_key,
+    model,
+    max_body_bytes,
+    cache_budget,
+    max_queue,
+    parallel,
+    log_level,
+    cors_origins,
+    aliases,
+    **load,
 ) -> None:
-    """Serve the model over an OpenAI-compatible HTTP API (chat completions, SSE streaming)."""
+    """Serve the model over HTTP: OpenAI's, Anthropic's and Ollama's APIs (SSE streaming)."""
     from chatcli.config import ConfigError, load_config
     from chatcli.options import StartOptions
 
     if log_level.lower() not in LOG_LEVELS:
         _fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", 2)
     origins = cors_list(cors_origins)
+    for alias in aliases:
+        if not alias.strip():
+            _fail("--alias takes a non-empty name", 2)
     warning = bind_warning(host, api_key)
     if warning:
         click.echo(warning, err=True)
@@ -127,6 +148,7 @@ def serve_command(
         parallel=parallel,
         log_level=log_level,
         cors_origins=origins,
+        aliases=tuple(aliases),
     )
 
 
@@ -166,6 +188,7 @@ def serve(
     parallel: int | None = None,
     log_level: str = "info",
     cors_origins: tuple[str, ...] = (),
+    aliases: tuple[str, ...] = (),
 ) -> None:
     """Run the server in this thread until Ctrl-C: it listens at once and loads the model (`load()`)
     in a thread meanwhile; a failed load stops it with that one line and exit 1. `cache_budget_bytes`
@@ -196,6 +219,7 @@ def serve(
         parallel=parallel,
         cors_origins=cors_origins,
         allowed_hosts=LOOPBACK_HOSTS if is_loopback(host) else None,
+        aliases=aliases,
     )
     bare = host.strip("[]")
     config = uvicorn_config(app, host=bare, port=port, log_level=log_level.lower())

@@ -1,6 +1,7 @@
 """Who may ask, and whose cached prompts a request shares: the middlewares in front of the routes
-(`HostCheck`: a loopback server answers loopback names only; `BearerAuth`: the API key) and the prefix
-pool's space of a request (`cache_space`), with the OpenAI-shaped answers they give (`error_response`)."""
+(`HostCheck`: a loopback server answers loopback names only; `BearerAuth`: the API key, as a bearer token
+or Anthropic's `x-api-key`) and the prefix pool's space of a request (`cache_space`), with the answers they
+give (`error_response`: in the shape of the API the request's path belongs to, `peers`)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from starlette.responses import JSONResponse
 
 from chatcli.server import schema
 from chatcli.server.hosts import is_loopback
+from chatcli.server.peers import error_body
 from chatcli.server.schema import APIError
 
 
-def error_response(err: APIError) -> JSONResponse:
+def error_response(err: APIError, path: str = "") -> JSONResponse:
+    """`err` as the API of the request's `path` answers errors (`peers.error_body`)."""
     headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
     if err.status == 503:
         headers["Retry-After"] = schema.RETRY_AFTER
-    return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
+    return JSONResponse(error_body(err, path), status_code=err.status, headers=headers or None)
 
 
 def status_response(code: int, body: dict) -> JSONResponse:
@@ -54,16 +57,20 @@ class HostCheck:
                     f"({', '.join(sorted(self.allowed))}): bind to another address to serve other names",
                     code="host_not_allowed",
                 )
-                await error_response(err)(scope, receive, send)
+                await error_response(err, scope.get("path", ""))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
 def bearer_token(headers) -> bytes | None:
-    """The token of an `Authorization: Bearer TOKEN` among raw ASGI `headers`; None without one."""
+    """The key a request carries among raw ASGI `headers`: the token of an `Authorization: Bearer TOKEN`,
+    else an `x-api-key` header's (Anthropic's clients send the key so); None without either."""
     header = next((v for k, v in headers if k == b"authorization"), b"")
     scheme, _, token = header.partition(b" ")
-    return token.strip() if scheme.lower() == b"bearer" else None
+    if scheme.lower() == b"bearer":
+        return token.strip()
+    key = next((v for k, v in headers if k == b"x-api-key"), None)
+    return key.strip() if key is not None else None
 
 
 def cache_space(headers, salt: str | None) -> str:
@@ -80,7 +87,7 @@ def cache_space(headers, salt: str | None) -> str:
 
 
 class BearerAuth:
-    """Every HTTP request needs `Authorization: Bearer KEY`; compared in constant time. `/health`
+    """Every HTTP request needs `Authorization: Bearer KEY` (or `x-api-key: KEY`); compared in constant time. `/health`
     without it answers only the status, `{"status": "ok"}` or loading (a load balancer's probe has
     no key; the model, the queue and the cache numbers are for the key's holder)."""
 
@@ -98,8 +105,10 @@ class BearerAuth:
                 return
             if not ok:
                 err = APIError(
-                    401, "missing or wrong API key: send 'Authorization: Bearer KEY'", code="invalid_api_key"
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
+                    code="invalid_api_key",
                 )
-                await error_response(err)(scope, receive, send)
+                await error_response(err, scope.get("path", ""))(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -74,6 +74,10 @@ class CompletionResponse(Response):
     def _entry(self, event) -> dict | None:
         return token_entry(self.tokenizer, event)
 
+    def _error_body(self, err: APIError) -> dict:
+        """An error as this API's clients read it (OpenAI's shape; `peers` for the others')."""
+        return err.body()
+
     def _whole(self, first: Prefilled, done: Finished, scored: list | None) -> dict:
         use = schema.usage(first, done.stats)
         text, calls = done.reply, []
@@ -123,7 +127,7 @@ class CompletionResponse(Response):
 
         refused = await self._check_tools()
         if refused is not None:
-            await self._send_json(send, refused.status, refused.body())
+            await self._send_json(send, refused.status, self._error_body(refused))
             return
         job = self._job(emit)
         if not self.worker.submit(job):
@@ -133,7 +137,7 @@ class CompletionResponse(Response):
                 code="server_busy",
                 type="server_error",
             )
-            await self._send_json(send, busy.status, busy.body())
+            await self._send_json(send, busy.status, self._error_body(busy))
             return
         async with anyio.create_task_group() as tg:
 
@@ -168,7 +172,7 @@ class CompletionResponse(Response):
     async def _respond(self, events: asyncio.Queue, send) -> None:
         first = await events.get()
         if isinstance(first, Failed):
-            await self._send_json(send, first.error.status, first.error.body())
+            await self._send_json(send, first.error.status, self._error_body(first.error))
             return
         assert isinstance(first, Prefilled)
         if self.request.stream:
@@ -180,7 +184,7 @@ class CompletionResponse(Response):
             if isinstance(event, Token):
                 self._scored(event, scored)
             elif isinstance(event, Failed):
-                await self._send_json(send, event.error.status, event.error.body())
+                await self._send_json(send, event.error.status, self._error_body(event.error))
                 return
             elif isinstance(event, Finished):
                 await self._send_json(send, 200, self._whole(first, event, scored), _truncated(first))

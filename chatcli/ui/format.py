@@ -35,7 +35,7 @@ def sampling_line(params) -> str:
 # first where the line does not fit. The model's name (rank 0) is shortened, down to MIN_NAME, before
 # a part ranked under WHOLE_NAME goes.
 HEADER_RANKS = {"temp": 1, "max": 2, "top-k": 3, "top-p": 4, "min-p": 5, "rep": 8, "seed": 9}
-ENGINE_RANKS = {"device": 6, "backend": 6, "weights": 10, "kernel": 11}
+ENGINE_RANKS = {"device": 6, "backend": 6, "template": 7, "weights": 10, "kernel": 11}
 LAST_RANK = 9
 WHOLE_NAME = 6
 MIN_NAME = 16

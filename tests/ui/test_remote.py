@@ -13,7 +13,7 @@ from chatcli.engine.remote import RemoteEngine
 from chatcli.options import StartOptions
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from tests.faults import fault_app
-from tests.servers import Server, slow_endless
+from tests.servers import ALIAS, Server, slow_endless
 from tests.ui.conftest import command, make_app, ready, send, wait_for
 from tests.ui.fake import FakeEngine
 
@@ -59,7 +59,24 @@ async def test_backend_and_models_say_what_answers(tiny_lean, serve):
         assert backend.text == f"backend: {server.url}/v1 · model {tiny_lean.name} · context {limit}"
         await command(pilot, "/models")
         notes = pilot.app.chat_screen.pane.notes
-        await wait_for(pilot, lambda: notes()[-1].text == f"models: [{tiny_lean.name}]")
+        await wait_for(pilot, lambda: notes()[-1].text == f"models: [{tiny_lean.name}], {ALIAS}")
+
+
+async def test_model_over_the_api_refuses_a_name_the_server_does_not_serve(tiny_lean, serve):
+    """/model NAME with --api: a name the server does not list is refused at once, the model answering
+    keeps answering; one it lists (an alias) is switched to."""
+    server = serve(tiny_lean)
+    start = StartOptions(api=server.url, params=SamplingParams(temperature=0, max_tokens=12))
+    app = make_app(RemoteEngine(server.url).connect(), start)
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await ready(pilot)
+        await command(pilot, "/model nosuch-model")
+        refused = f"/model nosuch-model: {server.url}/v1/models lists no model 'nosuch-model'"
+        await wait_for(pilot, lambda: screen.pane.notes()[-1].text.startswith(refused))
+        assert f"still answering with {tiny_lean.name}" in screen.pane.notes()[-1].text
+        assert screen.engine.name == tiny_lean.name
+        await command(pilot, f"/model {ALIAS}")
+        await wait_for(pilot, lambda: screen.engine.name == ALIAS)
 
 
 async def test_the_in_process_backend_says_so(tiny_lean):
@@ -172,3 +189,32 @@ async def ready_or_failed(pilot):
     app = pilot.app
     await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.load_error is not None)
     return app.chat_screen
+
+
+async def test_the_inspector_shows_a_chatcli_servers_tokens_and_their_alternatives(tiny_lean, serve):
+    """F4 with --api on chatcli's own server: the reply's tokens come with their logprobs and the 5
+    alternatives, named by their text as the in-process inspector names them; a token's line names no id."""
+    from chatcli.engine.events import Token
+
+    server = serve(tiny_lean)
+    app = make_app(RemoteEngine(server.url).connect(), GREEDY)
+    name = lambda i: tiny_lean.tokenizer.decode([i], skip_special_tokens=False)  # noqa: E731
+    events = tiny_lean.generate(
+        [{"role": "user", "content": "Hello"}], tiny_lean.new_session(), GREEDY.params.with_(logprobs=5)
+    )
+    want = [
+        (name(t.token_id), [name(i) for i, _lp in t.top_logprobs])
+        for t in events
+        if isinstance(t, Token) and t.token_id >= 0
+    ]
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = await ready(pilot)
+        await pilot.press("f4")
+        await send(pilot, "Hello")
+        pieces = [p for p in screen.tokens.pieces if p.kind == "reply"]
+        assert [(p.text, [text for _i, text, _lp in p.top]) for p in pieces] == want
+        assert screen.tokens.recorded and all(p.logprob <= 0 for p in pieces)
+        line = screen.tokens.detail().plain
+        assert "p = " in line and line.count("·") == 5 and "id -1" not in line
+        head = screen.tokens.parts()[0].plain
+        assert head.startswith(f"prompt tokens: the server's, not sent · reply {len(want)} tokens")  # not "prompt 0"

@@ -20,6 +20,8 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chatcli.errors import one_line
+
 if TYPE_CHECKING:
     from chatcli.engine.kv.cache import KVCache
 
@@ -133,3 +135,31 @@ def trim_folder(folder: Path, budget: int = FOLDER_BUDGET) -> None:
             total -= st.st_size
         except OSError:
             pass
+
+
+def save_session(runner, model_name: str, session, path: Path) -> bool:
+    """Write the session's KV cache to `path` (atomically: a failed write leaves no partial file; the
+    folder is kept within its budget), for a later start to restore. False when there is nothing worth
+    saving (an empty or too large cache); OSError, with a one-line message, whatever made the write fail
+    (a full disk: "[Errno 28] No space left on device", from the writer, `tensorfile.write_tensors`)."""
+    try:
+        saved = save_cache(session.cache, path, fingerprint(runner, model_name))
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one kind of error for callers, in one line
+        raise OSError(f"cannot write the KV cache: {one_line(exc)}") from exc
+    trim_folder(path.parent)
+    return saved
+
+
+def restore_session(runner, model_name: str, session, path: Path) -> bool:
+    """Give `session` the KV cache saved at `path` when it was made by this model, runner and dtypes;
+    False (the session unchanged) for a missing, foreign, older-format or damaged file. A damaged one
+    leaves a note (`Session.note`) that the session's next turn's stats carry."""
+    cache, note = read_cache(runner, path, fingerprint(runner, model_name))
+    if note:
+        session.note = note
+    if cache is None:
+        return False
+    session.cache = cache
+    return True

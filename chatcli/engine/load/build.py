@@ -9,7 +9,9 @@ model); then, for a model folder:
 - anything else, `--runner hf` or `--device-map`: transformers' own model (`load.hf`).
 
 A quantized GGUF whose blocks are not what runs (without `--quantize none` asking for that) says
-why and what runs instead in the engine's `note`: one line that the front ends show at the start.
+why and what runs instead in the engine's `note`: one line that the front ends show at the start; so
+does a model without a chat template of its own, which built-in one it got and why (`use_template`).
+`--chat-template NAME|FILE` and `--raw` are read before the load and put in place after it.
 
 This module imports neither torch nor transformers at the top.
 """
@@ -17,7 +19,7 @@ This module imports neither torch nor transformers at the top.
 from __future__ import annotations
 
 from chatcli.engine.load.lean import dequantized_note, lean_engine
-from chatcli.engine.load.options import LoadError, LoadOptions, cap_context, placement
+from chatcli.engine.load.options import LoadError, LoadOptions, cap_context, chosen_template, placement
 from chatcli.engine.load.sources import Source, each_candidate, read_config, resolve
 from chatcli.engine.load.sweep import sweep_cache
 from chatcli.engine.weights import Status
@@ -36,6 +38,7 @@ def load_engine(
     options = options or LoadOptions()
     status = status or (lambda *_a, **_k: None)
     device, dtype = placement(options)
+    template = chosen_template(options)  # a name that is no template: refused before any load
     sweep_cache()  # before the load: room for a conversion
 
     def attempt(name: str, explicit: bool):
@@ -59,7 +62,22 @@ def load_engine(
     finally:
         sweep_cache()  # and after it: the file given is identified by now, so the entry of its former bytes goes
     cap_context(engine.runner, options.ctx_size)
+    use_template(engine, template)
     return engine
+
+
+def use_template(engine, template) -> None:
+    """`template` (`chosen_template`'s: None for the model's own) in the engine's tokenizer; where the
+    model has none and none was asked for, the note says which built-in one renders its turns."""
+    tokenizer = engine.tokenizer
+    if template is not None:
+        tokenizer.use_template(template)
+    elif tokenizer.chosen_why:
+        said = (
+            f"{engine.name} has no chat template: the {tokenizer.template_label} template renders its turns "
+            f"({tokenizer.chosen_why}); --chat-template NAME|FILE picks another, --raw continues text as it is"
+        )
+        engine.note = "; ".join(n for n in (engine.note, said) if n)
 
 
 def why_not_lean(options: LoadOptions, source: Source) -> str | None:

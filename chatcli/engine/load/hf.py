@@ -107,11 +107,13 @@ def build_engine(
     if runner == "lean" and reason:
         raise LoadError(f"--runner lean: {reason} (use --runner hf)")
     if runner == "hf" or reason:
-        return Engine(
+        engine = Engine(
             make_hf_runner(model, context_limit(model.config, loaded.tokenizer), explicit_quantize(quantize), kv_dtype),
             tokenizer,
             loaded.name,
         )
+        engine.source = loaded.source
+        return engine
     folder = loaded.folder
     if folder is None:
         raise LoadError(f"{loaded.name}: the lean runner needs the model's files on disk (use --runner hf)")

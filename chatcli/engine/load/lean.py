@@ -100,7 +100,7 @@ def lean_engine(
         runner.kernel_off = _why_no_kernel(kernel, device, dtype, kv) if kernel else "the torch lean runner, asked"
         note = dequantized_note(source, asked, quantize, f"{dtype}-dense on {device}", runner.kernel_off)
     engine = Engine(runner, tokenizer or folder_tokenizer(source.folder), source.name)
-    engine.note = note
+    engine.note, engine.source = note, source.where
     return engine
 
 

@@ -4,7 +4,8 @@
 options; the config file's `ctx_size` is `--ctx-size`'s default); `pick_device`, `pick_dtype` and
 `pick_kv_dtype` resolve "auto" for this machine; `cap_context` applies `--ctx-size`;
 `check_quantize` refuses a `--quantize` that cannot run, and `resolve_quantize` says what
-`--quantize auto` means for a model. No torch is imported unless a GPU could answer.
+`--quantize auto` means for a model; `chosen_template` reads `--chat-template` and `--raw`
+(`text.templates`). No torch is imported unless a GPU could answer.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from chatcli.engine.text.templates import check_chat_template
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -27,11 +30,15 @@ class LoadError(RuntimeError):
 MODEL_HELP = "A model's name (qwen3:4b, hf.co/USER/REPO:QUANT; pulled on first use; default), hub id, folder or .gguf."
 
 
-def _flag(default, text: str, choices: tuple[str, ...] | None = None, kind: type | None = None):
+def _flag(
+    default, text: str, choices: tuple[str, ...] | None = None, kind: type | None = None, metavar=None, check=None
+):
     """A field and its flag: default, help, the values it takes (the flag refuses any other as it parses
-    the command line: a usage error, exit 2) and (where its default does not say) its value type (int: a
-    count, 1 or more)."""
-    return field(default=default, metadata={"help": text, "choices": choices, "type": kind})
+    the command line: a usage error, exit 2), (where its default does not say) its value type (int: a
+    count, 1 or more), the name its value goes by in --help, and `check`, a function that raises a
+    ValueError for a value the flag refuses as it parses, as it refuses one outside its choices."""
+    meta = {"help": text, "choices": choices, "type": kind, "metavar": metavar, "check": check}
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -60,6 +67,14 @@ class LoadOptions:
         "the KV cache grows with the conversation up to it.",
         kind=int,
     )
+    chat_template: str | None = _flag(  # see chosen_template
+        None,
+        "The chat template: a built-in one by llama.cpp's name (chatml, llama3, gemma, mistral, phi3, zephyr, "
+        "vicuna, deepseek, …) or a Jinja file. Default: the model's own, else a built-in one for its architecture.",
+        metavar="NAME|FILE",
+        check=check_chat_template,
+    )
+    raw: bool = _flag(False, "No chat template: the text is continued as it is (a base model's completion).")
 
 
 def cuda_possible() -> bool:
@@ -166,6 +181,30 @@ def placement(options: LoadOptions) -> tuple[str, str]:
         pick_kv_dtype(options.kv_dtype, device, dtype)  # a bad --kv-dtype: refused before any load
     check_ctx_size(options.ctx_size)
     return device, dtype
+
+
+def chosen_template(options: LoadOptions):
+    """The `Template` `--raw` or `--chat-template NAME|FILE` asks for (read now: before any load), or
+    None for the model's own (a built-in one where it has none); one LoadError line for a name that is
+    no template, a file that cannot be read or does not parse, or both flags."""
+    from chatcli.engine.text.template import ChatTemplateError, compile_template
+    from chatcli.engine.text.templates import RAW, UnknownTemplate, choose
+
+    if options.raw and options.chat_template:
+        raise LoadError("--raw continues the text without a template: drop --chat-template, or --raw")
+    if options.raw:
+        return RAW
+    if not options.chat_template:
+        return None
+    try:
+        chosen = choose(options.chat_template)
+    except UnknownTemplate as exc:
+        raise LoadError(str(exc)) from None
+    try:
+        compile_template(chosen.source)
+    except ChatTemplateError as exc:
+        raise LoadError(f"--chat-template {options.chat_template}: {exc}") from None
+    return chosen
 
 
 def check_ctx_size(ctx_size) -> None:

@@ -126,7 +126,7 @@ def resolve(name: str, explicit: bool, status: Status, runner: str = "auto") -> 
     if path.is_dir():
         return Source(path, path.name, str(path))
     if path.exists() or name.startswith((".", "/", "~")):
-        raise LoadError(f"--model {name}: not a .gguf file or a model folder")
+        raise LoadError(f"{name}: not a .gguf file or a model folder")  # whoever named it: --model, /model, the config
     folder = hub_folder(name)
     why = hub_unreachable() if folder is None and explicit else None
     if why:  # transformers would retry the hub for ~50 s before saying the same

@@ -43,6 +43,11 @@ class ModelRunner(ABC):
         """`forward`, returning fp32 logits `[S, V]` (numpy) of every position: one pass that checks a
         drafted continuation (see `chatcli.engine.sample.lookup`); the caller crops what it rejects."""
 
+    def hidden_states(self, batch: list[list[int]]) -> list:
+        """Each sequence's final hidden states, fp32 `[S, D]` (numpy): after the final norm, its weight
+        included, each read from an empty context (no cache is kept): what an embedding pools."""
+        raise NotImplementedError(f"{type(self).__name__} does not give its hidden states")
+
     @property
     def kernel(self) -> str | None:
         """Which build of the compiled kernel runs the forward ("avx512", "avxvnni", "avx2", "neon": the native

@@ -8,10 +8,15 @@ after the oldest pending call or the last batch's end, whichever is later — th
 runner's own (the step thread) runs all that are pending in one call: every weight is read once for
 all their rows, and each call gets the bits it would get alone (`NativeRunner.forward_batch`), so a
 greedy reply is the same beside other requests. A prompt chunk rides in the same batch as the
-others' single decode rows: a long prompt delays them by at most a chunk, `SHARED_CHUNK` tokens
-while others run. A batch that fails runs its calls one by one, so that one bad call fails only
-itself. Only the step thread calls the runner: one OpenMP team, however many turns, and let go
-while no turn runs (`runners/threads.py` says what a second team costs).
+others' single decode rows, so a chunk is sized by time (`prefill_chunk`): a batch should take about
+`BATCH_S`, its prompt rows shared among the running turns (`ALONE_S` alone), a row costing more the
+more positions it attends to (learned from the batches run: on the embedded model a 128-row forward
+took 165 ms at the start of the cache and 938 ms at 4,000 positions, so four turns' fixed 128-row
+chunks made batches of ~4 s there). A call whose turn was cancelled (`cancel`) while it waited for
+its batch drops out of it (`CallDropped`, nothing written to its cache): a client that left waits for
+the batch in flight, not for its own. A batch that fails runs its calls one by one, so that one bad
+call fails only itself. Only the step thread calls the runner: one OpenMP team, however many turns,
+and let go while no turn runs (`runners/threads.py` says what a second team costs).
 
 A runner without `forward_batch` (the torch runners) takes the calls one by one, in turn: the turns
 then interleave step by step instead of queueing whole. Everything else (`new_cache`,
@@ -31,19 +36,35 @@ import numpy as np
 from chatcli.engine.runners.threads import release_cpu_threads
 
 WAIT_S = 0.015  # the longest a call waits for the other running turns' calls of its step
-SHARED_CHUNK = 128  # prompt tokens a prefill call takes while other turns are running (their steps wait on it)
+BATCH_S = 0.25  # what a batch with prompt rows should take: the others' steps, a cancel, a new turn wait on it
+ALONE_S = 0.5  # what a prefill call takes alone: only a cancel and a new turn wait on it, larger calls run faster
+SHARED_CHUNK = 128  # the most prompt tokens a prefill call takes while other turns are running
+PROBE_CHUNK = 32  # a prefill call's tokens before any batch was timed
+MIN_CHUNK = 16  # the fewest, however slow the rows (a chunk much smaller reads the weights for little)
+ROW_COST = 1024  # a row's own cost (its weights' share) in positions attended to: a row at depth d costs ROW_COST + d
+TIMED_ROWS = 32  # a batch of fewer rows is bound by reading the weights, not by its rows: it times nothing
 
 
-@dataclass
+class CallDropped(Exception):
+    """A call whose turn was cancelled before its batch ran: nothing was written to its cache."""
+
+
+@dataclass(eq=False)
 class _Call:
     ids: list[int]
     cache: object
     every: bool
     since: float
     start: int  # the cache's length when the call came: a batch that failed left it so, or not
+    cancel: threading.Event | None = None
     result: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False
+
+    @property
+    def cost(self) -> float:
+        """The call's work in positions attended to: each row its own share (ROW_COST) and those before it."""
+        return len(self.ids) * (ROW_COST + self.start + len(self.ids) / 2)
 
 
 class BatchedRunner:
@@ -57,6 +78,7 @@ class BatchedRunner:
         self._thread: threading.Thread | None = None
         self._free_since = 0.0  # when the last batch ended: a call waits from then, not from its own start
         self._closed = False
+        self._unit_s: float | None = None  # seconds per unit of `_Call.cost`, from the last batch timed
         self.batches = self.rows = self.widest = 0  # calls run, their rows, the most sequences in one
 
     def __getattr__(self, name: str):
@@ -74,17 +96,24 @@ class BatchedRunner:
                 self._running -= 1
                 self._cond.notify_all()  # a step waiting for this turn's call need not
 
-    @property
-    def prefill_chunk(self) -> int | None:
-        """Prompt tokens per prefill call (`Engine.prefill`): `SHARED_CHUNK` beside other turns, whose decode
-        steps ride in the same calls and so wait for each chunk; None (the engine's own) alone."""
-        return SHARED_CHUNK if self._running > 1 else None
+    def prefill_chunk(self, cache, most: int) -> int:
+        """Prompt tokens for `cache`'s next prefill call (`Engine.prefill`; `most`: the engine's own chunk):
+        as many as take about BATCH_S shared among the running turns (their steps ride in the same batch
+        and wait for it), ALONE_S alone, at a row's cost where this cache stands; SHARED_CHUNK at most
+        beside others, MIN_CHUNK at least; PROBE_CHUNK until a batch was timed."""
+        if self._unit_s is None:
+            return min(most, PROBE_CHUNK)
+        shared = self._running > 1
+        most, seconds = (min(most, SHARED_CHUNK), BATCH_S / self._running) if shared else (most, ALONE_S)
+        rows = seconds / self._unit_s / (ROW_COST + len(cache.ids))
+        return max(MIN_CHUNK, min(most, int(rows)))
 
-    def forward(self, ids: list[int], cache) -> np.ndarray:
-        return self._submit(ids, cache, every=False)
+    def forward(self, ids: list[int], cache, cancel: threading.Event | None = None) -> np.ndarray:
+        """The runner's forward in the next batch; CallDropped where `cancel` is set before that batch runs."""
+        return self._submit(ids, cache, False, cancel)
 
-    def verify(self, ids: list[int], cache) -> np.ndarray:
-        return self._submit(ids, cache, every=True)
+    def verify(self, ids: list[int], cache, cancel: threading.Event | None = None) -> np.ndarray:
+        return self._submit(ids, cache, True, cancel)
 
     def close(self, timeout: float = 10.0) -> None:
         """End the step thread once the calls pending are answered (a server that stops leaves no thread
@@ -96,8 +125,8 @@ class BatchedRunner:
         if thread is not None:
             thread.join(timeout)
 
-    def _submit(self, ids: list[int], cache, every: bool) -> np.ndarray:
-        call = _Call(list(ids), cache, every, self._clock(), len(cache.ids))
+    def _submit(self, ids: list[int], cache, every: bool, cancel: threading.Event | None) -> np.ndarray:
+        call = _Call(list(ids), cache, every, self._clock(), len(cache.ids), cancel)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batched runner is closed")
@@ -122,7 +151,9 @@ class BatchedRunner:
                         return
                     self._cond.wait(wait)
                 batch, self._pending = self._pending, []
-            self._run(batch)
+                batch = self._drop_cancelled(batch)
+            if batch:
+                self._run(batch)
             with self._cond:
                 self._free_since = self._clock()
                 self._cond.notify_all()
@@ -138,7 +169,20 @@ class BatchedRunner:
             return None
         return left
 
+    def _drop_cancelled(self, batch: list[_Call]) -> list[_Call]:
+        """The calls of `batch` whose turn is not cancelled; the others end at once (CallDropped)."""
+        kept = []
+        for call in batch:
+            if call.cancel is not None and call.cancel.is_set():
+                call.error, call.done = CallDropped(), True
+            else:
+                kept.append(call)
+        if len(kept) < len(batch):
+            self._cond.notify_all()
+        return kept
+
     def _run(self, batch: list[_Call]) -> None:
+        t0 = self._clock()
         self.batches += 1
         self.rows += sum(len(c.ids) for c in batch)
         self.widest = max(self.widest, len(batch))
@@ -157,6 +201,12 @@ class BatchedRunner:
         finally:
             for call in batch:
                 call.done = True
+        self._timed(batch, self._clock() - t0)
+
+    def _timed(self, batch: list[_Call], seconds: float) -> None:
+        """Learn a unit's seconds from a batch that ran whole and wide enough to be bound by its rows."""
+        if sum(len(c.ids) for c in batch) >= TIMED_ROWS and all(c.error is None for c in batch) and seconds > 0:
+            self._unit_s = seconds / sum(c.cost for c in batch)
 
     def _alone(self, call: _Call) -> None:
         try:

@@ -98,6 +98,16 @@ class HFRunner(ModelRunner):
     def verify(self, ids: list[int], cache: KVCache):
         return logits_out(self._logits(ids, cache, 0))  # [S, V]
 
+    @torch.inference_mode()
+    def hidden_states(self, batch: list[list[int]]) -> list:
+        """The decoder's `last_hidden_state` (after its final norm) of each sequence, alone."""
+        decoder = self.model.get_decoder()
+        out = []
+        for ids in batch:
+            input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, S]
+            out.append(decoder(input_ids=input_ids, use_cache=False).last_hidden_state[0].float().cpu().numpy())
+        return out
+
     @torch.inference_mode()  # thread-local: entered in whichever thread runs the step
     def _logits(self, ids: list[int], cache: KVCache, keep: int) -> torch.Tensor:
         """[S] ids -> fp32 logits of the last `keep` positions (0: all) `[keep, V]`."""

@@ -30,6 +30,7 @@ over multi-turn conversations with crops.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -194,6 +195,38 @@ class LeanRunner(ModelRunner):
     def prefill(self, tokens: torch.Tensor, cache: LeanCache, start: int, every: bool = False) -> torch.Tensor:
         """tokens [S] at positions start.. (written into each layer's part of the cache) -> logits [V] of the
         last; `every`: logits [S, V] of each position."""
+        x = self._trunk(tokens, cache, start)  # [S, D]
+        if every:
+            return self._cap(self.head(self._norm(x)).float())  # [S, V]
+        return self._cap(self.head(self._norm(x[-1:]))[0].float())  # [V]
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: list[list[int]]) -> list:
+        """`ModelRunner.hidden_states`: each sequence through the layers on a cache of its own, normalised and
+        times the final norm's weight (folded into the head in a dense file: read where it is, `final_norm`)."""
+        out = []
+        for ids in batch:
+            cache, rows = self.new_cache(), []
+            for piece in _pieces(ids, cache):
+                start = len(cache.ids)
+                cache.reserve(start + len(piece))
+                x = self._trunk(torch.tensor(piece, dtype=torch.long, device=self.device), cache, start)
+                rows.append(self._norm(x.float()) * self.final_norm)
+                cache.ids.extend(piece)
+            out.append(torch.cat(rows).cpu().numpy())  # [S, D]
+        return out
+
+    @functools.cached_property
+    def final_norm(self) -> torch.Tensor:
+        """The final norm's weight [D] fp32 (ones where neither the file nor its source has it)."""
+        from chatcli.engine.weights.final_norm import final_norm
+
+        found = final_norm(self._weights[0])
+        return torch.ones(self.hidden) if found is None else torch.from_numpy(found.copy())
+
+    def _trunk(self, tokens: torch.Tensor, cache: LeanCache, start: int) -> torch.Tensor:
+        """tokens [S] at positions start.. through every layer (their keys and values into the cache) ->
+        the last hidden states [S, D], before the final norm."""
         length = tokens.shape[0]
         end = start + length
         x = self.embed[tokens].to(self.dtype)  # [S, D]
@@ -205,9 +238,7 @@ class LeanRunner(ModelRunner):
             h = self._attention(layer, self._norm(x), k_cache, v_cache, base, start, masks[layer.window, base])
             x = x + self._post(h, layer.post_attn_norm)  # [S, D]
             x = x + self._post(self._mlp(layer, x), layer.post_ffn_norm)  # [S, D]
-        if every:
-            return self._cap(self.head(self._norm(x)).float())  # [S, V]
-        return self._cap(self.head(self._norm(x[-1:]))[0].float())  # [V]
+        return x
 
     def _mask(self, start: int, end: int, window: int, dtype, base: int = 0) -> torch.Tensor | None:
         """Rows start..end over columns base..end: causal (None where SDPA's own causal mask is it), and

@@ -53,6 +53,7 @@ from chatcli.engine.weights.lean_file import (
 )
 
 MAX_HEAD_DIM = 256  # attention.h's kMaxHeadDim
+STATE_ROWS = 1024  # rows (tokens) of the sequences whose hidden states one kernel call computes at most
 
 
 def shape_reason(head_dim: int, heads: int, kv_heads: int) -> str | None:
@@ -136,6 +137,7 @@ class NativeRunner(ModelRunner):
         self.dtype = "float32"  # activations; the weights are `c.weights`
         self.quantized = c.weights in (INT8, *BLOCKS)
         self._keep = []  # the matrices whose parts the kernel's structs point to
+        self._states = None  # the identity-head model of `hidden_states`, and the arrays it points to
         self.kv_dtype = kv_dtype
         self.threads = threads or kernel_threads()
         # the team's width per call, learned (runners/team.py); a fixed `threads` (tests, benchmarks) is kept
@@ -276,8 +278,49 @@ class NativeRunner(ModelRunner):
         pieces = [self._pieces([(ids[i : i + room], cache, every)])[0] for i in range(0, count, room)]
         return pieces[-1] if len(pieces) == 1 or not every else np.concatenate(pieces)
 
-    def _pieces(self, requests: list) -> list[np.ndarray]:
-        """One kernel call over every request's rows (each fits its cache); their logits, soft-capped."""
+    def hidden_states(self, batch: list[list[int]]) -> list[np.ndarray]:
+        """`ModelRunner.hidden_states` through the kernel, the sequences that fit together in one call (one
+        prefill, each on a cache of its own): the model with an identity head of the final norm's weight
+        (`_states_model`), whose "logits" are the normalised hidden states times that weight, to the bit."""
+        model, caches = self._states_model(), [self.new_cache() for _ in batch]
+        out: dict[int, list[np.ndarray]] = {i: [] for i in range(len(batch))}
+        together = [i for i, ids in enumerate(batch) if self._room(ids, caches[i]) >= len(ids)]
+        groups, rows = [[]], 0
+        for i in together:  # calls of STATE_ROWS rows at most (the kernel's scratch grows with the rows)
+            if groups[-1] and rows + len(batch[i]) > STATE_ROWS:
+                groups, rows = [*groups, []], 0
+            groups[-1].append(i)
+            rows += len(batch[i])
+        for group in (g for g in groups if g):
+            for i, states in zip(group, self._pieces([(batch[i], caches[i], True) for i in group], model), strict=True):
+                out[i].append(states)
+        for i in (i for i in range(len(batch)) if i not in together):  # a sliding strip's room at a time
+            room = self._room(batch[i], caches[i])
+            for at in range(0, len(batch[i]), room):
+                out[i] += self._pieces([(batch[i][at : at + room], caches[i], True)], model)
+        return [np.concatenate(out[i]) for i in range(len(batch))]
+
+    def _states_model(self) -> Model:
+        """This model with the head an fp32 identity `[D, D]` (panels) whose norm is the final norm's weight
+        (the lean file's where its kind keeps it apart, else its source's: `weights.final_norm`)."""
+        if self._states is None:
+            from chatcli.engine.weights.final_norm import final_norm
+
+            d = self.config.hidden
+            count = -(-d // 64)  # the kernel's fp32 panels: [ceil(n/64), k, 64]
+            identity = np.eye(count * 64, d, dtype=np.float32).reshape(count, 64, d).transpose(0, 2, 1).copy()
+            weight = final_norm(self.weights)
+            weight = np.ones(d, np.float32) if weight is None else np.ascontiguousarray(weight, np.float32)
+            model = Model.from_buffer_copy(self._model)
+            model.head = Matrix(WEIGHT_F32, d, d, d, identity.ctypes.data, None, None)
+            model.head.norm = weight.ctypes.data
+            model.vocab = d
+            self._states = (model, identity, weight)  # the arrays the struct points to live with it
+        return self._states[0]
+
+    def _pieces(self, requests: list, model: Model | None = None) -> list[np.ndarray]:
+        """One kernel call over every request's rows (each fits its cache); their logits, soft-capped (or,
+        with `model` from `_states_model`, their hidden states)."""
         segments = (Segment * len(requests))()
         views = []  # the caches' kernel views, alive through the call
         for segment, (ids, cache, every) in zip(segments, requests, strict=True):
@@ -288,16 +331,17 @@ class NativeRunner(ModelRunner):
         wants = [segment.logit_rows for segment in segments]
         flat = [t for ids, _cache, _every in requests for t in ids]
         tokens = (ctypes.c_int64 * len(flat))(*flat)
-        logits = np.empty((sum(wants), self.config.vocab), dtype=np.float32)
-        model = ctypes.byref(self._model)
+        states, model = model is not None, ctypes.byref(self._model if model is None else model)
+        logits = np.empty((sum(wants), self.config.hidden if states else self.config.vocab), dtype=np.float32)
 
         def call(threads: int) -> int:
             return self._lib.chatcli_decode_batch(model, segments, len(requests), tokens, logits.ctypes.data, threads)
 
-        status = self.team.timed(len(flat), call) if self.team is not None else call(self.threads)
+        timed = self.team is not None and not states  # the team learns from the decode's calls only
+        status = self.team.timed(len(flat), call) if timed else call(self.threads)
         if status:
             raise ValueError(f"the kernel refused {len(flat)} ids of {len(requests)} sequences (status {status})")
-        if self.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
+        if self.final_softcap and not states:  # Gemma 2: cap * tanh(logits / cap)
             cap = np.float32(self.final_softcap)
             np.multiply(np.tanh(logits / cap), cap, out=logits)
         for ids, cache, _every in requests:

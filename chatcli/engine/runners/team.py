@@ -26,8 +26,14 @@ where those see one, of reads for 30 ms more, so that a process in a burst is no
 one: the benchmark's own clients sending their requests halved the prefill of their prompts). That
 look also starts the decode steps there, or without barriers where another process is running (they
 try another width 4 s later, not at their second step: the look is evidence, and the next turn looks
-again), so a turn, a one-shot's first included, starts right. Steps without barriers are kept only
-while they are clearly faster: a try with barriers that is faster at all takes over.
+again), so a turn, a one-shot's first included, starts right. A prompt of a few new tokens (a turn
+after `-c` restored its cache: 15 tokens) is a call of as few rows as a step with a draft, but it is
+a turn's first call: one of several rows that comes `PAUSE_S` after the last call ended (steps follow
+each other within milliseconds), or the process's first, is a prefill too — it looks, runs at the
+look's width and teaches nothing (run as a step, on the whole team with barriers in a process that
+had learned nothing yet, 15 tokens took 3.5 s beside a busy process, a 38-token prefill 0.23 s).
+Steps without barriers are kept only while they are clearly faster: a try with barriers that is
+faster at all takes over.
 
 A row's numbers do not depend on the width (the kernel computes every row alone, in a fixed
 order), so switching changes the speed, never a reply.
@@ -49,6 +55,7 @@ SLOWER = 1.5  # the current width this much slower than its own best: try the ot
 CLEARLY = 0.9  # a tried width takes over when it ran a row in this fraction of the current's time
 DECODE_ROWS = 15  # calls of at most this many rows are decode steps (and drafts; on a negative width the kernel
 # runs them without barriers, kernels/tolerant.h); more: prefill
+PAUSE_S = 0.25  # a call of several rows this long after the last one ended begins a turn: a prefill
 SMOOTH = 0.25  # weight of a step's time in the moving average of its width
 CONFIRM_S = 0.03  # a look that sees another process running checks this much longer that it stays (a burst)
 
@@ -130,6 +137,7 @@ class TeamWidth:
         self.per_row: dict[int, float] = {}  # width -> moving average of a decode step's seconds a row
         self.best = float("inf")  # the current width's best average since it took over or slowed
         self.steps = 0
+        self.ended: float | None = None  # clock time the last call ended (None: none yet)
         self.wait_s = FIRST_WAIT_S
         self.next_try: float | None = None  # clock time of the next try (None: at step FIRST_TRY)
         self._turn = 0  # which other width the next try takes (round robin)
@@ -137,18 +145,29 @@ class TeamWidth:
 
     def width(self, rows: int) -> int:
         """The width for a call of `rows` rows: the fastest known, or, for a decode step, another to try."""
+        return self._pick(rows)[0]
+
+    def _pick(self, rows: int) -> tuple[int, bool]:
+        """(the width for a call of `rows` rows, whether its time teaches: a decode step's)."""
         with self._lock:
-            if rows > DECODE_ROWS:
+            if self.prefills(rows):
                 self._look()
-                return self.prefill
+                return self.prefill, False
             self.steps += 1
             others = [w for w in self.widths if w != self.current]
             due = self.steps >= FIRST_TRY if self.next_try is None else self.clock() >= self.next_try
             if others and due:
                 self._turn = (self._turn + 1) % len(others)
                 self.next_try = self.clock() + self.wait_s  # unless record() decides sooner
-                return others[self._turn]
-            return self.current
+                return others[self._turn], True
+            return self.current, True
+
+    def prefills(self, rows: int) -> bool:
+        """Whether a call of `rows` rows now is a prefill: more than DECODE_ROWS, or several rows that
+        begin a turn (the process's first call, or one PAUSE_S after the last ended)."""
+        if rows > DECODE_ROWS:
+            return True
+        return rows > 1 and (self.ended is None or self.clock() - self.ended >= PAUSE_S)
 
     def _look(self) -> None:
         """A prefill: the width the machine allows now is the prefill's (the look is reused for
@@ -169,6 +188,8 @@ class TeamWidth:
 
     def record(self, rows: int, width: int, seconds: float) -> None:
         """What a call of `rows` rows at `width` took (a prefill's time teaches nothing: see above)."""
+        with self._lock:
+            self.ended = self.clock()
         if rows > DECODE_ROWS:
             return
         per = seconds / max(1, rows)
@@ -194,8 +215,12 @@ class TeamWidth:
 
     def timed(self, rows: int, call: Callable[[int], int]) -> int:
         """`call(width)` at the width for `rows` rows, its time recorded; returns what it returned."""
-        width = self.width(rows)
+        width, teaches = self._pick(rows)
         start = self.clock()
         status = call(width)
-        self.record(rows, width, self.clock() - start)
+        if teaches:
+            self.record(rows, width, self.clock() - start)
+        else:
+            with self._lock:
+                self.ended = self.clock()
         return status

@@ -99,6 +99,7 @@ class StopStringFilter:
         self.stops = [s for s in stops if s]
         self.pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, once one has
 
     def push(self, text: str) -> str:
         if self.stopped:
@@ -107,9 +108,10 @@ class StopStringFilter:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stops) if i >= 0]
         if hits:
-            out = self.pending[: min(hits)]
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            out = self.pending[:at]
             self.pending = ""
             self.stopped = True
             return out

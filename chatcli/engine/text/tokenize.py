@@ -21,6 +21,13 @@ ids of `<|im_end|>` and `<|im_start|>` (`encode_chat`, as transformers' `sanitiz
 Both know which ids end a reply: every end-of-sequence id the model config, the generation
 config and the tokenizer define, plus the end-of-turn markers of common chat templates when
 the vocabulary has them.
+
+Where the model has no chat template (a base model), both render with a built-in one
+(`templates.default_for`: by architecture and vocabulary); `use_template` puts another in place of
+whichever they had (`--chat-template NAME|FILE`, or `--raw`: none, the conversation's texts continued
+as one prompt). A chosen template's text gets the tokenizer's prompt prefix (its BOS) before it, as
+llama.cpp's tokenizer adds it; its end-of-turn texts end a reply (`stop_ids` where the vocabulary has
+them as tokens, else `stop_texts`).
 """
 
 from __future__ import annotations
@@ -29,27 +36,31 @@ import functools
 import json
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from chatcli.engine.text.control import MARK_END, MARK_START, alternation, marked, without_added_tokens
+from chatcli.engine.text.folder_files import UnsupportedTokenizer, as_ids, byte_level, chat_template, content, read_json
 from chatcli.engine.text.template import compile_template, literal_text, render_bounded
+from chatcli.engine.text.templates import OWN, Template, default_for, raw_text, text_of
 from chatcli.engine.text.toolcalls import fallback_messages, syntax_of, takes_tools
+
+__all__ = ["ChatTokenizer", "FolderTokenizer", "TransformersTokenizer", "UnsupportedTokenizer", "byte_level"]
 
 # End-of-turn markers of widespread chat templates (ChatML, Llama 3, Gemma, Phi).
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end_of_turn|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
-class UnsupportedTokenizer(ValueError):
-    """The folder's tokenizer needs transformers (the message says why)."""
-
-
 class ChatTokenizer:
     """What the engine needs of a tokenizer; `stop_ids` is set by the implementations."""
 
     stop_ids: frozenset[int] = frozenset()
+    stop_texts: tuple[str, ...] = ()  # texts that end a reply: a chosen template's markers the vocabulary lacks
     template_source: str = ""  # the chat template's text
+    chosen: Template = OWN  # the template in use where it is not the model's own (`use_template`)
+    chosen_why = ""  # why the model got a built-in one: it has none (the start's note says so)
+    _chosen_template = None  # `chosen` compiled
 
     def encode_chat(
         self, messages: Sequence[dict], tools: list[dict] | None = None, cancel: threading.Event | None = None
@@ -62,12 +73,43 @@ class ChatTokenizer:
         (MARK_START, MARK_END), and the rendered text is encoded piece by piece: each marked token
         without the tokenizer's added tokens (`encode_text`), the rest as usual (`encode_marked`), as
         transformers' `apply_chat_template(..., sanitize_control_tokens=True)` does. Where no string
-        holds one, this is `encode` of the whole text: the same ids as before marking existed."""
+        holds one, this is `encode` of the whole text: the same ids as before marking existed.
+
+        A chosen template (`use_template`) gets the tokenizer's prompt prefix first where its text does
+        not begin with it; `--raw` (no template) is `encode_prompt` of the messages' texts (`raw_text`)."""
+        if self.chosen.raw:
+            return self.encode_prompt(raw_text(messages))
         control = self._control_tokens
         text = self.render(marked(messages, control), marked(tools, control), cancel)
-        if MARK_START not in text and MARK_END not in text:
-            return self.encode(text)
-        return self.encodemarked(text)
+        ids = self.encode(text) if MARK_START not in text and MARK_END not in text else self.encodemarked(text)
+        prefix = self._prompt_prefix if self._chosen_template is not None else []
+        return ids if ids[: len(prefix)] == prefix else prefix + ids
+
+    def use_template(self, chosen: Template, why: str = "") -> None:
+        """Render with `chosen` from now on (a built-in, a file, or `RAW`) in place of what it had; `why`:
+        why the model got it without asking (it has none of its own). Its stop texts that are added tokens
+        of this vocabulary end a reply as those ids, the others as text (`stop_texts`). A template that
+        does not parse raises ChatTemplateError."""
+        compiled = compile_template(chosen.source) if chosen.source else None
+        base = self.__dict__.setdefault("_own_stop_ids", self.stop_ids)
+        added = self.added_tokens
+        self.chosen, self.chosen_why, self._chosen_template = chosen, why, compiled
+        self.template_source = chosen.source
+        self.stop_ids = base | {added[t][0] for t in chosen.stops if t in added}
+        self.stop_texts = tuple(t for t in chosen.stops if t not in added)
+        self.__dict__.pop("_control_tokens", None)  # the new template's literal text names them
+
+    @property
+    def template_label(self) -> str:
+        """The template in use, as the header and `--json` name it ("built-in gemma", "model's own")."""
+        return self.chosen.label
+
+    @functools.cached_property
+    def _prompt_prefix(self) -> list[int]:
+        """The ids the tokenizer puts before a prompt's text (its BOS, where it adds one)."""
+        probe = self.encode("a")
+        ids = self.encode_prompt("a")
+        return ids[: ids.index(probe[0])] if probe and probe[0] in ids else []
 
     def encodemarked(self, text: str) -> list[int]:
         """A rendered chat whose marked control tokens are text (transformers' `encode_marked_chat`):
@@ -132,13 +174,22 @@ class ChatTokenizer:
         special tokens' texts among them), in our sandbox and bounded (`template.render_bounded`):
         ChatTemplateError for a template that fails, runs past its time limit or writes past its output
         limit; PromptCancelled within ~0.05 s of `cancel` being set."""
+        if self.chosen.raw:
+            return raw_text(messages)
         messages, tools = self.with_tools(messages, tools)
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        if self._chosen_template is not None:  # ours renders a message's text: OpenAI's parts joined
+            chat = [{**m, "content": text_of(m.get("content"))} for m in chat]
         context = dict(messages=chat, tools=tools, documents=None, add_generation_prompt=True, **self.template_tokens)
         return render_bounded(self.template_for(tools), context, cancel)
 
     def template_for(self, tools: list | None):
-        """The compiled chat template that renders a conversation with `tools` (`compile_template`)."""
+        """The compiled chat template that renders a conversation with `tools`: the chosen one, else the
+        model's own (`own_template`)."""
+        return self._chosen_template if self._chosen_template is not None else self.own_template(tools)
+
+    def own_template(self, tools: list | None):
+        """The model's own chat template, compiled (`compile_template`), for a conversation with `tools`."""
         raise NotImplementedError
 
     @property
@@ -213,20 +264,20 @@ class ChatTokenizer:
 
 class TransformersTokenizer(ChatTokenizer):
     def __init__(self, tokenizer, model_config=None, generation_config=None) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's
-        template = tokenizer.chat_template
-        self.template_source = template if isinstance(template, str) else json.dumps(template)
+        template = getattr(tokenizer, "chat_template", None)
+        self.template_source = template if isinstance(template, str) else json.dumps(template) if template else ""
         ids: set[int] = set()
         for source in (model_config, generation_config, tokenizer):
-            ids.update(_as_ids(getattr(source, "eos_token_id", None)))
+            ids.update(as_ids(getattr(source, "eos_token_id", None)))
         vocab = tokenizer.get_vocab()
         ids.update(vocab[m] for m in END_OF_TURN_MARKERS if m in vocab)
         self.stop_ids = frozenset(ids)
+        if not template:  # a base model: a built-in template, by its architecture and vocabulary
+            self.use_template(*default_for(getattr(model_config, "model_type", None) or "", vocab.__contains__))
 
-    def template_for(self, tools: list | None):
+    def own_template(self, tools: list | None):
         """The template `apply_chat_template` picks (a named one, 'tool_use', where tools are given and
         it has one), compiled in our sandbox rather than transformers' own: the same options and
         helpers, and our size checks, which transformers' lacks (its `'x' * 20000000000` runs in C for
@@ -244,6 +295,8 @@ class TransformersTokenizer(ChatTokenizer):
     @property
     def template_sources(self) -> list[str]:
         template = self.tokenizer.chat_template
+        if self._chosen_template is not None or not template:
+            return [self.template_source]
         return list(template.values()) if isinstance(template, dict) else [template]
 
     @property
@@ -278,25 +331,30 @@ class FolderTokenizer(ChatTokenizer):
         folder = Path(folder)
         if not (folder / "tokenizer.json").is_file():
             raise UnsupportedTokenizer(f"{folder.name} has no tokenizer.json")
-        settings = _json(folder / "tokenizer_config.json")
+        settings = read_json(folder / "tokenizer_config.json")
         self.tokenizer = self.backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
         if settings.get("clean_up_tokenization_spaces") and type(self.tokenizer.model).__name__ != "BPE":
             raise UnsupportedTokenizer("the tokenizer cleans up spaces when it decodes")
-        self.special = {name: _content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
+        self.special = {name: content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}
         listed = settings.get("chat_control_tokens")
         self.chat_control_tokens = [str(t) for t in listed] if isinstance(listed, list) else None
-        self.template_source = _chat_template(folder, settings)
-        self.template = compile_template(self.template_source)
+        own = chat_template(folder, settings)
+        self.template_source = own or ""
+        self.template = compile_template(own) if own else None
+        config = read_json(folder / "config.json")
         ids: set[int] = set()
-        for config in (_json(folder / "config.json"), _json(folder / "generation_config.json")):
-            ids.update(_as_ids(config.get("eos_token_id")))
+        for source in (config, read_json(folder / "generation_config.json")):
+            ids.update(as_ids(source.get("eos_token_id")))
         for token in (self.special.get("eos_token"), *END_OF_TURN_MARKERS):
             found = self.tokenizer.token_to_id(token) if token else None
             if found is not None:
                 ids.add(found)
         self.stop_ids = frozenset(ids)
+        if own is None:  # a base model: a built-in template, by its architecture and vocabulary
+            has = lambda text: self.tokenizer.token_to_id(text) is not None  # noqa: E731
+            self.use_template(*default_for(str(config.get("model_type") or ""), has))
 
-    def template_for(self, tools: list | None):
+    def own_template(self, tools: list | None):
         return self.template
 
     @property
@@ -324,55 +382,6 @@ class FolderTokenizer(ChatTokenizer):
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
-def byte_level() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, character → byte (the printable bytes as themselves, the rest from U+0100)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {chr(b): b for b in printable}, 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
-
-
 @functools.lru_cache(maxsize=16)
 def _compiled(source: str):
     return compile_template(source)
-
-
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise UnsupportedTokenizer(f"{path.name} does not parse: {exc}") from None
-    return data if isinstance(data, dict) else {}
-
-
-def _content(token) -> str:
-    return token.get("content", "") if isinstance(token, dict) else str(token)
-
-
-def _chat_template(folder: Path, settings: dict) -> str:
-    """The folder's chat template: `chat_template.jinja`, else tokenizer_config.json's (a string,
-    or a list of named templates, of which 'default')."""
-    path = folder / "chat_template.jinja"
-    if path.is_file():
-        return path.read_text(encoding="utf-8")
-    template = settings.get("chat_template")
-    if isinstance(template, list):
-        template = next(
-            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
-        )
-    if not isinstance(template, str) or not template:
-        raise ValueError("the tokenizer has no chat template")
-    return template
-
-
-def _as_ids(value) -> Iterable[int]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)

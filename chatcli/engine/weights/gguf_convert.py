@@ -36,7 +36,9 @@ FORMAT = 1
 # What a metadata folder holds was written by this version of gguf_meta and gguf_lean.direct_reason; an
 # older one is made again (its tokenizer split or its `direct` verdict may be out of date). 2: llama.cpp's
 # pre-tokenizer splits; Gemma 2 / 3 and Phi-3 read directly. 3: F16 / BF16 / F32, IQ4_NL / IQ4_XS tensors too.
-METADATA = 3
+# 4: control tokens special by gguf_meta.is_control (Gemma's <start_of_image> was written as text).
+# 5: a padding token typed UNUSED is special too (it was printed as its text, `[PAD151643]`).
+METADATA = 5
 KEY = 16  # hex digits of the identity in a folder's name
 
 
@@ -294,6 +296,7 @@ def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda 
             config.save_pretrained(out)
             GenerationConfig.from_model_config(config).save_pretrained(out)
             AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
+            gguf_meta.mark_controls(header, out)
         return {"direct": direct_reason(header), "metadata": METADATA}
     finally:
         header.close()

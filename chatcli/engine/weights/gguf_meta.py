@@ -6,12 +6,19 @@ byte-level BPE: the file's tokens and merges, its pre-tokenizer's split by `toke
 control tokens special and user-defined ones added whole, as llama.cpp matches them),
 `tokenizer_config.json` (special tokens, BOS/EOS flags) and the chat template. `save` returns False
 where it does not know the file's tokenizer (SentencePiece vocabularies, an unknown pre-tokenizer) or
-its architecture: the caller then asks transformers, whose GGUF converter covers more.
+its architecture: the caller then asks transformers, whose GGUF converter covers more, and
+`mark_controls` corrects what that wrote.
+
+Control tokens are never written as text (`is_control`: special in the tokenizer, so a reply's decode
+skips them, as llama.cpp's `token_to_piece` without `special` prints nothing for them; the token
+inspector still shows them). A file without a chat template gets none here: the tokenizer then
+renders with a built-in one (`text.templates`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from chatcli.engine.text.tokenize import byte_level
@@ -48,7 +55,29 @@ SPLITS = {
 }
 # where llama.cpp sets `ignore_merges`: a piece of the split that is itself a token is that token, merges or not
 WHOLE_WORDS = frozenset({"llama-bpe", "llama3", "llama-v3"})
-UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp's token types
+UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 2, 3, 4, 5, 6  # llama.cpp's token types
+# user-defined tokens that llama.cpp's converter types CONTROL (`does_token_look_special`), which a file
+# another tool wrote may type USER_DEFINED
+LOOKS_CONTROL = re.compile(r"<\|.*\|>|<｜.*｜>|<unused[0-9]*>|<pad>|<mask>|<2mass>|\[@BOS@\]", re.DOTALL)
+# the image and audio placeholders of multimodal vocabularies (Gemma 3's), which no text reply means:
+# llama.cpp's converter types them USER_DEFINED where the model's tokenizer_config does not call them special
+MEDIA_MARKERS = frozenset(
+    ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
+    + ("<start_of_audio>", "<end_of_audio>", "<audio_soft_token>")
+)
+
+
+def is_control(text: str, kind: int) -> bool:
+    """A token never written as text: typed CONTROL or UNKNOWN (what llama.cpp's `token_to_piece` prints
+    nothing for without `special`) or UNUSED (a vocabulary's padding: nothing even with it), a user-defined
+    one llama.cpp's converter would have typed CONTROL (`LOOKS_CONTROL`), or a media placeholder
+    (`MEDIA_MARKERS`). The other user-defined tokens are text, as llama.cpp prints them: Qwen's `<think>`
+    and `<tool_call>`, Gemma's `<table>` and `<h1>`."""
+    if kind in (UNKNOWN, CONTROL, UNUSED):
+        return True
+    if kind == BYTE:
+        return False
+    return text in MEDIA_MARKERS or (kind == USER_DEFINED and LOOKS_CONTROL.fullmatch(text) is not None)
 
 
 def hf_config(f: GGUFFile) -> dict:
@@ -98,7 +127,8 @@ def build_tokenizer(f: GGUFFile):
     alphabet = set(spelling.values())
     # control, user-defined and unknown tokens are matched in the text as they are written (llama.cpp's
     # `tokenizer_st_partition` with parse_special), never made by merges: their own text is their key
-    whole = {i for i, k in enumerate(types) if k in (UNKNOWN, CONTROL, USER_DEFINED)}
+    control = {i for i, t in enumerate(tokens) if is_control(t, types[i])}
+    whole = control | {i for i, k in enumerate(types) if k == USER_DEFINED}
     vocab = {
         (t if i in whole or set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i
         for i, t in enumerate(tokens)
@@ -113,11 +143,31 @@ def build_tokenizer(f: GGUFFile):
     )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    special = [t for i, t in enumerate(tokens) if types[i] in (UNKNOWN, CONTROL) and vocab.get(t) == i]
+    special = [t for i, t in enumerate(tokens) if i in control and vocab.get(t) == i]
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
-    user = [t for i, t in enumerate(tokens) if types[i] == USER_DEFINED and vocab.get(t) == i]
+    user = [t for i, t in enumerate(tokens) if types[i] == USER_DEFINED and i not in control and vocab.get(t) == i]
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
     return tok
+
+
+def mark_controls(f: GGUFFile, out: Path) -> None:
+    """`out`'s tokenizer.json (transformers' GGUF converter wrote it: a vocabulary `build_tokenizer` does
+    not build) with the file's `is_control` tokens special: added as such where it did not add them."""
+    path = out / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    tokens = list(f.fields.get("tokenizer.ggml.tokens", []))
+    types = list(f.fields.get("tokenizer.ggml.token_type", [])) or [1] * len(tokens)
+    added = data.setdefault("added_tokens", [])
+    listed = {entry["id"]: entry for entry in added}
+    for i, (text, kind) in enumerate(zip(tokens, types, strict=False)):
+        if not is_control(text, kind):
+            continue
+        if i in listed:
+            listed[i]["special"] = True
+        elif data.get("model", {}).get("vocab", {}).get(text) == i:  # where the converter spelled it as the file
+            entry = dict(id=i, content=text, single_word=False, lstrip=False, rstrip=False, normalized=False)
+            added.append({**entry, "special": True})
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
 def save(f: GGUFFile, out: Path) -> bool:

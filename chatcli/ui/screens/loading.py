@@ -19,9 +19,9 @@ from chatcli.ui.widgets.chat_pane import LoadingLine
 
 
 def unnamed(error: str, name: str) -> str:
-    """A load error without the model's name where it starts with it ("--model NAME: …", "could not load
-    model NAME: …", as a command-line start says them): /model NAME's line names it once."""
-    for head in (f"could not load model {name}: ", f"--model {name}: "):
+    """A load error without the model's name where it starts with it ("NAME: …", "could not load model
+    NAME: …", as the loader says them): /model NAME's line names it once."""
+    for head in (f"could not load model {name}: ", f"{name}: "):
         error = error.removeprefix(head)
     return error
 

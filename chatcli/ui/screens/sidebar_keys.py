@@ -59,7 +59,10 @@ class SidebarKeys:
 
     def on_sidebar_typed(self, message: Sidebar.Typed) -> None:
         self.prompt.focus()
-        self.prompt.insert(message.character)
+        if message.character == "\n":
+            self.prompt.action_submit()
+        else:
+            self.prompt.insert(message.character)
 
     # -- keys ------------------------------------------------------------------
 

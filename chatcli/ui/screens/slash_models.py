@@ -33,7 +33,7 @@ async def model(screen: SlashTarget, arg: str) -> None:
     if screen.busy:
         screen.note("/model: a reply is streaming; press Esc to stop it first", error=True)
         return
-    if screen.engine is not None and screen.engine.name in (name, Path(name).expanduser().name):
+    if screen.engine is not None and await asyncio.to_thread(answering, screen.engine.name, name):
         # the model answering now: a reload would only drop every conversation's cache
         screen.note(f"/model: {screen.engine.name} is the model answering now")
         return
@@ -66,7 +66,10 @@ async def models(screen: SlashTarget, _arg: str) -> None:
     # in process: what /model takes besides the model answering — the models on disk (pulled by name, the
     # embedded one as `default`), the config's default, the .gguf files here
     try:
-        on_disk = [m.name for m in await asyncio.to_thread(local_models, False)]
+        on_disk = [
+            f"[{m.name}]" if engine.name in (m.name, m.file) else m.name
+            for m in await asyncio.to_thread(local_models, False)
+        ]
     except OSError:
         on_disk = []
     config = screen.config.model
@@ -76,3 +79,15 @@ async def models(screen: SlashTarget, _arg: str) -> None:
     rows += [("config", config)] if config and config not in names else []
     rows += [(f"here ({Path.cwd()})", ", ".join(here))] if here else []
     screen.listing(rows, "/model NAME loads another: one of these, a .gguf file, a model folder or a hub id")
+
+
+def answering(engine_name: str, name: str) -> bool:
+    """`name` (as /model takes it: a file, a path, a model's name such as `default`) is the model that
+    answers now, whose name is `engine_name` (a file's name, or the name it was pulled by)."""
+    if engine_name in (name, Path(name).expanduser().name):
+        return True
+    try:
+        entry = next((m for m in local_models(False) if m.name == name), None)
+    except OSError:
+        return False
+    return entry is not None and engine_name in (entry.name, entry.file)

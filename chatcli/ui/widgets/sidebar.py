@@ -52,7 +52,7 @@ class Sidebar(Vertical):
 
     @dataclass
     class Typed(Message):
-        character: str  # typed while the list had focus: it belongs in the prompt
+        character: str  # typed while the list had focus: it belongs in the prompt ("\n": the Enter that sends it)
 
     def __init__(self) -> None:
         super().__init__()
@@ -60,6 +60,7 @@ class Sidebar(Vertical):
         self.list = OptionList(id="conversations")
         self.current: str | None = None
         self.resident: set[str] = set()
+        self._typing = False  # a character went to the prompt since the list was focused
 
     def compose(self) -> ComposeResult:
         yield Static("Conversations · Ctrl+N new", id="sidebar-title")
@@ -97,9 +98,19 @@ class Sidebar(Vertical):
             self.show_rows(self.rows, self.current, self.resident)
 
     def on_key(self, event: events.Key) -> None:
-        if event.character and event.character.isprintable() and event.key != "space":
+        """A character (a space too) goes to the prompt; so does the Enter after it, which sends what
+        was typed rather than opening the highlighted conversation (keys typed fast reach the list
+        before the prompt has the focus)."""
+        if event.key == "enter" and self._typing:
             event.stop()
+            self.post_message(self.Typed("\n"))
+        elif event.character and event.character.isprintable():
+            event.stop()
+            self._typing = True
             self.post_message(self.Typed(event.character))
+
+    def on_descendant_focus(self) -> None:
+        self._typing = False  # the list is in use again: Enter picks
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()

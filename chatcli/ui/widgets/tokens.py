@@ -2,7 +2,8 @@
 
 Prompt tokens are marked as read from the KV cache (dim) or prefilled this turn (underlined);
 reply tokens are coloured by their probability under the distribution each was drawn from
-(`Token.logprob`). Left / right (the inspector focused: click it or Tab) select a token; the
+(`Token.logprob`); a control token (the template's markers, `<start_of_image>`: never printed in a
+reply) is shown by its text, framed ⟨…⟩. Left / right (the inspector focused: click it or Tab) select a token; the
 line under the counts names its id, its probability and the most likely alternatives
 (`/top-logprobs N`, 5 by default), and the view scrolls to keep the selected token in sight (a
 long prompt comes before the reply: the reply's first token is selected, and shown, at once).
@@ -41,20 +42,27 @@ class Piece:
     kind: str  # "cached" | "prefilled" | "reply"
     logprob: float | None = None
     top: list[tuple[int, str, float]] = field(default_factory=list)
+    control: bool = False  # a control token: its text is never printed (the tokenizer skips it)
 
 
 def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=None) -> list[Piece]:
     """A turn's pieces: its prompt ids (the first `cached` read from the KV cache), then its reply's
-    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text (a
-    server's tokens have no id here: -1)."""
+    `Token`s; named by `decode` (the tokenizer's) where there is one, else by a reply token's text and
+    its alternatives' (`Token.top_texts`: a server's tokens have no id here, -1)."""
 
     def name(token_id: int, fallback: str = "") -> str:
         return decode([token_id], skip_special_tokens=False) if decode and token_id >= 0 else fallback
 
+    def control(token_id: int, text: str) -> bool:  # a text the reply's decode leaves out
+        return bool(decode and token_id >= 0 and text and not decode([token_id], skip_special_tokens=True))
+
     pieces = [Piece(t, name(t), "cached" if i < cached else "prefilled") for i, t in enumerate(prompt_ids)]
     for t in reply_tokens:
-        top = [(i, name(i), lp) for i, lp in t.top_logprobs or ()]
+        texts = t.top_texts or [""] * len(t.top_logprobs or ())
+        top = [(i, name(i, text), lp) for (i, lp), text in zip(t.top_logprobs or (), texts, strict=True)]
         pieces.append(Piece(t.token_id, name(t.token_id, t.text), "reply", t.logprob, top))
+    for piece in pieces:
+        piece.control = control(piece.token_id, piece.text)
     return pieces
 
 
@@ -159,11 +167,13 @@ class TokenInspector(Vertical, can_focus=True):
         if not self.pieces:
             return Text(self.empty, style="dim"), Text()
         counts = {k: sum(p.kind == k for p in self.pieces) for k in ("cached", "prefilled", "reply")}
-        head = Text(
+        prompt = (
             f"prompt {counts['cached'] + counts['prefilled']} tokens ({counts['cached']} cached, dim; "
-            f"{counts['prefilled']} prefilled, underlined) · reply {counts['reply']} tokens\n",
-            style="bold",
+            f"{counts['prefilled']} prefilled, underlined)"
         )
+        if all(p.token_id < 0 for p in self.pieces):  # a server's turn: it sends the reply's tokens, not the prompt's
+            prompt = "prompt tokens: the server's, not sent"
+        head = Text(f"{prompt} · reply {counts['reply']} tokens\n", style="bold")
         return Text.assemble(head, self.detail()), self.tokens_text()
 
     def tokens_text(self, upto: int | None = None) -> Text:
@@ -175,14 +185,17 @@ class TokenInspector(Vertical, can_focus=True):
                 style = shade(math.exp(piece.logprob))
             if i == self.selected:
                 style += " reverse"
-            body.append(_visible(piece.text), style=style.strip() or None)
+            shown_text = f"⟨{_visible(piece.text)}⟩" if piece.control else _visible(piece.text)
+            body.append(shown_text, style=style.strip() or None)
         return body
 
     def detail(self) -> Text:
         if self.selected is None:
             return Text("")
         piece = self.pieces[self.selected]
-        line = Text(f"#{self.selected} id {piece.token_id} {piece.text!r} ({piece.kind})", style="bold")
+        kind = f"{piece.kind}, control: never printed" if piece.control else piece.kind
+        named = f"id {piece.token_id} " if piece.token_id >= 0 else ""  # a server's token: its text only
+        line = Text(f"#{self.selected} {named}{piece.text!r} ({kind})", style="bold")
         if piece.kind == "reply" and piece.logprob is not None:
             line.append(f"  p = {math.exp(piece.logprob):.3f}")
             for _id, text, lp in piece.top:
