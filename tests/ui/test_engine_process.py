@@ -1,8 +1,8 @@
 """The TUI on its own engine, a generation process (`ProcessEngine`, as `chatcli` starts it; issue 50), over
 the tiny model: a reply is the in-process engine's, the panels show its cache, /undo crops the cache
-there, the token inspector names the turn's tokens, an /edit branch forks the cache there (Esc's
-cancel over the pipe: tests/test_process_engine.py); Esc stops a streaming reply there, and the process ends
-with its model (/model) and with the app."""
+there, the token inspector names the turn's tokens (control tokens framed), the header the chat
+template, an /edit branch forks the cache there (Esc's cancel over the pipe: tests/test_process_engine.py);
+Esc stops a streaming reply there, and the process ends with its model (/model) and with the app."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ async def test_the_tui_on_a_generation_process(app_apart, tiny_model_dir):
     async with app_apart.run_test(size=(120, 40)) as pilot:
         screen = await ready(pilot)
         assert isinstance(screen.engine, ProcessEngine)
+        assert screen.engine.template == here.template  # the header names the chat template
         await send(pilot, "Hello")
         assert screen.conversation.messages[-1].content == expected.reply
         assert screen.panels.values["context"] == f"{expected.stats.context_tokens} / {here.context_limit}"
@@ -44,6 +45,9 @@ async def test_the_tui_on_a_generation_process(app_apart, tiny_model_dir):
         assert [p.text for p in pieces if p.kind == "reply"] == [
             here.tokenizer.decode([i], skip_special_tokens=False) for i in reply_ids
         ]
+        printed = [here.tokenizer.decode([p.token_id], skip_special_tokens=True) for p in pieces]
+        assert [p.control for p in pieces] == [bool(p.text and not t) for p, t in zip(pieces, printed, strict=True)]
+        assert any(p.control for p in pieces)  # the template's markers, framed as control tokens
         await command(pilot, "/tokens")
 
         await send(pilot, "Again")

@@ -116,6 +116,7 @@ class Host:
         runner, tokenizer = engine.runner, engine.tokenizer
         return {
             "name": engine.name,
+            "template": engine.template,
             "device": engine.device,
             "weights": engine.weights,
             "runner": type(runner).__name__,
@@ -158,9 +159,9 @@ class Host:
     def call_render(self, call: int, messages: list) -> str:
         return self.engine.tokenizer.render(messages)
 
-    def call_decode_each(self, call: int, ids: list[int]) -> list[str]:
+    def call_decode_each(self, call: int, ids: list[int], skip_special_tokens: bool = False) -> list[str]:
         decode = self.engine.tokenizer.decode
-        return [decode([i], skip_special_tokens=False) for i in ids]
+        return [decode([i], skip_special_tokens=skip_special_tokens) for i in ids]
 
     def call_check_params(self, call: int, params) -> None:
         self.engine.check_params(params)

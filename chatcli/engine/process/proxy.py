@@ -70,13 +70,13 @@ class ProcessTokenizer:
     def render(self, messages: Sequence[dict]) -> str:
         return self._channel.call("render", list(messages))
 
-    def decode_each(self, ids: Sequence[int]) -> list[str]:
-        """Each id's text on its own (special tokens spelled), in one call."""
-        return self._channel.call("decode_each", list(ids))
+    def decode_each(self, ids: Sequence[int], skip_special_tokens: bool = False) -> list[str]:
+        """Each id's text on its own (special tokens spelled, or left out as a reply prints them), in one call."""
+        return self._channel.call("decode_each", list(ids), skip_special_tokens)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        if len(ids) == 1 and not skip_special_tokens:
-            return self.decode_each(ids)[0]
+        if len(ids) == 1:
+            return self.decode_each(ids, skip_special_tokens)[0]
         raise NotImplementedError("ProcessTokenizer decodes single ids")
 
 
@@ -93,6 +93,7 @@ class ProcessEngine:
     def __init__(self, process: subprocess.Popen, channel: Channel, info: dict) -> None:
         self._process, self._channel = process, channel
         self.name, self.device, self.weights = info["name"], info["device"], info["weights"]
+        self.template = info["template"]  # the chat template, as the header names it ("model's own", "raw")
         self.backend = f"generation process (pid {process.pid}, {info['runner']})"  # /backend
         self.note = info["note"]
         self.context_limit = info["context_limit"]
