@@ -125,3 +125,20 @@ async def test_the_panels_update_on_their_own_tick_without_laying_out_the_screen
         assert len(layouts) == before  # nor the screen laid out (the status bar's line is its container's size)
         await wait_for(pilot, lambda: screen.turns_done == 1)
         assert box.markdown.source == words  # the end writes it all
+
+
+async def test_a_turn_s_end_taken_in_at_the_draw_tick_ends_the_turn(monkeypatch):
+    """On a busy machine the draw tick may take the turn's `Finished` in before the wake-up that came with
+    it: the turn ends all the same (ending it stops the tick, which must not cancel the end's own work)."""
+    app = make_app(FakeEngine(script=lambda _t: "one two three"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        put = screen.inbox.put
+        monkeypatch.setattr(
+            screen.inbox, "put", lambda item, wake=False: put(item)
+        )  # never a wake-up: the tick takes all
+        await send(pilot, "count")
+        assert screen.conversation.messages[-1].content == "one two three"
+        assert "stopped" not in str(screen.pane.query(ReplyBox).last().note.render())
+        await send(pilot, "again")  # and the next turn runs
+        assert screen.turns_done == 2

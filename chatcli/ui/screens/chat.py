@@ -218,9 +218,14 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
             case Finished() as done:
                 await self._finish(done)
 
-    async def _on_tick(self) -> None:
+    def _on_tick(self) -> None:
+        # As the screen's message, not in the timer's task: the turn's end, if it came, stops this timer,
+        # and Textual's Timer.stop cancels the task that runs its callback (the end's work with it).
+        self.call_later(self._draw)
+
+    async def _draw(self) -> None:
         await self.on_events_waiting()  # the tokens that came since the last tick
-        if self._pace.due():  # drawing costs the UI more than its share: not at every tick
+        if self._tick is not None and self._pace.due():  # drawing costs more than its share: not every tick
             await self._flush()
 
     async def _flush(self) -> None:
