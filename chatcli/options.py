@@ -34,9 +34,11 @@ class StartOptions:
     mcp: list[Server] = field(default_factory=list)  # --mcp NAME: the config's [mcp.NAME] servers, their tools offered
     allow_tools: bool = False  # --allow-tools: run the calls without asking (the one-shot runs none without it)
 
-    def load_engine(self, status=None):
+    def load_engine(self, status=None, process: bool = False):
         """The engine to answer with: a remote one over `api`, else the model loaded here (slow the
-        first time: call it off the UI thread). Raises LoadError (or RemoteError) in one line."""
+        first time: call it off the UI thread), or with `process` in a generation process of its own
+        (`ProcessEngine`: the TUI's, so that drawing never slows the decode loop). Raises LoadError (or
+        RemoteError) in one line."""
         if self.api:
             from chatcli.engine import RemoteEngine
 
@@ -45,6 +47,10 @@ class StartOptions:
             # --model names the server's model; the config's `model` only goes with the config's `api`
             model = self.model or (self.config.model if self.api == self.config.api else None)
             return RemoteEngine(self.api, self.api_key, model).connect()
+        if process:
+            from chatcli.engine import ProcessEngine
+
+            return ProcessEngine.start(self.model, self.load, config_default=self.config.model, status=status)
         from chatcli.engine import load_engine
 
         return load_engine(self.model, self.load, config_default=self.config.model, status=status)

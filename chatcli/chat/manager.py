@@ -229,7 +229,8 @@ class Chats:
         self.opened[new.id] = new
         parent = self.pool.get(conv.id) if self.pool is not None else None
         if parent is not None and len(parent.cache):
-            self.pool.put(new.id, fork_session(parent, len(parent.cache)))
+            fork = getattr(self.engine, "fork_session", fork_session)  # a generation process forks its own
+            self.pool.put(new.id, fork(parent, len(parent.cache)))
         return new
 
     def family(self, conv: Conversation) -> list[Row]:

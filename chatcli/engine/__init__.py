@@ -8,6 +8,7 @@ and read the events a turn yields (`Prefilled`, `Token`, `Finished`, with `TurnS
 
 The stages live in a folder each, one layer above the next (each imports only those below it):
 
+    process/   the engine in a generation process of its own (`ProcessEngine`: the TUI's)
     load/      what to load: options, sources, the engine builder
     engine.py  the turn loop (`Engine`); remote.py, the same protocol over HTTP (`RemoteEngine`)
     runners/   the forward: native (the compiled kernel), torch lean, transformers; threads
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.library import catalogue_names, local_models, model_names, remove_model
     from chatcli.engine.load.verify import verify_model_files
+    from chatcli.engine.process.pipe import ProcessLost
+    from chatcli.engine.process.proxy import ProcessEngine
     from chatcli.engine.runners.pooling import EmbeddingError, Embeddings
     from chatcli.engine.sample.grammar import GrammarError
 
@@ -77,6 +80,8 @@ _LAZY = {  # name -> the module that defines it, imported on first use (these br
     "model_names": "chatcli.engine.load.library",
     "remove_model": "chatcli.engine.load.library",
     "verify_model_files": "chatcli.engine.load.verify",
+    "ProcessEngine": "chatcli.engine.process.proxy",  # the engine in a generation process (the TUI's)
+    "ProcessLost": "chatcli.engine.process.pipe",
     "EmbeddingError": "chatcli.engine.runners.pooling",  # Engine.embed's (serve's /v1/embeddings)
     "Embeddings": "chatcli.engine.runners.pooling",
     "GrammarError": "chatcli.engine.sample.grammar",
@@ -117,6 +122,8 @@ __all__ = [
     "LoadError",
     "LoadOptions",
     "Prefilled",
+    "ProcessEngine",
+    "ProcessLost",
     "PromptCancelled",
     "RemoteEngine",
     "RemoteError",

@@ -50,9 +50,12 @@ class ChatApp(App):
         self.shipped = themes.shipped_themes()
         super().__init__(css_path=list(self.shipped.values()))
         self.start = start
-        self.engine_factory = engine_factory or start.load_engine
+        # The model runs in a generation process of its own (`ProcessEngine`): drawing never slows its decode loop.
+        self.engine_factory = engine_factory or (lambda status=None: start.load_engine(status, process=True))
         # /model NAME: model_factory(name, status) -> engine (default: the start options with that model)
-        self.model_factory = model_factory or (lambda name, status: replace(start, model=name).load_engine(status))
+        self.model_factory = model_factory or (
+            lambda name, status: replace(start, model=name).load_engine(status, process=True)
+        )
         self.history = history
         self.remember = remember  # write /theme choices to the config file
         self.chat_theme = ""

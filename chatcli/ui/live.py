@@ -143,13 +143,14 @@ def prompt_opens_thinking(engine) -> bool:
 class DrawPace:
     """How often the streaming reply is drawn. The chat screen ticks every `fastest` seconds and draws
     when `due()`: at every tick while drawing costs the UI thread under SHARE of a core, less often (to
-    SLOWEST_S apart) while it costs more. A long reply's Markdown is re-laid out at each draw, which
-    holds the GIL: at 10 draws a second the UI thread ran about 19 % of the time, the decode loop's
-    Python waited for it, and the TUI decoded at 190 tok/s where the one-shot did 320. The cost is the
-    UI thread's CPU time a second since the last draw (`time.thread_time`: the ticks and the drawing
-    run on that thread)."""
+    SLOWEST_S apart) while it costs more. A draw lays the reply's last block out and composes the chat
+    pane again (it scrolls with the stream): 30 ms of the UI thread at 140x45 on a 2-core machine
+    (`benchmarks/tui_speed.py`). The decode loop no longer waits for it (the model runs in a generation
+    process: `chatcli.engine.ProcessEngine`), but the cores are shared, and on 2 the kernel's team wants
+    both. The cost is the UI thread's CPU time a second since the last draw (`time.thread_time`: the
+    ticks and the drawing run on that thread)."""
 
-    SHARE = 0.1  # the UI thread holds the GIL while it draws: the decode loop's Python waits meanwhile
+    SHARE = 0.1  # of a core: what drawing may take from the kernel's threads
     SLOWEST_S = 0.5
 
     def __init__(

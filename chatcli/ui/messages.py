@@ -41,6 +41,10 @@ class TurnEvent(Message):
     kv_cache_bytes: int | None
 
 
+class EventsWaiting(Message):
+    """The chat screen's `Inbox` holds turn events (`TurnEvent`s): take them all."""
+
+
 @dataclass
 class TurnFailed(Message):
     turn: int

@@ -6,10 +6,15 @@ session pool and the list of conversations, `LiveTurn` (`ui/live.py`) the number
 streaming reply, and `slash.HANDLERS` what each command does: a handler sees this screen only
 as a `SlashTarget` (`slash_target.py`), which the two screens implement between them.
 
-Turns run in a Textual thread worker that iterates `engine.generate(...)` and posts each
-event as a `TurnEvent`; the handlers only buffer text and numbers. A UI tick (10 Hz, only
-while a reply streams) writes the buffered text to the reply's Markdown stream and
-refreshes the panels, so the cost per second stays bounded whatever the token rate.
+Turns run in a Textual thread worker that iterates `engine.generate(...)` (the TUI's engine runs
+in a generation process of its own: `chatcli.engine.ProcessEngine`) and puts each event, as a
+`TurnEvent`, in the screen's `Inbox` (`ui/inbox.py`), which the screen empties at each draw tick
+(a turn's start and end wake it at once); the handlers only buffer text and numbers. While a reply
+streams, the draw tick (10 Hz; a draw at each, or fewer where drawing is dear: `DrawPace`) writes the
+buffered text to the reply's Markdown stream
+— Textual's `MarkdownStream`: the finished blocks stay as they were laid out, only the last one is
+parsed and laid out again — and a panel tick (`PANEL_S`) refreshes the panels and the sparkline, which
+touches nothing of the chat pane. So the UI's cost a second stays bounded whatever the token rate.
 """
 
 from __future__ import annotations
@@ -25,21 +30,22 @@ from chatcli.chat.saved import save_kv
 from chatcli.engine import Finished, FinishReason, Prefilled, Token, TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import drafts_text, reply_note
+from chatcli.ui.inbox import Inbox
 from chatcli.ui.live import DrawPace, LiveTurn, final_values, prompt_opens_thinking, restored_text
-from chatcli.ui.messages import CacheNotSaved, TurnEvent, TurnFailed
+from chatcli.ui.messages import CacheNotSaved, EventsWaiting, TurnEvent, TurnFailed
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.editing import Editing
-from chatcli.ui.screens.loading import EngineLoading
+from chatcli.ui.screens.loading import EngineLoading, let_go
 from chatcli.ui.screens.tool_turns import ToolTurns
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
-from chatcli.ui.widgets.tokens import NO_TURN, TEXT_ONLY, turn_pieces
+from chatcli.ui.widgets.tokens import NO_TURN, TEXT_ONLY, token_namer, turn_pieces
 
-TICK_S = 1 / 10  # UI ticks while a reply streams (a draw at each, or fewer: ui/live.py DrawPace)
-# The live panels refresh every PANEL_EVERY ticks: a number that changes 10 times a second is
-# unreadable, and on 2 cores their repaint took ~15 % of decode speed (33 -> 36 tok/s without it).
-PANEL_EVERY = 3
+TICK_S = 1 / 10  # draw ticks while a reply streams (a draw at each, or fewer: ui/live.py DrawPace)
+# The live panels refresh every PANEL_S, on a timer of their own: a number that changes 10 times a
+# second is unreadable, and their repaint is the UI's work, which a 2-core machine's decode shares.
+PANEL_S = 0.3
 
 
 class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
@@ -75,8 +81,9 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         self._tokens_of: str | None = None  # the conversation that turn was in
         self._reply_tokens: list[Token] = []  # this turn's reply tokens, for the inspector
         self._streamed: list[str] = []  # all the text of the streaming reply
-        self._tick = None
-        self._ticks = 0  # ticks of the current reply (the panels refresh every PANEL_EVERY)
+        self._tick = None  # the draw tick, while a reply streams
+        self._panel_tick = None  # the panels' tick, as long
+        self.inbox = Inbox()  # the turn's events, from its worker thread
         self._cache_warned = False
         self._turn_params = params
 
@@ -142,9 +149,9 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         self._spark_len = 0
         self.panels.reset()
         self.pane.follow()
-        self._ticks = 0
         self._pace = DrawPace(TICK_S)
         self._tick = self.set_interval(TICK_S, self._on_tick)
+        self._panel_tick = self.set_interval(PANEL_S, self._show_live)
         self.session = self.chats.session_for(self.conversation)  # a new one if the pool evicted it
         self._turn_params = self.params
         self._prompt_ids, self._reply_tokens, self._tokens_of = ([], 0), [], self.conversation.id
@@ -155,8 +162,8 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
 
     @work(thread=True, exit_on_error=False, group="turn")
     def _generate(self, engine, turn: int, messages: list, session, params, cancel: threading.Event, kv=None) -> None:
-        """Worker thread: drive the engine and post every event; never touch a widget.
-        The KV cache goes to `kv` (when given) before `Finished` is posted, so no next turn
+        """Worker thread: drive the engine and hand every event to the screen (`Inbox`); never touch a
+        widget. The KV cache goes to `kv` (when given) before `Finished` is handed on, so no next turn
         can change the cache while it is written."""
         from chatcli.engine import release_cpu_threads
 
@@ -168,7 +175,9 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
                         self.post_message(CacheNotSaved(reason))
                 here = engine.keeps_cache  # else the server holds the cache: its size is known at the end
                 cache = session.cache
-                self.post_message(TurnEvent(turn, event, len(cache) if here else None, cache.nbytes if here else None))
+                sizes = (len(cache), cache.nbytes) if here else (None, None)
+                if self.inbox.put(TurnEvent(turn, event, *sizes), wake=not isinstance(event, Token)):
+                    self.post_message(EventsWaiting())  # a turn's start and end: at once; tokens at the tick
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
             self.post_message(TurnFailed(turn, one_line(exc)))
         finally:
@@ -185,6 +194,10 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
             )
 
     # -- streaming -------------------------------------------------------------
+
+    async def on_events_waiting(self, _message: EventsWaiting | None = None) -> None:
+        for event in self.inbox.take():
+            await self.on_turn_event(event)
 
     async def on_turn_event(self, message: TurnEvent) -> None:
         if message.turn != self.turn:
@@ -205,13 +218,15 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
             case Finished() as done:
                 await self._finish(done)
 
-    async def _on_tick(self) -> None:
-        if not self._pace.due():  # drawing costs the UI more than its share: not at every tick
-            return
-        await self._flush()
-        self._ticks += 1
-        if self._tick is not None and self._ticks % PANEL_EVERY == 1:  # the turn may have finished meanwhile
-            self._show_live()
+    def _on_tick(self) -> None:
+        # As the screen's message, not in the timer's task: the turn's end, if it came, stops this timer,
+        # and Textual's Timer.stop cancels the task that runs its callback (the end's work with it).
+        self.call_later(self._draw)
+
+    async def _draw(self) -> None:
+        await self.on_events_waiting()  # the tokens that came since the last tick
+        if self._tick is not None and self._pace.due():  # drawing costs more than its share: not every tick
+            await self._flush()
 
     async def _flush(self) -> None:
         if self._buffer and self._reply is not None:
@@ -220,6 +235,8 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
             await self._reply.write(text)
 
     def _show_live(self) -> None:
+        if self._panel_tick is None:  # the turn finished meanwhile: its final figures are shown
+            return
         live = self.live
         self.panels.show(**live.values())
         if live.tokens > 1 and len(live.rates) != self._spark_len:  # a repaint only for a new point
@@ -289,7 +306,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         if self._tokens_of != self.conversation.id:
             self.tokens.show_turn([], False)
             return
-        decode = getattr(getattr(self.engine, "tokenizer", None), "decode", None)
+        decode = token_namer(getattr(self.engine, "tokenizer", None), self._prompt_ids[0], self._reply_tokens)
         pieces = turn_pieces(*self._prompt_ids, self._reply_tokens, decode)
         recorded = any(t.logprob is not None for t in self._reply_tokens)
         text_only = self.engine is not None and not self.engine.keeps_cache  # a server sent the reply as text
@@ -303,6 +320,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
     async def on_turn_failed(self, message: TurnFailed) -> None:
         if message.turn != self.turn:
             return
+        await self.on_events_waiting()  # the tokens before the fault, as they came
         self._stop_tick()
         if self._reply is not None:
             await self._reply.end_stream()
@@ -324,9 +342,10 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         self._end_turn()
 
     def _stop_tick(self) -> None:
-        if self._tick is not None:
-            self._tick.stop()
-            self._tick = None
+        for tick in (self._tick, self._panel_tick):
+            if tick is not None:
+                tick.stop()
+        self._tick = self._panel_tick = None
 
     def _end_turn(self) -> None:
         self.busy = False
@@ -364,3 +383,4 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
     def on_unmount(self) -> None:
         self.stop_all()
         self.app.close_tools()
+        let_go(self.engine, wait=True)  # the generation process ends with the app

@@ -5,10 +5,13 @@ line that says where it stands.
 A mixin of `ChatScreen`, on the screen's own state (`ConversationScreen`): the app loads in a
 thread of its own and posts `LoadStatus`, then `EngineReady` or `LoadFailed` (`ModelLoaded` for
 `/model`); these handlers put the engine to work, or say in one line why not, and nothing typed
-is lost: prompts queued while it loaded go back into the prompt.
+is lost: prompts queued while it loaded go back into the prompt. An engine that answers no more (the
+one `/model` replaced, the last at quit) is let go of: a generation process ends (`let_go`).
 """
 
 from __future__ import annotations
+
+import threading
 
 from chatcli.errors import counted, shown
 from chatcli.ui.messages import EngineReady, LoadFailed, LoadStatus, ModelLoaded
@@ -95,5 +98,18 @@ class EngineLoading:
         self._answer_with(message.engine)
         self.chats.set_model(self.conversation)
         was = f"was {old.name}" if old is not None else "the first failed to load"
+        let_go(old)  # its generation process ends, in the background
         self.note(f"now answering with {self.engine.name} ({was}); the next turn prefills")
         self._next_in_queue()
+
+
+def let_go(engine, wait: bool = False) -> None:
+    """`engine` answers no more: where it runs in a generation process (`close`), that process ends, in a
+    thread of its own unless `wait` (quitting: no process outlives the app)."""
+    close = getattr(engine, "close", None)
+    if close is None:
+        return
+    if wait:
+        close()
+    else:
+        threading.Thread(target=close, name="chatcli-let-go", daemon=True).start()

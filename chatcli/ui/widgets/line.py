@@ -27,4 +27,6 @@ class FittedLine(Static):
 
     def _fit(self) -> None:
         width = self.size.width or max(1, self.app.size.width - 2)  # not laid out yet: the terminal's
-        self.update(fit_line(self.groups, width, self.name_first))
+        # One line whose size is its container's, whatever it says: no layout of the screen (the status
+        # bar changes with the panels, 3 times a second while a reply streams, even where it is hidden).
+        self.update(fit_line(self.groups, width, self.name_first), layout=False)

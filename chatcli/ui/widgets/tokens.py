@@ -66,6 +66,23 @@ def turn_pieces(prompt_ids: list[int], cached: int, reply_tokens: list, decode=N
     return pieces
 
 
+def token_namer(tokenizer, prompt_ids: list[int], reply_tokens: list):
+    """The `decode` that `turn_pieces` names ids with: the tokenizer's, or where it names many ids in one
+    call (`decode_each`: a generation process's, each call a round trip over its pipe) a lookup in the
+    names of this turn's ids, asked for at once: spelled, and as a reply prints them (a control token's
+    is empty). None: no tokenizer (a server's turn)."""
+    decode = getattr(tokenizer, "decode", None)
+    each = getattr(tokenizer, "decode_each", None)
+    if each is None:
+        return decode
+    ids = {*prompt_ids, *(t.token_id for t in reply_tokens)}
+    ids.update(i for t in reply_tokens for i, _ in t.top_logprobs or ())
+    wanted = sorted(i for i in ids if i >= 0)
+    spelled = dict(zip(wanted, each(wanted), strict=True))
+    printed = dict(zip(wanted, each(wanted, skip_special_tokens=True), strict=True))
+    return lambda token_ids, skip_special_tokens=True: (printed if skip_special_tokens else spelled)[token_ids[0]]
+
+
 NO_TURN = "No turn in this conversation yet: send a prompt, then its tokens show here."
 TEXT_ONLY = (
     "The --api server sent this turn as text, without its tokens: the inspector shows the tokens of the "
