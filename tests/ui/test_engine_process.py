@@ -115,3 +115,32 @@ async def test_esc_stops_the_process_s_reply_and_no_process_outlives_its_model_o
         second = screen.engine._process
         assert second.poll() is None
     assert second.poll() is not None  # the app has exited: no generation process is left
+
+
+async def test_a_dead_generation_process_is_said_and_model_loads_it_again(tiny_model_dir, isolated_dirs):
+    def start(status=None):
+        return ProcessEngine.start(str(tiny_model_dir), LoadOptions(device="cpu"), status=status)
+
+    app = ChatApp(
+        StartOptions(params=GREEDY),
+        engine_factory=start,
+        model_factory=lambda _name, status: start(status),
+        history=PromptHistory(isolated_dirs / "history.jsonl"),
+        remember=False,
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.engine is not None, 300)
+        screen = app.chat_screen
+        first = screen.engine._process
+        first.kill()
+        first.wait()
+        await send(pilot, "Hello", wait=False)
+        await wait_for(pilot, lambda: screen.prompt.text == "Hello" and not screen.busy)  # the text kept
+        said = screen.pane.notes()[-1].text
+        assert "Error: the generation process ended (signal 9); /model NAME loads a model again" in said
+        screen.prompt.load_text("")
+        await command(pilot, f"/model {tiny_model_dir}")  # the same model: loaded again, not "answering now"
+        await wait_for(pilot, lambda: screen.engine._process is not first and not screen.switching)
+        await send(pilot, "Hello")
+        assert screen.conversation.messages[-1].role == "assistant" and screen.conversation.messages[-1].content
+        assert "generation process ended" not in screen.conversation.messages[-1].content

@@ -103,6 +103,11 @@ class ProcessEngine:
         self._numbers = iter(range(1, sys.maxsize))
         self._closer = weakref.finalize(self, _shut, process, channel)
 
+    @property
+    def lost(self) -> bool:
+        """The generation process has ended (a crash, a kill): every call fails; load a model again."""
+        return self._process.poll() is not None
+
     @classmethod
     def start(cls, model: str | None, load, config_default: str | None = None, status=None) -> ProcessEngine:
         """Start a generation process and load the model there (`load_engine`'s arguments); LoadError (one

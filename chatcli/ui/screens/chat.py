@@ -27,7 +27,7 @@ from textual.binding import Binding
 from chatcli.chat.attach import with_attachments
 from chatcli.chat.commands import is_command
 from chatcli.chat.saved import save_kv
-from chatcli.engine import Finished, FinishReason, Prefilled, Token, TurnStats
+from chatcli.engine import Finished, FinishReason, Prefilled, ProcessLost, Token, TurnStats
 from chatcli.errors import one_line
 from chatcli.ui.format import drafts_text, reply_note
 from chatcli.ui.inbox import Inbox
@@ -179,7 +179,8 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
                 if self.inbox.put(TurnEvent(turn, event, *sizes), wake=not isinstance(event, Token)):
                     self.post_message(EventsWaiting())  # a turn's start and end: at once; tokens at the tick
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
-            self.post_message(TurnFailed(turn, one_line(exc)))
+            again = "; /model NAME loads a model again" if isinstance(exc, ProcessLost) else ""
+            self.post_message(TurnFailed(turn, one_line(exc) + again))
         finally:
             release_cpu_threads()  # the next turn may run in another pool thread: see engine/runners/threads.py
 

@@ -33,7 +33,8 @@ async def model(screen: SlashTarget, arg: str) -> None:
     if screen.busy:
         screen.note("/model: a reply is streaming; press Esc to stop it first", error=True)
         return
-    if screen.engine is not None and await asyncio.to_thread(answering, screen.engine.name, name):
+    alive = screen.engine is not None and not getattr(screen.engine, "lost", False)  # a generation process died
+    if alive and await asyncio.to_thread(answering, screen.engine.name, name):
         # the model answering now: a reload would only drop every conversation's cache
         screen.note(f"/model: {screen.engine.name} is the model answering now")
         return
