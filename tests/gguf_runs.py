@@ -24,14 +24,14 @@ from tests.gguf_models import fake_quantized, write_gguf
 IDS = [1, 5, 17, 200, 3, 99, 42, 7, 300, 511, 2, 64]
 
 
-def direct_runner(model, types, tmp_path, limit: int = 128) -> NativeRunner:
+def direct_runner(model, types, tmp_path, limit: int = 128, kv_dtype: str = "float32") -> NativeRunner:
     """The model written as a GGUF of `types` at tmp_path/model.gguf, read directly into
-    tmp_path/gguf.safetensors, on the native runner."""
+    tmp_path/gguf.safetensors, on the native runner (its KV cache in `kv_dtype`)."""
     path = write_gguf(model, tmp_path / "model.gguf", types)
     assert direct_reason(GGUFFile(path)) is None
     lean = tmp_path / "gguf.safetensors"
     convert_gguf_lean(path, lean, limit, "test")
-    return NativeRunner(LeanWeights(lean, "gguf", "test"), threads=2)
+    return NativeRunner(LeanWeights(lean, "gguf", "test"), kv_dtype=kv_dtype, threads=2)
 
 
 @dataclass

@@ -89,5 +89,5 @@ def test_a_gemma_gguf_loads_on_its_own_blocks(kernel, tmp_path):
     assert isinstance(runner, NativeRunner) and runner.config.kind == "gguf"
     assert runner.config.family == "gemma3_text" and runner.config.sliding_rope
     (tmp_path / "again").mkdir()
-    direct = direct_runner(tiny("gemma3_text", True), Q4_K_M, tmp_path / "again")
+    direct = direct_runner(tiny("gemma3_text", True), Q4_K_M, tmp_path / "again", kv_dtype=runner.kv_dtype)
     assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
