@@ -82,19 +82,25 @@ def slow_steps(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p))
 
 
-async def test_esc_stops_the_process_s_reply_and_no_process_outlives_its_model_or_the_app(
-    tiny_model_dir, isolated_dirs, slow_steps
-):
+def switching_app(tiny_model_dir, isolated_dirs, params: SamplingParams) -> ChatApp:
+    """The app on a generation process of the tiny model; /model NAME starts another of it."""
+
     def start(status=None):
         return ProcessEngine.start(str(tiny_model_dir), LoadOptions(device="cpu"), status=status)
 
-    app = ChatApp(
-        StartOptions(params=SamplingParams(temperature=0, max_tokens=80)),
+    return ChatApp(
+        StartOptions(params=params),
         engine_factory=start,
         model_factory=lambda _name, status: start(status),
         history=PromptHistory(isolated_dirs / "history.jsonl"),
         remember=False,
     )
+
+
+async def test_esc_stops_the_process_s_reply_and_no_process_outlives_its_model_or_the_app(
+    tiny_model_dir, isolated_dirs, slow_steps
+):
+    app = switching_app(tiny_model_dir, isolated_dirs, SamplingParams(temperature=0, max_tokens=80))
     async with app.run_test(size=(120, 40)) as pilot:
         # the first load of the session may build the kernel (the session's cache dir) before it answers
         await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.engine is not None, 300)
@@ -118,16 +124,7 @@ async def test_esc_stops_the_process_s_reply_and_no_process_outlives_its_model_o
 
 
 async def test_a_dead_generation_process_is_said_and_model_loads_it_again(tiny_model_dir, isolated_dirs):
-    def start(status=None):
-        return ProcessEngine.start(str(tiny_model_dir), LoadOptions(device="cpu"), status=status)
-
-    app = ChatApp(
-        StartOptions(params=GREEDY),
-        engine_factory=start,
-        model_factory=lambda _name, status: start(status),
-        history=PromptHistory(isolated_dirs / "history.jsonl"),
-        remember=False,
-    )
+    app = switching_app(tiny_model_dir, isolated_dirs, GREEDY)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.engine is not None, 300)
         screen = app.chat_screen
