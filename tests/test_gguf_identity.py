@@ -29,7 +29,7 @@ from chatcli.engine.weights import gguf_convert
 from tests.gguf_models import write_gguf
 from tests.gguf_runs import IDS
 
-CPU = LoadOptions(device="cpu")
+CPU = LoadOptions(device="cpu", kv_dtype="float32")  # the cache `own_blocks` keeps: logits compare exactly
 MIB = 1 << 20
 DAY_AGO = 1_700_000_000  # an mtime long past: the identity index records files this old
 
