@@ -119,7 +119,7 @@ def test_a_qwen3moe_gguf_loads_on_its_own_blocks(kernel, tmp_path):
     assert isinstance(runner, NativeRunner) and runner.config.kind == "gguf" and runner.config.family == "qwen3_moe"
     assert runner.active_bytes < 0.5 * runner.weight_bytes  # two experts of eight
     (tmp_path / "again").mkdir()
-    direct = direct_runner(tiny("qwen3_moe", False, seed=1), Q4_K_M, tmp_path / "again")
+    direct = direct_runner(tiny("qwen3_moe", False, seed=1), Q4_K_M, tmp_path / "again", kv_dtype=runner.kv_dtype)
     assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
 
 
