@@ -147,3 +147,4 @@ def test_a_port_in_use_is_one_line_and_an_ipv6_host_is_bracketed_once(tmp_path):
     assert "Serving at" not in result.output and result.output.count("\n") == 1, result.output
     assert "cannot serve on 127.0.0.1" in result.output
     assert "http://[::1]:8000/v1" in serving_line("[::1]", 8000) and "http://[::1]:8000/v1" in serving_line("::1", 8000)
+    assert "Anthropic's at /v1/messages, Ollama's at /api" in serving_line("127.0.0.1", 8000)  # every API it serves

@@ -37,8 +37,8 @@ def serving_line(host: str, port: int) -> str:
     bare = host.strip().strip("[]")
     shown = f"[{bare}]" if ":" in bare else bare
     return (
-        f"Serving at http://{shown}:{port}/v1 (OpenAI-compatible; /health says loading until the model is ready; "
-        "Ctrl-C stops)"
+        f"Serving at http://{shown}:{port}/v1 (OpenAI's API; Anthropic's at /v1/messages, Ollama's at /api; "
+        "/health says loading until the model is ready; Ctrl-C stops)"
     )
 
 
