@@ -65,8 +65,9 @@ def test_a_llama_file_gets_chatml_and_a_chosen_template_replaces_it(base_files, 
         load_engine(str(base_files["llama"]), LoadOptions(chat_template="nope"))
 
 
-def test_control_tokens_are_never_printed_and_other_added_tokens_are(base_files):
-    engine = load_engine(str(base_files["llama"]))
+@pytest.mark.parametrize("runner", ["auto", "hf"])  # hf: the file dequantized by transformers' converter
+def test_control_tokens_are_never_printed_and_other_added_tokens_are(base_files, runner):
+    engine = load_engine(str(base_files["llama"]), LoadOptions(runner=runner))
     tokenizer = engine.tokenizer
     for token_id, shown in ((MEDIA, ""), (UNUSED, ""), (PAD, ""), (THINK, "<think>" * 3)):
         done = reply(engine, params=SamplingParams(temperature=0, max_tokens=3, logit_bias=((token_id, 100.0),)))

@@ -360,3 +360,11 @@ def save_converted(path: Path, out: Path, status: Callable[[str], None] = lambda
         del model.config.quantization_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    from chatcli.engine.weights import gguf_meta
+    from chatcli.engine.weights.gguf_file import GGUFFile
+
+    header = GGUFFile(path)
+    try:  # the file's control tokens special, as in its metadata folder: a reply never prints them
+        gguf_meta.mark_controls(header, out)
+    finally:
+        header.close()
