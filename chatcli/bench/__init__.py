@@ -13,7 +13,6 @@ This module imports neither torch nor transformers at the top (CLI start-up time
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
@@ -231,11 +230,8 @@ def run_bench(
     from chatcli.bench import measure
     from chatcli.bench.peers import gguf_of
     from chatcli.engine.engine import PREFILL_CHUNK, ContextOverflow
-    from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.options import LoadError, LoadOptions
 
-    if threads:
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel's team; torch's below
     options = LoadOptions(
         device=device,
         dtype=dtype,
@@ -245,10 +241,9 @@ def run_bench(
         ctx_size=ctx_size,
         chat_template=chat_template,
     )
+    engine = measure.load(model, options, threads, progress)  # the kernel's team `threads` wide; torch's below
     report = lambda text, *_a, **_k: progress(text)  # noqa: E731 - load steps as progress lines
     try:
-        progress("loading the model")
-        engine = load_engine(model, options, status=report)
         kv_name = str(getattr(engine.runner, "kv_dtype", engine.runner.dtype)).removeprefix("torch.")
         dtype_name = str(engine.runner.dtype).removeprefix("torch.")
         weights = engine.runner.weights_dtype  # what --quantize resolved to: int8 / q4 / q8, or the dtype

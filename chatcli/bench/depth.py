@@ -10,8 +10,6 @@ attention on (`peers.py`); the result names the command each peer ran. One table
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from chatcli.bench.errors import BenchError
@@ -103,17 +101,10 @@ def bench_depth(model, options, depths, peers, decode_tokens, chunk, repeat, thr
     """The `--depth` rows of `model` (LoadOptions `options`), each peer's beside them."""
     from chatcli.bench import peers as peer_runs
     from chatcli.bench.baseline import cpu_name
+    from chatcli.bench.measure import load, warm_up
     from chatcli.engine.engine import ContextOverflow
-    from chatcli.engine.load.build import load_engine
-    from chatcli.engine.load.options import LoadError
 
-    if threads:
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-    try:
-        progress("loading the model")
-        engine = load_engine(model, options, status=lambda text, *_a, **_k: progress(text))
-    except LoadError as exc:
-        raise BenchError(str(exc)) from None
+    engine = load(model, options, threads, progress)
     need = max(depths) + chunk + decode_tokens + 64
     if need > engine.context_limit:
         raise BenchError(
@@ -131,8 +122,6 @@ def bench_depth(model, options, depths, peers, decode_tokens, chunk, repeat, thr
         "rows": [],
         "peers": {},
     }
-    from chatcli.bench.measure import warm_up
-
     warm_up(engine)
     try:
         for depth in depths:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 
+from chatcli.bench.errors import BenchError
 from chatcli.bench.prompts import DECODE_PROMPT, EDIT_PROMPT, QUALITY_PROMPTS, TEXT, filler
 from chatcli.engine.engine import Engine
 from chatcli.engine.events import Finished, Token
@@ -12,6 +14,21 @@ from chatcli.engine.kv.prefix import reusable_prefix
 from chatcli.engine.sample.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, lookup=0)  # plain decode steps
+
+
+def load(model, options, threads, progress) -> Engine:
+    """The engine a bench measures (`LoadOptions` `options`), its kernel's team `threads` wide where given,
+    its load steps said as `progress` lines; a load error as a `BenchError`."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadError
+
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the kernel's team
+    try:
+        progress("loading the model")
+        return load_engine(model, options, status=lambda text, *_a, **_k: progress(text))
+    except LoadError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def run_turn(engine: Engine, messages: list[dict], session, max_tokens: int, lookup: int = 0):
