@@ -24,6 +24,7 @@ from chatcli.engine import (
     Token,
     load_engine,
 )
+from chatcli.engine.process.pipe import Channel
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 HI = [{"role": "user", "content": "What is the capital of France?"}]
@@ -158,3 +159,24 @@ def test_a_process_that_dies_fails_the_next_call_in_one_line(tiny_model_dir):
     with pytest.raises(ProcessLost):  # and every call after it
         engine.check_params(GREEDY)
     engine.close()
+
+
+class _PipeClosing:
+    """A connection whose host has just died: sends fail at once, the reader learns it a moment later."""
+
+    def send(self, message):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def recv(self):
+        time.sleep(0.2)
+        raise EOFError
+
+    def close(self):
+        pass
+
+
+def test_a_send_that_beats_the_reader_still_says_how_the_process_ended():
+    channel = Channel(_PipeClosing(), lambda: "the generation process ended (signal 9)")
+    with pytest.raises(ProcessLost) as lost:
+        channel.call("check_params", GREEDY)
+    assert str(lost.value) == "the generation process ended (signal 9)"

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 
 EVENT, DONE, ERROR, LOST = "event", "done", "error", "lost"
+READER_WAIT_S = 3.0  # a send that failed waits this long for the reader to say how the host ended
 
 
 class ProcessLost(RuntimeError):
@@ -96,11 +97,12 @@ class Channel:
                 while self._dropped:
                     self._conn.send((0, "drop", (self._dropped.pop(),)))
                 self._conn.send(message)
-        except (OSError, ValueError) as exc:  # a closed pipe: the reader says why to everyone waiting
-            if replies is not None and self.lost is not None:
-                replies.put((LOST, self.lost))
-            elif replies is not None:
-                replies.put((LOST, f"the generation process is gone ({exc})"))
+        except (OSError, ValueError) as exc:  # a closed pipe: the reader is about to learn why (EOF)
+            if replies is None:
+                return
+            if threading.current_thread() is not self._reader:
+                self._reader.join(READER_WAIT_S)  # so the line says how it ended, not "Broken pipe"
+            replies.put((LOST, self.lost or f"the generation process is gone ({exc})"))
 
     # -- the reader ----------------------------------------------------------------
 
