@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 
 import pytest
 
@@ -180,3 +184,31 @@ def test_a_send_that_beats_the_reader_still_says_how_the_process_ended():
     with pytest.raises(ProcessLost) as lost:
         channel.call("check_params", GREEDY)
     assert str(lost.value) == "the generation process ended (signal 9)"
+
+
+SLOW_HOST = """
+import sys, time
+import chatcli.engine.load.build as build
+build.load_engine = lambda *args, **kwargs: time.sleep(60)  # a load of minutes (a first conversion)
+from chatcli.engine.process.host import main
+main()
+"""
+
+
+def test_the_front_end_leaving_during_a_load_ends_the_process_at_once(tmp_path):
+    script = tmp_path / "slow_host.py"
+    script.write_text(SLOW_HOST)
+    ours, theirs = socket.socketpair()
+    process = subprocess.Popen([sys.executable, str(script), str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    conn = Connection(os.dup(ours.fileno()))
+    ours.close()
+    try:
+        conn.send((1, "load", (None, None, None)))
+        time.sleep(1.0)  # the load has begun
+        assert process.poll() is None
+        conn.close()  # the TUI quit (or died) during the load
+        assert process.wait(timeout=10) == 0
+    finally:
+        process.kill()
+        process.wait()

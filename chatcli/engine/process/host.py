@@ -12,11 +12,14 @@ main thread reads the pipe: it sets a turn's cancel event the moment `cancel` co
 stops at its next step), answers the quick calls itself (`QUICK_CALLS`: the tokenizer's, the sampling
 check), so a slash command never waits for a reply that streams, and queues the rest. A turn's
 events go out from the engine thread as they come, each with its session's cache size after it.
-The pipe closing (the front end gone, killed) ends the process.
+The pipe closing (the front end gone, killed) ends the process: at once while the model still loads (a
+user who quits during a `/model` load does not leave a process converting a file behind), else after
+the call it runs.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import queue
 import signal
@@ -38,6 +41,7 @@ class Host:
         self.sessions: dict[int, object] = {}  # the front end's session number -> Session
         self.cancels: dict[int, threading.Event] = {}  # a running turn's call number -> its cancel event
         self.work: queue.SimpleQueue = queue.SimpleQueue()
+        self.loading = False  # the engine thread is in `load`: the front end leaving then ends this process at once
         self._send_lock = threading.Lock()
 
     # -- the pipe ------------------------------------------------------------------
@@ -68,6 +72,8 @@ class Host:
                 if method == "generate":
                     self.cancels[call] = threading.Event()  # before the turn starts: a cancel may come first
                 self.work.put((call, method, args))
+        if self.loading:  # nothing to save yet, and a load can run for minutes: a cache it wrote is renamed in whole
+            os._exit(0)
         for event in list(self.cancels.values()):
             event.set()
         self.work.put(None)
@@ -112,7 +118,11 @@ class Host:
         def status(text: str, done: int | None = None, total: int | None = None) -> None:
             self.send(call, EVENT, (text, done, total))
 
-        self.engine = engine = load_engine(model, load, config_default=config_default, status=status)
+        self.loading = True
+        try:
+            self.engine = engine = load_engine(model, load, config_default=config_default, status=status)
+        finally:
+            self.loading = False
         runner, tokenizer = engine.runner, engine.tokenizer
         return {
             "name": engine.name,
