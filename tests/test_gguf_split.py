@@ -166,3 +166,12 @@ def test_from_the_command_line_the_first_part_answers_as_the_unsplit_file_and_a_
     first.with_name("tiny-00002-of-00003.gguf").unlink()
     missing = run_cli(tmp_path, "-m", str(first), "-p", "hi")
     assert missing.returncode == 1 and "part 2 (tiny-00002-of-00003.gguf) is missing" in one_error_line(missing)
+
+
+@pytest.mark.parametrize("options", [{"runner": "hf"}, {"quantize": "none"}])
+def test_a_split_model_through_transformers_is_one_line(files, tmp_path, monkeypatch, options):
+    """transformers reads one file: given the first part it would read a third of the weights."""
+    monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(LoadError, match="is split into 3 files, and only the compiled kernel reads a split model") as e:
+        load_engine(str(files[1]), LoadOptions(device="cpu", kv_dtype="float32", **options))
+    assert "\n" not in str(e.value) and not list((tmp_path / "cache" / "converted").glob("*"))  # nothing converted
