@@ -100,9 +100,18 @@ def tensor_type(types: TypeChooser | str, name: str, shape: tuple[int, ...], n_l
     return chosen
 
 
-def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, file_type: str | None = None) -> Path:
+def write_gguf(
+    model,
+    path: Path | str,
+    types: TypeChooser | str = "F32",
+    *,
+    file_type: str | None = None,
+    split_max_tensors: int = 0,
+) -> Path:
     """`model` (a transformers causal LM of `FAMILIES`) as a GGUF file at `path`, its 2-D weights of the
     types `types` chooses (a callable `(name, shape) -> type name`, or one type name for all).
+    `split_max_tensors`: split into parts of at most that many tensors, as `llama-gguf-split --split-max-tensors`
+    does (gguf's writer: `PATH_STEM-00001-of-0000N.gguf` …, the metadata in the first); the first part's path.
 
     `general.file_type` is `file_type` (a `gguf.LlamaFileType` name), else the chooser's `file_type`
     attribute (`Q4_K_M`'s, `uniform`'s), else the type that holds most of the weights."""
@@ -130,7 +139,7 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
 
     path = Path(path)
     gguf_arch = GGUF_ARCH.get(arch, arch)
-    w = gguf.GGUFWriter(str(path), gguf_arch)
+    w = gguf.GGUFWriter(str(path), gguf_arch, split_max_tensors=split_max_tensors)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name("chatcli-test")
     w.add_block_count(n_layers)
@@ -182,7 +191,7 @@ def write_gguf(model, path: Path | str, types: TypeChooser | str = "F32", *, fil
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return w.format_shard_names(path)[0]
 
 
 def rewrite_gguf(source: Path, path: Path, fields: dict | None = None, tensors: dict | None = None) -> Path:

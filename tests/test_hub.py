@@ -173,15 +173,38 @@ def test_bytes_that_do_not_match_the_hubs_hash_are_refused_and_removed(fake_hub)
     assert path.read_bytes() == data
 
 
-def test_a_split_model_is_fetched_whole_then_said_unreadable_in_one_line(fake_hub):
-    parts = {f"Big-Q4_K_M-0000{i}-of-00002.gguf": gguf_bytes(seed=i) for i in (1, 2)}
-    fake_hub.add("someone/Big-GGUF", {**parts, "Big-Q8_0.gguf": gguf_bytes(seed=3)})
-    with pytest.raises(LoadError) as caught:
-        resolve("hf.co/someone/Big-GGUF", True, lambda *_a: None)
-    message = str(caught.value)
-    assert "split into 2 files" in message and "llama-gguf-split --merge" in message and "\n" not in message
-    cached = hub.cached_files("someone/Big-GGUF")
-    assert {k: v.read_bytes() for k, v in cached.items()} == parts
+def test_a_split_model_is_pulled_whole_run_as_one_listed_once_and_removed_whole(
+    kernel, fake_hub, tmp_path, monkeypatch
+):
+    """A split model's parts were pulled, then refused: "one part of a model split into 2 files"."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from tests.gguf_models import tiny, write_gguf
+
+    monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "w").mkdir()
+    first = write_gguf(tiny("llama", True), tmp_path / "w" / "Big-Q8_0.gguf", "Q8_0", split_max_tensors=12)
+    parts = {p.name: p.read_bytes() for p in sorted(first.parent.iterdir())}
+    assert list(parts) == ["Big-Q8_0-00001-of-00002.gguf", "Big-Q8_0-00002-of-00002.gguf"]
+    fake_hub.add("someone/Big-GGUF", {**parts, "Big-Q2_K.gguf": gguf_bytes(seed=3)})
+    source = resolve("hf.co/someone/Big-GGUF:Q8_0", True, lambda *_a: None)
+    assert source.gguf.name == "Big-Q8_0-00001-of-00002.gguf" and source.name == "hf.co/someone/Big-GGUF:Q8_0"
+    assert {k: v.read_bytes() for k, v in hub.cached_files("someone/Big-GGUF").items()} == parts
+    engine = load_engine("hf.co/someone/Big-GGUF:Q8_0", LoadOptions(device="cpu", kv_dtype="float32"))
+    assert (
+        engine.name == "hf.co/someone/Big-GGUF:Q8_0"
+        and engine.runner.verify([1, 5, 17], engine.runner.new_cache()).shape[0]
+    )
+
+    (entry,) = [e for e in library.local_models() if e.repo == "someone/Big-GGUF"]  # once, every part's size
+    assert (entry.file, entry.files, entry.size) == (first.name, tuple(parts), sum(map(len, parts.values())))
+    assert entry.architecture == "llama" and entry.context == 128
+    made = [p for kind in ("gguf", "lean") for p in (tmp_path / "cache" / kind).iterdir()]
+    assert made
+    removed, folders = library.remove_model("hf.co/someone/Big-GGUF:Q8_0")
+    assert removed.files == tuple(parts) and sorted(folders) == sorted(made)
+    assert not any(p.exists() for p in made) and hub.cached_files("someone/Big-GGUF") == {}
+    assert not list((hub.repo_folder("someone/Big-GGUF") / "blobs").glob("*"))
 
 
 def test_a_gated_repo_is_one_line_naming_hf_token_then_pulls_with_it(fake_hub, monkeypatch):

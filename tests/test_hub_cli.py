@@ -75,6 +75,32 @@ def test_pull_by_name_then_run_it_offline_list_it_and_remove_it(cli, tmp_path):
     assert again.returncode == 1 and "is not on disk" in one_error_line(again)
 
 
+def test_a_split_model_pulled_by_name_answers_is_listed_once_and_removed_whole(cli, tmp_path):
+    from tests.gguf_models import tiny, write_gguf
+
+    fake = FakeHub()
+    server = serve_fake_hub(fake)
+    (tmp_path / "w").mkdir()
+    first = write_gguf(tiny("llama", True), tmp_path / "w" / "Tiny-Q8_0.gguf", "Q8_0", split_max_tensors=8)
+    parts = {p.name: p.read_bytes() for p in sorted(first.parent.iterdir())}
+    assert len(parts) == 3
+    fake.add("someone/Tiny-GGUF", parts)
+    try:
+        pulled = cli("pull", "hf.co/someone/Tiny-GGUF", endpoint=fake.url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert pulled.returncode == 0, pulled.stderr.decode()
+    answered = cli("-m", "hf.co/someone/Tiny-GGUF:Q8_0", "-p", "hi", "--max-tokens", "3", "--json")  # hub gone
+    assert answered.returncode == 0, answered.stderr.decode()
+    assert json.loads(answered.stdout)["model"] == "hf.co/someone/Tiny-GGUF:Q8_0"
+    (entry,) = [e for e in json.loads(cli("models", "--json").stdout) if e["repo"] == "someone/Tiny-GGUF"]
+    assert (entry["file"], entry["size"], entry["files"]) == (first.name, sum(map(len, parts.values())), list(parts))
+    removed = cli("rm", "hf.co/someone/Tiny-GGUF:Q8_0")
+    assert removed.returncode == 0, removed.stderr.decode()
+    assert not list((tmp_path / "hf").rglob("*.gguf")) and "Tiny-GGUF" not in cli("models").stdout.decode()
+
+
 @pytest.mark.parametrize("offline", [{"HF_HUB_OFFLINE": "1"}, {}])
 def test_offline_a_name_not_on_disk_is_one_line_at_once(cli, offline):
     began = time.monotonic()

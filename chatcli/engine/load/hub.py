@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatcli.engine.weights.gguf_parts import SPLIT
+
 DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's and ollama's default
 CATALOGUE = Path(__file__).with_name("catalogue.toml")
-SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _QUANT = re.compile(
     r"(?<![A-Za-z0-9])((?:UD-)?(?:IQ[1-4]_(?:XXS|XS|NL|S|M)|Q[2-8]_K(?:_(?:XL|L|M|S))?|Q[4-8]_[01]|TQ[12]_0|MXFP4"
     r"|BF16|F16|F32))(?![A-Za-z0-9])",

@@ -164,7 +164,8 @@ def remove_model(name: str) -> tuple[ModelEntry, list[Path]]:
     entry = find_local(name)
     repo = hub.repo_folder(entry.repo)
     files = hub.cached_files(entry.repo)
-    folders = [folder for part in entry.files if part in files for folder in made_from(files[part])]
+    first = files.get(entry.files[0])  # a split model's cache entries are named by its first part
+    folders = made_from(first) if first is not None else []
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     blobs = {os.path.realpath(files[part]) for part in entry.files if part in files}

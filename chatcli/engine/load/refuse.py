@@ -1,5 +1,5 @@
-"""A GGUF refused before anything reads it, in one line: one part of a split model, or an architecture
-chatcli does not run.
+"""A GGUF refused before anything reads it, in one line: a later part of a split model (it runs by its
+first part) or one whose parts are not all there, or an architecture chatcli does not run.
 
 Without this, a GGUF of an architecture outside the lean families (`mamba`, `rwkv6`, `gpt-oss`, …)
 went to transformers' GGUF converter, which spent from seconds to minutes before it stopped with its
@@ -67,18 +67,15 @@ def runnable_architectures() -> list[str]:
 
 
 def check_gguf(path: Path, runner: str = "auto") -> None:
-    """Raise one LoadError line where `path` cannot be run: a split model's part (any runner), or an
-    architecture outside `runnable_architectures` (but with `--runner hf`, which tries transformers)."""
-    from chatcli.engine.load.hub import SPLIT
+    """Raise one LoadError line where `path` cannot be run: a split model's later part or one with a part
+    missing (any runner), or an architecture outside `runnable_architectures` (but with `--runner hf`,
+    which tries transformers)."""
+    from chatcli.engine.weights.gguf_parts import SplitError, parts_of
 
-    split = SPLIT.search(path.name)
-    if split and int(split[2]) > 1:
-        first = path.name[: split.start()] + f"-00001-of-{split[2]}.gguf"
-        raise LoadError(
-            f"{path.name} is one part of a model split into {int(split[2])} files, and chatcli reads a model "
-            f"from one file: merge them with llama.cpp's `llama-gguf-split --merge {path.parent / first} "
-            "merged.gguf`, then run merged.gguf"
-        )
+    try:
+        parts_of(path)  # a split model: run by its first part, every part beside it
+    except SplitError as exc:
+        raise LoadError(str(exc)) from None
     why = refusal(path.name, header_architecture(path)) if runner != "hf" else None
     if why:
         raise LoadError(why)

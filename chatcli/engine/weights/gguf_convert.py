@@ -90,7 +90,7 @@ def source_gguf(folder: Path) -> Path | None:
         try:
             if path.is_file() and identity(path)[:KEY] == folder_key(folder):
                 return path
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a split model with a part gone (`gguf_parts.SplitError`)
             continue
     return None
 
@@ -290,6 +290,7 @@ def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda 
     try:
         check_header(header)  # before any config is written or weight read
         if not gguf_meta.save(header, out):
+            one_file_for_transformers(path)
             from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
             config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -300,6 +301,20 @@ def save_metadata(path: Path, out: Path, status: Callable[[str], None] = lambda 
         return {"direct": direct_reason(header), "metadata": METADATA}
     finally:
         header.close()
+
+
+def one_file_for_transformers(path: Path) -> None:
+    """transformers reads one GGUF file: a split model's first part would give it a third of the weights
+    (the rest initialized at random), so a split model is one line here (ValueError) instead."""
+    from chatcli.engine.weights.gguf_parts import parts_of
+
+    parts = parts_of(path)
+    if len(parts) > 1:
+        raise ValueError(
+            f"{path.name} is split into {len(parts)} files, and only the compiled kernel reads a split model, from "
+            "its own blocks, where transformers would read one file; to run it another way, merge the parts with "
+            f"llama.cpp's `llama-gguf-split --merge {path} merged.gguf` and run merged.gguf"
+        )
 
 
 def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m: None, save=None) -> None:
@@ -337,6 +352,7 @@ def save_converted(path: Path, out: Path, status: Callable[[str], None] = lambda
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    one_file_for_transformers(path)
     hf_logging.disable_progress_bar()  # its loading and writing bars: `status` says where it is
 
     def report(tensors, desc=""):  # stands in for transformers' tqdm bar: progress goes to `status`

@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from chatcli.engine.weights.gguf_parts import SPLIT_TENSORS, SplitError, check_part, split_parts
 
 # ggml type id -> (name, values a block, bytes a block)
 TYPES = {
@@ -56,8 +58,9 @@ class Tensor:
     name: str
     shape: tuple  # ggml's order: shape[0] values a row, shape[1] rows (a 2-D weight: inputs, outputs)
     type_name: str
-    offset: int  # from the start of the file
+    offset: int  # from the start of its file
     n_bytes: int | None  # None: a type not in TYPES
+    part: int = 0  # the file it is in: a split model's part (from 0), else 0
 
     @property
     def rows(self) -> int:
@@ -96,9 +99,11 @@ class Strings(Sequence):
 
 class GGUFFile:
     """The header of the GGUF at `path`: `fields` (key → value; arrays as lists, `Strings`, or numpy
-    arrays of numbers) and `tensors` (name → Tensor); `read` gives a tensor's raw rows."""
+    arrays of numbers) and `tensors` (name → Tensor); `read` gives a tensor's raw rows. A split model's
+    first part (`gguf_parts`) is read with its other parts as one: the first's fields, every part's
+    tensors, `size` all their bytes; `whole=False` reads the one file only."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, whole: bool = True) -> None:
         self.path = Path(path)
         self._file = open(self.path, "rb")  # noqa: SIM115 - read from while the object lives
         self._fd = self._file.fileno()
@@ -120,6 +125,36 @@ class GGUFFile:
         else:
             raise GGUFError(f"{self.path.name}: a header over 1 GiB")
         self._data = b""
+        self._parts: list[GGUFFile] = []  # a split model's other parts, open while this is
+        if whole:
+            try:
+                self._join_parts()
+            except BaseException:
+                self.close()
+                raise
+
+    def _join_parts(self) -> None:
+        """A split model's other parts opened, their headers checked against their names, their tensors
+        added (each with its part); `split.tensors.count` the tensors found in all."""
+        try:
+            paths = split_parts(self.path, self.fields)
+            for number, path in enumerate(paths, 2):
+                part = GGUFFile(path, whole=False)
+                self._parts.append(part)
+                check_part(path, part.fields, number, len(paths) + 1)
+                for name, t in part.tensors.items():
+                    if name in self.tensors:
+                        raise SplitError(f"{path.name}: tensor {name} is in an earlier part too")
+                    self.tensors[name] = replace(t, part=number - 1)
+        except SplitError as exc:
+            raise GGUFError(str(exc)) from None
+        want = self.fields.get(SPLIT_TENSORS)
+        if paths and want is not None and int(want) != len(self.tensors):
+            raise GGUFError(
+                f"{self.path.name}: its parts hold {len(self.tensors)} tensors, where its header "
+                f"({SPLIT_TENSORS}) says {int(want)}"
+            )
+        self.size += sum(part.size for part in self._parts)
 
     def _take(self, fmt: str):
         if self._at + struct.calcsize(fmt) > len(self._data):
@@ -210,12 +245,14 @@ class GGUFFile:
         """Rows r0..r1 of 2-D tensor `t`'s raw bytes (`[r1 - r0, row bytes]` uint8), read with `pread`;
         `into`: a uint8 buffer to read them into (at least that long), else a new one."""
         row = t.n_bytes // t.rows
+        fd = self._fd if t.part == 0 else self._parts[t.part - 1]._fd
         buffer = np.empty((r1 - r0) * row, np.uint8) if into is None else into[: (r1 - r0) * row]
         view, at, done = memoryview(buffer), t.offset + r0 * row, 0
         while done < len(view):
-            got = os.preadv(self._fd, [view[done:]], at + done)
+            got = os.preadv(fd, [view[done:]], at + done)
             if got <= 0:
-                raise GGUFError(f"{self.path.name}: the file ends inside {t.name} (truncated?)")
+                name = self._parts[t.part - 1].path.name if t.part else self.path.name
+                raise GGUFError(f"{name}: the file ends inside {t.name} (truncated?)")
             done += got
         return buffer.reshape(r1 - r0, row)
 
@@ -224,7 +261,9 @@ class GGUFFile:
         t = self.tensors[name]
         if t.type_name != "F32":
             raise GGUFError(f"{self.path.name}: {name} is {t.type_name}, not F32")
-        return self.read(Tensor(t.name, (t.n_bytes,), t.type_name, t.offset, t.n_bytes), 0, 1).view(np.float32)[0]
+        return self.read(replace(t, shape=(t.n_bytes,)), 0, 1).view(np.float32)[0]
 
     def close(self) -> None:
+        for part in getattr(self, "_parts", ()):
+            part.close()
         self._file.close()
