@@ -432,10 +432,14 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             },
         )
-    if family == "phi3":  # half the head rotated (as Phi-4-mini's three quarters), no window
-        config.update(partial_rotary_factor=0.5, sliding_window=None)
+    rotated = 0.5
+    if family == "phi4-mini":  # Phi-4-mini's shape: three quarters of each head rotated, tied, longrope
+        family, rotated, longrope = "phi3", 0.75, True
+        config.update(tie_word_embeddings=True)
+    if family == "phi3":  # half the head rotated, no window
+        config.update(partial_rotary_factor=rotated, sliding_window=None)
     if longrope:
-        half = config["hidden_size"] // config["num_attention_heads"] // 4  # rotated pairs
+        half = int(config["hidden_size"] // config["num_attention_heads"] * rotated) // 2  # rotated pairs
         config.update(
             max_position_embeddings=256,
             original_max_position_embeddings=64,

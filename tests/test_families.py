@@ -27,7 +27,7 @@ from tests.conftest import require_kernel
 from tests.test_lean import close, drive
 from tests.tiny import WINDOW, build_family, build_tokenizer, lean_weights
 
-FAMILIES = ["mistral", "qwen2", "qwen3", "phi3", "phi3-longrope", "gemma2", "gemma3_text"]
+FAMILIES = ["mistral", "qwen2", "qwen3", "phi3", "phi3-longrope", "phi4-mini", "gemma2", "gemma3_text"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
 
@@ -89,6 +89,7 @@ def test_each_family_takes_the_lean_path_with_its_extras(family):
         "qwen3": dict(qk_norm=True),
         "phi3": dict(sliding=(True, True)),
         "phi3-longrope": dict(positions=64),  # the original context: longrope switches factors past it
+        "phi4-mini": dict(positions=64),
         "gemma2": dict(post_norms=True, act="gelu_tanh", sliding=(True, False), attn_softcap=5.0, final_softcap=3.0),
         "gemma3_text": dict(post_norms=True, qk_norm=True, act="gelu_tanh", sliding=(True, False), sliding_rope=True),
     }[name]

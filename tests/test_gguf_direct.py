@@ -66,6 +66,15 @@ def test_a_longrope_phi3_runs_its_short_factors_up_to_its_original_context(kerne
     assert np.abs(got - want).max() < 0.04 * np.abs(want).max()
 
 
+def test_a_phi4_mini_gguf_rotates_three_quarters_of_each_head_on_its_short_factors(kernel, tmp_path):
+    """Phi-4-mini's shape: partial rotary 0.75, tied embeddings (no output.weight), LongRoPE."""
+    model = tiny("phi4-mini", True)
+    runner = direct_runner(model, Q4_K_M, tmp_path, limit=256)
+    assert runner.config.positions == 64 and "rope_factors_short.weight" in GGUFFile(tmp_path / "model.gguf").tensors
+    assert_close(computed(model, Q4_K_M, runner))
+    assert_drafts_are_single_steps(runner)
+
+
 def test_the_lean_file_is_no_larger_than_the_gguf(kernel, tmp_path):
     assert_near_the_files_size(tmp_path, Q4_K_M, {"Q4_K", "Q6_K"}, 1.05)
 

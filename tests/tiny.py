@@ -126,6 +126,17 @@ def family_config(family: str, vocab_size: int, max_positions: int = 128):
             "original_max_position_embeddings": max_positions // 2,
         }
         return t.Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=max_positions // 2)
+    if family == "phi4-mini":  # Phi-4-mini's shape: three quarters of each head rotated, tied, longrope
+        pairs = 6  # head_dim 16 x 0.75 -> 12 rotated dims
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.1 * i for i in range(pairs)],
+            "long_factor": [2.0 + 0.5 * i for i in range(pairs)],
+            "original_max_position_embeddings": max_positions // 2,
+        }
+        return t.Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=max_positions // 2)
     if family == "gemma2":  # alternating windows, soft-capped scores and logits, its own query scale
         return t.Gemma2Config(
             **common,
