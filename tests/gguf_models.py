@@ -4,7 +4,10 @@
 biases if the model has them), "qwen2" (q/k/v biases), "qwen3" (q/k norms), "gemma2" and
 "gemma3_text" (GGUF's `gemma3`: its norms written as 1 + w, as llama.cpp's converter writes
 Gemma's, the sandwich norms as `post_attention_norm` / `post_ffw_norm`, the soft-capping and the
-sliding window as metadata, Gemma 3's sliding base as `rope.freq_base_swa`) and "phi3" (its fused
+sliding window as metadata, Gemma 3's sliding base as `rope.freq_base_swa`), "smollm3" and "granite" (llama's
+q/k permutation; Granite's multipliers as `embedding_scale`, `residual_scale`, `attention.scale` and
+`logit_scale`), "olmo2" (no attn_norm / ffn_norm, its output norms as `post_attention_norm` / `post_ffw_norm`,
+its q/k norms over all of q and of k) and "phi3" (its fused
 `attn_qkv` and `ffn_up`, `rope.dimension_count` its rotated dims; LongRoPE's factors as
 `rope_factors_short` / `_long` with `rope.scaling.attn_factor`, as llama.cpp's converter writes them). Like
 convert_hf_to_gguf.py it writes the architecture's metadata keys (`{arch}.context_length`, ...;
@@ -41,7 +44,9 @@ import torch
 from chatcli.bench.gguf_blocks import use_more_bits
 from tests import kquants
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral", "smollm3", "granite")
+FAMILIES += ("olmo2",)
+LLAMA_LIKE = ("llama", "mixtral", "smollm3", "granite")  # llama.cpp's converter permutes q/k (NORM rope)
 # transformers' model_type -> GGUF's architecture, where they differ (Mixtral is a llama with experts)
 GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
 MOE = ("qwen3_moe", "mixtral")
@@ -158,9 +163,14 @@ def write_gguf(
     if "head_dim" in config.to_dict():
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if gguf_arch == "llama":
+    if gguf_arch in LLAMA_LIKE:
         w.add_vocab_size(vocab)
         w.add_rope_dimension_count(hd)
+    if arch == "granite":  # as llama.cpp's converter writes Granite's multipliers
+        w.add_embedding_scale(config.embedding_multiplier)
+        w.add_residual_scale(config.residual_multiplier)
+        w.add_attention_scale(config.attention_multiplier)
+        w.add_logit_scale(config.logits_scaling)
     if arch.startswith("gemma"):
         w.add_sliding_window(config.sliding_window)
     if arch == "gemma2":
@@ -329,7 +339,7 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
         return np.ascontiguousarray(tensor.detach().float().cpu().numpy(), dtype=np.float32)
 
     def permuted(tensor, n_heads: int) -> np.ndarray:
-        if arch not in ("llama", "mixtral"):  # NEOX rope: transformers' own pairing
+        if arch not in LLAMA_LIKE:  # NEOX rope: transformers' own pairing
             return f32(tensor)
         return f32(tensor[head_rows(tensor.shape[0], n_heads)])  # LlamaModel.permute's row order
 
@@ -342,7 +352,8 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
     yield "token_embd.weight", f32(inner.embed_tokens.weight)
     for i, block in enumerate(inner.layers):
         a, m = block.self_attn, block.mlp
-        yield f"blk.{i}.attn_norm.weight", norm(block.input_layernorm)
+        if hasattr(block, "input_layernorm"):  # OLMo 2: no norm before a block
+            yield f"blk.{i}.attn_norm.weight", norm(block.input_layernorm)
         if hasattr(a, "qkv_proj"):  # Phi-3's fused q/k/v
             yield f"blk.{i}.attn_qkv.weight", f32(a.qkv_proj.weight)
         for short, proj, n_heads in (("q", "q_proj", heads), ("k", "k_proj", kv_heads), ("v", "v_proj", None)):
@@ -359,7 +370,10 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
         yield f"blk.{i}.attn_output.weight", f32(a.o_proj.weight)
         if a.o_proj.bias is not None:
             yield f"blk.{i}.attn_output.bias", f32(a.o_proj.bias)
-        if gemma:
+        if arch == "olmo2":  # its norms on the blocks' outputs alone
+            yield f"blk.{i}.post_attention_norm.weight", norm(block.post_attention_layernorm)
+            yield f"blk.{i}.post_ffw_norm.weight", norm(block.post_feedforward_layernorm)
+        elif gemma:
             yield f"blk.{i}.post_attention_norm.weight", norm(block.post_attention_layernorm)
             yield f"blk.{i}.ffn_norm.weight", norm(block.pre_feedforward_layernorm)
             yield f"blk.{i}.post_ffw_norm.weight", norm(block.post_feedforward_layernorm)
@@ -441,10 +455,20 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             },
         )
-    if family == "phi3":  # half the head rotated (as Phi-4-mini's three quarters), no window
-        config.update(partial_rotary_factor=0.5, sliding_window=None)
+    rotated = 0.5
+    if family == "phi4-mini":  # Phi-4-mini's shape: three quarters of each head rotated, tied, longrope
+        family, rotated, longrope = "phi3", 0.75, True
+        config.update(tie_word_embeddings=True)
+    if family == "phi3":  # half the head rotated, no window
+        config.update(partial_rotary_factor=rotated, sliding_window=None)
+    if family == "smollm3":  # four layers: llama.cpp's fixed step leaves the fourth unrotated
+        config.update(num_hidden_layers=4)
+    if family == "granite":  # multipliers none of which is 1 (Granite 3.x's are 12, 1/128, 0.22, 8)
+        config.update(embedding_multiplier=3.0, attention_multiplier=0.05, residual_multiplier=0.4, logits_scaling=2.5)
+    if family == "olmo2":  # llama.cpp's olmo2 wants its output.weight
+        config.update(tie_word_embeddings=False)
     if longrope:
-        half = config["hidden_size"] // config["num_attention_heads"] // 4  # rotated pairs
+        half = int(config["hidden_size"] // config["num_attention_heads"] * rotated) // 2  # rotated pairs
         config.update(
             max_position_embeddings=256,
             original_max_position_embeddings=64,
@@ -472,15 +496,19 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
         "gemma2": t.Gemma2Config,
         "gemma3_text": t.Gemma3TextConfig,
         "phi3": t.Phi3Config,
+        "smollm3": t.SmolLM3Config,
+        "granite": t.GraniteConfig,
+        "olmo2": t.Olmo2Config,
     }[family]
     torch.manual_seed(seed)
     model = t.AutoModelForCausalLM.from_config(kind(**config), attn_implementation="eager")
+    qk = 3.0 if family == "smollm3" else 0.5  # SmolLM3: sharp enough that a layer's rope (or none) counts
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("mlp.gate.weight"):  # the router: random whatever its init (ties choose at random),
                 p.copy_(2.0 / math.sqrt(p.shape[1]) * torch.randn_like(p))  # its logits ~2 (a real router's size)
             elif p.dim() > 1:
-                p.mul_(0.5 if any(f"{x}_proj" in name for x in ("q", "k")) else 4.0)
+                p.mul_(qk if any(f"{x}_proj" in name for x in ("q", "k")) else 4.0)
             elif "norm" in name:  # Gemma's norms multiply by 1 + w
                 p.copy_((0.0 if gemma else 1.0) + 0.3 * torch.randn_like(p))
             else:  # biases

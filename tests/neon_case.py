@@ -95,14 +95,14 @@ def write_case(runner, path: Path, script: Script, kv_dtype: str, threads: tuple
     file = runner.weights.file
     w = _Words(file.base, file.size)
     m = runner._model
-    w.add(MAGIC, 2, m.n_layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn, m.vocab)
+    w.add(MAGIC, 3, m.n_layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn, m.vocab)
     w.add(_float(m.eps), _float(m.attn_scale), _float(m.attn_softcap), m.act)
     w.pointer(m.embed)
     for i in range(m.n_layers):
         layer = m.layers[i]
         for name in ("qkv", "out", "gate_up", "down"):
             w.matrix(getattr(layer, name))
-        if script.flat_rope:
+        if script.flat_rope and layer.rope:  # (a layer without rope keeps none)
             w.add(-2)
         else:
             w.pointer(layer.rope)
@@ -118,6 +118,7 @@ def write_case(runner, path: Path, script: Script, kv_dtype: str, threads: tuple
     if m.embed_rows:
         w.matrix(m.embed_rows.contents)
     w.add(_float(m.embed_scale), m.experts, m.experts_used, m.expert_ffn, m.norm_topk)
+    w.add(m.pre_norm, m.qk_norm_whole, _float(m.residual_scale))
     capacity = -(-runner.context_limit // 16) * 16
     w.add(CACHE_BF16 if kv_dtype == "bfloat16" else CACHE_F32, capacity, *threads)
     for ids in (script.prompt, script.draft, script.other):
@@ -137,6 +138,8 @@ def run(binary: Path, case: Path, runner, script: Script, out: Path, timeout: fl
     if runner.final_softcap:
         cap = np.float32(runner.final_softcap)
         np.multiply(np.tanh(rows / cap), cap, out=rows)
+    if runner.logits_scaling != 1.0:  # Granite's, as the runner divides
+        np.divide(rows, np.float32(runner.logits_scaling), out=rows)
     n, d = len(script.prompt) + len(script.draft), len(script.draft)
     return np.split(rows, np.cumsum([n, 1, d]))
 
@@ -209,7 +212,7 @@ def project_neon(binary: Path, folder: Path, p: Projection, x: np.ndarray, threa
         offsets[field] = len(blob)
         blob += np.ascontiguousarray(array).tobytes()
         blob += bytes(-len(blob) % 64)
-    words = [int.from_bytes(b"CHATPROJ", "little"), 2, p.kind, p.n, p.k, p.kp]
+    words = [int.from_bytes(b"CHATPROJ", "little"), 3, p.kind, p.n, p.k, p.kp]
     words += [offsets.get(f, -1) for f in FIELDS] + [0, len(x), threads]
     words += np.ascontiguousarray(x, np.float32).view(np.uint32).ravel().tolist()
     case, data, out = folder / "project.bin", folder / "blob.bin", folder / "y.bin"

@@ -2,7 +2,8 @@
 
 For each family (chatcli.engine.weights.families) a tiny random model built from its config with each of
 the family's extras switched on (tests.tiny.family_config: q/k/v biases, q/k norms, windows shorter
-than the sequences, partial rotary, longrope, soft-capping, sandwich norms, a second rope base):
+than the sequences, partial rotary, longrope, soft-capping, sandwich norms, a second rope base, layers
+without rope, Granite's multipliers, OLMo 2's output norms and whole-q/k norms):
 the torch lean runner and the kernel give transformers' logits within float rounding over random
 prefills, decode steps and crops, drafts included; the kernel's int8 tracks its fp32; the engine's
 greedy replies over a conversation with an edit are transformers'.
@@ -27,7 +28,8 @@ from tests.conftest import require_kernel
 from tests.test_lean import close, drive
 from tests.tiny import WINDOW, build_family, build_tokenizer, lean_weights
 
-FAMILIES = ["mistral", "qwen2", "qwen3", "phi3", "phi3-longrope", "gemma2", "gemma3_text"]
+FAMILIES = ["mistral", "qwen2", "qwen3", "phi3", "phi3-longrope", "phi4-mini", "gemma2", "gemma3_text", "smollm3"]
+FAMILIES += ["granite", "olmo2"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
 
@@ -89,6 +91,10 @@ def test_each_family_takes_the_lean_path_with_its_extras(family):
         "qwen3": dict(qk_norm=True),
         "phi3": dict(sliding=(True, True)),
         "phi3-longrope": dict(positions=64),  # the original context: longrope switches factors past it
+        "phi4-mini": dict(positions=64),
+        "smollm3": dict(nope=(False, False, False, True)),
+        "granite": dict(residual_scale=0.4, logits_scaling=2.5, attn_scale=0.1),
+        "olmo2": dict(pre_norms=False, post_norms=True, qk_norm=True, qk_norm_whole=True),
         "gemma2": dict(post_norms=True, act="gelu_tanh", sliding=(True, False), attn_softcap=5.0, final_softcap=3.0),
         "gemma3_text": dict(post_norms=True, qk_norm=True, act="gelu_tanh", sliding=(True, False), sliding_rope=True),
     }[name]
@@ -110,8 +116,12 @@ def test_each_extra_counts(family, tokenizer):
     """The comparison can fail: with the windows off, or a family's vectors zeroed, the logits move."""
     name, _, files, ref = family
     ours = LeanRunner(files["float32-dense"])
-    changed = False
+    changed = ours.residual_scale != 1.0 or not ours.pre_norms
+    ours.residual_scale, ours.pre_norms = 1.0, True  # Granite's, OLMo 2's
+    rotated = next(layer.rope for layer in ours.layers if layer.rope is not None)
     for layer in ours.layers:
+        if layer.rope is None:  # SmolLM3's unrotated layers
+            layer.rope, changed = rotated, True
         if layer.window:
             layer.window, changed = 0, True
         for vector in ("qkv_bias", "q_norm", "post_ffn_norm"):

@@ -2,7 +2,8 @@
 
 Tiny random models of each family read directly (llama tied and untied, qwen2 with biases, qwen3
 with q/k norms, Gemma 2 with soft-capping and a sliding layer, Gemma 3 with five sliding layers on
-their own rope base, Phi-3 with fused tensors and half its heads rotated, and with LongRoPE) are
+their own rope base, Phi-3 with fused tensors and half its heads rotated, and with LongRoPE, Phi-4-mini's
+shape, SmolLM3 with an unrotated layer, Granite with its multipliers, OLMo 2 with its output norms) are
 written as GGUF files in K-quant mixes and single types; the native runner over the file's own
 blocks must give the logits of transformers over the same weights (each put through its type's
 quantization: `gguf_models.fake_quantized`) within the int8 activations' rounding, over a prefill,
@@ -36,6 +37,9 @@ CASES = [
     ("gemma2", True, Q4_K_M),
     ("gemma3_text", True, Q4_K_M),
     ("phi3", False, Q4_K_M),
+    ("smollm3", True, Q4_K_M),
+    ("granite", True, Q4_K_M),
+    ("olmo2", False, Q4_K_M),
     ("llama", False, uniform("Q5_K")),
     ("llama", True, uniform("Q6_K")),
     ("qwen2", True, uniform("Q8_0")),
@@ -50,7 +54,7 @@ def test_a_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family,
     assert_close(computed(model, types, direct_runner(model, types, tmp_path)))
 
 
-@pytest.mark.parametrize(("family", "tied", "types"), CASES[:7], ids=lambda c: getattr(c, "__name__", str(c)))
+@pytest.mark.parametrize(("family", "tied", "types"), CASES[:10], ids=lambda c: getattr(c, "__name__", str(c)))
 def test_a_draft_gives_the_bits_of_single_steps(kernel, tmp_path, family, tied, types):
     assert_drafts_are_single_steps(direct_runner(tiny(family, tied), types, tmp_path))
 
@@ -64,6 +68,15 @@ def test_a_longrope_phi3_runs_its_short_factors_up_to_its_original_context(kerne
         want = model(torch.tensor([IDS])).logits[0].numpy()
     got = runner.verify(IDS, runner.new_cache())
     assert np.abs(got - want).max() < 0.04 * np.abs(want).max()
+
+
+def test_a_phi4_mini_gguf_rotates_three_quarters_of_each_head_on_its_short_factors(kernel, tmp_path):
+    """Phi-4-mini's shape: partial rotary 0.75, tied embeddings (no output.weight), LongRoPE."""
+    model = tiny("phi4-mini", True)
+    runner = direct_runner(model, Q4_K_M, tmp_path, limit=256)
+    assert runner.config.positions == 64 and "rope_factors_short.weight" in GGUFFile(tmp_path / "model.gguf").tensors
+    assert_close(computed(model, Q4_K_M, runner))
+    assert_drafts_are_single_steps(runner)
 
 
 def test_the_lean_file_is_no_larger_than_the_gguf(kernel, tmp_path):
@@ -90,4 +103,28 @@ def test_a_gemma_gguf_loads_on_its_own_blocks(kernel, tmp_path):
     assert runner.config.family == "gemma3_text" and runner.config.sliding_rope
     (tmp_path / "again").mkdir()
     direct = direct_runner(tiny("gemma3_text", True), Q4_K_M, tmp_path / "again", kv_dtype=runner.kv_dtype)
+    assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
+
+
+@pytest.mark.parametrize("family", ["smollm3", "granite", "olmo2"])
+def test_the_newest_dense_families_load_from_a_gguf_on_its_own_blocks(kernel, tmp_path, family):
+    """The whole load of SmolLM3, Granite and OLMo 2 files: the config written from the metadata passes the lean
+    families' check (SmolLM3's unrotated layers and Granite's multipliers in it) and the engine's logits are the
+    direct runner's."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from chatcli.engine.weights.gguf_meta import hf_config
+
+    tied = family != "olmo2"
+    path = write_gguf(tiny(family, tied), tmp_path / f"{family}.gguf", Q4_K_M)
+    config = hf_config(GGUFFile(path))
+    assert config["model_type"] == family
+    if family == "smollm3":
+        assert config["no_rope_layers"] == [1, 1, 1, 0]
+    if family == "granite":
+        assert (config["embedding_multiplier"], config["logits_scaling"]) == (3.0, 2.5)
+    runner = load_engine(str(path), LoadOptions(device="cpu")).runner
+    assert isinstance(runner, NativeRunner) and runner.config.kind == "gguf" and runner.config.family == family
+    (tmp_path / "again").mkdir()
+    direct = direct_runner(tiny(family, tied), Q4_K_M, tmp_path / "again", kv_dtype=runner.kv_dtype)
     assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))

@@ -7,11 +7,12 @@ missing (`.ci/run` installs both).
 Each case is a lean file of one or more weight kinds: fp32 panels, int8, q4 and q8 (a Llama's), and GGUF
 files read directly in mixes that hold every block type the kernel runs (Q2_K..Q6_K; F16, BF16, F32;
 IQ4_NL, IQ4_XS; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on families with biases, q/k norms, soft-capping, GeGLU,
-sandwich norms and a sliding window, caches in fp32 and bf16. On each, the NEON build keeps the exactness
-contract on its own (a prefill's last row, a draft's rows and a sequence batched beside another are the
-bits of single steps); with every rope table the identity it gives the AVX2 build's bits, row for row (the
-same integer dots and the same fp32 operations in the same order: simd_neon.h), and with the real rope
-it is within rounding of them (x86's compiler fuses rope's products: see neon_case.flat_rope). The fp32
+sandwich norms, a sliding window, a layer without rope, Granite's multipliers and OLMo 2's norms, caches in
+fp32 and bf16. On each, the NEON build keeps the exactness contract on its own (a prefill's last row, a
+draft's rows and a sequence batched beside another are the bits of single steps); with every rope table the
+identity (a layer without rope keeps none) it gives the AVX2 build's bits, row for row (the same integer dots
+and the same fp32 operations in the same order: simd_neon.h), and with the real rope it is within rounding of
+them (x86's compiler fuses rope's products: see neon_case.flat_rope). The fp32
 case also tracks the torch path. Each kind's projection alone (chatcli_project, random blocks, a partial
 last vector, activations at their extremes) gives the AVX2 build's bits too. ~30 s on two cores.
 """
@@ -80,6 +81,9 @@ CASES = [
     ("qwen3-floats-iq4", ("qwen3", False, FLOATS_IQ4), "bfloat16"),
     ("gemma2-legacy", ("gemma2", True, LEGACY), "float32"),
     ("qwen3moe-q4km", ("qwen3_moe", False, Q4_K_M), "float32"),  # a mixture of experts (kernels/moe.h)
+    ("smollm3-q4km", ("smollm3", True, Q4_K_M), "float32"),  # a layer without rope
+    ("granite-legacy", ("granite", True, LEGACY), "bfloat16"),  # its multipliers
+    ("olmo2-kquants", ("olmo2", False, K_QUANTS), "float32"),  # norms on the outputs alone, q/k norms of all q, k
 ]
 
 

@@ -24,7 +24,19 @@ from chatcli.engine.weights.lean_stream import Checkpoint, convert_streamed
 from chatcli.engine.weights.tensorfile import MappedTensors
 from tests.tiny import build_family, build_tokenizer
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "phi3-longrope", "gemma2", "gemma3_text"]
+FAMILIES = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "phi3-longrope",
+    "gemma2",
+    "gemma3_text",
+    "smollm3",
+    "granite",
+]
+FAMILIES += ["olmo2"]
 KINDS = ["float32-panels", "q4", "q8", "float32-dense", "bfloat16-dense", "float16-dense"]
 
 

@@ -126,6 +126,25 @@ def family_config(family: str, vocab_size: int, max_positions: int = 128):
             "original_max_position_embeddings": max_positions // 2,
         }
         return t.Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=max_positions // 2)
+    if family == "phi4-mini":  # Phi-4-mini's shape: three quarters of each head rotated, tied, longrope
+        pairs = 6  # head_dim 16 x 0.75 -> 12 rotated dims
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.1 * i for i in range(pairs)],
+            "long_factor": [2.0 + 0.5 * i for i in range(pairs)],
+            "original_max_position_embeddings": max_positions // 2,
+        }
+        return t.Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=max_positions // 2)
+    if family == "smollm3":  # four layers: the fourth rotates nothing (no_rope_layer_interval 4)
+        return t.SmolLM3Config(**{**common, "num_hidden_layers": 4})
+    if family == "granite":  # its four multipliers, none of them 1 (Granite 3.x's are 12, 1/128, 0.22, 8)
+        return t.GraniteConfig(
+            **common, embedding_multiplier=3.0, attention_multiplier=0.1, residual_multiplier=0.4, logits_scaling=2.5
+        )
+    if family == "olmo2":  # norms on the blocks' outputs, q/k norms over all of q and k; untied, as OLMo 2 is
+        return t.Olmo2Config(**{**common, "tie_word_embeddings": False})
     if family == "gemma2":  # alternating windows, soft-capped scores and logits, its own query scale
         return t.Gemma2Config(
             **common,
@@ -155,10 +174,11 @@ def build_family(family: str, vocab_size: int, max_positions: int = 128, seed: i
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(family_config(family, vocab_size, max_positions))
+    qk = 6.0 if family == "smollm3" else 0.5  # SmolLM3: sharp enough that a layer's rope (or none) counts
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() > 1:
-                p.mul_(0.5 if any(f"{x}_proj" in name for x in ("q", "k", "qkv")) else 4.0)
+                p.mul_(qk if any(f"{x}_proj" in name for x in ("q", "k", "qkv")) else 4.0)
             elif "norm" in name:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p) if "gemma" not in family else 0.3 * torch.randn_like(p))
             else:  # biases

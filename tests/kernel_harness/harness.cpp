@@ -7,8 +7,8 @@
 //
 // CASE: little-endian int64 words: "CHATNEON", the version, then the model (Model's fields in order, each
 // Matrix's with its parts, each Layer's; a float as its bits, a pointer as an offset into LEAN or -1 for
-// null; a layer's rope -2: the identity, cos 1 and sin 0 at every position; after a layer's vectors 0, or the
-// count of its router and experts' matrices and those), then the script's numbers:
+// null; a layer's rope -2: the identity, cos 1 and sin 0 at every position, -1: none; after a layer's vectors 0,
+// or the count of its router and experts' matrices and those), then the script's numbers:
 // cache kind, capacity, the threads of single steps and of the rest, and three id lists (a count, the
 // ids): the prompt P, the draft D, another prompt O.
 // OUT: float32 rows of V logits, in order:
@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
   in.blob_size = static_cast<int64_t>(lean_size);
 
   const int64_t magic = in.next();
-  if (in.next() != 2) fail("a case file of another version");
+  if (in.next() != 3) fail("a case file of another version");
   if (magic == 0x4a4f525054414843LL) return project(in, argv[3]);  // "CHATPROJ"
   if (magic != 0x4e4f454e54414843LL) fail("not a case file");      // "CHATNEON"
   Model m{};
@@ -186,16 +186,19 @@ int main(int argc, char** argv) {
   m.embed = in.pointer<const float>();
   std::vector<Layer> layers;
   std::deque<std::vector<Matrix>> mixtures;  // each mixture of experts' router, then its experts (moe.h)
+  std::vector<bool> flat(static_cast<size_t>(m.n_layers), false);  // the layers whose rope is the identity
   for (int64_t l = 0; l < m.n_layers; l++) {
     Layer layer{};
     layer.qkv = in.matrix();
     layer.out = in.matrix();
     layer.gate_up = in.matrix();
     layer.down = in.matrix();
-    if (in.peek() == -2)  // the identity (set below, once the capacity is read)
+    if (in.peek() == -2) {  // the identity (set below, once the capacity is read)
       in.next();
-    else
-      layer.rope = in.pointer<const float>();
+      flat[static_cast<size_t>(l)] = true;
+    } else {
+      layer.rope = in.pointer<const float>();  // null: a layer that rotates nothing
+    }
     layer.window = in.next();
     layer.qkv_bias = in.pointer<const float>();
     layer.q_norm = in.pointer<const float>();
@@ -223,6 +226,9 @@ int main(int argc, char** argv) {
   m.experts_used = in.next();
   m.expert_ffn = in.next();
   m.norm_topk = static_cast<int32_t>(in.next());
+  m.pre_norm = static_cast<int32_t>(in.next());
+  m.qk_norm_whole = static_cast<int32_t>(in.next());
+  m.residual_scale = in.real();
   const int32_t kind = static_cast<int32_t>(in.next());
   const int64_t capacity = in.next();
   const int32_t step_threads = static_cast<int32_t>(in.next()), threads = static_cast<int32_t>(in.next());
@@ -230,8 +236,8 @@ int main(int argc, char** argv) {
   if (in.at != in.words.size()) fail("words left over in the case");
   std::vector<float> identity(static_cast<size_t>(capacity * m.head_dim));
   for (size_t i = 0; i < identity.size(); i += 2) identity[i] = 1.f;  // cos 1, sin 0 at every position
-  for (Layer& layer : layers)
-    if (!layer.rope) layer.rope = identity.data();
+  for (size_t l = 0; l < layers.size(); l++)
+    if (flat[l]) layers[l].rope = identity.data();
 
   const int64_t V = m.vocab, P = static_cast<int64_t>(prompt.size()), D = static_cast<int64_t>(draft.size());
   const int64_t O = static_cast<int64_t>(other.size());

@@ -1,5 +1,5 @@
-"""The lean forward for the lean families (`families`: Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3)
-on torch: the same weights, less machinery.
+"""The lean forward for the lean families (`families`: Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3, SmolLM3,
+Granite, OLMo 2) on torch: the same weights, less machinery.
 
 transformers' forward is general. On two CPU cores its per-step overhead (module
 calls, cache bookkeeping, mask building, unfused projections) was about a quarter of
@@ -17,9 +17,9 @@ norm-folded, rope-ordered, memory-mapped; torch views of the mapping, no copies 
 - for `--quantize int8`, int8 projections in decode steps only (`Projection.decode`, torch's
   fbgemm kernels over the int8 lean file's weights); prefill keeps the dense weights.
 
-A family's extras (`LeanConfig`: q/k/v biases, q/k norms, sliding windows, a second rope table,
-sandwich norms, GeGLU, soft-capped scores and logits) are a few more ops where the model has
-them and none where it has not.
+A family's extras (`LeanConfig`: q/k/v biases, q/k norms, sliding windows, a second rope table or none,
+sandwich norms or norms on the outputs alone, GeGLU, soft-capped scores and logits, residual and logit
+scales) are a few more ops where the model has them and none where it has not.
 
 This is the path where the compiled kernel cannot run (no AVX2, no compiler, a GPU,
 bf16 weights); where it can, `native.NativeRunner` runs the same lean tensors without torch.
@@ -88,7 +88,7 @@ class LeanLayer:
     out: Projection  # [S, H hd] -> [S, D]
     gate_up: Projection  # [S, D] -> [S, 2 F]; post-attention norm folded in
     down: Projection  # [S, F] -> [S, D]
-    rope: torch.Tensor | None = None  # [T, 1, hd/2] complex: this layer's table
+    rope: torch.Tensor | None = None  # [T, 1, hd/2] complex: this layer's table (None: not rotated, SmolLM3)
     window: int = 0  # positions attended at most (0: all)
     qkv_bias: torch.Tensor | None = None  # [(H + 2 KV) hd]
     q_norm: torch.Tensor | None = None  # [hd]
@@ -122,9 +122,8 @@ class LeanRunner(ModelRunner):
         tensor = lambda name: mapped(weights, name, device)  # noqa: E731
         self.embed = tensor("embed")  # [V, D] fp32
         decode = _int8_projections(int8) if int8 is not None else {}
-        ropes = {
-            name: torch.view_as_complex(tensor(name))[:, None, :] for name in {c.rope_name(i) for i in range(c.layers)}
-        }
+        names = {c.rope_name(i) for i in range(c.layers)} - {None}  # None: a layer that rotates nothing (SmolLM3)
+        ropes = {None: None, **{name: torch.view_as_complex(tensor(name))[:, None, :] for name in names}}
         vectors = c.vectors()
         self.layers = []
         for i in range(c.layers):
@@ -138,6 +137,8 @@ class LeanRunner(ModelRunner):
         # [1, D] -> [1, V]: only ever the last position, so a quantized model keeps no dense head
         self.head = Projection(None, decode["head"]) if decode else Projection(tensor("head"))
         self.scale, self.softcap, self.final_softcap = c.scale, c.attn_softcap, c.final_softcap
+        self.pre_norms, self.qk_norm_whole = c.pre_norms, c.qk_norm_whole
+        self.residual_scale, self.logits_scaling = c.residual_scale, c.logits_scaling
         self.act = F.silu if c.act == "silu" else partial(F.gelu, approximate="tanh")
 
     def files(self) -> list:
@@ -235,7 +236,7 @@ class LeanRunner(ModelRunner):
             k_cache, v_cache, base = cache.part(i)
             if (layer.window, base) not in masks:
                 masks[layer.window, base] = self._mask(start, end, layer.window, k_cache.dtype, base)
-            h = self._attention(layer, self._norm(x), k_cache, v_cache, base, start, masks[layer.window, base])
+            h = self._attention(layer, self._pre(x), k_cache, v_cache, base, start, masks[layer.window, base])
             x = x + self._post(h, layer.post_attn_norm)  # [S, D]
             x = x + self._post(self._mlp(layer, x), layer.post_ffn_norm)  # [S, D]
         return x
@@ -257,8 +258,9 @@ class LeanRunner(ModelRunner):
         heads, hd = self.heads, self.head_dim
         x = self.embed[token].to(self.dtype)  # [1, D]
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._norm(x))  # [1, (H+2KV) hd]
-            q, k, v = self._qkv(layer, qkv, layer.rope[pos : pos + 1])  # [1, H, hd], [1, KV, hd] x2
+            qkv = layer.qkv(self._pre(x))  # [1, (H+2KV) hd]
+            rope = None if layer.rope is None else layer.rope[pos : pos + 1]
+            q, k, v = self._qkv(layer, qkv, rope)  # [1, H, hd], [1, KV, hd] x2
             k_cache, v_cache, base = cache.part(i)  # [KV, cap, hd] x2 holding positions base..
             k_cache[:, pos - base] = k[0]  # [KV, hd]
             v_cache[:, pos - base] = v[0]  # [KV, hd]
@@ -279,18 +281,26 @@ class LeanRunner(ModelRunner):
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed if normed.dtype == x.dtype else normed.to(x.dtype)
 
+    def _pre(self, x: torch.Tensor) -> torch.Tensor:
+        """A block's input: normalised (`_norm`), or as it is where the family norms outputs alone (OLMo 2)."""
+        return self._norm(x) if self.pre_norms else x
+
     def _post(self, h: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        """A block's output, through its sandwich norm where the family has one (Gemma)."""
-        return h if weight is None else _rms_norm_times(h.float(), weight, self.eps).to(h.dtype)
+        """A block's output, through its sandwich norm where the family has one (Gemma, OLMo 2), times the
+        residual scale where it has one (Granite)."""
+        h = h if weight is None else _rms_norm_times(h.float(), weight, self.eps).to(h.dtype)
+        return h if self.residual_scale == 1.0 else h * self.residual_scale
 
     def _cap(self, logits: torch.Tensor) -> torch.Tensor:
-        """Final logit soft-capping (Gemma 2): cap * tanh(logits / cap)."""
+        """Final logit soft-capping (Gemma 2): cap * tanh(logits / cap); Granite's logits / its scaling."""
+        if self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
         if not self.final_softcap:
             return logits
         return torch.tanh(logits / self.final_softcap) * self.final_softcap
 
     def _mlp(self, layer: LeanLayer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = layer.gate_up(self._norm(x)).chunk(2, -1)  # [S, F] each
+        gate, up = layer.gate_up(self._pre(x)).chunk(2, -1)  # [S, F] each
         return layer.down(self.act(gate).mul_(up))  # [S, D]
 
     def _qkv(self, layer: LeanLayer, qkv: torch.Tensor, rope: torch.Tensor):
@@ -302,7 +312,11 @@ class LeanRunner(ModelRunner):
             qkv = qkv + layer.qkv_bias
         n_qk = (heads + kv_heads) * hd
         qk = qkv[:, :n_qk].float().view(length, heads + kv_heads, hd)  # [S, H+KV, hd]
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and self.qk_norm_whole:  # OLMo 2: over all of q, and all of k
+            q_all = _rms_norm_times(qk[:, :heads].reshape(length, heads * hd), layer.q_norm, self.eps)
+            k_all = _rms_norm_times(qk[:, heads:].reshape(length, kv_heads * hd), layer.k_norm, self.eps)
+            qk = torch.cat([q_all, k_all], 1).view(length, heads + kv_heads, hd)
+        elif layer.q_norm is not None:
             qk = torch.cat(
                 [
                     _rms_norm_times(qk[:, :heads], layer.q_norm, self.eps),
@@ -310,8 +324,9 @@ class LeanRunner(ModelRunner):
                 ],
                 1,
             )
-        pairs = qk.view(length, heads + kv_heads, hd // 2, 2)
-        qk = torch.view_as_real(torch.view_as_complex(pairs) * rope).view(length, heads + kv_heads, hd)
+        if rope is not None:
+            pairs = qk.view(length, heads + kv_heads, hd // 2, 2)
+            qk = torch.view_as_real(torch.view_as_complex(pairs) * rope).view(length, heads + kv_heads, hd)
         qk = qk.to(qkv.dtype)
         v = qkv[:, n_qk:].view(length, kv_heads, hd)  # [S, KV, hd]
         return qk[:, :heads], qk[:, heads:], v
@@ -339,7 +354,8 @@ class LeanRunner(ModelRunner):
         length = h.shape[0]
         end = start + length
         heads, hd = self.heads, self.head_dim
-        q, k, v = self._qkv(layer, layer.qkv(h), layer.rope[start:end])  # [S, H, hd], [S, KV, hd] x2
+        rope = None if layer.rope is None else layer.rope[start:end]
+        q, k, v = self._qkv(layer, layer.qkv(h), rope)  # [S, H, hd], [S, KV, hd] x2
         k_cache[:, start - base : end - base] = k.transpose(0, 1)
         v_cache[:, start - base : end - base] = v.transpose(0, 1)
         keys, values = k_cache[None, :, : end - base], v_cache[None, :, : end - base]  # [1, KV, T, hd]
@@ -355,7 +371,8 @@ def _pieces(ids: list[int], cache: LeanCache) -> list[list[int]]:
 
 def _rms_norm_times(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of fp32 x times a weight that cannot be folded: each head's q/k norm
-    (Qwen3, Gemma 3: x [S, N, hd], weight [hd]) or a sandwich norm (Gemma: x [S, D], weight [D])."""
+    (Qwen3, Gemma 3: x [S, N, hd], weight [hd]), all of q or k (OLMo 2: x [S, N hd]) or a sandwich norm
+    (Gemma, OLMo 2: x [S, D], weight [D])."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 

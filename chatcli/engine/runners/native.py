@@ -155,7 +155,7 @@ class NativeRunner(ModelRunner):
         layers = [
             Layer(
                 *[self._matrix(name, shapes) if name in shapes else Matrix() for name in projections(i)],
-                weights.address(c.rope_name(i)),
+                weights.address(c.rope_name(i)) if c.rope_name(i) else None,  # null: not rotated (SmolLM3)
                 c.layer_window(i),
                 *[vector(f"layers.{i}.{n}") for n in VECTORS],  # in Layer's field order
                 *self._experts(i, shapes),
@@ -181,11 +181,13 @@ class NativeRunner(ModelRunner):
         )
         self._model.experts, self._model.experts_used, self._model.expert_ffn = c.experts, c.experts_used, c.ffn
         self._model.norm_topk = int(c.norm_topk)
+        self._model.pre_norm, self._model.qk_norm_whole = int(c.pre_norms), int(c.qk_norm_whole)
+        self._model.residual_scale = c.residual_scale
         if c.kind in BLOCKS:  # the embedding from its blocks: the head's where tied
             self._embed = self._model.head if c.tied else self._matrix("embed", {"embed": (c.hidden, c.embed_rows)})
             self._model.embed_rows = ctypes.pointer(self._embed)
             self._model.embed_scale = c.embed_scale
-        self.final_softcap = c.final_softcap
+        self.final_softcap, self.logits_scaling = c.final_softcap, c.logits_scaling
         apart = {**vectors, **c.norms()}  # fp32 vectors beside the projections, not their weights
         sizes = {
             n: weights.file.tensors[n].nbytes
@@ -385,6 +387,8 @@ class NativeRunner(ModelRunner):
         if self.final_softcap and not states:  # Gemma 2: cap * tanh(logits / cap)
             cap = np.float32(self.final_softcap)
             np.multiply(np.tanh(logits / cap), cap, out=logits)
+        if self.logits_scaling != 1.0 and not states:  # Granite: the logits divided by its scaling
+            np.divide(logits, np.float32(self.logits_scaling), out=logits)
         for ids, cache, _every in requests:
             cache.ids.extend(ids)
         return np.split(logits, np.cumsum(wants)[:-1])

@@ -1,7 +1,7 @@
 """The decoder families the lean path runs, and what each needs beyond a Llama block.
 
-Every family here is a pre-norm decoder with rotary attention and a gated MLP; they differ in a
-few places, each a field of `lean_file.LeanConfig` that the torch runner (`lean`) and the
+Every family here is a decoder with rotary attention and a gated MLP, normed before each block (OLMo 2:
+after it); they differ in a few places, each a field of `lean_file.LeanConfig` that the torch runner (`lean`) and the
 kernel (`kernels/decode.cpp`) both follow:
 
 | family | beyond Llama |
@@ -13,6 +13,9 @@ kernel (`kernels/decode.cpp`) both follow:
 | phi3 (Phi-3 / 3.5 / 4-mini) | fused qkv and gate_up; partial rotary; longrope; a sliding window |
 | gemma2 | scaled embedding, (1 + w) norms, sandwich norms, GeGLU, score and logit soft-capping, alternating windows |
 | gemma3_text (Gemma 3 1B, the text model) | Gemma 2's, with q/k norms and a second rope base for sliding layers |
+| smollm3 (SmolLM3) | no rope on some layers (`no_rope_layers`; in a GGUF every fourth, as llama.cpp has it) |
+| granite (Granite 3.x dense) | embedding, score and residual multipliers; logits divided by `logits_scaling` |
+| olmo2 (OLMo 2) | RMSNorm on each block's output and none before it; q/k norms over all of q and all of k |
 | qwen3_moe, mixtral (GGUFs, on the kernel only) | every layer's FFN a mixture of experts: a router, its top k |
 
 A sliding layer's keys and values are kept for its window (and a margin for crops), not the whole
@@ -25,11 +28,12 @@ config (config.json as a dict, or a transformers config) and imports neither tor
 
 from __future__ import annotations
 
-LEAN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+LEAN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "smollm3", "granite", "olmo2")
 # mixtures of experts: run from a GGUF's own blocks on the compiled kernel only (kernels/moe.h), every layer's
 # router choosing its experts (`gguf_lean`); a model folder of them, or no kernel, is transformers'
 MOE_FAMILIES = ("qwen3_moe", "mixtral")
 GEMMA = ("gemma2", "gemma3_text")
+POST_NORMED = ("olmo2",)  # RMSNorm on each block's output, none before it
 # static rope tables (computed once for the context); "dynamic" NTK rescales with the length and is not
 LEAN_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "su")
 
@@ -91,6 +95,14 @@ def sliding_layers(config) -> tuple:
     else:
         return ()
     return sliding if any(sliding) else ()
+
+
+def no_rope_layers(config) -> tuple:
+    """Per layer, whether q and k go unrotated: SmolLM3's `no_rope_layers` (1 where a layer *has* rope, as
+    transformers spells it); empty where every layer rotates."""
+    flags = _getter(config)("no_rope_layers", None)
+    nope = tuple(not flag for flag in flags) if flags else ()
+    return nope if any(nope) else ()
 
 
 def original_context(config) -> int | None:

@@ -197,6 +197,7 @@ def _shapes(f: GGUFFile, hidden: int, heads: int, kv_heads: int, hd: int, hd_v: 
     kv = f"{arch}.attention.head_count_kv {kv_heads} x head dim"
     ff = f"{arch}.feed_forward_length {ffn}"
     gated = any(name.endswith(".ffn_gate.weight") for name in f.tensors)
+    whole = arch == "olmo2"  # its q/k norms span all of q and of k
     # ggml's order: a weight's rows' length (its inputs) first, then its outputs; {suffix: (shape, what gives it)}
     want = {
         "attn_norm.weight": ((hidden,), width),
@@ -211,8 +212,8 @@ def _shapes(f: GGUFFile, hidden: int, heads: int, kv_heads: int, hd: int, hd_v: 
         "attn_q.bias": ((heads * hd,), q),
         "attn_k.bias": ((kv_heads * hd,), f"{kv} {hd}"),
         "attn_v.bias": ((kv_heads * hd_v,), f"{kv} {hd_v}"),
-        "attn_q_norm.weight": ((hd,), f"head dim {hd}"),
-        "attn_k_norm.weight": ((hd,), f"head dim {hd}"),
+        "attn_q_norm.weight": ((heads * hd,), q) if whole else ((hd,), f"head dim {hd}"),
+        "attn_k_norm.weight": ((kv_heads * hd,), f"{kv} {hd}") if whole else ((hd,), f"head dim {hd}"),
         "ffn_gate.weight": ((hidden, ffn), f"{width} and {ff}"),
         "ffn_up.weight": ((hidden, ffn if gated else 2 * ffn), f"{width} and {ff}{'' if gated else ' (gate and up)'}"),
         "ffn_down.weight": ((ffn, hidden), f"{width} and {ff}"),

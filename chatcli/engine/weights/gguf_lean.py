@@ -6,9 +6,12 @@ What llama.cpp reads, read the same way: the architecture's hyperparameters from
 scaling, and every tensor by its GGUF name in the type the file holds it (`kquant_blocks`). The
 families read so: `llama` (Llama 2/3/3.2, SmolLM, Mistral without a sliding window), `qwen2`
 (q/k/v biases), `qwen3` (q/k norms), `qwen3moe` (qwen3's attention, every layer a mixture of experts), `gemma2`
-and `gemma3` (Gemma 3's text model). llama.cpp stores
-a llama's q and k rows in rope's adjacent pairs, the lean order already; the others rotate halves
-(NEOX), so their q/k rows (and biases and norms) are put in that order here.
+and `gemma3` (Gemma 3's text model), `smollm3` (every fourth layer unrotated: llama.cpp's fixed step, no key
+says so), `granite` (`embedding_scale`, `attention.scale`, `residual_scale`, `logit_scale`) and `olmo2` (no
+`attn_norm` / `ffn_norm`: its `post_attention_norm` and `post_ffw_norm` on the blocks' outputs; `attn_q_norm` /
+`attn_k_norm` over all of q and of k). llama.cpp stores a llama's (SmolLM3's, Granite's) q and k rows in rope's
+adjacent pairs, the lean order already; the others rotate halves (NEOX), so their q/k rows (and biases and
+norms) are put in that order here.
 
 A mixture of experts (`qwen3moe`, a `llama` with `expert_count`: Mixtral) keeps its router (`ffn_gate_inp`,
 F32 as llama.cpp leaves it) as a projection with the FFN's norm, and its experts' 3-D tensors
@@ -42,7 +45,7 @@ from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_b
 
 FAMILIES = {arch: model_type for arch, (model_type, _) in gguf_meta.FAMILIES.items()}  # read directly
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # [experts, rows, k] each, stacked
-NEOX = ("qwen2", "qwen3", "qwen3_moe", "phi3", *GEMMA)  # rope on rotate-half pairs: q/k rows reordered here
+NEOX = ("qwen2", "qwen3", "qwen3_moe", "phi3", "olmo2", *GEMMA)  # rope on rotate-half pairs: q/k rows reordered here
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: of every n layers the last attends to all, the rest slide
 SWA_DEFAULT = {"gemma2": 4096}  # the window where the file does not say (llama.cpp's)
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0)}  # attention's and the logits' where the file does not say
@@ -148,7 +151,8 @@ def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
                 (b + "attn_k.weight", ordered(b + "attn_k.weight", kv_heads)),
                 (b + "attn_v.weight", None),
             ]
-        out[f"layers.{i}.qkv"] = (qkv, b + "attn_norm.weight")
+        pre = b + "attn_norm.weight" in meta.tensors  # OLMo 2: no norm before a block (its norms on the outputs)
+        out[f"layers.{i}.qkv"] = (qkv, b + "attn_norm.weight" if pre else None)
         out[f"layers.{i}.out"] = ([(b + "attn_output.weight", None)], None)
         if b + "ffn_gate_inp.weight" in meta.tensors:  # a mixture of experts: the router, then the stacked experts
             out[f"layers.{i}.router"] = ([(b + "ffn_gate_inp.weight", None)], b + "ffn_norm.weight")
@@ -157,7 +161,7 @@ def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
             out[f"layers.{i}.experts_down"] = ([(down, None)], None)
             continue
         gate_up = [(b + "ffn_gate.weight", None)] if b + "ffn_gate.weight" in meta.tensors else []  # Phi-3: in up
-        out[f"layers.{i}.gate_up"] = ([*gate_up, (b + "ffn_up.weight", None)], b + "ffn_norm.weight")
+        out[f"layers.{i}.gate_up"] = ([*gate_up, (b + "ffn_up.weight", None)], b + "ffn_norm.weight" if pre else None)
         out[f"layers.{i}.down"] = ([(b + "ffn_down.weight", None)], None)
     out["head"] = ([("token_embd.weight" if tied else "output.weight", None)], "output_norm.weight")
     if not tied:
@@ -179,7 +183,10 @@ def sliding_layers(meta: GGUFFile) -> tuple:
 
 
 def attention_scale(meta: GGUFFile, hidden: int, heads: int, head_dim: int) -> float:
-    """The scores' scale (0: the kernel's 1/sqrt(head_dim)): Gemma's as llama.cpp sets it."""
+    """The scores' scale (0: the kernel's 1/sqrt(head_dim)): Gemma's as llama.cpp sets it, Granite's
+    `attention.scale` where the file has one."""
+    if meta.arch == "granite":
+        return float(meta.hp("attention.scale", 0.0) or 0.0)
     if meta.arch not in LAYERS_27B:
         return 0.0
     if int(meta.hp("block_count")) == LAYERS_27B[meta.arch]:
@@ -220,13 +227,31 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         sliding=sliding,
         sliding_rope=meta.arch == "gemma3" and any(sliding),
         tied=tied,
-        embed_scale=float(hidden) ** 0.5 if gemma else 1.0,
+        embed_scale=float(hidden) ** 0.5 if gemma else float(meta.hp("embedding_scale", 0.0) or 1.0),
         parts={name: [[kind, n] for kind, n, _ in listed] for name, listed in parts.items()},
         types="+".join(sorted({extra[2] for listed in parts.values() for _, _, extra in listed})),
         experts=experts,
         experts_used=int(meta.hp("expert_used_count", 0) or 0) if experts else 0,
         norm_topk=True,  # llama.cpp's qwen3moe and llama (Mixtral) always normalise, whatever the file says
+        **family_fields(meta, head_dim),
     )
+
+
+def family_fields(meta: GGUFFile, head_dim: int) -> dict:
+    """The `LeanConfig` fields of SmolLM3 (its unrotated layers, by llama.cpp's fixed step), Granite (its
+    `residual_scale` and `logit_scale`, 0 or absent: none; its `embedding_scale` and `attention.scale` are read
+    with Gemma's) and
+    OLMo 2 (no norm before a block, q/k norms over all of q and of k), as llama.cpp runs them."""
+    layers = int(meta.hp("block_count"))
+    step = gguf_meta.NO_ROPE_STEP.get(meta.arch)
+    out: dict = {"nope": tuple((i + 1) % step == 0 for i in range(layers)) if step else ()}
+    out["pre_norms"] = "blk.0.attn_norm.weight" in meta.tensors
+    q_norm = meta.tensors.get("blk.0.attn_q_norm.weight")
+    out["qk_norm_whole"] = q_norm is not None and int(q_norm.shape[0]) != head_dim
+    if meta.arch == "granite":
+        out["residual_scale"] = float(meta.hp("residual_scale", 0.0) or 1.0)
+        out["logits_scaling"] = float(meta.hp("logit_scale", 0.0) or 1.0)
+    return out
 
 
 CHUNK_BYTES = 16 << 20  # codes decoded at once (a chunk of rows, a multiple of 64)
@@ -345,7 +370,13 @@ def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: 
             if neox:
                 q, k = q[head_rows(len(q), heads, rotary)], k[head_rows(len(k), kv_heads, rotary)]
             out[f"layers.{i}.qkv_bias"] = _padded(np.concatenate([q, k, v]))
-        if b + "attn_q_norm.weight" in meta.tensors:
+        q_norm = meta.tensors.get(b + "attn_q_norm.weight")
+        if q_norm is not None and int(q_norm.shape[0]) != hd:  # OLMo 2's, over all of q and of k
+            q, k = meta.vector(b + "attn_q_norm.weight"), meta.vector(b + "attn_k_norm.weight")
+            if neox:
+                q, k = q[head_rows(len(q), heads, rotary)], k[head_rows(len(k), kv_heads, rotary)]
+            out[f"layers.{i}.q_norm"], out[f"layers.{i}.k_norm"] = _padded(q), _padded(k)
+        elif q_norm is not None:
             order = rope_order(hd, rotary) if neox else np.arange(hd)
             out[f"layers.{i}.q_norm"] = _padded(meta.vector(b + "attn_q_norm.weight")[order])
             out[f"layers.{i}.k_norm"] = _padded(meta.vector(b + "attn_k_norm.weight")[order])

@@ -33,7 +33,11 @@ FAMILIES = {
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
+    "granite": ("granite", "GraniteForCausalLM"),
+    "olmo2": ("olmo2", "Olmo2ForCausalLM"),
 }
+NO_ROPE_STEP = {"smollm3": 4}  # llama.cpp's: layer i rotates nothing where (i + 1) % step == 0 (no key says so)
 
 # llama.cpp's splits (llama-vocab.cpp, `llm_tokenizer_bpe`'s regex_exprs). Its contractions are spelled
 # `'[sS]`, not `(?i:'s)`: no Unicode case folding there (`'ſ` is no contraction).
@@ -104,6 +108,15 @@ def hf_config(f: GGUFFile) -> dict:
         "hidden_act": "silu",
     }
     config.update(experts_config(f))
+    layers = config["num_hidden_layers"]
+    if f.arch in NO_ROPE_STEP:  # transformers' spelling: 1 where a layer has rope
+        config["no_rope_layers"] = [int((i + 1) % NO_ROPE_STEP[f.arch] != 0) for i in range(layers)]
+    if f.arch == "granite":  # its multipliers (llama.cpp: 0 or absent is none)
+        scales = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale"}
+        scales.update(attention_multiplier="attention.scale", logits_scaling="logit_scale")
+        for name, key in scales.items():
+            value = float(f.hp(key, 0.0) or 0.0)
+            config[name] = value or (config["head_dim"] ** -0.5 if name == "attention_multiplier" else 1.0)
     if f.arch.startswith("gemma"):  # what lean_support reads; the weights' own settings come from the file
         config["hidden_act"] = config["hidden_activation"] = "gelu_pytorch_tanh"
         if f.hp("attention.sliding_window"):

@@ -21,7 +21,15 @@ from pathlib import Path
 import torch
 
 from chatcli.engine.weights import Status
-from chatcli.engine.weights.families import GEMMA, context_limit, lean_support, sliding_layers, softcap
+from chatcli.engine.weights.families import (
+    GEMMA,
+    POST_NORMED,
+    context_limit,
+    lean_support,
+    no_rope_layers,
+    sliding_layers,
+    softcap,
+)
 from chatcli.engine.weights.layouts import dense, grouped_arrays, pack_int8, padded_vector, panels
 from chatcli.engine.weights.lean_file import GROUPED, INT8, LeanConfig, head_rows, rope_order
 from chatcli.engine.weights.quant_blocks import GGUFBlocks
@@ -58,13 +66,13 @@ class Block:
     gate: torch.Tensor  # [F, D]
     up: torch.Tensor  # [F, D]
     down: torch.Tensor  # [D, F]
-    attn_norm: torch.Tensor  # [D]: before attention (folded into qkv)
-    mlp_norm: torch.Tensor  # [D]: before the MLP (folded into gate_up)
+    attn_norm: torch.Tensor | None  # [D]: before attention (folded into qkv); None: OLMo 2 has none
+    mlp_norm: torch.Tensor | None  # [D]: before the MLP (folded into gate_up); None: OLMo 2 has none
     qkv_bias: tuple | None = None  # (q [H hd], k [KV hd], v [KV hd])
-    q_norm: torch.Tensor | None = None  # [hd]
-    k_norm: torch.Tensor | None = None  # [hd]
-    post_attn_norm: torch.Tensor | None = None  # [D]: on the attention's output (Gemma)
-    post_ffn_norm: torch.Tensor | None = None  # [D]: on the MLP's output (Gemma)
+    q_norm: torch.Tensor | None = None  # [hd], or [H hd] (OLMo 2: over all of q)
+    k_norm: torch.Tensor | None = None  # [hd], or [KV hd]
+    post_attn_norm: torch.Tensor | None = None  # [D]: on the attention's output (Gemma, OLMo 2)
+    post_ffn_norm: torch.Tensor | None = None  # [D]: on the MLP's output (Gemma, OLMo 2)
 
 
 def norm_weight(module, gemma: bool) -> torch.Tensor:
@@ -87,16 +95,19 @@ def block_parts(block, config) -> Block:
         gate, up = mlp.gate_up_proj.weight.chunk(2, 0)
     else:
         gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+    post_only = config.model_type in POST_NORMED  # OLMo 2: norms on the blocks' outputs, none before them
     parts = Block(
         q, k, v, attn.o_proj.weight, gate, up, mlp.down_proj.weight,
-        attn_norm=norm_weight(block.input_layernorm, gemma),
-        mlp_norm=norm_weight(block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm, gemma),
+        attn_norm=None if post_only else norm_weight(block.input_layernorm, gemma),
+        mlp_norm=None if post_only else norm_weight(
+            block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm, gemma
+        ),
     )  # fmt: skip
     if getattr(attn, "q_proj", None) is not None and attn.q_proj.bias is not None:
         parts.qkv_bias = (attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)
     if getattr(attn, "q_norm", None) is not None:
         parts.q_norm, parts.k_norm = norm_weight(attn.q_norm, gemma), norm_weight(attn.k_norm, gemma)
-    if gemma:
+    if gemma or post_only:
         parts.post_attn_norm = norm_weight(block.post_attention_layernorm, gemma)
         parts.post_ffn_norm = norm_weight(block.post_feedforward_layernorm, gemma)
     return parts
@@ -148,7 +159,13 @@ def vectors(model, config: LeanConfig, rotary: int | None = None) -> dict[str, t
             q, k, v = (t.detach().float() for t in b.qkv_bias)
             q, k = q[head_rows(len(q), config.heads, rotary)], k[head_rows(len(k), config.kv_heads, rotary)]
             out[f"layers.{i}.qkv_bias"] = torch.cat([q, k, v])
-        if config.qk_norm:
+        if config.qk_norm and config.qk_norm_whole:  # over all of q and of k: each head's dims in rope order
+            q_rows, k_rows = (
+                head_rows(len(b.q_norm), config.heads, rotary),
+                head_rows(len(b.k_norm), config.kv_heads, rotary),
+            )
+            out[f"layers.{i}.q_norm"], out[f"layers.{i}.k_norm"] = b.q_norm[q_rows], b.k_norm[k_rows]
+        elif config.qk_norm:
             order = rope_order(hd, rotary)
             out[f"layers.{i}.q_norm"], out[f"layers.{i}.k_norm"] = b.q_norm[order], b.k_norm[order]
         if config.post_norms:
@@ -185,12 +202,13 @@ def lean_config(model, limit: int, kind: str, source: str) -> LeanConfig:
     first = block_parts(model.model.layers[0], c)
     sliding = sliding_layers(c)
     kinds = set(getattr(model.model.rotary_emb, "layer_types", None) or ())
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     return LeanConfig(
         layers=c.num_hidden_layers,
         hidden=c.hidden_size,
         heads=heads,
         kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        head_dim=head_dim,
         ffn=c.intermediate_size,
         vocab=model.get_output_embeddings().weight.shape[0],
         embed_rows=model.model.embed_tokens.weight.shape[0],
@@ -209,14 +227,21 @@ def lean_config(model, limit: int, kind: str, source: str) -> LeanConfig:
         window=int(getattr(c, "sliding_window", None) or 0) if sliding else 0,
         sliding=sliding,
         sliding_rope=bool(sliding) and {"sliding_attention", "full_attention"} <= kinds,
+        nope=no_rope_layers(c),
+        pre_norms=first.attn_norm is not None,
+        qk_norm_whole=first.q_norm is not None and first.q_norm.shape[0] != head_dim,
+        residual_scale=float(getattr(c, "residual_multiplier", None) or 1.0),
+        logits_scaling=float(getattr(c, "logits_scaling", None) or 1.0),
     )
 
 
 def embed_scale(model) -> torch.Tensor | None:
-    """What every embedding row looked up is multiplied by (Gemma's sqrt(D)), or None."""
+    """What every embedding row looked up is multiplied by (Gemma's sqrt(D), Granite's multiplier), or None."""
     scale = getattr(model.model.embed_tokens, "embed_scale", None)
     if scale is None and model.config.model_type in GEMMA:
         scale = torch.tensor(model.config.hidden_size**0.5)
+    if scale is None and getattr(model.config, "embedding_multiplier", None) not in (None, 1.0):
+        scale = torch.tensor(float(model.config.embedding_multiplier))
     return None if scale is None else torch.as_tensor(scale).float()
 
 

@@ -1,7 +1,7 @@
 """The lean-native model file: the exact tensors the lean runners read, converted once, memory-mapped.
 
 A decoder of one of the lean families (`families.LEAN_FAMILIES`: Llama, Mistral, Qwen2/3,
-Phi-3, Gemma 2/3) is converted once (`lean_convert`, with torch and transformers) into one
+Phi-3, Gemma 2/3, SmolLM3, Granite, OLMo 2) is converted once (`lean_convert`, with torch and transformers) into one
 safetensors file per *kind* in the user cache: the projections fused (q/k/v, gate/up),
 transposed, with the RMSNorm weights folded in and q/k rows ordered for rope, in the layout
 and dtype their reader wants:
@@ -22,13 +22,13 @@ and dtype their reader wants:
 
 Every start then maps the file (`tensorfile.MappedTensors`): no transformers model, no
 transposes, no second copy, and processes reading the same model share its pages. The
-embedding `[V, D]` is stored as it is (only the rows of ids seen are ever read), beside a rope
-table `[T, hd/2, 2]` (a second one, `rope_sliding`, where sliding layers rotate by another
-base, as Gemma 3's do) and, where the family has them, fp32 vectors per layer: `qkv_bias`,
-`q_norm`/`k_norm` (Qwen3, Gemma 3) and `post_attn_norm`/`post_ffn_norm` (Gemma's sandwich
-norms), each padded to a multiple of 16. The file's metadata holds the architecture and a fingerprint (format
-version, kind, the source's identity); a sidecar JSON records the file's size, mtime and
-SHA-256. A file that does not match, cannot be parsed, is truncated or changed is not read
+embedding `[V, D]` is stored as it is (only the rows of ids seen are ever read), beside a rope table `[T,
+hd/2, 2]` (a second one, `rope_sliding`, where sliding layers rotate by another base, as Gemma 3's do) and,
+where the family has them, fp32 vectors per layer: `qkv_bias`, `q_norm`/`k_norm` (Qwen3, Gemma 3; OLMo 2's
+over all of q and k) and `post_attn_norm`/`post_ffn_norm` (Gemma's sandwich norms, OLMo 2's output norms),
+each padded to a multiple of 16. The file's metadata holds the architecture and a fingerprint (format version,
+kind, the source's identity); a sidecar JSON records the file's size, mtime and SHA-256. A file that does not
+match, cannot be parsed, is truncated or changed is not read
 (`LeanFileError`): the loader converts again (`load.lean.lean_weights`). The trust rule at each
 start (`unchanged`) is the size and the mtime: the hash is computed only where the mtime changed
 (hashing a 600 MB file at each start would cost seconds), so bytes changed in place with the
@@ -99,12 +99,20 @@ class LeanConfig:
     experts: int = 0  # gguf: every layer a mixture of this many experts, `ffn` wide each (Qwen3-MoE, Mixtral; 0: none)
     experts_used: int = 0  # the experts a row takes
     norm_topk: bool = True  # their weights divided by their sum
+    nope: tuple = ()  # per layer: True where q and k are not rotated (SmolLM3's every fourth layer; empty: none)
+    pre_norms: bool = True  # RMSNorm before attention and the MLP (OLMo 2: none, its norms on the outputs)
+    qk_norm_whole: bool = False  # q_norm / k_norm span all of q and all of k (OLMo 2), not each head
+    residual_scale: float = 1.0  # each block's output times this as it joins the residual (Granite)
+    logits_scaling: float = 1.0  # the logits divided by this (Granite)
 
     def layer_window(self, i: int) -> int:
         """The positions layer i attends to at most (0: all of them)."""
         return self.window if self.sliding and self.sliding[i] else 0
 
-    def rope_name(self, i: int) -> str:
+    def rope_name(self, i: int) -> str | None:
+        """The rope table layer i reads (None: it rotates nothing)."""
+        if self.nope and self.nope[i]:
+            return None
         return "rope_sliding" if self.sliding_rope and self.sliding[i] else "rope"
 
     @property
@@ -117,7 +125,8 @@ class LeanConfig:
         if self.qkv_bias:
             per["qkv_bias"] = self.qkv
         if self.qk_norm:
-            per["q_norm"] = per["k_norm"] = self.head_dim
+            per["q_norm"] = self.heads * self.head_dim if self.qk_norm_whole else self.head_dim
+            per["k_norm"] = self.kv_heads * self.head_dim if self.qk_norm_whole else self.head_dim
         if self.post_norms:
             per["post_attn_norm"] = per["post_ffn_norm"] = self.hidden
         return {f"layers.{i}.{name}": n for i in range(self.layers) for name, n in per.items()}
@@ -131,7 +140,8 @@ class LeanConfig:
         """The RMSNorm weights a grouped kind keeps apart (length each), by name: none for the others."""
         if self.kind not in BLOCKS:
             return {}
-        out = {f"layers.{i}.{n}": self.hidden for i in range(self.layers) for n in ("attn_norm", "mlp_norm")}
+        names = ("attn_norm", "mlp_norm") if self.pre_norms else ()
+        out = {f"layers.{i}.{n}": self.hidden for i in range(self.layers) for n in names}
         return {**out, "final_norm": self.hidden}
 
     @property
@@ -156,7 +166,7 @@ class LeanConfig:
     def from_json(cls, text: str) -> LeanConfig:
         try:
             fields = json.loads(text)
-            return cls(**{**fields, "sliding": tuple(fields.get("sliding", ()))})
+            return cls(**{**fields, "sliding": tuple(fields.get("sliding", ())), "nope": tuple(fields.get("nope", ()))})
         except (TypeError, ValueError, AttributeError) as exc:
             raise LeanFileError(f"the lean file's config does not parse: {exc}") from None
 

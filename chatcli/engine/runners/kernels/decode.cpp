@@ -4,8 +4,9 @@
 // `chatcli_decode` runs S rows of one sequence (a prompt chunk, a sampled token, or a token and the
 // draft that follows it), `chatcli_decode_batch` the rows of several sequences (`Segment`s, each with its
 // own KV cache and positions: every weight read once for all of them), through every layer of a decoder of a lean family (Llama, and the extras of Mistral, Qwen2/3,
-// Phi-3 and Gemma 2/3 where a layer has them: q/k/v biases, q/k norms, a sliding window, its own
-// rope table, sandwich norms, GeGLU, soft-capped scores; see families.py; a mixture of experts in place of
+// Phi-3, Gemma 2/3, SmolLM3, Granite and OLMo 2 where a layer has them: q/k/v biases, q/k norms (of each head
+// or of all of q and k), a sliding window, its own rope table or none, sandwich norms or norms on the outputs
+// alone, a residual scale, GeGLU, soft-capped scores; see families.py; a mixture of experts in place of
 // the MLP: Qwen3-MoE's, Mixtral's, moe.h) and writes their keys and values into the KV cache
 // at positions pos..pos+S-1. It computes what `LeanRunner.decode_one_token` computes
 // (RMSNorm weights folded into the projections, q/k rows in adjacent rope pairs), but with
@@ -77,10 +78,11 @@ Rows prepare(const Matrix& m, const float* src, int64_t lds, int64_t count, bool
   return rows_for(m, src, lds, count, norm, sc);
 }
 
-// x += in · W^T, or, with a sandwich norm (Gemma), x += rms_norm(in · W^T) * norm (ends with a barrier)
-void project_residual(const Matrix& w, const Rows& in, const float* norm, float eps, Scratch& sc) {
+// x += in · W^T, or, with a sandwich norm (Gemma, OLMo 2) or a residual scale (Granite), x += post_row(in · W^T)
+// (ends with a barrier)
+void project_residual(const Model& m, const Matrix& w, const Rows& in, const float* norm, Scratch& sc) {
   const int64_t D = w.n;
-  if (!norm) {
+  if (!norm && m.residual_scale == 1.f) {
     project(w, in, sc.x.data(), D, true);
     return;
   }
@@ -88,7 +90,7 @@ void project_residual(const Matrix& w, const Rows& in, const float* norm, float 
 #pragma omp for schedule(static)
   for (int64_t s = 0; s < in.count; s++) {
     float* y = &sc.post[s * D];
-    rms_norm_scaled(y, norm, D, eps);
+    post_row(m, y, norm, D);
     for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += y[i];
   }
 }
@@ -111,7 +113,7 @@ void forward_barrier(Step& step, float* logits, int threads) {
     float* scratch = sc.scores.data() + static_cast<size_t>(omp_get_thread_num()) * step.scratch_per_thread;
     for (int64_t l = 0; l < m.n_layers; l++) {
       const Layer& layer = m.layers[l];
-      Rows rows = prepare(layer.qkv, sc.x.data(), D, S, true, m.eps, sc);
+      Rows rows = prepare(layer.qkv, sc.x.data(), D, S, m.pre_norm, m.eps, sc);
       project(layer.qkv, rows, sc.qkv.data(), n_qkv, false);
 #pragma omp for schedule(static)
       for (int64_t s = 0; s < S; s++) {  // bias, q/k norms, rope on q and k; k and v into the cache
@@ -124,17 +126,17 @@ void forward_barrier(Step& step, float* logits, int threads) {
         step.attend_task<T>(l, i, &sc.qkv[t.s * n_qkv], scratch, &sc.att[(t.s * H + t.head) * hd], H * hd);
       }
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
-      project_residual(layer.out, rows, layer.post_attn_norm, m.eps, sc);
+      project_residual(m, layer.out, rows, layer.post_attn_norm, sc);
       if (layer.router) {
         experts_barrier(m, layer, S, sc, experts);
         continue;
       }
-      rows = prepare(layer.gate_up, sc.x.data(), D, S, true, m.eps, sc);
+      rows = prepare(layer.gate_up, sc.x.data(), D, S, m.pre_norm, m.eps, sc);
       project(layer.gate_up, rows, sc.gu.data(), 2 * F, false);
 #pragma omp for schedule(static)
       for (int64_t s = 0; s < S; s++) act_row(m, &sc.gu[s * 2 * F], F);  // act(gate) * up, in place of gate
       rows = prepare(layer.down, sc.gu.data(), 2 * F, S, false, m.eps, sc);
-      project_residual(layer.down, rows, layer.post_ffn_norm, m.eps, sc);
+      project_residual(m, layer.down, rows, layer.post_ffn_norm, sc);
     }
     const float* x = sc.x.data() + (S - L) * D;  // one segment: its last rows, as they are
     if (step.n_segs > 1) {

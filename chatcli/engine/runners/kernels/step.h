@@ -16,7 +16,7 @@ enum { CACHE_F32 = 0, CACHE_BF16 = 1 };
 
 struct Layer {
   Matrix qkv, out, gate_up, down;
-  const float* rope;      // [T, hd/2, 2]: cos, sin (this layer's table)
+  const float* rope;      // [T, hd/2, 2]: cos, sin (this layer's table), or null: q and k not rotated (SmolLM3)
   int64_t window;         // positions a row attends to at most, itself included (0: all)
   const float* qkv_bias;  // [(H + 2 KV) hd] or null
   const float* q_norm;    // [hd] or null (with k_norm): RMSNorm of each q and k head before rope
@@ -42,6 +42,9 @@ struct Model {
   float embed_scale;         // what each row looked up from embed_rows is multiplied by (Gemma: sqrt(D))
   int64_t experts, experts_used, expert_ffn;  // a mixture of experts' layers (moe.h): experts, those a row takes, Fe
   int32_t norm_topk;                          // 1: a row's experts' weights divided by their sum
+  int32_t pre_norm;       // 1: RMSNorm before attention and the MLP; 0: none (OLMo 2, whose norms are on the outputs)
+  int32_t qk_norm_whole;  // 1: q_norm / k_norm span all of q [H hd] and all of k [KV hd] (OLMo 2), not each head
+  float residual_scale;   // each block's output times this as it joins the residual (Granite; 1: as it is)
 };
 
 struct Cache {
@@ -146,6 +149,16 @@ std::vector<Task> attention_tasks(const Segment* segs, int64_t n_segs, int64_t K
   return tasks;
 }
 
+// a block's output row y [D] as it joins the residual: through its sandwich norm where there is one (Gemma,
+// OLMo 2), times the residual scale (Granite); false: y joins as it is (the projection may add into x itself)
+inline bool post_row(const Model& m, float* y, const float* norm, int64_t D) {
+  if (!norm && m.residual_scale == 1.f) return false;
+  if (norm) rms_norm_scaled(y, norm, D, m.eps);
+  if (m.residual_scale != 1.f)
+    for (int64_t i = 0; i < D; i++) y[i] *= m.residual_scale;
+  return true;
+}
+
 // act(gate) * up of a row [2F] (gate, then up), in place of gate
 inline void act_row(const Model& m, float* row, int64_t F) {
   if (m.act == ACT_GELU_TANH)
@@ -203,9 +216,13 @@ struct Step {
   void rope_qkv(const Layer& layer, int64_t s, float* row) const {
     if (layer.qkv_bias)
       for (int64_t i = 0; i < n_qkv; i++) row[i] += layer.qkv_bias[i];
-    if (layer.q_norm)
+    if (layer.q_norm && m.qk_norm_whole) {
+      rms_norm_scaled(row, layer.q_norm, H * hd, m.eps);
+      rms_norm_scaled(row + H * hd, layer.k_norm, KV * hd, m.eps);
+    } else if (layer.q_norm) {
       for (int64_t h = 0; h < H + KV; h++) rms_norm_scaled(row + h * hd, h < H ? layer.q_norm : layer.k_norm, hd, m.eps);
-    rope_row(row, layer.rope + row_pos[s] * hd, H + KV, hd / 2);  // rope [hd/2, 2] of this position
+    }
+    if (layer.rope) rope_row(row, layer.rope + row_pos[s] * hd, H + KV, hd / 2);  // rope [hd/2, 2] of this position
   }
 
   // row s's key and value (of its roped qkv `row`) into its segment's cache of layer l

@@ -97,6 +97,9 @@ class Model(ctypes.Structure):
         ("experts_used", _i64),
         ("expert_ffn", _i64),
         ("norm_topk", _i32),
+        ("pre_norm", _i32),  # 1: RMSNorm before attention and the MLP (0: OLMo 2's norms on the outputs alone)
+        ("qk_norm_whole", _i32),  # 1: q_norm / k_norm over all of q and of k (OLMo 2), not each head
+        ("residual_scale", ctypes.c_float),  # each block's output times this as it joins the residual (Granite)
     ]
 
 

@@ -310,14 +310,14 @@ void forward_tolerant(Step& step, float* logits, int threads) {
         for (int64_t s = 0; s < count; s++) prepare_row(w, src, lds, s, norm, m.eps, own.sc);
       return rows_for(w, src, lds, count, norm, own.sc);
     };
-    const auto residual = [&](const Matrix& w, const Rows& in, const float* norm) {  // x += (norm of) in · W^T
-      if (!norm) return project_stage(stages, t, stage, w, in, sc.x.data(), D, true, own.out);
+    const auto residual = [&](const Matrix& w, const Rows& in, const float* norm) {  // x += post_row(in · W^T)
+      if (!norm && m.residual_scale == 1.f) return project_stage(stages, t, stage, w, in, sc.x.data(), D, true, own.out);
       project_stage(stages, t, stage, w, in, sc.post.data(), D, false, own.out);
       stages.run(
           t, stage, S,
           [&](int64_t s) {
             own.out.assign(sc.post.begin() + s * D, sc.post.begin() + (s + 1) * D);
-            rms_norm_scaled(own.out.data(), norm, D, m.eps);
+            post_row(m, own.out.data(), norm, D);
           },
           [&](int64_t s) {
             for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += own.out[i];
@@ -325,7 +325,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
     };
     for (int64_t l = 0; l < m.n_layers; l++) {
       const Layer& layer = m.layers[l];
-      Rows rows = prepare_own(layer.qkv, sc.x.data(), D, S, true);
+      Rows rows = prepare_own(layer.qkv, sc.x.data(), D, S, m.pre_norm);
       project_stage(stages, t, stage, layer.qkv, rows, sc.qkv.data(), n_qkv, false, own.out);
       for (int64_t s = 0; s < S && !skip(2); s++) {  // bias, q/k norms, rope: every thread its own copy
         std::memcpy(&own.qkv[s * n_qkv], &sc.qkv[s * n_qkv], n_qkv * sizeof(float));
@@ -352,7 +352,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
         experts_stages(stages, t, stage, m, layer, S, sc, experts, own, mine);
         continue;
       }
-      rows = prepare_own(layer.gate_up, sc.x.data(), D, S, true);
+      rows = prepare_own(layer.gate_up, sc.x.data(), D, S, m.pre_norm);
       project_stage(stages, t, stage, layer.gate_up, rows, sc.gu.data(), 2 * F, false, own.out);
       for (int64_t s = 0; s < S && !skip(uses(layer.down)); s++) {  // act(gate) * up, in place of gate
         std::memcpy(&own.gu[s * 2 * F], &sc.gu[s * 2 * F], 2 * F * sizeof(float));
