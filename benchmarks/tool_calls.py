@@ -189,15 +189,27 @@ def run(client, choice: str, temperature: float, max_tokens: int | None, n: int,
 def round_trip(client, ask: dict, message, usage) -> dict:
     """The request again with the reply's calls and a result for each, under auto, for one token: the
     tokens the server read from its KV cache and the ones it prefilled (the call kept: the cache held the
-    first prompt and the whole reply)."""
+    first prompt and the whole reply). A reply that filled the context leaves no room for it (`fits` false:
+    counted apart)."""
+    from openai import BadRequestError
+
     calls = [{"id": c.id, "type": "function", "function": c.function.model_dump()} for c in message.tool_calls]
     results = [{"role": "tool", "tool_call_id": c.id, "content": f"{c.function.name}: ok"} for c in message.tool_calls]
     follow = {**ask, "tool_choice": "auto", "temperature": 0, "max_tokens": 1}
     follow["messages"] = [*ask["messages"], {"role": "assistant", "content": None, "tool_calls": calls}, *results]
-    after = client.chat.completions.create(**follow).usage
+    try:
+        after = client.chat.completions.create(**follow).usage
+    except BadRequestError:  # the reply ran to the context's end: the round trip does not fit (the server says so)
+        return {"held": usage.prompt_tokens + usage.completion_tokens, "fits": False}
     cached = after.prompt_tokens_details.cached_tokens if after.prompt_tokens_details else 0
     held = usage.prompt_tokens + usage.completion_tokens
-    return {"held": held, "cached": cached, "prefilled": after.prompt_tokens - cached, "kept": cached >= held - 1}
+    return {
+        "held": held,
+        "cached": cached,
+        "prefilled": after.prompt_tokens - cached,
+        "kept": cached >= held - 1,
+        "fits": True,
+    }
 
 
 def tiny_qwen3(folder: Path) -> str:
@@ -276,12 +288,15 @@ def main() -> None:
                 f"  {r['choice']} t={r['temperature']:g} max_tokens={r['max_tokens']} request {f['request']}: "
                 f"{'; '.join(f['problems'])}"
             )
-    if trips:
-        filled = sorted(t["prefilled"] for t in trips)
+    fit = [t for t in trips if t["fits"]]
+    if fit:
+        filled = sorted(t["prefilled"] for t in fit)
         print(
-            f"round trips: {sum(t['kept'] for t in trips)}/{len(trips)} found the whole reply cached; "
+            f"round trips: {sum(t['kept'] for t in fit)}/{len(fit)} found the whole reply cached; "
             f"prefilled a follow-up: median {filled[len(filled) // 2]} tokens ({filled[0]}-{filled[-1]})"
         )
+    if len(fit) < len(trips):
+        print(f"round trips that did not fit the context (the reply had filled it): {len(trips) - len(fit)}")
 
 
 if __name__ == "__main__":
