@@ -183,3 +183,18 @@ def test_a_huge_temperature_is_a_uniform_draw_without_a_warning():
         warnings.simplefilter("error")  # numpy's overflow RuntimeWarning fails the test
         probs = logits_to_probs(logits, SamplingParams(temperature=1e300, **OPEN))
     assert np.allclose(probs, 0.25)
+
+
+@pytest.mark.parametrize("vocab, k", [(262_144, 40), (151_936, 40), (128_257, 1), (50_000, 2000), (5_000, 40)])
+def test_top_k_ids_are_the_k_largest_and_their_ties(vocab, k):
+    from chatcli.engine.sample.sampling import top_k_ids
+
+    rng = np.random.default_rng(vocab + k)
+    logits = (3 * rng.standard_normal(vocab)).astype(np.float32)
+    logits[rng.choice(vocab, vocab // 3, replace=False)] = -np.inf  # a grammar's mask
+    logits[-1] = logits.max() + 1  # in the tail past the last whole chunk, where the vocabulary has one
+    kth = np.sort(logits)[-k]
+    logits[rng.choice(np.flatnonzero(logits < kth), 3, replace=False)] = kth  # ties with the k-th, anywhere
+    want = np.flatnonzero(logits >= np.sort(logits)[-k])
+    assert np.array_equal(top_k_ids(logits, k), want)
+    assert len(want) == k + 3

@@ -33,19 +33,49 @@ def apply_repetition_penalty(logits: np.ndarray, recent_ids, penalty: float) -> 
 HOTTEST = 1e30  # any temperature past it gives the same uniform draw (1e300 would overflow float32)
 
 
+CHUNKS = 1024  # top_k_ids: the vocabulary's chunks whose maxima bound the k-th largest logit from below
+
+
+def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest logits and of every tie with the k-th, in id order (0 < k < V).
+
+    A partition of a 262K vocabulary (Gemma 3's) took 1.5 ms a token, an eighth of a 270M model's step.
+    The k-th largest of the maxima of n ≥ k chunks is a lower bound of the k-th largest logit (those k maxima
+    are k logits at least as large), so the logits at or above it hold every one of the top k, and only
+    the chunks whose maximum reaches it hold any: one vectorised pass over the vocabulary, then a partition
+    over those few."""
+    vocab = logits.shape[0]
+    chunks = max(CHUNKS, k)
+    if vocab < 4 * chunks:
+        kth = logits[np.argpartition(logits, vocab - k)[vocab - k :]].min()
+        return np.flatnonzero(logits >= kth)
+    width = vocab // chunks
+    grid = logits[: width * chunks].reshape(width, chunks)  # group j: the ids j, j + chunks, j + 2 chunks, …
+    maxima = grid.max(axis=0)  # [chunks]
+    bound = np.partition(maxima, chunks - k)[chunks - k]
+    groups = np.flatnonzero(maxima >= bound)  # k of them or a few more: only they hold logits at the bound
+    rows, at = np.nonzero(grid[:, groups] >= bound)
+    tail = np.flatnonzero(logits[width * chunks :] >= bound) + width * chunks
+    few = np.sort(np.concatenate([rows * chunks + groups[at], tail]))
+    if few.size > k:
+        values = logits[few]
+        kth = values[np.argpartition(values, few.size - k)[few.size - k :]].min()
+        few = few[values >= kth]
+    return few
+
+
 def candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """[V] penalised logits → (probabilities [K], their token ids [K]) after temperature, top-k,
     top-p and min-p, most likely first. With top-k on, only those K (and ties with the k-th) are
     sorted and normalised, like llama.cpp's sampler chain: ~0.08 ms a token over 49k ids."""
-    scaled = logits / np.float32(min(params.temperature, HOTTEST))
-    vocab = scaled.shape[0]
+    vocab = logits.shape[0]
     if 0 < params.top_k < vocab:
-        kth = scaled[np.argpartition(scaled, vocab - params.top_k)[vocab - params.top_k :]].min()
-        ids = np.flatnonzero(scaled >= kth)  # ties with the k-th stay in
+        ids = top_k_ids(logits, params.top_k)  # a temperature keeps the order: chosen before it scales
     else:
         ids = np.arange(vocab)
-    ids = ids[np.lexsort((ids, -scaled[ids]))]  # value descending, ties in id order
-    values = scaled[ids]
+    scaled = logits[ids] / np.float32(min(params.temperature, HOTTEST))
+    order = np.lexsort((ids, -scaled))  # value descending, ties in id order
+    ids, values = ids[order], scaled[order]
     exp = np.exp(values - values[0])
     probs = exp / exp.sum()
     if params.top_p < 1.0:
