@@ -143,7 +143,7 @@ class ReservedCache(KVCache):
         kv_heads: int,
         head_dim: int,
         limit: int,
-        itemsize: int,
+        itemsize: float,
         lazy: bool,
         window: int = 0,
         sliding: Sequence[bool] = (),
@@ -158,7 +158,7 @@ class ReservedCache(KVCache):
         self.limit = limit
         self.written = 0  # the most positions ever written: what the pages behind the cache hold
         self._itemsize = itemsize
-        per_position = 2 * max(1, len(self.full)) * kv_heads * head_dim * itemsize
+        per_position = int(2 * max(1, len(self.full)) * kv_heads * head_dim * itemsize)
         self._upfront = upfront_positions(limit, per_position, lazy)
         self._no_huge_pages = lazy and huge_pages_always()
 
@@ -294,7 +294,7 @@ class ReservedCache(KVCache):
         held = layers * min(self.written, self.capacity) * per_position
         if self.strip is not None:
             held += len(self.slid) * min(self.strip.written, self.strip.size) * per_position
-        return held
+        return int(held)
 
 
 def default_budget_bytes() -> int:

@@ -20,6 +20,28 @@ namespace {
 constexpr int kAccumulators = 24;  // of NEON's 32 vector registers, those a pass keeps sums in
 constexpr int kPassRows = 4;       // query rows a pass scores or weighs (a tile's rows in such passes)
 
+// 4 int8 codes at p as fp32
+inline float32x4_t load_codes4(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  const int16x8_t wide = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(word)));
+  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
+}
+
+// a q8 cache's key quarter (4 keys from lane `lane` of a block): the scales of group g, the keys of dimension i
+inline float32x4_t q8_key_scales4(const int8_t* block, int64_t hd, int64_t lane, int64_t g) {
+  return load_half4(reinterpret_cast<const uint16_t*>(block + 16 * hd + g * 32 + lane * 2));
+}
+inline float32x4_t q8_keys4(const int8_t* block, int64_t lane, int64_t i, float32x4_t scale) {
+  return vmulq_f32(load_codes4(block + i * 16 + lane), scale);
+}
+
+// a q8 cache's values d..d+3 of a row (codes, then the row's scales) as fp32
+inline float32x4_t q8_values4(const int8_t* row, int64_t hd, int64_t d) {
+  const uint16_t s = reinterpret_cast<const uint16_t*>(row + hd)[d / 32];
+  return vmulq_f32(load_codes4(row + d), vdupq_n_f32(half_to_float(s)));
+}
+
 // scores [R, lds] of R query rows q [R, hd] against key quarters k0..k0+KQ (4 keys each: quarter k is
 // block k/4's lanes 4 (k%4)..) of the transposed keys kt
 template <int R, int KQ, typename T>
@@ -27,12 +49,29 @@ void score_quarters(const float* q, const T* kt, int64_t k0, int64_t hd, float* 
   float32x4_t acc[R][KQ];
   for (int r = 0; r < R; r++)
     for (int h = 0; h < KQ; h++) acc[r][h] = vdupq_n_f32(0.f);
-  for (int64_t i = 0; i < hd; i++) {
-    float32x4_t keys[KQ];
-    for (int h = 0; h < KQ; h++) keys[h] = load4(kt + (((k0 + h) / 4) * hd + i) * 16 + (k0 + h) % 4 * 4);
-    for (int r = 0; r < R; r++) {
-      const float32x4_t qi = vdupq_n_f32(q[r * hd + i]);
-      for (int h = 0; h < KQ; h++) acc[r][h] = vfmaq_f32(acc[r][h], qi, keys[h]);
+  if constexpr (kQ8<T>) {  // dequantized as read (code * scale), the scales once per 32 dimensions
+    const int8_t* base = reinterpret_cast<const int8_t*>(kt);
+    for (int64_t g = 0; g < hd / 32; g++) {
+      float32x4_t scales[KQ];
+      for (int h = 0; h < KQ; h++)
+        scales[h] = q8_key_scales4(base + (k0 + h) / 4 * 17 * hd, hd, (k0 + h) % 4 * 4, g);
+      for (int64_t i = g * 32; i < g * 32 + 32; i++) {
+        float32x4_t keys[KQ];
+        for (int h = 0; h < KQ; h++) keys[h] = q8_keys4(base + (k0 + h) / 4 * 17 * hd, (k0 + h) % 4 * 4, i, scales[h]);
+        for (int r = 0; r < R; r++) {
+          const float32x4_t qi = vdupq_n_f32(q[r * hd + i]);
+          for (int h = 0; h < KQ; h++) acc[r][h] = vfmaq_f32(acc[r][h], qi, keys[h]);
+        }
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < hd; i++) {
+      float32x4_t keys[KQ];
+      for (int h = 0; h < KQ; h++) keys[h] = load4(kt + (((k0 + h) / 4) * hd + i) * 16 + (k0 + h) % 4 * 4);
+      for (int r = 0; r < R; r++) {
+        const float32x4_t qi = vdupq_n_f32(q[r * hd + i]);
+        for (int h = 0; h < KQ; h++) acc[r][h] = vfmaq_f32(acc[r][h], qi, keys[h]);
+      }
     }
   }
   const float32x4_t scale = vdupq_n_f32(scale_);
@@ -117,7 +156,12 @@ void weigh_pass(const float* w, int64_t lds, const T* v, int64_t length, int64_t
     for (int j = 0; j < DV; j++) acc[r][j] = vdupq_n_f32(0.f);
   for (int64_t u = 0; u < length; u++) {
     float32x4_t vu[DV];
-    for (int j = 0; j < DV; j++) vu[j] = load4(v + u * hd + d0 + 4 * j);
+    if constexpr (kQ8<T>) {
+      const int8_t* row = reinterpret_cast<const int8_t*>(v + span<T>(u, hd));
+      for (int j = 0; j < DV; j++) vu[j] = q8_values4(row, hd, d0 + 4 * j);
+    } else {
+      for (int j = 0; j < DV; j++) vu[j] = load4(v + u * hd + d0 + 4 * j);
+    }
     for (int r = 0; r < R; r++) {
       const float32x4_t wu = vdupq_n_f32(w[r * lds + u]);
       for (int j = 0; j < DV; j++) acc[r][j] = vfmaq_f32(acc[r][j], wu, vu[j]);
