@@ -28,18 +28,14 @@ inline float32x4_t load_codes4(const int8_t* p) {
   return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
 }
 
-// a q8 cache's key quarter (4 keys from lane `lane` of a block): the scales of group g, the keys of dimension i
+// a q8 cache's key quarter (4 keys from lane `lane` of a block): the scales of dimensions 32 g..32 g + 31
 inline float32x4_t q8_key_scales4(const int8_t* block, int64_t hd, int64_t lane, int64_t g) {
   return load_half4(reinterpret_cast<const uint16_t*>(block + 16 * hd + g * 32 + lane * 2));
 }
-inline float32x4_t q8_keys4(const int8_t* block, int64_t lane, int64_t i, float32x4_t scale) {
-  return vmulq_f32(load_codes4(block + i * 16 + lane), scale);
-}
 
-// a q8 cache's values d..d+3 of a row (codes, then the row's scales) as fp32
-inline float32x4_t q8_values4(const int8_t* row, int64_t hd, int64_t d) {
-  const uint16_t s = reinterpret_cast<const uint16_t*>(row + hd)[d / 32];
-  return vmulq_f32(load_codes4(row + d), vdupq_n_f32(half_to_float(s)));
+// a q8 cache's value row (codes, then the row's scales): the scale of dimension d, 4 times
+inline float32x4_t q8_value_scale4(const int8_t* row, int64_t hd, int64_t d) {
+  return vdupq_n_f32(half_to_float(reinterpret_cast<const uint16_t*>(row + hd)[d / 32]));
 }
 
 // scores [R, lds] of R query rows q [R, hd] against key quarters k0..k0+KQ (4 keys each: quarter k is
@@ -49,19 +45,23 @@ void score_quarters(const float* q, const T* kt, int64_t k0, int64_t hd, float* 
   float32x4_t acc[R][KQ];
   for (int r = 0; r < R; r++)
     for (int h = 0; h < KQ; h++) acc[r][h] = vdupq_n_f32(0.f);
-  if constexpr (kQ8<T>) {  // dequantized as read (code * scale), the scales once per 32 dimensions
+  if constexpr (kQ8<T>) {  // per 32 dimensions: sums of q * code, then times the keys' scales
     const int8_t* base = reinterpret_cast<const int8_t*>(kt);
     for (int64_t g = 0; g < hd / 32; g++) {
-      float32x4_t scales[KQ];
-      for (int h = 0; h < KQ; h++)
-        scales[h] = q8_key_scales4(base + (k0 + h) / 4 * 17 * hd, hd, (k0 + h) % 4 * 4, g);
+      float32x4_t part[R][KQ];
+      for (int r = 0; r < R; r++)
+        for (int h = 0; h < KQ; h++) part[r][h] = vdupq_n_f32(0.f);
       for (int64_t i = g * 32; i < g * 32 + 32; i++) {
-        float32x4_t keys[KQ];
-        for (int h = 0; h < KQ; h++) keys[h] = q8_keys4(base + (k0 + h) / 4 * 17 * hd, (k0 + h) % 4 * 4, i, scales[h]);
+        float32x4_t codes[KQ];
+        for (int h = 0; h < KQ; h++) codes[h] = load_codes4(base + (k0 + h) / 4 * 17 * hd + i * 16 + (k0 + h) % 4 * 4);
         for (int r = 0; r < R; r++) {
           const float32x4_t qi = vdupq_n_f32(q[r * hd + i]);
-          for (int h = 0; h < KQ; h++) acc[r][h] = vfmaq_f32(acc[r][h], qi, keys[h]);
+          for (int h = 0; h < KQ; h++) part[r][h] = vfmaq_f32(part[r][h], qi, codes[h]);
         }
+      }
+      for (int h = 0; h < KQ; h++) {
+        const float32x4_t scales = q8_key_scales4(base + (k0 + h) / 4 * 17 * hd, hd, (k0 + h) % 4 * 4, g);
+        for (int r = 0; r < R; r++) acc[r][h] = vfmaq_f32(acc[r][h], part[r][h], scales);
       }
     }
   } else {
@@ -81,7 +81,7 @@ void score_quarters(const float* q, const T* kt, int64_t k0, int64_t hd, float* 
 
 template <int R, typename T>
 void score_rows(const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds, float scale) {
-  constexpr int KQ = std::max(1, std::min(8, kAccumulators / R));
+  constexpr int KQ = std::max(1, std::min(8, kAccumulators / (kQ8<T> ? 2 * R : R)));  // q8: sums per group too
   int64_t h = 0;
   for (; h + KQ <= 4 * blocks; h += KQ) score_quarters<R, KQ>(q, kt, h, hd, scores, lds, scale);
   for (; h < 4 * blocks; h++) score_quarters<R, 1>(q, kt, h, hd, scores, lds, scale);
@@ -158,7 +158,11 @@ void weigh_pass(const float* w, int64_t lds, const T* v, int64_t length, int64_t
     float32x4_t vu[DV];
     if constexpr (kQ8<T>) {
       const int8_t* row = reinterpret_cast<const int8_t*>(v + span<T>(u, hd));
-      for (int j = 0; j < DV; j++) vu[j] = q8_values4(row, hd, d0 + 4 * j);
+      float32x4_t scale = vdupq_n_f32(0.f);
+      for (int j = 0; j < DV; j++) {  // DV 8: d0 is a multiple of 32, the vectors one group
+        if (DV != 8 || j == 0) scale = q8_value_scale4(row, hd, d0 + 4 * j);
+        vu[j] = vmulq_f32(load_codes4(row + d0 + 4 * j), scale);
+      }
     } else {
       for (int j = 0; j < DV; j++) vu[j] = load4(v + u * hd + d0 + 4 * j);
     }
