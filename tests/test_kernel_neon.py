@@ -7,7 +7,7 @@ missing (`.ci/run` installs both).
 Each case is a lean file of one or more weight kinds: fp32 panels, int8, q4 and q8 (a Llama's), and GGUF
 files read directly in mixes that hold every block type the kernel runs (Q2_K..Q6_K; F16, BF16, F32;
 IQ4_NL, IQ4_XS; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on families with biases, q/k norms, soft-capping, GeGLU,
-sandwich norms and a sliding window, caches in fp32 and bf16. On each, the NEON build keeps the exactness
+sandwich norms and a sliding window, caches in fp32, bf16 and q8_0. On each, the NEON build keeps the exactness
 contract on its own (a prefill's last row, a draft's rows and a sequence batched beside another are the
 bits of single steps); with every rope table the identity it gives the AVX2 build's bits, row for row (the
 same integer dots and the same fp32 operations in the same order: simd_neon.h), and with the real rope
@@ -80,6 +80,7 @@ CASES = [
     ("qwen3-floats-iq4", ("qwen3", False, FLOATS_IQ4), "bfloat16"),
     ("gemma2-legacy", ("gemma2", True, LEGACY), "float32"),
     ("qwen3moe-q4km", ("qwen3_moe", False, Q4_K_M), "float32"),  # a mixture of experts (kernels/moe.h)
+    ("qwen3-legacy-q8kv", ("qwen3", False, LEGACY), "q8_0"),  # a q8_0 KV cache (heads of 32)
 ]
 
 
