@@ -135,7 +135,8 @@ class ReservedCache(KVCache):
     sliding layers (where a `Strip` is smaller than the context) `[Ls, KV, strip.size, hd]` in
     `self.wk`, `self.wv`; crops only move the position (`len(self.ids)`). A subclass allocates
     (`_resize`, `_allocate_strip`), moves the strip (`_slide`), copies (`_copy_to`) and turns its
-    arrays into rows and back for `state` and `restore` (`_rows_out`, `_rows_in`, `_put_rows`)."""
+    arrays into rows and back for `state` and `restore` (`_rows_out`, `_rows_in`, `_put_rows`).
+    `itemsize`: bytes an element takes (a q8_0 cache's 17/16: a code, and a 2-byte scale per 32)."""
 
     def __init__(
         self,

@@ -127,7 +127,9 @@ class NativeRunner(ModelRunner):
             raise ValueError(f"the native runner reads float32-panels, int8, q4, q8 or gguf lean files, not {c.kind}")
         if kv_dtype not in CACHE_DTYPES:
             raise ValueError(f"the native runner keeps a float32, bfloat16 or q8_0 KV cache, not {kv_dtype}")
-        reason = shape_reason(c.head_dim, c.heads, c.kv_heads) or (q8_reason(c.head_dim) if kv_dtype == "q8_0" else None)
+        reason = shape_reason(c.head_dim, c.heads, c.kv_heads)
+        if kv_dtype == "q8_0":
+            reason = reason or q8_reason(c.head_dim)
         if reason:
             raise ValueError(reason)
         self._lib = lib
