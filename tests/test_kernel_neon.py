@@ -8,7 +8,7 @@ Each case is a lean file of one or more weight kinds: fp32 panels, int8, q4 and 
 files read directly in mixes that hold every block type the kernel runs (Q2_K..Q6_K; F16, BF16, F32;
 IQ4_NL, IQ4_XS; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on families with biases, q/k norms, soft-capping, GeGLU,
 sandwich norms, a sliding window, a layer without rope, Granite's multipliers and OLMo 2's norms, caches in
-fp32 and bf16. On each, the NEON build keeps the exactness contract on its own (a prefill's last row, a
+fp32, bf16 and q8_0. On each, the NEON build keeps the exactness contract on its own (a prefill's last row, a
 draft's rows and a sequence batched beside another are the bits of single steps); with every rope table the
 identity (a layer without rope keeps none) it gives the AVX2 build's bits, row for row (the same integer dots
 and the same fp32 operations in the same order: simd_neon.h), and with the real rope it is within rounding of
@@ -84,6 +84,7 @@ CASES = [
     ("smollm3-q4km", ("smollm3", True, Q4_K_M), "float32"),  # a layer without rope
     ("granite-legacy", ("granite", True, LEGACY), "bfloat16"),  # its multipliers
     ("olmo2-kquants", ("olmo2", False, K_QUANTS), "float32"),  # norms on the outputs alone, q/k norms of all q, k
+    ("qwen3-legacy-q8kv", ("qwen3", False, LEGACY), "q8_0"),  # a q8_0 KV cache (heads of 32)
 ]
 
 

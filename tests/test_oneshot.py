@@ -143,6 +143,8 @@ def test_lookup_drafts_in_one_shot_and_can_be_turned_off(cli):
         (("-p", "hi", "--dtype", "float8"), b"", "Invalid value for '--dtype': 'float8' is not one of", 2),
         (("-p", "hi", "--runner", "fast"), b"", "Invalid value for '--runner': 'fast' is not one of", 2),
         (("-p", "hi", "--runner", "hf", "--kv-dtype", "bfloat16"), b"", "the HF runner keeps its cache", 1),
+        (("-p", "hi", "--runner", "hf", "--kv-dtype", "q8_0"), b"", "--kv-dtype q8_0: the HF runner keeps", 1),
+        (("-p", "hi", "--kv-dtype", "q8_0"), b"", "--kv-dtype q8_0", 1),  # heads of 16, or no kernel: one line
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(cli, args, stdin, words, code):

@@ -166,14 +166,18 @@ def family_config(family: str, vocab_size: int, max_positions: int = 128):
     raise ValueError(family)
 
 
-def build_family(family: str, vocab_size: int, max_positions: int = 128, seed: int = 0):
+def build_family(family: str, vocab_size: int, max_positions: int = 128, seed: int = 0, **overrides):
     """A tiny random model of a lean family; norms and biases random too, so that each one counts, and
-    q/k small enough that attention spreads over many positions (so that a window changes it)."""
+    q/k small enough that attention spreads over many positions (so that a window changes it).
+    `overrides`: config fields set over the family's (head_dim=32: heads a q8_0 KV cache takes)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(family_config(family, vocab_size, max_positions))
+    config = family_config(family, vocab_size, max_positions)
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    model = AutoModelForCausalLM.from_config(config)
     qk = 6.0 if family == "smollm3" else 0.5  # SmolLM3: sharp enough that a layer's rope (or none) counts
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -135,7 +135,8 @@ class ReservedCache(KVCache):
     sliding layers (where a `Strip` is smaller than the context) `[Ls, KV, strip.size, hd]` in
     `self.wk`, `self.wv`; crops only move the position (`len(self.ids)`). A subclass allocates
     (`_resize`, `_allocate_strip`), moves the strip (`_slide`), copies (`_copy_to`) and turns its
-    arrays into rows and back for `state` and `restore` (`_rows_out`, `_rows_in`, `_put_rows`)."""
+    arrays into rows and back for `state` and `restore` (`_rows_out`, `_rows_in`, `_put_rows`).
+    `itemsize`: bytes an element takes (a q8_0 cache's 17/16: a code, and a 2-byte scale per 32)."""
 
     def __init__(
         self,
@@ -143,7 +144,7 @@ class ReservedCache(KVCache):
         kv_heads: int,
         head_dim: int,
         limit: int,
-        itemsize: int,
+        itemsize: float,
         lazy: bool,
         window: int = 0,
         sliding: Sequence[bool] = (),
@@ -158,7 +159,7 @@ class ReservedCache(KVCache):
         self.limit = limit
         self.written = 0  # the most positions ever written: what the pages behind the cache hold
         self._itemsize = itemsize
-        per_position = 2 * max(1, len(self.full)) * kv_heads * head_dim * itemsize
+        per_position = int(2 * max(1, len(self.full)) * kv_heads * head_dim * itemsize)
         self._upfront = upfront_positions(limit, per_position, lazy)
         self._no_huge_pages = lazy and huge_pages_always()
 
@@ -294,7 +295,7 @@ class ReservedCache(KVCache):
         held = layers * min(self.written, self.capacity) * per_position
         if self.strip is not None:
             held += len(self.slid) * min(self.strip.written, self.strip.size) * per_position
-        return held
+        return int(held)
 
 
 def default_budget_bytes() -> int:

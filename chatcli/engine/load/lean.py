@@ -77,7 +77,9 @@ def lean_engine(
     asked = quantize
     native, quantize = plan(source.folder, device, dtype, kv, quantize, kernel, source.gguf)
     experts_only_native(source, native, quantize, lambda: _why_no_kernel(kernel, device, dtype, kv))
-    kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32 or bfloat16 where native: dtype is float32
+    kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32, bfloat16 or q8_0 where native: dtype is float32
+    if kv == "q8_0":
+        q8_only_native(source, native, lambda: _why_no_kernel(kernel, device, dtype, kv))
     status(f"Loading {source.name}")
     folder = source.folder if quantize == GGUF else source.weights(status)  # a GGUF read as it is needs no model
     if native:
@@ -159,11 +161,23 @@ def plan(folder: Path, device: str, dtype: str, kv: str, quantize: str | None, k
         kernel
         and device == "cpu"
         and dtype == "float32"
-        and kv in ("auto", "float32", "bfloat16")
+        and kv in ("auto", "float32", "bfloat16", "q8_0")
         and _native_shapes(read_config(folder))
         and _kernel()
     )
     return bool(native), resolve_quantize(quantize, folder, bool(native), gguf)
+
+
+def q8_only_native(source: Source, native: bool, why) -> None:
+    """A LoadError for `--kv-dtype q8_0` where the compiled kernel does not run the model (`why()`: why
+    not) or where its heads take no scale per 32 dimensions: no other runner holds such a cache."""
+    if not native:
+        raise LoadError(f"--kv-dtype q8_0 needs the compiled kernel (the native runner): {why()}")
+    from chatcli.engine.runners.native_cache import q8_reason
+
+    reason = q8_reason(_head_dim(read_config(source.folder)))
+    if reason:
+        raise LoadError(f"--kv-dtype q8_0: {reason}")
 
 
 def kinds(native: bool, quantize: str | None, dtype: str) -> list[str]:
@@ -196,15 +210,18 @@ def _native_shapes(config: dict) -> bool:
     from chatcli.engine.runners.native import shape_reason
 
     heads = config.get("num_attention_heads") or 1
-    head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // heads
-    return shape_reason(head_dim, heads, config.get("num_key_value_heads") or heads) is None
+    return shape_reason(_head_dim(config), heads, config.get("num_key_value_heads") or heads) is None
+
+
+def _head_dim(config: dict) -> int:
+    return config.get("head_dim") or (config.get("hidden_size") or 0) // (config.get("num_attention_heads") or 1)
 
 
 def _why_no_kernel(kernel: bool, device: str, dtype: str, kv: str) -> str:
     if not kernel or device != "cpu":
         return "it runs on the CPU only"
-    if dtype != "float32" or kv not in ("float32", "bfloat16"):
-        return "it takes float32 weights and a float32 or bfloat16 KV cache"
+    if dtype != "float32" or kv not in ("float32", "bfloat16", "q8_0"):
+        return "it takes float32 weights and a float32, bfloat16 or q8_0 KV cache"
     return kernels.why_not() or "the model's attention shapes are not the kernel's; use --quantize int8"
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from chatcli.engine.text.templates import check_chat_template
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+KV_DTYPE_NAMES = (*DTYPE_NAMES, "q8_0")  # q8_0: GGUF's Q8_0 blocks, the native runner's only (load.lean)
 DEVICES = ("auto", "cpu", "cuda", "mps")
 RUNNERS = ("auto", "hf", "lean")
 QUANTIZE_CHOICES = ("auto", "none", "int8", "q4", "q8")
@@ -52,7 +53,10 @@ class LoadOptions:
     trust_remote_code: bool = _flag(False, "Allow the model's own Python code.")
     runner: str = _flag("auto", "The forward pass (auto: lean for Llama models).", RUNNERS)  # a ModelRunner
     kv_dtype: str = _flag(  # the lean runner's KV cache: see pick_kv_dtype
-        "auto", "KV cache dtype (auto: bf16 on CPUs with bf16 matmuls).", ("auto", *DTYPE_NAMES)
+        "auto",
+        "KV cache dtype (auto: bf16 on CPUs with bf16 matmuls; q8_0: 8-bit codes with a scale per 32, "
+        "about half of bf16's memory, the compiled kernel only).",
+        ("auto", *KV_DTYPE_NAMES),
     )
     quantize: str | None = _flag(
         "auto",
@@ -127,9 +131,11 @@ def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None =
     against 63 with an fp32 cache, perplexity 28.50 against 28.75 (`chatcli bench --depth 0,4096
     --kv-dtype …`, `chatcli bench --quality --kv-dtype …`, AMD EPYC Zen 4, 2026-12-06); else the
     weights' dtype. int8 keeps fp32: there the bf16 cache cost +3.6 % perplexity against +0.4 %
-    with an fp32 cache (`chatcli bench --quantize int8 --kv-dtype ...`)."""
+    with an fp32 cache (`chatcli bench --quantize int8 --kv-dtype ...`). q8_0 only where asked."""
     if kv_dtype != "auto":
-        return _dtype_named(kv_dtype, "--kv-dtype")
+        if kv_dtype not in KV_DTYPE_NAMES:
+            raise LoadError(f"--kv-dtype must be auto, {', '.join(KV_DTYPE_NAMES[:-1])} or q8_0, got {kv_dtype!r}")
+        return kv_dtype
     from chatcli.engine.cpu import has_native_bf16
 
     bf16 = device == "cpu" and dtype == "float32" and quantize != "int8" and has_native_bf16()

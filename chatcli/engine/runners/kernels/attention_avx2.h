@@ -19,6 +19,21 @@ namespace {
 constexpr int kAccumulators = 12;  // of AVX2's 16 vector registers, those a pass keeps sums in
 constexpr int kPassRows = 4;       // query rows a pass scores or weighs (a tile's rows in such passes)
 
+// 8 int8 codes at p as fp32
+inline __m256 load_codes8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// a q8 cache's key half (8 keys from lane `lane` of a block): the scales of dimensions 32 g..32 g + 31
+inline __m256 q8_key_scales8(const int8_t* block, int64_t hd, int64_t lane, int64_t g) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * hd + g * 32 + lane * 2)));
+}
+
+// a q8 cache's value row (codes, then the row's scales): the scale of dimension d, 8 times
+inline __m256 q8_value_scale8(const int8_t* row, int64_t hd, int64_t d) {
+  return _mm256_set1_ps(half_to_float(reinterpret_cast<const uint16_t*>(row + hd)[d / 32]));
+}
+
 // scores [R, lds] of R query rows q [R, hd] against key halves h0..h0+KH (8 keys each: half h is
 // block h/2's lanes 8 (h%2)..) of the transposed keys kt
 template <int R, int KH, typename T>
@@ -26,12 +41,33 @@ void score_halves(const float* q, const T* kt, int64_t h0, int64_t hd, float* sc
   __m256 acc[R][KH];
   for (int r = 0; r < R; r++)
     for (int h = 0; h < KH; h++) acc[r][h] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < hd; i++) {
-    __m256 keys[KH];
-    for (int h = 0; h < KH; h++) keys[h] = load8(kt + (((h0 + h) / 2) * hd + i) * 16 + (h0 + h) % 2 * 8);
-    for (int r = 0; r < R; r++) {
-      const __m256 qi = _mm256_set1_ps(q[r * hd + i]);
-      for (int h = 0; h < KH; h++) acc[r][h] = _mm256_fmadd_ps(qi, keys[h], acc[r][h]);
+  if constexpr (kQ8<T>) {  // per 32 dimensions: sums of q * code, then times the keys' scales
+    const int8_t* base = reinterpret_cast<const int8_t*>(kt);
+    for (int64_t g = 0; g < hd / 32; g++) {
+      __m256 part[R][KH];
+      for (int r = 0; r < R; r++)
+        for (int h = 0; h < KH; h++) part[r][h] = _mm256_setzero_ps();
+      for (int64_t i = g * 32; i < g * 32 + 32; i++) {
+        __m256 codes[KH];
+        for (int h = 0; h < KH; h++) codes[h] = load_codes8(base + (h0 + h) / 2 * 17 * hd + i * 16 + (h0 + h) % 2 * 8);
+        for (int r = 0; r < R; r++) {
+          const __m256 qi = _mm256_set1_ps(q[r * hd + i]);
+          for (int h = 0; h < KH; h++) part[r][h] = _mm256_fmadd_ps(qi, codes[h], part[r][h]);
+        }
+      }
+      for (int h = 0; h < KH; h++) {
+        const __m256 scales = q8_key_scales8(base + (h0 + h) / 2 * 17 * hd, hd, (h0 + h) % 2 * 8, g);
+        for (int r = 0; r < R; r++) acc[r][h] = _mm256_fmadd_ps(part[r][h], scales, acc[r][h]);
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < hd; i++) {
+      __m256 keys[KH];
+      for (int h = 0; h < KH; h++) keys[h] = load8(kt + (((h0 + h) / 2) * hd + i) * 16 + (h0 + h) % 2 * 8);
+      for (int r = 0; r < R; r++) {
+        const __m256 qi = _mm256_set1_ps(q[r * hd + i]);
+        for (int h = 0; h < KH; h++) acc[r][h] = _mm256_fmadd_ps(qi, keys[h], acc[r][h]);
+      }
     }
   }
   const __m256 scale = _mm256_set1_ps(scale_);
@@ -41,7 +77,7 @@ void score_halves(const float* q, const T* kt, int64_t h0, int64_t hd, float* sc
 
 template <int R, typename T>
 void score_rows(const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds, float scale) {
-  constexpr int KH = std::max(1, std::min(4, kAccumulators / R));
+  constexpr int KH = std::max(1, std::min(4, kAccumulators / (kQ8<T> ? 2 * R : R)));  // q8: sums per group too
   int64_t h = 0;
   for (; h + KH <= 2 * blocks; h += KH) score_halves<R, KH>(q, kt, h, hd, scores, lds, scale);
   for (; h < 2 * blocks; h++) score_halves<R, 1>(q, kt, h, hd, scores, lds, scale);
@@ -105,7 +141,16 @@ void weigh_pass(const float* w, int64_t lds, const T* v, int64_t length, int64_t
     for (int j = 0; j < DV; j++) acc[r][j] = _mm256_setzero_ps();
   for (int64_t u = 0; u < length; u++) {
     __m256 vu[DV];
-    for (int j = 0; j < DV; j++) vu[j] = load8(v + u * hd + d0 + 8 * j);
+    if constexpr (kQ8<T>) {
+      const int8_t* row = reinterpret_cast<const int8_t*>(v + span<T>(u, hd));
+      __m256 scale = _mm256_setzero_ps();
+      for (int j = 0; j < DV; j++) {  // DV 4: d0 is a multiple of 32, the vectors one group
+        if (DV != 4 || j == 0) scale = q8_value_scale8(row, hd, d0 + 8 * j);
+        vu[j] = _mm256_mul_ps(load_codes8(row + d0 + 8 * j), scale);
+      }
+    } else {
+      for (int j = 0; j < DV; j++) vu[j] = load8(v + u * hd + d0 + 8 * j);
+    }
     for (int r = 0; r < R; r++) {
       const __m256 wu = _mm256_set1_ps(w[r * lds + u]);
       for (int j = 0; j < DV; j++) acc[r][j] = _mm256_fmadd_ps(wu, vu[j], acc[r][j]);

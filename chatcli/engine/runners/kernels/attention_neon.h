@@ -20,6 +20,24 @@ namespace {
 constexpr int kAccumulators = 24;  // of NEON's 32 vector registers, those a pass keeps sums in
 constexpr int kPassRows = 4;       // query rows a pass scores or weighs (a tile's rows in such passes)
 
+// 4 int8 codes at p as fp32
+inline float32x4_t load_codes4(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  const int16x8_t wide = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(word)));
+  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
+}
+
+// a q8 cache's key quarter (4 keys from lane `lane` of a block): the scales of dimensions 32 g..32 g + 31
+inline float32x4_t q8_key_scales4(const int8_t* block, int64_t hd, int64_t lane, int64_t g) {
+  return load_half4(reinterpret_cast<const uint16_t*>(block + 16 * hd + g * 32 + lane * 2));
+}
+
+// a q8 cache's value row (codes, then the row's scales): the scale of dimension d, 4 times
+inline float32x4_t q8_value_scale4(const int8_t* row, int64_t hd, int64_t d) {
+  return vdupq_n_f32(half_to_float(reinterpret_cast<const uint16_t*>(row + hd)[d / 32]));
+}
+
 // scores [R, lds] of R query rows q [R, hd] against key quarters k0..k0+KQ (4 keys each: quarter k is
 // block k/4's lanes 4 (k%4)..) of the transposed keys kt
 template <int R, int KQ, typename T>
@@ -27,12 +45,33 @@ void score_quarters(const float* q, const T* kt, int64_t k0, int64_t hd, float* 
   float32x4_t acc[R][KQ];
   for (int r = 0; r < R; r++)
     for (int h = 0; h < KQ; h++) acc[r][h] = vdupq_n_f32(0.f);
-  for (int64_t i = 0; i < hd; i++) {
-    float32x4_t keys[KQ];
-    for (int h = 0; h < KQ; h++) keys[h] = load4(kt + (((k0 + h) / 4) * hd + i) * 16 + (k0 + h) % 4 * 4);
-    for (int r = 0; r < R; r++) {
-      const float32x4_t qi = vdupq_n_f32(q[r * hd + i]);
-      for (int h = 0; h < KQ; h++) acc[r][h] = vfmaq_f32(acc[r][h], qi, keys[h]);
+  if constexpr (kQ8<T>) {  // per 32 dimensions: sums of q * code, then times the keys' scales
+    const int8_t* base = reinterpret_cast<const int8_t*>(kt);
+    for (int64_t g = 0; g < hd / 32; g++) {
+      float32x4_t part[R][KQ];
+      for (int r = 0; r < R; r++)
+        for (int h = 0; h < KQ; h++) part[r][h] = vdupq_n_f32(0.f);
+      for (int64_t i = g * 32; i < g * 32 + 32; i++) {
+        float32x4_t codes[KQ];
+        for (int h = 0; h < KQ; h++) codes[h] = load_codes4(base + (k0 + h) / 4 * 17 * hd + i * 16 + (k0 + h) % 4 * 4);
+        for (int r = 0; r < R; r++) {
+          const float32x4_t qi = vdupq_n_f32(q[r * hd + i]);
+          for (int h = 0; h < KQ; h++) part[r][h] = vfmaq_f32(part[r][h], qi, codes[h]);
+        }
+      }
+      for (int h = 0; h < KQ; h++) {
+        const float32x4_t scales = q8_key_scales4(base + (k0 + h) / 4 * 17 * hd, hd, (k0 + h) % 4 * 4, g);
+        for (int r = 0; r < R; r++) acc[r][h] = vfmaq_f32(acc[r][h], part[r][h], scales);
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < hd; i++) {
+      float32x4_t keys[KQ];
+      for (int h = 0; h < KQ; h++) keys[h] = load4(kt + (((k0 + h) / 4) * hd + i) * 16 + (k0 + h) % 4 * 4);
+      for (int r = 0; r < R; r++) {
+        const float32x4_t qi = vdupq_n_f32(q[r * hd + i]);
+        for (int h = 0; h < KQ; h++) acc[r][h] = vfmaq_f32(acc[r][h], qi, keys[h]);
+      }
     }
   }
   const float32x4_t scale = vdupq_n_f32(scale_);
@@ -42,7 +81,7 @@ void score_quarters(const float* q, const T* kt, int64_t k0, int64_t hd, float* 
 
 template <int R, typename T>
 void score_rows(const float* q, const T* kt, int64_t blocks, int64_t hd, float* scores, int64_t lds, float scale) {
-  constexpr int KQ = std::max(1, std::min(8, kAccumulators / R));
+  constexpr int KQ = std::max(1, std::min(8, kAccumulators / (kQ8<T> ? 2 * R : R)));  // q8: sums per group too
   int64_t h = 0;
   for (; h + KQ <= 4 * blocks; h += KQ) score_quarters<R, KQ>(q, kt, h, hd, scores, lds, scale);
   for (; h < 4 * blocks; h++) score_quarters<R, 1>(q, kt, h, hd, scores, lds, scale);
@@ -117,7 +156,16 @@ void weigh_pass(const float* w, int64_t lds, const T* v, int64_t length, int64_t
     for (int j = 0; j < DV; j++) acc[r][j] = vdupq_n_f32(0.f);
   for (int64_t u = 0; u < length; u++) {
     float32x4_t vu[DV];
-    for (int j = 0; j < DV; j++) vu[j] = load4(v + u * hd + d0 + 4 * j);
+    if constexpr (kQ8<T>) {
+      const int8_t* row = reinterpret_cast<const int8_t*>(v + span<T>(u, hd));
+      float32x4_t scale = vdupq_n_f32(0.f);
+      for (int j = 0; j < DV; j++) {  // DV 8: d0 is a multiple of 32, the vectors one group
+        if (DV != 8 || j == 0) scale = q8_value_scale4(row, hd, d0 + 4 * j);
+        vu[j] = vmulq_f32(load_codes4(row + d0 + 4 * j), scale);
+      }
+    } else {
+      for (int j = 0; j < DV; j++) vu[j] = load4(v + u * hd + d0 + 4 * j);
+    }
     for (int r = 0; r < R; r++) {
       const float32x4_t wu = vdupq_n_f32(w[r * lds + u]);
       for (int j = 0; j < DV; j++) acc[r][j] = vfmaq_f32(acc[r][j], wu, vu[j]);

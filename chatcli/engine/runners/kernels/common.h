@@ -97,6 +97,25 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch doe
   return static_cast<uint16_t>(u >> 16);
 }
 
+// A q8_0 KV cache's bytes (GGUF's Q8_0: int8 codes and an fp16 scale per 32 dimensions of a position; a
+// value is code * scale). A key block of 16 positions is [hd, 16] codes, then [hd/32, 16] scales (17 hd
+// bytes); a value row is [hd] codes, then [hd/32] scales (17 hd / 16 bytes). hd is a multiple of 32.
+struct Q8 {
+  int8_t code;
+};
+
+template <typename T>
+constexpr bool kQ8 = std::is_same_v<T, Q8>;
+
+// what `positions` positions of one KV head take in a cache of T, in T (keys: whole blocks of 16)
+template <typename T>
+constexpr int64_t span(int64_t positions, int64_t hd) {
+  if constexpr (kQ8<T>)
+    return positions * hd / 16 * 17;
+  else
+    return positions * hd;
+}
+
 // rope on `heads` heads of a row in adjacent pairs (2i, 2i + 1): rope [hd/2, 2] holds cos, sin
 void rope_row(float* row, const float* rope, int64_t heads, int64_t half) {
   for (int64_t head = 0; head < heads; head++)

@@ -34,6 +34,9 @@ inline __m512 exp_ps(__m512 x) {
 }
 
 inline float half_to_float(uint16_t h) { return _mm512_cvtss_f32(_mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)))); }
+inline uint16_t float_to_half(float f) {  // round to nearest even
+  return static_cast<uint16_t>(_mm256_extract_epi16(_mm512_cvtps_ph(_mm512_set1_ps(f), _MM_FROUND_TO_NEAREST_INT), 0));
+}
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {

@@ -50,6 +50,9 @@ inline float32x4_t exp_ps(float32x4_t x) {
 inline float half_to_float(uint16_t h) {
   return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
 }
+inline uint16_t float_to_half(float f) {  // round to nearest even
+  return vget_lane_u16(vreinterpret_u16_f16(vcvt_f16_f32(vdupq_n_f32(f))), 0);
+}
 
 inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
 inline float32x4_t load4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -12,7 +13,7 @@
 
 extern "C" {
 
-enum { CACHE_F32 = 0, CACHE_BF16 = 1 };
+enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_Q8 = 2 };
 
 struct Layer {
   Matrix qkv, out, gate_up, down;
@@ -48,9 +49,9 @@ struct Model {
 };
 
 struct Cache {
-  int32_t kind;             // CACHE_F32 or CACHE_BF16
-  void* const* k;           // per layer: [KV, capacity/16, hd, 16]
-  void* const* v;           // per layer: [KV, capacity, hd]
+  int32_t kind;             // CACHE_F32, CACHE_BF16 or CACHE_Q8 (common.h: Q8's bytes)
+  void* const* k;           // per layer: [KV, capacity/16, hd, 16] (q8: codes and scales a block)
+  void* const* v;           // per layer: [KV, capacity, hd] (q8: codes and scales a row)
   const int64_t* capacity;  // per layer: the positions it holds
   const int64_t* base;      // per layer: the first of them
 };
@@ -118,6 +119,35 @@ void prepare_row(const Matrix& m, const float* src, int64_t lds, int64_t s, bool
       }
     }
   }
+}
+
+// 32 values x[i] -> int8 codes q[i * stride] and their fp16 scale (GGUF's Q8_0: amax / 127, the codes
+// rounded to nearest against the scale as stored); the same bits on every build
+inline uint16_t quantize_q8(const float* x, int8_t* q, int64_t stride) {
+  float amax = 0.f;
+  for (int i = 0; i < 32; i++) amax = std::max(amax, std::fabs(x[i]));
+  const uint16_t d = float_to_half(amax / 127.f);
+  const float stored = half_to_float(d), inv = stored > 0.f ? 1.f / stored : 0.f;
+  for (int i = 0; i < 32; i++) {
+    const float code = std::nearbyint(x[i] * inv);  // NaN: 0
+    q[i * stride] = static_cast<int8_t>(code == code ? std::min(127.f, std::max(-127.f, code)) : 0.f);
+  }
+  return d;
+}
+
+// a key row into its q8 block (kt: one KV head's blocks of 17 hd bytes, see common.h's Q8)
+inline void store_key(Q8* kt, int64_t position, const float* src, int64_t hd) {
+  int8_t* block = reinterpret_cast<int8_t*>(kt + position / 16 * 17 * hd);
+  uint16_t* scales = reinterpret_cast<uint16_t*>(block + 16 * hd);  // [hd/32, 16]
+  const int64_t lane = position % 16;
+  for (int64_t g = 0; g < hd / 32; g++) scales[g * 16 + lane] = quantize_q8(src + g * 32, block + g * 32 * 16 + lane, 16);
+}
+
+// a value row as q8: its codes, then its scales
+inline void store_value(Q8* dst, const float* src, int64_t hd) {
+  int8_t* codes = reinterpret_cast<int8_t*>(dst);
+  uint16_t* scales = reinterpret_cast<uint16_t*>(codes + hd);
+  for (int64_t g = 0; g < hd / 32; g++) scales[g] = quantize_q8(src + g * 32, codes + g * 32, 1);
 }
 
 // An attention task: `positions` rows of segment `seg` from row `s` (of the step) on, `heads` heads from
@@ -233,8 +263,8 @@ struct Step {
     T* vl = static_cast<T*>(c.v[l]);  // [KV, capacity, hd]
     const int64_t cap = c.capacity[l], at = row_pos[s] - c.base[l];
     for (int64_t g = 0; g < KV; g++) {
-      store_key(kl + g * cap * hd, at, row + (H + g) * hd, hd);
-      store_value(vl + (g * cap + at) * hd, row + (H + KV + g) * hd, hd);
+      store_key(kl + g * span<T>(cap, hd), at, row + (H + g) * hd, hd);
+      store_value(vl + span<T>(g * cap + at, hd), row + (H + KV + g) * hd, hd);
     }
   }
 
@@ -246,8 +276,8 @@ struct Step {
     const Layer& layer = m.layers[l];
     const Cache& c = *segs[t.seg].cache;
     const int64_t cap = c.capacity[l], base = c.base[l];
-    const T* kl = static_cast<const T*>(c.k[l]) + t.g * cap * hd;
-    const T* vl = static_cast<const T*>(c.v[l]) + t.g * cap * hd;
+    const T* kl = static_cast<const T*>(c.k[l]) + t.g * span<T>(cap, hd);
+    const T* vl = static_cast<const T*>(c.v[l]) + t.g * span<T>(cap, hd);
     attend(q + t.head * hd, n_qkv, t.positions, t.heads, kl, vl, base, row_pos[t.s] + 1, hd, layer.window,
            m.attn_scale, m.attn_softcap, scratch, out, ldo);
   }

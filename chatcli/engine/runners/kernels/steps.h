@@ -319,7 +319,7 @@ void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const
   float* ot = scratch + kTileRows * hd;      // [rows, hd]
   float* scores = ot + kTileRows * hd;       // [rows, lds]
   for (int64_t p = 0; p < positions; p++) std::memcpy(qt + p * heads * hd, q + p * ldq, heads * hd * sizeof(float));
-  score_any<T>(rows, qt, kt + (u0 - base) * hd, blocks - b0, hd, scores + u0, lds, scale);
+  score_any<T>(rows, qt, kt + span<T>(u0 - base, hd), blocks - b0, hd, scores + u0, lds, scale);
   float inv[kTileRows];
   for (int64_t r = 0; r < rows; r++) {
     float* w = scores + r * lds;
@@ -329,7 +329,7 @@ void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const
     std::fill(w + u0, w + first, 0.f);
     std::fill(w + own, w + last, 0.f);
   }
-  weigh_any<T>(rows, scores + u0, lds, v + (u0 - base) * hd, last - u0, hd, inv, ot);
+  weigh_any<T>(rows, scores + u0, lds, v + span<T>(u0 - base, hd), last - u0, hd, inv, ot);
   for (int64_t p = 0; p < positions; p++) std::memcpy(out + p * ldo, ot + p * heads * hd, heads * hd * sizeof(float));
 }
 

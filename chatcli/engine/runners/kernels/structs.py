@@ -22,7 +22,7 @@ BLOCK_KINDS = {
     "iq4nl": WEIGHT_IQ4NL,
     "iq4xs": WEIGHT_IQ4XS,
 }
-CACHE_F32, CACHE_BF16 = 0, 1
+CACHE_F32, CACHE_BF16, CACHE_Q8 = 0, 1, 2
 
 _i32, _i64, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
