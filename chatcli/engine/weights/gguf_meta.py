@@ -36,6 +36,7 @@ FAMILIES = {
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
+    "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
 }
 NO_ROPE_STEP = {"smollm3": 4}  # llama.cpp's: layer i rotates nothing where (i + 1) % step == 0 (no key says so)
 
@@ -95,7 +96,7 @@ def hf_config(f: GGUFFile) -> dict:
         "architectures": [architecture],
         "model_type": model_type,
         "hidden_size": hidden,
-        "intermediate_size": int(f.hp("feed_forward_length")),
+        "intermediate_size": int(f.hp("feed_forward_length") or f.hp("expert_feed_forward_length")),
         "num_hidden_layers": int(f.hp("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(f.hp("attention.head_count_kv", heads) or heads),
