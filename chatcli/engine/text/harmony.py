@@ -1,4 +1,4 @@
-"""gpt-oss's Harmony replies told apart as a `<think>` reply is: the `analysis` channel is reasoning, `final` the answer.
+"""gpt-oss's Harmony replies told apart as a `<think>` reply is: its `analysis` channel reasoning, `final` the answer.
 
 A Harmony model (its chat template writes `<|channel|>` and its vocabulary has Harmony's control tokens) replies
 `<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…<|return|>`: control tokens
