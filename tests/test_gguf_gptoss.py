@@ -123,3 +123,16 @@ def test_a_gptoss_file_missing_its_sinks_is_not_read_directly(tmp_path):
     path = write_gptoss(tiny_gptoss(), tmp_path / "gptoss.gguf")
     damaged = rewrite_gguf(path, tmp_path / "nosinks.gguf", tensors={"blk.1.attn_sinks.weight": None})
     assert direct_reason(GGUFFile(damaged)) == "blk.1.attn_sinks.weight is missing"
+
+
+def test_a_gptoss_gguf_loads_on_its_own_blocks(kernel, tmp_path):
+    """The whole load, as a user's: no longer refused, read directly, the engine's logits the direct runner's."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+
+    path = write_gptoss(tiny_gptoss(4), tmp_path / "gptoss.gguf", "MXFP4")
+    runner = load_engine(str(path), LoadOptions(device="cpu")).runner
+    assert isinstance(runner, NativeRunner) and runner.config.family == "gpt_oss"
+    (tmp_path / "again").mkdir()
+    direct = gptoss_runner(tiny_gptoss(4), "MXFP4", tmp_path / "again", kv_dtype=runner.kv_dtype)
+    assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
