@@ -85,6 +85,8 @@ def random_blocks(n: int, k: int, type_name: str, rng: np.random.Generator) -> n
     for offset in FP16_OFFSETS[type_name]:
         scale = rng.uniform(1e-3, 1e-2, size=(n, k // block)).astype(np.float16)
         raw[..., offset : offset + 2] = scale.view(np.uint8).reshape(n, k // block, 2)
+    if type_name == "MXFP4":  # its E8M0 scale byte: 2^-10 .. 2^2 (weights up to ~50)
+        raw[..., 0] = rng.integers(118, 131, size=(n, k // block), dtype=np.uint8)
     return raw.reshape(n, k // block * size)
 
 
@@ -102,6 +104,7 @@ FP16_OFFSETS = {
     "Q6_K": (208,),
     "IQ4_NL": (0,),
     "IQ4_XS": (0,),
+    "MXFP4": (),
 }
 
 

@@ -113,6 +113,8 @@ def write_case(runner, path: Path, script: Script, kv_dtype: str, threads: tuple
         w.add(1 + len(experts) if layer.router else 0)
         for matrix in [layer.router.contents, *experts] if layer.router else []:
             w.matrix(matrix)
+        for name in ("out_bias", "router_bias", "experts_bias", "sinks"):  # gpt-oss's
+            w.pointer(getattr(layer, name))
     w.matrix(m.head)
     w.add(1 if m.embed_rows else 0)
     if m.embed_rows:

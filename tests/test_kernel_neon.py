@@ -6,7 +6,7 @@ missing (`.ci/run` installs both).
 
 Each case is a lean file of one or more weight kinds: fp32 panels, int8, q4 and q8 (a Llama's), and GGUF
 files read directly in mixes that hold every block type the kernel runs (Q2_K..Q6_K; F16, BF16, F32;
-IQ4_NL, IQ4_XS; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on families with biases, q/k norms, soft-capping, GeGLU,
+IQ4_NL, IQ4_XS, MXFP4; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on families with biases, q/k norms, soft-capping, GeGLU,
 sandwich norms, a sliding window, a layer without rope, Granite's multipliers and OLMo 2's norms, caches in
 fp32, bf16 and q8_0. On each, the NEON build keeps the exactness contract on its own (a prefill's last row, a
 draft's rows and a sequence batched beside another are the bits of single steps); with every rope table the
@@ -85,6 +85,7 @@ CASES = [
     ("granite-legacy", ("granite", True, LEGACY), "bfloat16"),  # its multipliers
     ("olmo2-kquants", ("olmo2", False, K_QUANTS), "float32"),  # norms on the outputs alone, q/k norms of all q, k
     ("qwen3-legacy-q8kv", ("qwen3", False, LEGACY), "q8_0"),  # a q8_0 KV cache (heads of 32)
+    ("gptoss-mxfp4", ("gpt_oss", False, "MXFP4"), "bfloat16"),  # biases, sinks, its SwiGLU, MXFP4 experts, YaRN
 ]
 
 
@@ -110,6 +111,11 @@ def runner_for(spec, kv_dtype: str, tiny_loaded, folder) -> NativeRunner:
         weights = lean_weights(tiny_loaded.model, spec, folder, tiny_loaded.tokenizer)
         return NativeRunner(weights, kv_dtype=kv_dtype, threads=2)
     family, tied, types = spec
+    if family == "gpt_oss":
+        from tests.gguf_oai import tiny_gptoss
+        from tests.test_gguf_gptoss import gptoss_runner
+
+        return gptoss_runner(tiny_gptoss(4), types, folder, kv_dtype)
     runner = direct_runner(tiny(family, tied), types, folder)
     return NativeRunner(runner.weights, kv_dtype=kv_dtype, threads=2)
 
@@ -170,7 +176,10 @@ def test_neon_is_close_to_the_avx2_build(case):
 def test_the_cases_hold_every_weight_kind():
     covered = set()
     for _name, spec, _kv in CASES:
-        covered |= {spec} if isinstance(spec, str) else {RUN[t] for t in getattr(spec[2], "types", {}).values()}
+        if isinstance(spec, str) or isinstance(spec[2], str):  # a lean kind, or a GGUF of one type (gpt-oss's experts)
+            covered |= {spec} if isinstance(spec, str) else {RUN[spec[2]]}
+            continue
+        covered |= {RUN[t] for t in getattr(spec[2], "types", {}).values()}
     assert covered == {"float32-panels", "int8", *BLOCK_KINDS}
 
 
@@ -186,7 +195,21 @@ def test_neon_tracks_the_torch_path(harness, avx2, tiny_loaded, tmp_path):
         assert close(row, torch_path.forward([t], cache), rel=1e-4)
 
 
-GGUF_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+GGUF_TYPES = [
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "MXFP4",
+]
 
 
 def projection(name: str, n: int = 39) -> neon_case.Projection:

@@ -39,6 +39,7 @@ from chatcli.engine.sample.lookup import PromptLookup
 from chatcli.engine.sample.sampling import InvalidParameter, SamplingParams, pick
 from chatcli.engine.sample.tools import held
 from chatcli.engine.stats import TurnStats
+from chatcli.engine.text import harmony
 from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.text.fit import ContextOverflow, fit_conversation
 from chatcli.engine.text.template import PromptCancelled
@@ -278,7 +279,9 @@ class Engine:
         stats.prefill_tok_s = stats.prefill_tokens / prefill_s if prefill_s > 0 else 0.0
         yield Prefilled(len(target), cached, stats.prefill_tokens, prefill_s, truncated, target)
 
-        detok = IncrementalDetokenizer(self.tokenizer)
+        found = harmony.markers(self.tokenizer)  # gpt-oss: its channels read, analysis as <think>
+        detok = harmony.HarmonyDetokenizer(self.tokenizer, found) if found else IncrementalDetokenizer(self.tokenizer)
+        stop_ids = harmony.stop_ids(self.tokenizer)
         stops = StopStringFilter((*params.stop, *getattr(self.tokenizer, "stop_texts", ())))
         generator = session.generator_for(params)
         reply: list[str] = []
@@ -305,7 +308,7 @@ class Engine:
                 stats.ttft_s = t_first - t_submit
             else:
                 rate = (samples - 1) / max(t_last - t_first, 1e-9)
-            if token_id in self.tokenizer.stop_ids:
+            if token_id in stop_ids:
                 finish_reason = FinishReason.STOP
                 break
             n += 1

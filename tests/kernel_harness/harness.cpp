@@ -8,7 +8,7 @@
 // CASE: little-endian int64 words: "CHATNEON", the version, then the model (Model's fields in order, each
 // Matrix's with its parts, each Layer's; a float as its bits, a pointer as an offset into LEAN or -1 for
 // null; a layer's rope -2: the identity, cos 1 and sin 0 at every position, -1: none; after a layer's vectors 0,
-// or the count of its router and experts' matrices and those), then the script's numbers:
+// or the count of its router and experts' matrices and those, then gpt-oss's four vectors), then the script's numbers:
 // cache kind, capacity, the threads of single steps and of the rest, and three id lists (a count, the
 // ids): the prompt P, the draft D, another prompt O.
 // OUT: float32 rows of V logits, in order:
@@ -213,6 +213,10 @@ int main(int argc, char** argv) {
       layer.router = &mixtures.back()[0];
       layer.experts = &mixtures.back()[1];
     }
+    layer.out_bias = in.pointer<const float>();  // gpt-oss's (null: none)
+    layer.router_bias = in.pointer<const float>();
+    layer.experts_bias = in.pointer<const float>();
+    layer.sinks = in.pointer<const float>();
     layers.push_back(layer);
   }
   m.layers = layers.data();

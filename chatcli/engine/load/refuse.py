@@ -1,7 +1,7 @@
 """A GGUF refused before anything reads it, in one line: a later part of a split model (it runs by its
 first part) or one whose parts are not all there, or an architecture chatcli does not run.
 
-Without this, a GGUF of an architecture outside the lean families (`mamba`, `rwkv6`, `gpt-oss`, …)
+Without this, a GGUF of an architecture outside the lean families (`mamba`, `rwkv6`, `deepseek2`, …)
 went to transformers' GGUF converter, which spent from seconds to minutes before it stopped with its
 own text (`You set ignore_mismatched_sizes to False…` for Qwen3-MoE). The architecture is read from the
 first key-value pairs of the header (llama.cpp writes `general.architecture` first): a few KiB, no

@@ -27,6 +27,7 @@ from chatcli.engine.runners.base import ModelRunner
 from chatcli.engine.runners.kernels.structs import (
     ACT_GELU_TANH,
     ACT_SILU,
+    ACT_SWIGLU_OAI,
     BLOCK_KINDS,
     WEIGHT_F32,
     WEIGHT_I8,
@@ -46,6 +47,7 @@ from chatcli.engine.weights.lean_file import (
     GROUP,
     GROUPED,
     INT8,
+    OAI_VECTORS,
     PROJECTIONS,
     VECTORS,
     LeanWeights,
@@ -161,6 +163,7 @@ class NativeRunner(ModelRunner):
                 c.layer_window(i),
                 *[vector(f"layers.{i}.{n}") for n in VECTORS],  # in Layer's field order
                 *self._experts(i, shapes),
+                *[vector(f"layers.{i}.{n}") for n in OAI_VECTORS],
             )
             for i in range(c.layers)
         ]
@@ -176,7 +179,7 @@ class NativeRunner(ModelRunner):
             c.eps,
             c.scale,
             c.attn_softcap,
-            ACT_GELU_TANH if c.act == "gelu_tanh" else ACT_SILU,
+            {"gelu_tanh": ACT_GELU_TANH, "swiglu_oai": ACT_SWIGLU_OAI}.get(c.act, ACT_SILU),
             None if c.kind in BLOCKS else weights.address("embed"),
             self._layers,
             self._matrix("head", shapes),

@@ -31,7 +31,7 @@ from __future__ import annotations
 LEAN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "smollm3", "granite", "olmo2")
 # mixtures of experts: run from a GGUF's own blocks on the compiled kernel only (kernels/moe.h), every layer's
 # router choosing its experts (`gguf_lean`); a model folder of them, or no kernel, is transformers'
-MOE_FAMILIES = ("qwen3_moe", "mixtral")
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
 GEMMA = ("gemma2", "gemma3_text")
 POST_NORMED = ("olmo2",)  # RMSNorm on each block's output, none before it
 # static rope tables (computed once for the context); "dynamic" NTK rescales with the length and is not

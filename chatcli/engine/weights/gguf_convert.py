@@ -38,7 +38,8 @@ FORMAT = 1
 # pre-tokenizer splits; Gemma 2 / 3 and Phi-3 read directly. 3: F16 / BF16 / F32, IQ4_NL / IQ4_XS tensors too.
 # 4: control tokens special by gguf_meta.is_control (Gemma's <start_of_image> was written as text).
 # 5: a padding token typed UNUSED is special too (it was printed as its text, `[PAD151643]`).
-METADATA = 5
+# 6: gpt-oss read directly (MXFP4, its biases and sinks), the o200k (gpt-4o) split.
+METADATA = 6
 KEY = 16  # hex digits of the identity in a folder's name
 
 

@@ -13,8 +13,8 @@ says so), `granite` (`embedding_scale`, `attention.scale`, `residual_scale`, `lo
 adjacent pairs, the lean order already; the others rotate halves (NEOX), so their q/k rows (and biases and
 norms) are put in that order here.
 
-A mixture of experts (`qwen3moe`, a `llama` with `expert_count`: Mixtral) keeps its router (`ffn_gate_inp`,
-F32 as llama.cpp leaves it) as a projection with the FFN's norm, and its experts' 3-D tensors
+A mixture of experts (`qwen3moe`, a `llama` with `expert_count`: Mixtral, `gpt-oss`: see `gguf_oai`) keeps its
+router (`ffn_gate_inp`, F32 as llama.cpp leaves it) as a projection with the FFN's norm, and its experts' 3-D tensors
 (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`: [experts, rows, k]) as stacked 2-D ones, every expert's rows
 in turn, so that an expert is a view of its own rows (`native.NativeRunner`); `ffn` is then an expert's width.
 
@@ -36,17 +36,30 @@ from pathlib import Path
 
 import numpy as np
 
-from chatcli.engine.weights import Status, gguf_meta
-from chatcli.engine.weights.families import GEMMA, MAX_CONTEXT
+from chatcli.engine.weights import Status, gguf_meta, gguf_oai
+from chatcli.engine.weights.families import GEMMA
 from chatcli.engine.weights.gguf_check import check_header
 from chatcli.engine.weights.gguf_file import GGUFFile
+from chatcli.engine.weights.gguf_rope import context_limit, rope_table
 from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
 
 FAMILIES = {arch: model_type for arch, (model_type, _) in gguf_meta.FAMILIES.items()}  # read directly
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # [experts, rows, k] each, stacked
-NEOX = ("qwen2", "qwen3", "qwen3_moe", "phi3", "olmo2", *GEMMA)  # rope on rotate-half pairs: q/k rows reordered here
-SWA_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's: of every n layers the last attends to all, the rest slide
+NEOX = (
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+    "olmo2",
+    "gpt_oss",
+    *GEMMA,
+)  # rope on rotate-half pairs: q/k rows reordered here
+SWA_PATTERN = {
+    "gemma2": 2,
+    "gemma3": 6,
+    gguf_oai.ARCH: 2,
+}  # llama.cpp's: of every n layers the last attends to all, the rest slide
 SWA_DEFAULT = {"gemma2": 4096}  # the window where the file does not say (llama.cpp's)
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0)}  # attention's and the logits' where the file does not say
 LAYERS_27B = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales a 27B's scores by 1/sqrt(D / heads)
@@ -59,8 +72,10 @@ def direct_reason(meta: GGUFFile) -> str | None:
     if meta.hp("attention.sliding_window") and meta.arch not in (*SWA_PATTERN, "phi3"):
         return "a sliding window"
     scaling = str(meta.hp("rope.scaling.type", "none") or "none")
-    if scaling not in ("none", "linear"):
+    if scaling not in ("none", "linear", *(("yarn",) if meta.arch == gguf_oai.ARCH else ())):
         return f"rope scaling {scaling!r}"
+    if meta.arch == gguf_oai.ARCH and gguf_oai.missing(meta):  # its biases and sinks
+        return gguf_oai.missing(meta)
     for name, t in meta.tensors.items():
         if len(t.shape) in (2, 3) and name.endswith(".weight") and kind_of(t.type_name) is None:
             return f"{name} is {t.type_name}"
@@ -83,43 +98,6 @@ def experts_reason(meta: GGUFFile) -> str | None:
     if rows % 16:
         return f"experts of {rows} rows (the kernel takes a multiple of 16)"
     return None
-
-
-def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False, start: int = 0) -> np.ndarray:
-    """`[T, hd/2, 2]` cos, sin of positions start..limit-1: angle pos * base^(-2i/r) / factor_i (llama.cpp's
-    rope: `rope_freqs` factors where the file has them, positions / the linear scaling factor), pairs past
-    r as (1, 0). `sliding`: Gemma 3's sliding layers' table (`rope.freq_base_swa`, else 10000, unscaled).
-    A LongRoPE file (Phi-3's `rope_factors_short` / `_long`) runs on its short factors, cos and sin times
-    `rope.scaling.attn_factor`, up to its original context (`context_limit`), as llama.cpp does there."""
-    r = int(meta.hp("rope.dimension_count", head_dim) or head_dim)
-    base = float(meta.hp("rope.freq_base", 10000.0) or 10000.0)
-    if sliding:
-        base = float(meta.hp("rope.freq_base_swa", 10000.0) or 10000.0)
-    inv = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [r/2]
-    for factors in ("rope_freqs.weight", "rope_factors_short.weight"):
-        if factors in meta.tensors:
-            inv = inv / meta.vector(factors)[: r // 2].astype(np.float64)
-    positions = np.arange(start, limit, dtype=np.float64)
-    if str(meta.hp("rope.scaling.type", "none")) == "linear" and not sliding:
-        positions = positions / float(meta.hp("rope.scaling.factor", 1.0) or 1.0)
-    angles = positions[:, None] * inv[None, :]  # [T, r/2]
-    table = np.zeros((limit - start, head_dim // 2, 2), np.float32)
-    table[:, :, 0] = 1.0
-    scale = (
-        float(meta.hp("rope.scaling.attn_factor", 1.0) or 1.0) if "rope_factors_short.weight" in meta.tensors else 1.0
-    )
-    table[:, : r // 2, 0], table[:, : r // 2, 1] = scale * np.cos(angles), scale * np.sin(angles)
-    return table
-
-
-def context_limit(meta: GGUFFile, limit: int) -> int:
-    """The context the lean file's rope covers: `limit`, the file's context, or a LongRoPE file's original
-    one (past it llama.cpp switches every position to the long factors, which a cache cannot follow);
-    at most `families.MAX_CONTEXT`."""
-    limit = min(limit, int(meta.hp("context_length", limit) or limit), MAX_CONTEXT)
-    if "rope_factors_long.weight" in meta.tensors:
-        limit = min(limit, int(meta.hp("rope.scaling.original_context_length", limit) or limit))
-    return limit
 
 
 def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
@@ -155,7 +133,8 @@ def plan(meta: GGUFFile) -> dict[str, tuple[list, str | None]]:
         out[f"layers.{i}.qkv"] = (qkv, b + "attn_norm.weight" if pre else None)
         out[f"layers.{i}.out"] = ([(b + "attn_output.weight", None)], None)
         if b + "ffn_gate_inp.weight" in meta.tensors:  # a mixture of experts: the router, then the stacked experts
-            out[f"layers.{i}.router"] = ([(b + "ffn_gate_inp.weight", None)], b + "ffn_norm.weight")
+            norm = b + ("ffn_norm.weight" if b + "ffn_norm.weight" in meta.tensors else "post_attention_norm.weight")
+            out[f"layers.{i}.router"] = ([(b + "ffn_gate_inp.weight", None)], norm)  # gpt-oss: its post_attention_norm
             gate, up, down = (b + name + ".weight" for name in EXPERT_TENSORS)
             out[f"layers.{i}.experts_gate_up"] = ([(gate, None), (up, None)], None)
             out[f"layers.{i}.experts_down"] = ([(down, None)], None)
@@ -219,7 +198,7 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         qkv_bias=any(k.endswith("qkv_bias") for k in vectors),
         qk_norm=any(k.endswith("q_norm") for k in vectors),
         post_norms=any(k.endswith("post_attn_norm") for k in vectors),
-        act="gelu_tanh" if gemma else "silu",
+        act="gelu_tanh" if gemma else "swiglu_oai" if meta.arch == gguf_oai.ARCH else "silu",
         attn_scale=attention_scale(meta, hidden, heads, head_dim),
         attn_softcap=float(meta.hp("attn_logit_softcapping", caps[0])) if caps else 0.0,
         final_softcap=float(meta.hp("final_logit_softcapping", caps[1])) if caps else 0.0,
@@ -232,7 +211,9 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         types="+".join(sorted({extra[2] for listed in parts.values() for _, _, extra in listed})),
         experts=experts,
         experts_used=int(meta.hp("expert_used_count", 0) or 0) if experts else 0,
-        norm_topk=True,  # llama.cpp's qwen3moe and llama (Mixtral) always normalise, whatever the file says
+        norm_topk=True,  # llama.cpp's qwen3moe and llama (Mixtral) always normalise; gpt-oss: softmax over the top k
+        biases=any(k.endswith("out_bias") for k in vectors),
+        sinks=any(k.endswith("sinks") for k in vectors),
         **family_fields(meta, head_dim),
     )
 
@@ -281,14 +262,12 @@ def write_lean_file(
     for name, (_parts, norm) in projections.items():
         if norm is not None:
             small[norm_before(name)] = _padded(meta.vector(norm))
-    vectors = _family_vectors(
-        meta,
-        int(meta.hp("block_count")),
-        heads,
+    kv_heads, rotary = (
         int(meta.hp("attention.head_count_kv", heads) or heads),
-        head_dim,
-        FAMILIES[meta.arch] in NEOX,
         int(meta.hp("rope.dimension_count", head_dim) or head_dim),
+    )
+    vectors = _family_vectors(
+        meta, int(meta.hp("block_count")), heads, kv_heads, head_dim, FAMILIES[meta.arch] in NEOX, rotary
     )
     small.update(vectors)
     out = StreamedTensors(path)
@@ -360,8 +339,8 @@ def _padded(v: np.ndarray) -> np.ndarray:
 
 
 def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: int, neox: bool, rotary: int) -> dict:
-    """qwen2's q/k/v biases (`qkv_bias`), qwen3's and Gemma 3's q/k norms, in the lean order, and
-    Gemma's sandwich norms (`post_attn_norm`, `post_ffn_norm`)."""
+    """qwen2's q/k/v biases (`qkv_bias`), qwen3's and Gemma 3's q/k norms, in the lean order, Gemma's
+    sandwich norms (`post_attn_norm`, `post_ffn_norm`), gpt-oss's biases and sinks (`gguf_oai`)."""
     out = {}
     for i in range(layers):
         b = f"blk.{i}."
@@ -380,10 +359,10 @@ def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: 
             order = rope_order(hd, rotary) if neox else np.arange(hd)
             out[f"layers.{i}.q_norm"] = _padded(meta.vector(b + "attn_q_norm.weight")[order])
             out[f"layers.{i}.k_norm"] = _padded(meta.vector(b + "attn_k_norm.weight")[order])
-        if b + "post_attention_norm.weight" in meta.tensors:
+        if b + "post_ffw_norm.weight" in meta.tensors:  # gpt-oss's post_attention_norm is its FFN's norm
             out[f"layers.{i}.post_attn_norm"] = _padded(meta.vector(b + "post_attention_norm.weight"))
             out[f"layers.{i}.post_ffn_norm"] = _padded(meta.vector(b + "post_ffw_norm.weight"))
-    return out
+    return {**out, **gguf_oai.oai_vectors(meta, layers, _padded)}
 
 
 def convert_gguf_lean(

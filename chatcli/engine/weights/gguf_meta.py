@@ -36,6 +36,7 @@ FAMILIES = {
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
+    "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
 }
 NO_ROPE_STEP = {"smollm3": 4}  # llama.cpp's: layer i rotates nothing where (i + 1) % step == 0 (no key says so)
 
@@ -45,6 +46,13 @@ _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# o200k's (gpt-4o, gpt-oss): words by their case runs, each with a contraction (any case), up to three digits
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_CASED = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CASED}|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CASED}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # `tokenizer.ggml.pre` (a file without one: "default", as llama.cpp reads it) -> the regexes llama.cpp splits
 # the text with, in order, each within the pieces of the one before, matches and the text between them kept
 SPLITS = {
@@ -57,6 +65,7 @@ SPLITS = {
     "smaug-bpe": (_LLAMA3,),
     "qwen2": (_QWEN2,),
     "deepseek-r1-qwen": (_QWEN2,),
+    "gpt-4o": (_GPT4O,),
 }
 # where llama.cpp sets `ignore_merges`: a piece of the split that is itself a token is that token, merges or not
 WHOLE_WORDS = frozenset({"llama-bpe", "llama3", "llama-v3"})
@@ -95,7 +104,7 @@ def hf_config(f: GGUFFile) -> dict:
         "architectures": [architecture],
         "model_type": model_type,
         "hidden_size": hidden,
-        "intermediate_size": int(f.hp("feed_forward_length")),
+        "intermediate_size": int(f.hp("feed_forward_length") or f.hp("expert_feed_forward_length")),
         "num_hidden_layers": int(f.hp("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(f.hp("attention.head_count_kv", heads) or heads),

@@ -51,7 +51,9 @@ FLOAT_DTYPES = {"F16": np.float16, "BF16": np.uint16, "F32": np.float32}  # bf16
 IQ4 = {"IQ4_NL": "iq4nl", "IQ4_XS": "iq4xs"}  # indices into IQ4_VALUES
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 MINS = ("Q4_1", "Q5_1")  # the q4 / q8 types with mins (`m`, as long as `d`)
-RUN = {**KINDS, **GROUP_KINDS, **FLOATS, **IQ4}  # every type the kernel runs, by GGUF name
+MXFP4 = {"MXFP4": "mxfp4"}  # gpt-oss's experts: indices into MXFP4_VALUES, a power-of-two scale per 32 (bf16 here)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)  # E2M1 doubled
+RUN = {**KINDS, **GROUP_KINDS, **FLOATS, **IQ4, **MXFP4}  # every type the kernel runs, by GGUF name
 TYPE_IDS = {name: i for i, (name, _, _) in TYPES.items() if name in RUN}  # ggml's ids
 BLOCK_BYTES = {name: TYPES[i][2] for name, i in TYPE_IDS.items()}
 BLOCK_INPUTS = {name: TYPES[i][1] for name, i in TYPE_IDS.items()}  # 256 (K-quants, IQ4_XS), 32, or 1 (floats)
@@ -264,6 +266,25 @@ def pack_float(type_name: str, raw: np.ndarray) -> dict[str, np.ndarray]:
     return {"w": np.concatenate([flat, np.zeros(pad, dtype)]) if pad else flat}
 
 
+def e8m0_half_bf16(e: np.ndarray) -> np.ndarray:
+    """MXFP4's scale bytes as the bf16 bits of d = 2^(e - 128) (llama.cpp's half scale; exact, e = 0, 1 subnormal)."""
+    e = e.astype(np.uint16)
+    return np.where(e < 2, np.uint16(0x20) << e, (e - 1) << 7).astype(np.uint16)
+
+
+def pack_mxfp4(raw: np.ndarray) -> dict[str, np.ndarray]:
+    """An MXFP4 tensor's raw rows (e | 16 bytes: input j in byte j's low nibble, j + 16 in its high one) → IQ4_NL's
+    arrays, `d` the scale as bf16 bits (`kernels/project_iq4.h`); no value changes."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, 17)
+    qs = blocks[..., 1:17]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)
+    bits = e8m0_half_bf16(blocks[..., 0])
+    out = pack(Codes(4, codes, bits.view(np.float16), None))  # the bits ride in fp16's slots, copied as they are
+    out["d"] = out["d"].view(np.uint16)
+    return out
+
+
 def kind_of(type_name: str) -> str | None:
     """The kernel's type for a GGUF type (None: one it does not run)."""
     return RUN.get(type_name)
@@ -318,6 +339,8 @@ def tensor_parts(
         return FLOATS[type_name], pack_float(type_name, raw)
     if type_name in IQ4:
         return IQ4[type_name], pack_k(decode_iq4(type_name, raw))
+    if type_name in MXFP4:
+        return "mxfp4", pack_mxfp4(raw)
     codes = decode_q5(type_name, raw) if type_name in ("Q5_0", "Q5_1") else gguf_codes(type_name, raw)
     if codes is None:
         return None

@@ -57,6 +57,9 @@ GGUF = "gguf"  # a GGUF's own types, per tensor (kquant_blocks)
 BLOCKS = (*GROUPED, GGUF)  # the kinds whose RMSNorm weights are kept apart and whose embedding is blocks
 GROUP = 32
 VECTORS = ("qkv_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # per layer, where a family has them
+# gpt-oss's per layer, after the experts in the kernel's Layer: attention's output bias, the router's, the experts'
+# (every one's gate_up bias, then every one's down bias), each head's attention sink
+OAI_VECTORS = ("out_bias", "router_bias", "experts_bias", "sinks")
 SOURCE_FILE = "source.txt"  # in each lean folder of the cache: the model folder it was converted from
 
 
@@ -85,7 +88,7 @@ class LeanConfig:
     qkv_bias: bool = False  # layers.i.qkv_bias, added before rope (Qwen2)
     qk_norm: bool = False  # layers.i.q_norm / k_norm: RMSNorm of each head of q and k before rope (Qwen3, Gemma 3)
     post_norms: bool = False  # layers.i.post_attn_norm / post_ffn_norm on each block's output (Gemma)
-    act: str = "silu"  # the gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    act: str = "silu"  # the gated MLP's activation: silu (SwiGLU), gelu_tanh (GeGLU) or swiglu_oai (gpt-oss's)
     attn_scale: float = 0.0  # the attention scores' scale (0: 1/sqrt(head_dim))
     attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) (Gemma 2; 0: none)
     final_softcap: float = 0.0  # the same on the logits
@@ -104,6 +107,8 @@ class LeanConfig:
     qk_norm_whole: bool = False  # q_norm / k_norm span all of q and all of k (OLMo 2), not each head
     residual_scale: float = 1.0  # each block's output times this as it joins the residual (Granite)
     logits_scaling: float = 1.0  # the logits divided by this (Granite)
+    biases: bool = False  # gpt-oss: layers.i.out_bias, router_bias, experts_bias (`OAI_VECTORS`)
+    sinks: bool = False  # gpt-oss: layers.i.sinks, a logit per head more in each softmax's denominator
 
     def layer_window(self, i: int) -> int:
         """The positions layer i attends to at most (0: all of them)."""
@@ -129,6 +134,11 @@ class LeanConfig:
             per["k_norm"] = self.kv_heads * self.head_dim if self.qk_norm_whole else self.head_dim
         if self.post_norms:
             per["post_attn_norm"] = per["post_ffn_norm"] = self.hidden
+        if self.biases:
+            per["out_bias"], per["router_bias"] = self.hidden, self.experts
+            per["experts_bias"] = self.experts * (2 * self.ffn + self.hidden)
+        if self.sinks:
+            per["sinks"] = self.heads
         return {f"layers.{i}.{name}": n for i in range(self.layers) for name, n in per.items()}
 
     @property
@@ -195,8 +205,9 @@ def block_arrays(kind: str, n: int, k: int) -> dict[str, tuple[str, tuple]]:
     if kind in floats:
         code, size = floats[kind]
         return {"w": (code, (-(-blocks * k * 16 * size // 64) * 64 // size,))}
-    if kind in (*GROUPED, "iq4nl"):  # IQ4_NL: indices as q4's codes
-        return {"w": ("U8", (blocks, groups, 8 if kind == "q8" else 4, 64)), "d": ("F16", (scales_length(n, k),))}
+    if kind in (*GROUPED, "iq4nl", "mxfp4"):  # IQ4_NL, MXFP4: indices as q4's codes (MXFP4's d as bf16)
+        d = ("BF16" if kind == "mxfp4" else "F16", (scales_length(n, k),))
+        return {"w": ("U8", (blocks, groups, 8 if kind == "q8" else 4, 64)), "d": d}
     if kind not in ("q2k", "q3k", "q4k", "q5k", "q6k", "iq4xs"):
         raise LeanFileError(f"unknown block type {kind!r}")
     supers = -(-k // 256)

@@ -79,11 +79,13 @@ Rows prepare(const Matrix& m, const float* src, int64_t lds, int64_t count, bool
   return rows_for(m, src, lds, count, norm, sc);
 }
 
-// x += in · W^T, or, with a sandwich norm (Gemma, OLMo 2) or a residual scale (Granite), x += post_row(in · W^T)
+// x += in · W^T, or, with a sandwich norm (Gemma, OLMo 2), a residual scale (Granite) or a bias (gpt-oss's
+// attention output), x += post_row(in · W^T)
 // (ends with a barrier)
-void project_residual(const Model& m, const Matrix& w, const Rows& in, const float* norm, Scratch& sc) {
+void project_residual(const Model& m, const Matrix& w, const Rows& in, const float* norm, Scratch& sc,
+                      const float* bias = nullptr) {
   const int64_t D = w.n;
-  if (!norm && m.residual_scale == 1.f) {
+  if (!norm && !bias && m.residual_scale == 1.f) {
     project(w, in, sc.x.data(), D, true);
     return;
   }
@@ -91,7 +93,7 @@ void project_residual(const Model& m, const Matrix& w, const Rows& in, const flo
 #pragma omp for schedule(static)
   for (int64_t s = 0; s < in.count; s++) {
     float* y = &sc.post[s * D];
-    post_row(m, y, norm, D);
+    post_row(m, y, norm, D, bias);
     for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += y[i];
   }
 }
@@ -127,7 +129,7 @@ void forward_barrier(Step& step, float* logits, int threads) {
         step.attend_task<T>(l, i, &sc.qkv[t.s * n_qkv], scratch, &sc.att[(t.s * H + t.head) * hd], H * hd);
       }
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
-      project_residual(m, layer.out, rows, layer.post_attn_norm, sc);
+      project_residual(m, layer.out, rows, layer.post_attn_norm, sc, layer.out_bias);
       if (layer.router) {
         experts_barrier(m, layer, S, sc, experts);
         continue;

@@ -1,4 +1,4 @@
-// A mixture-of-experts FFN (Qwen3-MoE, Mixtral; see decode.cpp): in place of a layer's gate_up and down, a
+// A mixture-of-experts FFN (Qwen3-MoE, Mixtral, gpt-oss; see decode.cpp): in place of a layer's gate_up and down, a
 // router [experts, D] scores each row's normalised input, the row takes its `experts_used` best experts
 // (softmax over every expert, the k largest, their weights normalised to sum 1 where the model says so:
 // Qwen3-MoE's norm_topk_prob, Mixtral's softmax over the top-k logits), and adds their outputs, each expert
@@ -21,17 +21,21 @@
 
 namespace {
 
-// A row's choice: softmax of the router's logits [E], the k largest (the lower expert first where two are
+// A row's choice: softmax of the router's logits [E] (plus its bias: gpt-oss), the k largest (the lower expert first where two are
 // equal) into ids, their probabilities into weights, divided by their sum where `norm`. NaN logits (damaged
 // weights) choose the lowest experts not taken: NaN outputs, never an expert out of range.
-inline void route_row(const float* logits, int64_t E, int64_t k, bool norm, int32_t* ids, float* weights) {
-  thread_local std::vector<float> p;
+inline void route_row(const float* logits, const float* bias, int64_t E, int64_t k, bool norm, int32_t* ids,
+                      float* weights) {
+  thread_local std::vector<float> p, z;
   thread_local std::vector<char> taken;
   p.resize(E);
+  z.assign(logits, logits + E);
+  if (bias)
+    for (int64_t e = 0; e < E; e++) z[e] += bias[e];
   taken.assign(E, 0);
-  float top = logits[0], sum = 0.f;
-  for (int64_t e = 1; e < E; e++) top = std::max(top, logits[e]);
-  for (int64_t e = 0; e < E; e++) sum += p[e] = std::exp(logits[e] - top);
+  float top = z[0], sum = 0.f;
+  for (int64_t e = 1; e < E; e++) top = std::max(top, z[e]);
+  for (int64_t e = 0; e < E; e++) sum += p[e] = std::exp(z[e] - top);
   for (int64_t e = 0; e < E; e++) p[e] /= sum;
   float chosen = 0.f;
   for (int64_t j = 0; j < k; j++) {
@@ -53,17 +57,20 @@ struct Routes {
   std::vector<int32_t> ids;
   std::vector<float> weights;
   std::vector<int64_t> start, place;
+  std::vector<int32_t> expert;  // per place: its pair's expert
 
-  // every row's choice from the router's logits [S, E], then the places (by one thread)
-  void choose(const Model& m, const float* logits, int64_t S) {
+  // every row's choice from the router's logits [S, E] (and its bias, or null), then the places (by one thread)
+  void choose(const Model& m, const float* logits, int64_t S, const float* bias = nullptr) {
     const int64_t E = m.experts, k = m.experts_used;
-    ids.resize(S * k), weights.resize(S * k), place.resize(S * k);
-    for (int64_t s = 0; s < S; s++) route_row(logits + s * E, E, k, m.norm_topk != 0, &ids[s * k], &weights[s * k]);
+    ids.resize(S * k), weights.resize(S * k), place.resize(S * k), expert.resize(S * k);
+    for (int64_t s = 0; s < S; s++)
+      route_row(logits + s * E, bias, E, k, m.norm_topk != 0, &ids[s * k], &weights[s * k]);
     start.assign(E + 1, 0);
     for (int64_t a = 0; a < S * k; a++) start[ids[a] + 1]++;
     for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
     std::vector<int64_t> next(start.begin(), start.end() - 1);
     for (int64_t a = 0; a < S * k; a++) place[a] = next[ids[a]]++;
+    for (int64_t a = 0; a < S * k; a++) expert[place[a]] = ids[a];
   }
 
   int64_t count(int64_t e) const { return start[e + 1] - start[e]; }
@@ -85,13 +92,35 @@ inline Rows rows_from(const Rows& rows, const Matrix& m, int64_t first, int64_t 
 
 // row s's experts' outputs (outs [places, D]) times their weights, summed in the order of its choice into t [D]
 // (then added to the row's x: the same operations in both forwards)
-inline void weigh_experts(const float* outs, const Routes& routes, int64_t s, int64_t k, int64_t D, float* t) {
+// (each expert's down bias added to its output first where `bias` [E, D] is not null: gpt-oss)
+inline void weigh_experts(const float* outs, const Routes& routes, int64_t s, int64_t k, int64_t D, float* t,
+                          const float* bias = nullptr) {
   std::fill(t, t + D, 0.f);
   for (int64_t j = 0; j < k; j++) {
     const float w = routes.weights[s * k + j];
     const float* o = outs + routes.place[s * k + j] * D;
-    for (int64_t i = 0; i < D; i++) t[i] += w * o[i];
+    if (bias) {
+      const float* b = bias + routes.ids[s * k + j] * D;
+      for (int64_t i = 0; i < D; i++) t[i] += w * (o[i] + b[i]);
+    } else {
+      for (int64_t i = 0; i < D; i++) t[i] += w * o[i];
+    }
   }
+}
+
+// the experts' down biases [E, D] (after their gate_up ones), or null
+inline const float* down_bias(const Model& m, const Layer& layer) {
+  return layer.experts_bias ? layer.experts_bias + m.experts * 2 * m.expert_ffn : nullptr;
+}
+
+// place `at`'s gate_up output row [2 Fe] plus its expert's gate_up bias (gpt-oss), then act(gate) * up in place
+inline void expert_act_row(const Model& m, const Layer& layer, const Routes& routes, int64_t at, float* row) {
+  const int64_t Fe = m.expert_ffn;
+  if (layer.experts_bias) {
+    const float* b = layer.experts_bias + routes.expert[at] * 2 * Fe;
+    for (int64_t i = 0; i < 2 * Fe; i++) row[i] += b[i];
+  }
+  act_row(m, row, Fe);
 }
 
 // One projection of a list run as one split (a call's chosen experts', few rows each): a matrix that is not
@@ -212,7 +241,7 @@ inline void experts_barrier(const Model& m, const Layer& layer, int64_t S, Scrat
   for (int64_t s = 0; s < S; s++) prepare_row(router, sc.x.data(), D, s, true, m.eps, sc);
   project(router, rows_for(router, sc.x.data(), D, S, true, sc), ex.logits.data(), E, false);
 #pragma omp single
-  ex.routes.choose(m, ex.logits.data(), S);
+  ex.routes.choose(m, ex.logits.data(), S, layer.router_bias);
   Scratch& mc = ex.sc;
 #pragma omp for schedule(static)
   for (int64_t a = 0; a < pairs; a++) gather_pairs(m, ex.routes, sc.h.data(), router.k, gate_up[0], a, a + 1, mc);
@@ -220,7 +249,7 @@ inline void experts_barrier(const Model& m, const Layer& layer, int64_t S, Scrat
   project_experts(ex.routes, E, S, [&](int64_t e) -> const Matrix& { return gate_up[e]; }, in, mc.gu.data(), 2 * Fe);
 #pragma omp for schedule(static)
   for (int64_t at = 0; at < pairs; at++) {
-    act_row(m, &mc.gu[at * 2 * Fe], Fe);
+    expert_act_row(m, layer, ex.routes, at, &mc.gu[at * 2 * Fe]);
     prepare_row(down[0], mc.gu.data(), 2 * Fe, at, false, m.eps, mc);
   }
   const Rows mid = rows_for(down[0], mc.gu.data(), 2 * Fe, pairs, false, mc);
@@ -229,7 +258,7 @@ inline void experts_barrier(const Model& m, const Layer& layer, int64_t S, Scrat
   t.resize(D);
 #pragma omp for schedule(static)
   for (int64_t s = 0; s < S; s++) {
-    weigh_experts(mc.post.data(), ex.routes, s, k, D, t.data());
+    weigh_experts(mc.post.data(), ex.routes, s, k, D, t.data(), down_bias(m, layer));
     for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += t[i];
   }
 }

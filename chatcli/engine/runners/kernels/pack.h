@@ -11,7 +11,8 @@
 namespace {
 
 enum { RAW_F32 = 0, RAW_F16 = 1, RAW_Q4_0 = 2, RAW_Q4_1 = 3, RAW_Q5_0 = 6, RAW_Q5_1 = 7, RAW_Q8_0 = 8, RAW_Q2_K = 10,
-       RAW_Q3_K = 11, RAW_Q4_K = 12, RAW_Q5_K = 13, RAW_Q6_K = 14, RAW_IQ4_NL = 20, RAW_IQ4_XS = 23, RAW_BF16 = 30 };
+       RAW_Q3_K = 11, RAW_Q4_K = 12, RAW_Q5_K = 13, RAW_Q6_K = 14, RAW_IQ4_NL = 20, RAW_IQ4_XS = 23, RAW_BF16 = 30,
+       RAW_MXFP4 = 39 };
 
 // a type's bytes a block (of 32 inputs, 256 for the K-quants and IQ4_XS, one for the floats); 0 for a type
 // the kernel does not pack
@@ -27,6 +28,7 @@ inline int64_t raw_block_bytes(int type) {
     case RAW_Q8_0: return 34;
     case RAW_IQ4_NL: return 18;
     case RAW_IQ4_XS: return 136;
+    case RAW_MXFP4: return 17;
     case RAW_Q2_K: return 84;
     case RAW_Q3_K: return 110;
     case RAW_Q4_K: return 144;
@@ -44,6 +46,10 @@ inline bool raw_super(int type) { return raw_kquant(type) || type == RAW_IQ4_XS;
 
 // inputs a block of the type holds
 inline int64_t raw_block_inputs(int type) { return raw_float(type) ? 1 : raw_super(type) ? 256 : 32; }
+
+// MXFP4's E8M0 scale byte e as the bf16 of d = 2^(e - 128) (llama.cpp's half of the scale): exact, e = 0 and 1
+// the float's subnormals 2^-128 and 2^-127
+inline uint16_t e8m0_half_bf16(uint8_t e) { return static_cast<uint16_t>(e < 2 ? 0x0020u << e : (e - 1u) << 7); }
 
 inline uint16_t half_at(const uint8_t* p) {
   uint16_t h;
@@ -164,14 +170,19 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
     for (int64_t g = 0; g < groups; g++) {
       const uint8_t* x = row + g * block;
       const int64_t at = (b * groups + g) * 16 + o;
-      p.d[at] = half_at(x);
+      p.d[at] = type == RAW_MXFP4 ? e8m0_half_bf16(x[0]) : half_at(x);
       if (type == RAW_Q4_1 || type == RAW_Q5_1) p.m[at] = half_at(x + 2);
       uint8_t c[32];
       if (type == RAW_Q8_0) {
         for (int i = 0; i < 32; i++) c[i] = static_cast<uint8_t>(static_cast<int>(static_cast<int8_t>(x[2 + i])) + 128);
       } else {
         // IQ4_NL's blocks are Q4_0's bytes (d, 16 bytes of nibbles), its codes the table's indices
-        const uint8_t* qs = x + (type == RAW_Q4_0 || type == RAW_IQ4_NL ? 2 : type == RAW_Q4_1 ? 4 : type == RAW_Q5_0 ? 6 : 8);
+        // (MXFP4's: e, 16 bytes of nibbles, the same order)
+        const uint8_t* qs = x + (type == RAW_MXFP4                        ? 1
+                                 : type == RAW_Q4_0 || type == RAW_IQ4_NL ? 2
+                                 : type == RAW_Q4_1                       ? 4
+                                 : type == RAW_Q5_0                       ? 6
+                                                                          : 8);
         uint32_t qh = 0;
         if (type == RAW_Q5_0 || type == RAW_Q5_1) std::memcpy(&qh, x + (type == RAW_Q5_0 ? 2 : 4), 4);
         const int zero = type == RAW_Q5_0 ? 112 : 0;  // the q8 kind's d (c - 128) = d (q - 16)

@@ -21,7 +21,8 @@
 
 namespace {
 
-// y[s, n0..n0+16) for rows s0..s0+R, IQ4_NL or IQ4_XS block b (kKind: WEIGHT_IQ4NL or _IQ4XS)
+// y[s, n0..n0+16) for rows s0..s0+R, IQ4_NL, IQ4_XS or MXFP4 block b (kKind: WEIGHT_IQ4NL, _IQ4XS or _MXFP4;
+// MXFP4 as IQ4_NL with its own table and its d in bf16)
 template <int R, int kKind>
 void iq4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
   constexpr bool xs = kKind == WEIGHT_IQ4XS;
@@ -30,14 +31,17 @@ void iq4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
   const uint16_t* dp = m.d + b * (xs ? supers : groups) * 16;
   const uint8_t* scp = xs ? m.sc + b * groups * 16 : nullptr;
   alignas(16) uint8_t shifted[16];
-  for (int i = 0; i < 16; i++) shifted[i] = static_cast<uint8_t>(kIQ4Values[i] + 128);
+  for (int i = 0; i < 16; i++) shifted[i] = static_cast<uint8_t>(iq4_table<kKind>()[i] + 128);
   const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512 sum[R];
   for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
   __m512 d = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
-    if (!xs || g % 8 == 0)
+    if constexpr (kKind == WEIGHT_MXFP4)  // bf16: the E8M0 scale's exponent, exact
+      d = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + g * 16))), 16));
+    else if (!xs || g % 8 == 0)
       d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + (xs ? g / 8 : g) * 16)));
     const uint8_t* wg = w + g * 256;
     prefetch_lines<256>(wg + kPrefetchGroups * 256);

@@ -23,13 +23,17 @@ void iq4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
   const uint16_t* dp = m.d + b * (xs ? supers : groups) * 16;
   const uint8_t* scp = xs ? m.sc + b * groups * 16 : nullptr;
-  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(iq4_table<kKind>())));
   const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 sum[R][2];
   for (int r = 0; r < R; r++) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
   __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t g = 0; g < groups; g++) {
-    if (!xs || g % 8 == 0)
+    if constexpr (kKind == WEIGHT_MXFP4)  // bf16: the E8M0 scale's exponent, exact
+      for (int h = 0; h < 2; h++)
+        d[h] = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g * 16 + 8 * h))), 16));
+    else if (!xs || g % 8 == 0)
       for (int h = 0; h < 2; h++)
         d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + (xs ? g / 8 : g) * 16 + 8 * h)));
     const uint8_t* wg = w + g * 256;

@@ -22,7 +22,7 @@ void iq4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
   const uint16_t* dp = m.d + b * (xs ? supers : groups) * 16;
   const uint8_t* scp = xs ? m.sc + b * groups * 16 : nullptr;
-  const int8x16_t table = vld1q_s8(kIQ4Values);
+  const int8x16_t table = vld1q_s8(iq4_table<kKind>());
   const uint8x16_t nibble = vdupq_n_u8(0x0F);
   float32x4_t sum[R][4];
   for (int r = 0; r < R; r++)
@@ -30,7 +30,9 @@ void iq4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
   float32x4_t d[4];
   for (int c = 0; c < 4; c++) d[c] = vdupq_n_f32(0.f);
   for (int64_t g = 0; g < groups; g++) {
-    if (!xs || g % 8 == 0)
+    if constexpr (kKind == WEIGHT_MXFP4)  // bf16: the E8M0 scale's exponent, exact
+      for (int c = 0; c < 4; c++) d[c] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(dp + g * 16 + 4 * c), 16));
+    else if (!xs || g % 8 == 0)
       for (int c = 0; c < 4; c++) d[c] = load_half4(dp + (xs ? g / 8 : g) * 16 + 4 * c);
     const uint8_t* wg = w + g * 256;
     prefetch_lines<256>(wg + kPrefetchGroups * 256);

@@ -26,16 +26,22 @@ struct Layer {
   const float* post_ffn_norm;
   const Matrix* router;   // [experts, D] or null (a dense layer): the layer's FFN is a mixture of experts (moe.h)
   const Matrix* experts;  // with a router: every expert's gate_up [2 expert_ffn, D], then every one's down
+  // gpt-oss (null where a family has none): attention's output bias [D], the router's bias [experts], the experts'
+  // biases (every one's gate_up [2 expert_ffn], then every one's down [D]), each head's sink logit [H]
+  const float* out_bias;
+  const float* router_bias;
+  const float* experts_bias;
+  const float* sinks;
 };
 
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_SWIGLU_OAI = 2 };
 
 struct Model {
   int64_t n_layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
   float eps;
   float attn_scale;    // scores' scale
   float attn_softcap;  // scores -> cap * tanh(scores / cap) (0: none)
-  int32_t act;         // ACT_SILU or ACT_GELU_TANH
+  int32_t act;         // ACT_SILU, ACT_GELU_TANH or ACT_SWIGLU_OAI (gpt-oss)
   const float* embed;  // [V, D], or null: rows of embed_rows
   const Layer* layers;
   Matrix head;
@@ -179,19 +185,34 @@ std::vector<Task> attention_tasks(const Segment* segs, int64_t n_segs, int64_t K
   return tasks;
 }
 
-// a block's output row y [D] as it joins the residual: through its sandwich norm where there is one (Gemma,
+// a block's output row y [D] as it joins the residual: plus its bias, through its sandwich norm where there is one (Gemma,
 // OLMo 2), times the residual scale (Granite); false: y joins as it is (the projection may add into x itself)
-inline bool post_row(const Model& m, float* y, const float* norm, int64_t D) {
-  if (!norm && m.residual_scale == 1.f) return false;
+inline bool post_row(const Model& m, float* y, const float* norm, int64_t D, const float* bias = nullptr) {
+  if (!norm && !bias && m.residual_scale == 1.f) return false;
+  if (bias)  // the projection's bias (gpt-oss's attention output)
+    for (int64_t i = 0; i < D; i++) y[i] += bias[i];
   if (norm) rms_norm_scaled(y, norm, D, m.eps);
   if (m.residual_scale != 1.f)
     for (int64_t i = 0; i < D; i++) y[i] *= m.residual_scale;
   return true;
 }
 
+// gpt-oss's SwiGLU (llama.cpp's swiglu_oai, its alpha and limit): gate clamped above at 7, up to [-7, 7],
+// (up + 1) * gate * sigmoid(1.702 gate), in place of gate
+inline void swiglu_oai_row(float* row, int64_t F) {
+  constexpr float kAlpha = 1.702f, kLimit = 7.f;
+  const float* up = row + F;
+  for (int64_t i = 0; i < F; i++) {
+    const float g = std::min(row[i], kLimit), u = std::min(std::max(up[i], -kLimit), kLimit);
+    row[i] = g / (1.f + std::exp(-kAlpha * g)) * (u + 1.f);
+  }
+}
+
 // act(gate) * up of a row [2F] (gate, then up), in place of gate
 inline void act_row(const Model& m, float* row, int64_t F) {
-  if (m.act == ACT_GELU_TANH)
+  if (m.act == ACT_SWIGLU_OAI)
+    swiglu_oai_row(row, F);
+  else if (m.act == ACT_GELU_TANH)
     gelu_tanh_mul_row(row, F);
   else
     silu_mul_row(row, F);
@@ -279,7 +300,7 @@ struct Step {
     const T* kl = static_cast<const T*>(c.k[l]) + t.g * span<T>(cap, hd);
     const T* vl = static_cast<const T*>(c.v[l]) + t.g * span<T>(cap, hd);
     attend(q + t.head * hd, n_qkv, t.positions, t.heads, kl, vl, base, row_pos[t.s] + 1, hd, layer.window,
-           m.attn_scale, m.attn_softcap, scratch, out, ldo);
+           m.attn_scale, m.attn_softcap, scratch, out, ldo, layer.sinks ? layer.sinks + t.head : nullptr);
   }
 };
 

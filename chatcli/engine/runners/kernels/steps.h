@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -78,6 +79,10 @@ void project_units(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool 
   else if (m.kind == WEIGHT_IQ4XS)
     split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
       iq4_block<decltype(r)::value, WEIGHT_IQ4XS>(m, b, in, s, y, ldy, accumulate);
+    });
+  else if (m.kind == WEIGHT_MXFP4)
+    split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) {
+      iq4_block<decltype(r)::value, WEIGHT_MXFP4>(m, b, in, s, y, ldy, accumulate);
     });
   else if (m.kind == WEIGHT_Q4)
     split(Int{}, blocks, [&](int64_t b, auto r, int64_t s) { group_block<decltype(r)::value, 4>(m, b, in, s, y, ldy, accumulate); });
@@ -262,18 +267,19 @@ inline void float_row(const Matrix& m, int64_t r, float scale, float* out) {
   }
 }
 
-// row r of an IQ4_NL / IQ4_XS matrix (project_iq4.h), dequantized into out [k], times `scale` (see dequantize_row)
+// row r of an IQ4_NL / IQ4_XS / MXFP4 matrix (project_iq4.h), dequantized into out [k], times `scale` (see dequantize_row)
 inline void dequantize_iq4_row(const Matrix& m, int64_t r, float scale, float* out) {
   const int64_t groups = m.kp / 32, supers = m.kp / 256, b = r / 16, o = r % 16;
   const bool xs = m.kind == WEIGHT_IQ4XS;
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * 256;
   for (int64_t g = 0; g < groups; g++) {
-    float d = half_to_float(m.d[(b * (xs ? supers : groups) + (xs ? g / 8 : g)) * 16 + o]);
+    const uint16_t dh = m.d[(b * (xs ? supers : groups) + (xs ? g / 8 : g)) * 16 + o];
+    float d = m.kind == WEIGHT_MXFP4 ? bf16_to_float(dh) : half_to_float(dh);
     if (xs) d *= static_cast<float>(static_cast<int8_t>(m.sc[(b * groups + g) * 16 + o]));
     for (int64_t i = 0; i < 32 && g * 32 + i < m.k; i++) {
       const int64_t quad = i / 4, lane = o * 4 + i % 4;
       const int index = (w[(g * 4 + quad / 2) * 64 + lane] >> (4 * (quad % 2))) & 15;
-      out[g * 32 + i] = d * static_cast<float>(kIQ4Values[index]) * scale;
+      out[g * 32 + i] = d * static_cast<float>((m.kind == WEIGHT_MXFP4 ? kMXFP4Values : kIQ4Values)[index]) * scale;
     }
   }
 }
@@ -284,7 +290,7 @@ inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) 
   if (m.kind >= WEIGHT_Q4K && m.kind <= WEIGHT_Q6K) return dequantize_kquant_row(m, r, scale, out);
   if (m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K) return dequantize_low_row(m, r, scale, out);
   if (floating(m)) return float_row(m, r, scale, out);
-  if (m.kind == WEIGHT_IQ4NL || m.kind == WEIGHT_IQ4XS) return dequantize_iq4_row(m, r, scale, out);
+  if (m.kind == WEIGHT_IQ4NL || m.kind == WEIGHT_IQ4XS || m.kind == WEIGHT_MXFP4) return dequantize_iq4_row(m, r, scale, out);
   const int64_t groups = m.kp / 32, b = r / 16, o = r % 16;
   const int quads = m.kind == WEIGHT_Q8 ? 8 : 4;
   const uint8_t* w = static_cast<const uint8_t*>(m.w) + b * groups * quads * 64;
@@ -308,10 +314,12 @@ inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) 
 // With a window, a row sees only its last `window` keys: the tile starts at the key block of its
 // first row's first key. A row's weights outside its own keys are 0, and adding 0 * v leaves a sum's
 // bits as they are: each row sums in the same order whatever the rows around it, so a prefill and
-// the same tokens one at a time give the same bits. scratch: kTileRows * (2 hd + length + positions + 48) floats.
+// the same tokens one at a time give the same bits. `sinks` (gpt-oss; null: none): the heads' sink logits, each a
+// term e^(sink - max) more in its rows' softmax denominator (a key of value 0). scratch: kTileRows * (2 hd + length + positions + 48) floats.
 template <typename T>
 void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t base,
-            int64_t length, int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo) {
+            int64_t length, int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo,
+            const float* sinks = nullptr) {
   const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
   const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
   const int64_t b0 = window ? std::max<int64_t>(0, length - window) / 16 : 0, u0 = b0 * 16;  // the first key read
@@ -325,7 +333,9 @@ void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const
     float* w = scores + r * lds;
     const int64_t own = length + r / heads, first = window ? std::max<int64_t>(0, own - window) : 0;
     if (softcap > 0.f) softcap_row(w + first, own - first, softcap);
+    const float top = sinks ? *std::max_element(w + first, w + own) : 0.f;  // the max softmax_row subtracts
     inv[r] = softmax_row(w + first, own - first);
+    if (sinks) inv[r] /= 1.f + inv[r] * std::exp(sinks[r % heads] - top);  // 1 / (sum + e^(sink - max))
     std::fill(w + u0, w + first, 0.f);
     std::fill(w + own, w + last, 0.f);
   }

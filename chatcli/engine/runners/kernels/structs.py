@@ -6,7 +6,7 @@ import ctypes
 
 WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4, WEIGHT_Q8 = 0, 1, 2, 3
 WEIGHT_Q4K, WEIGHT_Q5K, WEIGHT_Q6K, WEIGHT_PARTS, WEIGHT_Q3K, WEIGHT_Q2K = 4, 5, 6, 7, 8, 9
-WEIGHT_F16, WEIGHT_BF16, WEIGHT_F32R, WEIGHT_IQ4NL, WEIGHT_IQ4XS = 10, 11, 12, 13, 14
+WEIGHT_F16, WEIGHT_BF16, WEIGHT_F32R, WEIGHT_IQ4NL, WEIGHT_IQ4XS, WEIGHT_MXFP4 = 10, 11, 12, 13, 14, 15
 # the block types' kernel kinds, by their names in a lean file (quant_blocks, kquant_blocks)
 BLOCK_KINDS = {
     "q4": WEIGHT_Q4,
@@ -21,6 +21,7 @@ BLOCK_KINDS = {
     "f32": WEIGHT_F32R,
     "iq4nl": WEIGHT_IQ4NL,
     "iq4xs": WEIGHT_IQ4XS,
+    "mxfp4": WEIGHT_MXFP4,
 }
 CACHE_F32, CACHE_BF16, CACHE_Q8 = 0, 1, 2
 
@@ -69,10 +70,14 @@ class Layer(ctypes.Structure):
         ("post_ffn_norm", _ptr),
         ("router", ctypes.POINTER(Matrix)),  # a mixture of experts' (null: a dense FFN)
         ("experts", ctypes.POINTER(Matrix)),  # every expert's gate_up, then every one's down
+        ("out_bias", _ptr),  # gpt-oss (null where absent): attention's output bias [D]
+        ("router_bias", _ptr),  # [experts]
+        ("experts_bias", _ptr),  # every expert's gate_up bias [2 ffn], then every one's down bias [D]
+        ("sinks", _ptr),  # each head's sink logit [H]
     ]
 
 
-ACT_SILU, ACT_GELU_TANH = 0, 1
+ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI = 0, 1, 2
 
 
 class Model(ctypes.Structure):

@@ -246,7 +246,7 @@ void experts_stages(Stages& stages, int t, int64_t& stage, const Model& m, const
   project_stage(stages, t, stage, router, rows, shared.logits.data(), E, false, own.out);
   std::vector<Job> jobs;
   if (!behind) {
-    mine.routes.choose(m, shared.logits.data(), S);
+    mine.routes.choose(m, shared.logits.data(), S, layer.router_bias);
     gather_pairs(m, routes, own.sc.h.data(), router.k, gate_up[0], 0, pairs, mine.sc);
     const Rows in = rows_for(gate_up[0], mine.sc.h.data(), D, pairs, false, mine.sc);
     for (int64_t e = 0; e < E; e++)
@@ -259,7 +259,7 @@ void experts_stages(Stages& stages, int t, int64_t& stage, const Model& m, const
   if (!behind) {
     for (int64_t at = 0; at < pairs; at++) {
       std::memcpy(&mine.gu[at * 2 * Fe], &shared.sc.gu[at * 2 * Fe], 2 * Fe * sizeof(float));
-      act_row(m, &mine.gu[at * 2 * Fe], Fe);
+      expert_act_row(m, layer, routes, at, &mine.gu[at * 2 * Fe]);
       prepare_row(down[0], mine.gu.data(), 2 * Fe, at, false, m.eps, mine.sc);
     }
     const Rows mid = rows_for(down[0], mine.gu.data(), 2 * Fe, pairs, false, mine.sc);
@@ -273,7 +273,7 @@ void experts_stages(Stages& stages, int t, int64_t& stage, const Model& m, const
       t, stage, S,
       [&](int64_t s) {
         if (own.out.size() < static_cast<size_t>(D)) own.out.resize(D);
-        weigh_experts(shared.sc.post.data(), routes, s, k, D, own.out.data());
+        weigh_experts(shared.sc.post.data(), routes, s, k, D, own.out.data(), down_bias(m, layer));
       },
       [&](int64_t s) {
         for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += own.out[i];
@@ -310,14 +310,14 @@ void forward_tolerant(Step& step, float* logits, int threads) {
         for (int64_t s = 0; s < count; s++) prepare_row(w, src, lds, s, norm, m.eps, own.sc);
       return rows_for(w, src, lds, count, norm, own.sc);
     };
-    const auto residual = [&](const Matrix& w, const Rows& in, const float* norm) {  // x += post_row(in · W^T)
-      if (!norm && m.residual_scale == 1.f) return project_stage(stages, t, stage, w, in, sc.x.data(), D, true, own.out);
+    const auto residual = [&](const Matrix& w, const Rows& in, const float* norm, const float* bias) {  // x += post_row(in · W^T)
+      if (!norm && !bias && m.residual_scale == 1.f) return project_stage(stages, t, stage, w, in, sc.x.data(), D, true, own.out);
       project_stage(stages, t, stage, w, in, sc.post.data(), D, false, own.out);
       stages.run(
           t, stage, S,
           [&](int64_t s) {
             own.out.assign(sc.post.begin() + s * D, sc.post.begin() + (s + 1) * D);
-            post_row(m, own.out.data(), norm, D);
+            post_row(m, own.out.data(), norm, D, bias);
           },
           [&](int64_t s) {
             for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += own.out[i];
@@ -347,7 +347,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
                           task.heads * hd * sizeof(float));
           });
       rows = prepare_own(layer.out, sc.att.data(), H * hd, S, false);
-      residual(layer.out, rows, layer.post_attn_norm);
+      residual(layer.out, rows, layer.post_attn_norm, layer.out_bias);
       if (layer.router) {
         experts_stages(stages, t, stage, m, layer, S, sc, experts, own, mine);
         continue;
@@ -359,7 +359,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
         act_row(m, &own.gu[s * 2 * F], F);
       }
       rows = prepare_own(layer.down, own.gu.data(), 2 * F, S, false);
-      residual(layer.down, rows, layer.post_ffn_norm);
+      residual(layer.down, rows, layer.post_ffn_norm, nullptr);
     }
     const float* x = sc.x.data() + (S - L) * D;  // one segment: its last rows, as they are
     if (step.n_segs > 1) {

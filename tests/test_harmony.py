@@ -1,0 +1,78 @@
+"""gpt-oss's Harmony replies (`engine.text.harmony`) and its o200k pre-tokenizer (`gguf_meta.SPLITS["gpt-4o"]`).
+
+A Harmony reply's `analysis` message is the reasoning and its `final` message the answer, folded by
+`chat.reasoning` as a `<think>` reply is, whatever the text tokens between the markers; `<|end|>` (the end of
+the analysis) no longer ends the reply, `<|return|>` and `<|call|>` do; a model without Harmony's template is
+left as it was.
+"""
+
+from __future__ import annotations
+
+from chatcli.chat.reasoning import split
+from chatcli.engine.text.harmony import MARKERS, markers, split_reply, stop_ids
+
+WORDS = ["analysis", "final", "assistant", "commentary", "The", " user", " asks", ".", " Hi", "!", " there"]
+
+
+class FakeTokenizer:
+    """Words and Harmony's markers as ids; a decode that drops the markers (skip_special_tokens), as the real one."""
+
+    def __init__(self, template: str) -> None:
+        self.vocab = WORDS + list(MARKERS) + ["<|endoftext|>"]
+        self.template_sources = [template]
+        self.added_tokens = {t: (i, True) for i, t in enumerate(self.vocab) if t.startswith("<|")}
+        self.stop_ids = frozenset({self.id("<|end|>"), self.id("<|endoftext|>")})
+
+    def id(self, text: str) -> int:
+        return self.vocab.index(text)
+
+    def ids(self, *texts: str) -> list[int]:
+        return [self.id(t) for t in texts]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.vocab[i] for i in ids if not (skip_special_tokens and self.vocab[i].startswith("<|")))
+
+
+HARMONY = "{{ '<|start|>' + m.role + '<|channel|>final<|message|>' }}"
+
+
+def test_a_harmony_reply_is_reasoning_then_content():
+    tok = FakeTokenizer(HARMONY)
+    reply = tok.ids("<|channel|>", "analysis", "<|message|>", "The", " user", " asks", ".", "<|end|>")
+    reply += tok.ids("<|start|>", "assistant", "<|channel|>", "final", "<|message|>", " Hi", " there", "!")
+    text = split_reply(tok, reply)
+    assert text == "<think>The user asks.</think> Hi there!"
+    assert split(text) == ("The user asks.", " Hi there!")
+    plain = tok.decode(reply)  # what the plain detokenizer made of it: the channels' names run into the text
+    assert plain.startswith("analysisThe user")
+
+
+def test_a_reply_cut_inside_its_analysis_is_reasoning_alone():
+    tok = FakeTokenizer(HARMONY)
+    text = split_reply(tok, tok.ids("<|channel|>", "analysis", "<|message|>", "The", " user"))
+    assert split(text) == ("The user", "")
+
+
+def test_harmony_stops_at_return_and_call_not_at_end():
+    tok = FakeTokenizer(HARMONY)
+    stops = stop_ids(tok)
+    assert tok.id("<|end|>") not in stops and {tok.id("<|return|>"), tok.id("<|call|>")} <= stops
+    assert tok.id("<|endoftext|>") in stops
+
+
+def test_a_model_without_harmonys_template_is_as_it_was():
+    tok = FakeTokenizer("{{ '<|im_start|>' }}")
+    assert markers(tok) is None and stop_ids(tok) == tok.stop_ids
+    assert split_reply(tok, tok.ids("The", "<|end|>", " user")) == "The user"
+
+
+def test_the_o200k_split_keeps_case_runs_contractions_and_three_digits():
+    from tokenizers import Regex, pre_tokenizers
+
+    from chatcli.engine.weights.gguf_meta import SPLITS
+
+    (pattern,) = SPLITS["gpt-4o"]
+    pieces = [
+        t for t, _ in pre_tokenizers.Split(Regex(pattern), "isolated").pre_tokenize_str("Hi WORLD's 12345 x/\n\ny")
+    ]
+    assert pieces == ["Hi", " WORLD's", " ", "123", "45", " x", "/\n\n", "y"]
