@@ -118,3 +118,13 @@ def test_bad_depths_are_one_line(tiny_gguf, args, message, code):
     result = bench("-m", str(tiny_gguf), *args, "--json")
     assert result.exit_code == code and message in result.output and "Traceback" not in result.output
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("kv, extra", [("q8_0", ["-ctk", "q8_0", "-ctv", "q8_0"]), ("bfloat16", []), ("auto", [])])
+def test_a_peer_runs_the_kv_cache_chatcli_runs_where_it_has_one(kv, extra):
+    from chatcli.bench.peers import command
+
+    for name in ("llama.cpp", "ik"):
+        argv = command(name, "llama-bench", "m.gguf", [0, 512], 4, 16, 1, 2, kv)
+        flags = [a for i, a in enumerate(argv) if a in ("-ctk", "-ctv") or argv[i - 1] in ("-ctk", "-ctv")]
+        assert flags == extra  # bf16 and f16 caches read the same bytes: the peers keep their f16 default

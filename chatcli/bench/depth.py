@@ -132,5 +132,7 @@ def bench_depth(model, options, depths, peers, decode_tokens, chunk, repeat, thr
     gguf = peer_runs.gguf_of(model)
     for name in peers:
         progress(f"{name}: llama-bench on the same file")
-        result["peers"][name] = peer_runs.run_peer(name, gguf, depths, decode_tokens, chunk, repeat, threads)
+        result["peers"][name] = peer_runs.run_peer(
+            name, gguf, depths, decode_tokens, chunk, repeat, threads, options.kv_dtype
+        )
     return result

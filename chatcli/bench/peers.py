@@ -39,9 +39,16 @@ def binary(name: str) -> str | None:
     return shutil.which("llama-bench") if name == "llama.cpp" else None
 
 
-def command(name: str, path: str, gguf: str, depths, decode_tokens: int, chunk: int, repeat: int, threads) -> list:
+CACHE_TYPES = {"q8_0": "q8_0"}  # chatcli's --kv-dtype -> the peers' -ctk/-ctv where chatcli's is not their f16 default
+
+
+def command(
+    name: str, path: str, gguf: str, depths, decode_tokens: int, chunk: int, repeat: int, threads, kv: str = "auto"
+) -> list:
     common = [path, "-m", gguf, "-t", str(threads), "-r", str(repeat), "-o", "json"]
     common += ["-p", str(chunk), "-n", str(decode_tokens)]
+    if kv in CACHE_TYPES:  # the same cache on both sides: a q8_0 KV cache reads half the bytes of f16's
+        common += ["-ctk", CACHE_TYPES[kv], "-ctv", CACHE_TYPES[kv]]
     if name == "llama.cpp":
         return [*common, "-fa", "on", "-d", ",".join(str(d) for d in depths)]
     deeper = [arg for d in depths if d for arg in ("-gp", f"{d},{decode_tokens}")]
@@ -63,7 +70,9 @@ def rows(name: str, tests: list[dict]) -> dict[int, dict]:
     return out
 
 
-def run_peer(name: str, gguf: str | None, depths, decode_tokens: int, chunk: int, repeat: int, threads) -> dict:
+def run_peer(
+    name: str, gguf: str | None, depths, decode_tokens: int, chunk: int, repeat: int, threads, kv: str = "auto"
+) -> dict:
     """One run of the peer's llama-bench: its command, and its rows by depth (or why there are none)."""
     path = binary(name)
     if not gguf:
@@ -71,7 +80,7 @@ def run_peer(name: str, gguf: str | None, depths, decode_tokens: int, chunk: int
     if not path:
         where = f"set ${BINARIES[name]}" + (" or put llama-bench on PATH" if name == "llama.cpp" else "")
         return {"error": f"no llama-bench for {name}: {where}"}
-    argv = command(name, path, gguf, depths, decode_tokens, chunk, repeat, threads)
+    argv = command(name, path, gguf, depths, decode_tokens, chunk, repeat, threads, kv)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
