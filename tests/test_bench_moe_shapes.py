@@ -160,3 +160,21 @@ def test_random_blocks_of_the_new_types_are_small_finite_weights(kind):
     raw = gb.random_data(np.random.default_rng(0), kind, (4, 256))
     values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
     assert values.shape == (4, 256) and np.isfinite(values).all() and 1e-3 < np.abs(values).mean() < 5e-2
+
+
+def test_the_table_says_a_shapes_file_cap():
+    """Mixtral's 8 of 32 layers are its 7 GiB cap's doing, not the memory's alone: the table says so."""
+    from rich.console import Console
+
+    from chatcli.bench.report import render_gguf_type
+
+    ours = {"decode_tok_s": 1.0, "prefill_tok_s": 2.0, "weights": "gguf Q4_K", "active_mib": 1.0, "weights_mib": 4.0}
+    result = {"shape": "mixtral-8x7b", "gguf_type": "Q4_K_M", "layers": 8, "layers_of": 32, "max_file_gib": 7.0}
+    result |= {"file_mib": 6913.0, "cpu": "a CPU", "threads": 2, "chatcli": ours, "llama_cpp": {"error": "not run"}}
+    console = Console(record=True, width=200)
+    render_gguf_type(result, console)
+    text = " ".join(console.export_text().split())
+    assert (
+        "mixtral-8x7b (8 of its 32 layers)" in text
+        and "8 layers: the file the memory of this machine holds, at most 7 GiB" in text
+    )

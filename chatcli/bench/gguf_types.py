@@ -101,6 +101,7 @@ def run_gguf_type(
             "gguf_type": gguf_type,
             "layers": fields["num_hidden_layers"],
             "layers_of": layers,
+            "max_file_gib": fields.get("max_file_gib"),
             "blocks": "random, written here" if random_blocks else "llama.cpp's quantizer",
             "file_mib": path.stat().st_size / 2**20,
             "threads": threads,
