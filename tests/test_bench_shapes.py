@@ -102,7 +102,7 @@ def test_gguf_type_asks_for_llama_cpps_quantizer(monkeypatch):
     result = CliRunner().invoke(bench_command, ["--shape", "llama-3.2-1b", "--gguf-type", "Q5_K_M"])
     assert result.exit_code == 1 and "llama.cpp's own quantizer" in result.output
     result = CliRunner().invoke(bench_command, ["--shape", "qwen3-30b-a3b", "--gguf-type", "Q5_K_M"])
-    assert "--shape qwen3-30b-a3b is written as Q4_K_M, Q8_0, F16" in " ".join(result.output.split())
+    assert "--shape qwen3-30b-a3b is written as Q4_K_M, Q8_0, F16, MXFP4_MOE" in " ".join(result.output.split())
     result = CliRunner().invoke(bench_command, ["--shape", "qwen3-30b-a3b"])
     assert result.exit_code == 1 and "is a mixture of experts: add --gguf-type" in " ".join(result.output.split())
     result = CliRunner().invoke(bench_command, ["--gguf-type", "Q4_K_M"])
@@ -124,7 +124,7 @@ def test_the_random_f16_gguf_is_what_the_quantizer_takes(tmp_path):
     assert gguf_meta.save(header, tmp_path) and (tmp_path / "chat_template.jinja").is_file()
 
 
-TINY_MOE = dict(  # Qwen3-30B-A3B's kind of shape, tiny: eight experts of 256, two a token, untied
+TINY_MOE = dict(  # Qwen3-30B-A3B's kind of shape, tiny: 16 experts of 256 (not 8: Mixtral's mix), two a token
     hidden_size=256,
     num_hidden_layers=4,
     num_attention_heads=4,
@@ -132,7 +132,7 @@ TINY_MOE = dict(  # Qwen3-30B-A3B's kind of shape, tiny: eight experts of 256, t
     head_dim=64,
     intermediate_size=512,
     moe_intermediate_size=256,
-    num_experts=8,
+    num_experts=16,
     num_experts_per_tok=2,
     vocab_size=1000,
     rope_theta=1000000.0,
@@ -153,12 +153,12 @@ def test_random_blocks_are_a_file_of_llama_cpps_mix_that_chatcli_runs(kernel, tm
     assert types["output.weight"] == types["blk.2.ffn_down_exps.weight"] == types["blk.3.attn_v.weight"] == "Q6_K"
     assert types["blk.0.ffn_down_exps.weight"] == types["blk.2.ffn_up_exps.weight"] == "Q4_K"
     assert types["blk.1.ffn_gate_inp.weight"] == types["blk.1.attn_q_norm.weight"] == "F32"
-    assert header.tensors["blk.1.ffn_gate_exps.weight"].shape == (256, 256, 8)
+    assert header.tensors["blk.1.ffn_gate_exps.weight"].shape == (256, 256, 16)
     assert sum(t.n_bytes for t in header.tensors.values()) == file_bytes(TINY_MOE, "Q4_K_M")
     from chatcli.engine.load.build import load_engine
 
     runner = load_engine(str(path)).runner
-    assert runner.config.experts == 8 and runner.active_bytes < runner.weight_bytes
+    assert runner.config.experts == 16 and runner.active_bytes < runner.weight_bytes
     assert np.isfinite(runner.verify(IDS, runner.new_cache())).all()
 
 

@@ -64,7 +64,7 @@ __all__ = ["bench_command", "run_bench"]
 )
 @click.option(
     "--shape",
-    type=click.Choice(["llama-3.2-1b", "llama-3.2-3b", "qwen2.5-0.5b", "qwen3-30b-a3b"]),
+    type=click.Choice(["llama-3.2-1b", "llama-3.2-3b", "qwen2.5-0.5b", "qwen3-30b-a3b", "gpt-oss-20b", "mixtral-8x7b"]),
     default=None,
     help="a random model of this model's shapes instead of --model, beside llama.cpp on the same weights",
 )
@@ -74,7 +74,7 @@ __all__ = ["bench_command", "run_bench"]
     metavar="TYPE",
     help="with --shape: the model as an F16 GGUF quantized to TYPE (Q4_K_M, Q5_K_M, Q6_K, Q8_0, …) by "
     "llama.cpp's own quantizer (a mixture of experts, or without llama-cpp-python: random blocks of Q4_K_M, "
-    "Q8_0 or F16); chatcli runs that file as `-m FILE` does, llama.cpp beside it",
+    "Q8_0, F16 or, for a mixture, MXFP4_MOE); chatcli runs that file as `-m FILE` does, llama.cpp beside it",
 )
 @depth_options
 @click.option("--json", "json_output", is_flag=True, help="print the result as JSON")

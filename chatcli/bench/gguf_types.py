@@ -6,10 +6,10 @@ llama-cpp-python's interpreter, and run by chatcli as a user runs it (`chatcli -
 start into a cache that holds only the compiled kernel, built once per machine; later one-shots;
 decode and prefill in a child of their own) and by llama.cpp beside it, with each side's peak memory.
 
-A mixture of experts (`--shape qwen3-30b-a3b`), or any shape where llama-cpp-python is not installed, is
-written straight as random blocks of the type (`gguf_blocks`: Q4_K_M's mix, Q8_0 or F16), with as many of its
-layers as this machine's memory holds the file of (the result says how many); llama.cpp then runs beside it
-where it is installed, else the result says it did not.
+A mixture of experts (`--shape qwen3-30b-a3b`, `mixtral-8x7b`, `gpt-oss-20b` as MXFP4_MOE), or any shape where
+llama-cpp-python is not installed, is written straight as random blocks of the type (`gguf_blocks`: Q4_K_M's
+mix, MXFP4_MOE's, Q8_0 or F16), with as many of its layers as this machine's memory holds the file of (the
+result says how many); llama.cpp then runs beside it where it is installed, else the result says it did not.
 """
 
 from __future__ import annotations
@@ -53,15 +53,16 @@ def run_gguf_type(
     import os
 
     from chatcli.bench.baseline import LLAMA_ONESHOT, llama_cpp, process_run
-    from chatcli.bench.gguf_blocks import TYPES, fitting_layers, write_random_blocks
+    from chatcli.bench.gguf_blocks import fitting_layers, shape_types, write_random_blocks
 
     fields = {**SHAPES[shape], "max_position_embeddings": CONTEXT}
     layers = fields["num_hidden_layers"]
     random_blocks = bool(fields.get("num_experts")) or not llama_python
-    if random_blocks and gguf_type not in TYPES:
+    types = shape_types(fields)
+    if random_blocks and gguf_type not in types:
         raise ValueError(
             f"--gguf-type {gguf_type} is made by llama.cpp's own quantizer (install llama-cpp-python)"
-            if not fields.get("num_experts") else f"--shape {shape} is written as {', '.join(TYPES)}, not {gguf_type}"
+            if not fields.get("num_experts") else f"--shape {shape} is written as {', '.join(types)}, not {gguf_type}"
         )  # fmt: skip
     if random_blocks:
         fields["num_hidden_layers"] = fitting_layers(fields, gguf_type)
@@ -100,6 +101,7 @@ def run_gguf_type(
             "gguf_type": gguf_type,
             "layers": fields["num_hidden_layers"],
             "layers_of": layers,
+            "max_file_gib": fields.get("max_file_gib"),
             "blocks": "random, written here" if random_blocks else "llama.cpp's quantizer",
             "file_mib": path.stat().st_size / 2**20,
             "threads": threads,

@@ -2,9 +2,9 @@
 
 For `chatcli bench --shape` (`bench/shapes.py`), which builds random models of a real model's
 shapes and times llama.cpp on them beside chatcli. The tokenizer is the embedded SmolLM2 GGUF's (its 49,152
-tokens, padded with unused tokens up to the model's vocabulary); q and k rows are permuted the
-way llama.cpp's own converter permutes them (its rope pairs dims (2i, 2i + 1), transformers'
-(i, i + hd/2)), so the GGUF computes what the transformers model computes.
+tokens, padded with unused tokens up to the model's vocabulary, or only its first tokens and their merges where
+the vocabulary is smaller); q and k rows are permuted the way llama.cpp's own converter permutes them (its
+rope pairs dims (2i, 2i + 1), transformers' (i, i + hd/2)), so the GGUF computes what the transformers model computes.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def start_llama_gguf(path: Path, fields: dict, qtype: str, arch: str = "llama"):
         source.close()
     tokens = [t.encode() for t in fields["tokenizer.ggml.tokens"]]
     merges = [m.encode() for m in fields["tokenizer.ggml.merges"]]
+    if vocab < len(tokens):  # a smaller vocabulary (Mixtral's 32,000): only the merges of the tokens kept
+        kept = set(tokens[:vocab])
+        merges = [m for m in merges if all(part in kept for part in (*m.split(b" ", 1), m.replace(b" ", b"", 1)))]
     types = [int(t) for t in fields["tokenizer.ggml.token_type"]]
     tokens += [f"<unused_{i}>".encode() for i in range(len(tokens), vocab)]
     types += [gguf.TokenType.UNUSED] * (vocab - len(types))

@@ -170,7 +170,10 @@ def render_gguf_type(result: dict, console) -> None:
         table.add_row("weights a token reads MiB", f"{ours['active_mib']:.0f} of {ours['weights_mib']:.0f}", "", "")
     notes = [f"blocks: {result['blocks']}"] if result.get("blocks") else []
     if layers:
-        notes.append(f"{result['layers']} layers: the file the memory of this machine holds (bench/gguf_blocks.py)")
+        cap = f", at most {result['max_file_gib']:g} GiB" if result.get("max_file_gib") else ""
+        notes.append(
+            f"{result['layers']} layers: the file the memory of this machine holds{cap} (bench/gguf_blocks.py)"
+        )
     if notes:
         table.caption = " · ".join(filter(None, [table.caption, *notes]))
     console.print(table)

@@ -51,7 +51,7 @@ SHAPES = {
         vocab_size=151936,
         rope_theta=1000000.0,
     ),
-    # a mixture of experts (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): --gguf-type only (bench/gguf_blocks.py)
+    # mixtures of experts (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B; gpt-oss; Mixtral): --gguf-type only (gguf_blocks)
     "qwen3-30b-a3b": dict(
         hidden_size=2048,
         num_hidden_layers=48,
@@ -65,6 +65,42 @@ SHAPES = {
         vocab_size=151936,
         rope_theta=1000000.0,
         tie_word_embeddings=False,
+    ),
+    # gpt-oss-20b (transformers' GptOssConfig): MXFP4 experts, biases, sinks, YaRN, every other layer sliding
+    "gpt-oss-20b": dict(
+        gguf_arch="gpt-oss",
+        hidden_size=2880,
+        num_hidden_layers=24,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=2880,
+        num_experts=32,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        vocab_size=201088,  # o200k's; the tokens here are SmolLM2's, padded (gguf_write)
+        rope_theta=150000.0,
+        rope_factor=32.0,
+        original_max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    # Mixtral-8x7B: a llama with 8 experts of 14,336, 2 a token; at most 7 GiB of it (~8 of 32 layers)
+    "mixtral-8x7b": dict(
+        gguf_arch="llama",
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        num_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=32000,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        max_file_gib=7.0,
     ),
 }
 LLAMA_QUANT = {None: "F32", "int8": "Q8_0", "q8": "Q8_0", "q4": "Q4_0"}  # chatcli's --quantize -> the GGUF's
@@ -161,7 +197,8 @@ def run_shape(
     name = shape if isinstance(shape, str) else "custom"
     fields = SHAPES[shape] if isinstance(shape, str) else shape
     if fields.get("num_experts"):
-        raise BenchError(f"--shape {name} is a mixture of experts: add --gguf-type Q4_K_M")
+        kind = "MXFP4_MOE" if fields.get("gguf_arch") == "gpt-oss" else "Q4_K_M"
+        raise BenchError(f"--shape {name} is a mixture of experts: add --gguf-type {kind}")
     qtype, kind = LLAMA_QUANT[quantize], KINDS[quantize]
     progress(f"building a random {name} model")
     model = build(fields)
