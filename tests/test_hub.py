@@ -218,8 +218,8 @@ def test_a_gated_repo_is_one_line_naming_hf_token_then_pulls_with_it(fake_hub, m
 
 
 def test_a_model_of_an_architecture_chatcli_does_not_run_is_refused_before_its_download(fake_hub):
-    fake_hub.add("someone/Moe-GGUF", {"Moe-Q4_K_M.gguf": gguf_bytes("gpt-oss", pad=1 << 20)})
-    with pytest.raises(LoadError, match="Moe-Q4_K_M.gguf: architecture 'gpt-oss' does not run.*Nothing was pulled"):
+    fake_hub.add("someone/Moe-GGUF", {"Moe-Q4_K_M.gguf": gguf_bytes("deepseek2", pad=1 << 20)})
+    with pytest.raises(LoadError, match="Moe-Q4_K_M.gguf: architecture 'deepseek2' does not run.*Nothing was pulled"):
         get("hf.co/someone/Moe-GGUF")
     assert fake_hub.downloads() == [] and hub.cached_files("someone/Moe-GGUF") == {}
     path, _ = pull.model_file("hf.co/someone/Moe-GGUF", lambda *_a: None, hub_unreachable, runner="hf")

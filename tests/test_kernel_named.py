@@ -22,7 +22,7 @@ def test_each_runner_names_the_kernel(kernel, tiny_loaded):
     torch_lean = build_engine(tiny_loaded, runner="lean", kv_dtype="float32", kernel=False).runner
     assert torch_lean.kernel == "off (the torch lean runner, asked)"
     bf16_cache = build_engine(tiny_loaded, runner="lean", kv_dtype="float16").runner
-    assert bf16_cache.kernel == "off (it takes float32 weights and a float32 or bfloat16 KV cache)"
+    assert bf16_cache.kernel == "off (it takes float32 weights and a float32, bfloat16 or q8_0 KV cache)"
     assert build_engine(tiny_loaded, runner="hf", kv_dtype="float32").runner.kernel == "off (the transformers runner)"
 
 
