@@ -134,8 +134,8 @@ def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None =
     bits of mantissa against bf16's 8 keep the logits 6-10x closer to an fp32 cache's (SmolLM2-135M's
     GGUF dequantized to fp32: largest difference 0.024 against 0.145 over 32 greedy tokens), perplexity
     at 4,000 tokens 17.88 against bf16's 17.91 and fp32's 17.90 (`benchmarks/kv_perplexity.py`), decode
-    at depth 0 and 4,096 as fast as bf16's within a shared machine's noise (fastest of 24 runs: within
-    2 %; AMD EPYC, 2026-12-07). Greedy text on the Q4_1 file still need not be llama.cpp's: their
+    at depth 0 and 4,096 as fast as bf16's (300 steps each, interleaved one by one: a step's time 0.98x
+    and 0.99x bf16's, medians; AMD EPYC, 2026-12-07). Greedy text on the Q4_1 file still need not be llama.cpp's: their
     activations' int8 rounding decides near-ties. int8 keeps fp32: there the bf16 cache
     cost +3.6 % perplexity against +0.4 % with an fp32 cache (`chatcli bench --quantize int8
     --kv-dtype ...`). q8_0 only where asked."""
