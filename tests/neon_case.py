@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from chatcli.engine.runners import kernels
-from chatcli.engine.runners.kernels.structs import CACHE_BF16, CACHE_F32, CACHE_Q8, Matrix
+from chatcli.engine.runners.kernels.structs import CACHE_BF16, CACHE_F16, CACHE_F32, CACHE_Q8, Matrix
 
 HARNESS = Path(__file__).with_name("kernel_harness") / "harness.cpp"
 CROSS = "aarch64-linux-gnu-g++"
@@ -122,7 +122,7 @@ def write_case(runner, path: Path, script: Script, kv_dtype: str, threads: tuple
     w.add(_float(m.embed_scale), m.experts, m.experts_used, m.expert_ffn, m.norm_topk)
     w.add(m.pre_norm, m.qk_norm_whole, _float(m.residual_scale))
     capacity = -(-runner.context_limit // 16) * 16
-    w.add({"bfloat16": CACHE_BF16, "q8_0": CACHE_Q8}.get(kv_dtype, CACHE_F32), capacity, *threads)
+    w.add({"bfloat16": CACHE_BF16, "float16": CACHE_F16, "q8_0": CACHE_Q8}.get(kv_dtype, CACHE_F32), capacity, *threads)
     for ids in (script.prompt, script.draft, script.other):
         w.add(len(ids), *ids)
     path.write_bytes(np.array(w.words, dtype="<i8").tobytes())

@@ -120,7 +120,9 @@ def test_bad_depths_are_one_line(tiny_gguf, args, message, code):
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("kv, extra", [("q8_0", ["-ctk", "q8_0", "-ctv", "q8_0"]), ("bfloat16", []), ("auto", [])])
+@pytest.mark.parametrize(
+    "kv, extra", [("q8_0", ["-ctk", "q8_0", "-ctv", "q8_0"]), ("bfloat16", []), ("float16", []), ("auto", [])]
+)
 def test_a_peer_runs_the_kv_cache_chatcli_runs_where_it_has_one(kv, extra):
     from chatcli.bench.peers import command
 

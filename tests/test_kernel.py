@@ -241,8 +241,8 @@ def test_a_dropped_runner_is_freed_at_once(files, kernel):
 
 def test_the_cache_type_is_checked(files, kernel):
     runner = NativeRunner(files["float32-panels"], kv_dtype="float32")
-    with pytest.raises(ValueError, match="bfloat16"):
-        NativeRunner(files["float32-panels"], kv_dtype="float16")
+    with pytest.raises(ValueError, match="float32, bfloat16, float16 or q8_0"):
+        NativeRunner(files["float32-panels"], kv_dtype="float64")
     with pytest.raises(ValueError, match="float32-panels, int8, q4, q8 or gguf"):
         NativeRunner(files["float32-dense"])
     c = files["float32-panels"].config

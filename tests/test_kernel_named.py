@@ -16,13 +16,17 @@ from chatcli.engine.load.hf import build_engine
 from chatcli.engine.runners import kernels
 
 
-def test_each_runner_names_the_kernel(kernel, tiny_loaded):
+def test_each_runner_names_the_kernel(kernel, tiny_loaded, tiny_model_dir):
+    from chatcli.engine.load.hf import LoadOptions, load
+
     assert build_engine(tiny_loaded, runner="lean", kv_dtype="float32").runner.kernel == kernels.build_name()
     assert kernels.build_name() in kernels.BUILDS
     torch_lean = build_engine(tiny_loaded, runner="lean", kv_dtype="float32", kernel=False).runner
     assert torch_lean.kernel == "off (the torch lean runner, asked)"
-    bf16_cache = build_engine(tiny_loaded, runner="lean", kv_dtype="float16").runner
-    assert bf16_cache.kernel == "off (it takes float32 weights and a float32, bfloat16 or q8_0 KV cache)"
+    bf16_weights = build_engine(load(str(tiny_model_dir), LoadOptions(device="cpu", dtype="bfloat16")), runner="lean")
+    assert bf16_weights.runner.kernel == (
+        "off (it takes float32 weights and a float32, bfloat16, float16 or q8_0 KV cache)"
+    )
     assert build_engine(tiny_loaded, runner="hf", kv_dtype="float32").runner.kernel == "off (the transformers runner)"
 
 

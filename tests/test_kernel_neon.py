@@ -8,7 +8,7 @@ Each case is a lean file of one or more weight kinds: fp32 panels, int8, q4 and 
 files read directly in mixes that hold every block type the kernel runs (Q2_K..Q6_K; F16, BF16, F32;
 IQ4_NL, IQ4_XS, MXFP4; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on families with biases, q/k norms, soft-capping, GeGLU,
 sandwich norms, a sliding window, a layer without rope, Granite's multipliers and OLMo 2's norms, caches in
-fp32, bf16 and q8_0. On each, the NEON build keeps the exactness contract on its own (a prefill's last row, a
+fp32, bf16, fp16 and q8_0. On each, the NEON build keeps the exactness contract on its own (a prefill's last row, a
 draft's rows and a sequence batched beside another are the bits of single steps); with every rope table the
 identity (a layer without rope keeps none) it gives the AVX2 build's bits, row for row (the same integer dots
 and the same fp32 operations in the same order: simd_neon.h), and with the real rope it is within rounding of
@@ -30,6 +30,7 @@ from chatcli.engine.runners import kernels
 from chatcli.engine.runners.kernels.structs import BLOCK_KINDS, WEIGHT_F32, WEIGHT_I8
 from chatcli.engine.runners.lean import LeanRunner
 from chatcli.engine.runners.native import NativeRunner
+from chatcli.engine.runners.native_cache import CACHE_DTYPES
 from chatcli.engine.weights.kquant_blocks import RUN, tensor_parts
 from chatcli.engine.weights.layouts import pack_int8, panels
 from tests import neon_case
@@ -75,7 +76,7 @@ TOLERANCE = {False: 1e-5, True: 1e-2}  # of the largest logit: fp32 rounding; a 
 CASES = [
     ("fp32-panels", "float32-panels", "float32"),
     ("int8", "int8", "bfloat16"),
-    ("q4", "q4", "float32"),
+    ("q4", "q4", "float16"),  # an fp16 KV cache
     ("q8", "q8", "bfloat16"),
     ("qwen2-kquants", ("qwen2", False, K_QUANTS), "float32"),
     ("qwen3-floats-iq4", ("qwen3", False, FLOATS_IQ4), "bfloat16"),
@@ -181,6 +182,7 @@ def test_the_cases_hold_every_weight_kind():
             continue
         covered |= {RUN[t] for t in getattr(spec[2], "types", {}).values()}
     assert covered == {"float32-panels", "int8", *BLOCK_KINDS}
+    assert {kv for *_, kv in CASES} == set(CACHE_DTYPES)  # and every KV cache the kernel keeps
 
 
 def test_neon_tracks_the_torch_path(harness, avx2, tiny_loaded, tmp_path):

@@ -305,8 +305,8 @@ def test_kv_dtype_auto_follows_the_cpu(tiny_loaded, monkeypatch):
         assert pick_kv_dtype("auto", "cpu", "float32") == want
         assert pick_kv_dtype("float32", "cpu", "float32") == "float32"
         assert pick_kv_dtype("auto", "cpu", "float32", quantize="int8") == "float32"
-        for blocks in ("q4", "q8", "gguf"):  # a GGUF's own blocks: the cache as for fp32 weights
-            assert pick_kv_dtype("auto", "cpu", "float32", quantize=blocks) == want
+        for blocks in ("q4", "q8", "gguf"):  # a GGUF's own blocks: fp16 (llama.cpp's cache) where bf16 would be
+            assert pick_kv_dtype("auto", "cpu", "float32", quantize=blocks) == ("float16" if native else want)
         assert pick_kv_dtype("auto", "cuda", "bfloat16") == "bfloat16"
     assert isinstance(build_engine(tiny_loaded, runner="hf").runner, HFRunner)  # auto: the HF cache as it is
     with pytest.raises(LoadError, match="--kv-dtype bfloat16: the HF runner"):

@@ -139,7 +139,7 @@ struct OwnCache {
 
   OwnCache(const Model& m, int32_t kind, int64_t cap) {
     const size_t elements = static_cast<size_t>(m.kv_heads * cap * m.head_dim);
-    const size_t bytes = kind == CACHE_Q8 ? elements / 16 * 17 : elements * (kind == CACHE_BF16 ? 2 : 4);
+    const size_t bytes = kind == CACHE_Q8 ? elements / 16 * 17 : elements * (kind == CACHE_BF16 || kind == CACHE_F16 ? 2 : 4);
     for (int64_t l = 0; l < m.n_layers; l++) {
       k.emplace_back(bytes + 64);
       v.emplace_back(bytes + 64);

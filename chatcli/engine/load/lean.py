@@ -77,7 +77,7 @@ def lean_engine(
     asked = quantize
     native, quantize = plan(source.folder, device, dtype, kv, quantize, kernel, source.gguf)
     experts_only_native(source, native, quantize, lambda: _why_no_kernel(kernel, device, dtype, kv))
-    kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32, bfloat16 or q8_0 where native: dtype is float32
+    kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32, bfloat16, float16 or q8_0 where native: dtype is float32
     if kv == "q8_0":
         q8_only_native(source, native, lambda: _why_no_kernel(kernel, device, dtype, kv))
     status(f"Loading {source.name}")
@@ -161,7 +161,7 @@ def plan(folder: Path, device: str, dtype: str, kv: str, quantize: str | None, k
         kernel
         and device == "cpu"
         and dtype == "float32"
-        and kv in ("auto", "float32", "bfloat16", "q8_0")
+        and kv in ("auto", "float32", "bfloat16", "float16", "q8_0")
         and _native_shapes(read_config(folder))
         and _kernel()
     )
@@ -220,8 +220,8 @@ def _head_dim(config: dict) -> int:
 def _why_no_kernel(kernel: bool, device: str, dtype: str, kv: str) -> str:
     if not kernel or device != "cpu":
         return "it runs on the CPU only"
-    if dtype != "float32" or kv not in ("float32", "bfloat16", "q8_0"):
-        return "it takes float32 weights and a float32, bfloat16 or q8_0 KV cache"
+    if dtype != "float32" or kv not in ("float32", "bfloat16", "float16", "q8_0"):
+        return "it takes float32 weights and a float32, bfloat16, float16 or q8_0 KV cache"
     return kernels.why_not() or "the model's attention shapes are not the kernel's; use --quantize int8"
 
 

@@ -54,8 +54,8 @@ class LoadOptions:
     runner: str = _flag("auto", "The forward pass (auto: lean for Llama models).", RUNNERS)  # a ModelRunner
     kv_dtype: str = _flag(  # the lean runner's KV cache: see pick_kv_dtype
         "auto",
-        "KV cache dtype (auto: bf16 on CPUs with bf16 matmuls; q8_0: 8-bit codes with a scale per 32, "
-        "about half of bf16's memory, the compiled kernel only).",
+        "KV cache dtype (auto: bf16 on CPUs with bf16 matmuls, fp16 beside a GGUF's blocks; q8_0: 8-bit codes "
+        "with a scale per 32, about half of bf16's memory, the compiled kernel only).",
         ("auto", *KV_DTYPE_NAMES),
     )
     quantize: str | None = _flag(
@@ -126,12 +126,19 @@ def _dtype_named(name: str, flag: str) -> str:
 def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None = None) -> str:
     """The lean runners' KV cache dtype by name. auto: bf16 for fp32 compute on a CPU with bf16
     matmuls in hardware (attention over a long history runs ~2× faster and the cache takes half
-    the memory, as llama.cpp's f16 cache does; perplexity +0.05 % on SmolLM2-135M), a GGUF's own
-    blocks (q4, q8, gguf) included: on the embedded Q4_1 file, decode after 4,096 tokens 96 tok/s
-    against 63 with an fp32 cache, perplexity 28.50 against 28.75 (`chatcli bench --depth 0,4096
-    --kv-dtype …`, `chatcli bench --quality --kv-dtype …`, AMD EPYC Zen 4, 2026-12-06); else the
-    weights' dtype. int8 keeps fp32: there the bf16 cache cost +3.6 % perplexity against +0.4 %
-    with an fp32 cache (`chatcli bench --quantize int8 --kv-dtype ...`). q8_0 only where asked."""
+    the memory, as llama.cpp's f16 cache does; perplexity +0.05 % on SmolLM2-135M): on the embedded
+    Q4_1 file, decode after 4,096 tokens 96 tok/s against 63 with an fp32 cache, perplexity 28.50
+    against 28.75 (`chatcli bench --depth 0,4096 --kv-dtype …`, `chatcli bench --quality --kv-dtype …`,
+    AMD EPYC Zen 4, 2026-12-06); else the weights' dtype. Beside a GGUF's own blocks (q4, q8, gguf:
+    the compiled kernel's alone) fp16 in its place, llama.cpp's default cache, the same bytes: its 11
+    bits of mantissa against bf16's 8 keep the logits 6-10x closer to an fp32 cache's (SmolLM2-135M's
+    GGUF dequantized to fp32: largest difference 0.024 against 0.145 over 32 greedy tokens), perplexity
+    at 4,000 tokens 17.88 against bf16's 17.91 and fp32's 17.90 (`benchmarks/kv_perplexity.py`), decode
+    at depth 0 and 4,096 as fast as bf16's (300 steps each, interleaved one by one: a step's time 0.98x
+    and 0.99x bf16's, medians; AMD EPYC, 2026-12-07). Greedy text on the Q4_1 file still need not be llama.cpp's: their
+    activations' int8 rounding decides near-ties. int8 keeps fp32: there the bf16 cache
+    cost +3.6 % perplexity against +0.4 % with an fp32 cache (`chatcli bench --quantize int8
+    --kv-dtype ...`). q8_0 only where asked."""
     if kv_dtype != "auto":
         if kv_dtype not in KV_DTYPE_NAMES:
             raise LoadError(f"--kv-dtype must be auto, {', '.join(KV_DTYPE_NAMES[:-1])} or q8_0, got {kv_dtype!r}")
@@ -139,6 +146,8 @@ def pick_kv_dtype(kv_dtype: str, device: str, dtype: str, quantize: str | None =
     from chatcli.engine.cpu import has_native_bf16
 
     bf16 = device == "cpu" and dtype == "float32" and quantize != "int8" and has_native_bf16()
+    if bf16 and quantize in ("q4", "q8", "gguf"):  # the kernel's blocks: the kernel's fp16 cache
+        return "float16"
     return "bfloat16" if bf16 else dtype
 
 

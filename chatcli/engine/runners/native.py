@@ -128,7 +128,7 @@ class NativeRunner(ModelRunner):
         if c.kind not in ("float32-panels", INT8, *BLOCKS):
             raise ValueError(f"the native runner reads float32-panels, int8, q4, q8 or gguf lean files, not {c.kind}")
         if kv_dtype not in CACHE_DTYPES:
-            raise ValueError(f"the native runner keeps a float32, bfloat16 or q8_0 KV cache, not {kv_dtype}")
+            raise ValueError(f"the native runner keeps a float32, bfloat16, float16 or q8_0 KV cache, not {kv_dtype}")
         reason = shape_reason(c.head_dim, c.heads, c.kv_heads)
         if kv_dtype == "q8_0":
             reason = reason or q8_reason(c.head_dim)

@@ -2,8 +2,9 @@
 OS backs as it is written (`kv.memory.ReservedCache`), and the kernel's `Cache` struct over its arrays.
 
 Keys `[Lf, KV, capacity/16, hd, 16]` (one vector holds a dimension of 16 keys) and values
-`[Lf, KV, capacity, hd]`, fp32 or bf16 held as uint16; a model's sliding layers, where a strip is smaller
-than the context, over `strip.size` positions of the same layout (`kv.memory.Strip`).
+`[Lf, KV, capacity, hd]`, fp32, bf16 held as uint16 or fp16 (IEEE half, llama.cpp's default cache); a
+model's sliding layers, where a strip is smaller than the context, over `strip.size` positions of the same
+layout (`kv.memory.Strip`).
 A q8_0 cache (GGUF's Q8_0: int8 codes and an fp16 scale per 32 dimensions of a position, quantized by the
 kernel as a position is written) holds records instead: keys `[Lf, KV, capacity/16]` of a block's codes
 `[hd, 16]` and scales `[hd/32, 16]`, values `[Lf, KV, capacity]` of a row's codes `[hd]` and scales
@@ -20,12 +21,13 @@ import mmap
 import numpy as np
 
 from chatcli.engine.kv import memory as kv_memory
-from chatcli.engine.runners.kernels.structs import CACHE_BF16, CACHE_F32, CACHE_Q8, Cache
+from chatcli.engine.runners.kernels.structs import CACHE_BF16, CACHE_F16, CACHE_F32, CACHE_Q8, Cache
 
 # a --kv-dtype -> the kernel's kind, the numpy type of an element (None: q8 records) and its safetensors code
 CACHE_DTYPES = {
     "float32": (CACHE_F32, np.float32, "F32"),
     "bfloat16": (CACHE_BF16, np.uint16, "BF16"),
+    "float16": (CACHE_F16, np.float16, "F16"),
     "q8_0": (CACHE_Q8, None, "I8"),
 }
 Q8_GROUP = 32  # a q8_0 cache's dimensions per scale
@@ -88,7 +90,7 @@ def dequantized(held: np.ndarray, n: int, keys: bool) -> np.ndarray:
 
 class NativeCache(kv_memory.ReservedCache):
     """Keys `[Lf, KV, capacity/16, hd, 16]` (blocks of 16 positions, transposed: one vector holds a
-    dimension of 16 keys) and values `[Lf, KV, capacity, hd]`, fp32 or bf16 held as uint16 (q8_0: records
+    dimension of 16 keys) and values `[Lf, KV, capacity, hd]`, fp32, bf16 held as uint16 or fp16 (q8_0: records
     of codes and scales, see the module's docstring), in anonymous memory; a model's sliding layers, where
     a strip is smaller than the context, in `wk`, `wv` of the same layout over `strip.size` positions (see
     `kv.memory.Strip`). `keys(n)` and `state()` give the keys as rows `[L, KV, n, hd]`, like every other

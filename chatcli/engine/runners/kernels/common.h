@@ -116,6 +116,12 @@ struct Q8 {
 template <typename T>
 constexpr bool kQ8 = std::is_same_v<T, Q8>;
 
+// An fp16 KV cache's element (IEEE half, llama.cpp's default cache): the layout of bf16's, converted to fp32
+// as it is read (simd*.h: load16 / load8 / load4) and rounded to nearest even as it is written (step.h)
+struct F16 {
+  uint16_t bits;
+};
+
 // what `positions` positions of one KV head take in a cache of T, in T (keys: whole blocks of 16)
 template <typename T>
 constexpr int64_t span(int64_t positions, int64_t hd) {

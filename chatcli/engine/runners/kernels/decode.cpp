@@ -27,7 +27,7 @@
 // (project_amx.h), to the same bits; else its passes of rows read each block's codes unpacked once (steps.h's
 // project_unpacked). The AVX2 build's K-quants are in project_kquant_avx2.h.
 // The KV cache holds, per layer, keys [KV, capacity/16, hd, 16] (blocks of 16 positions, transposed) and
-// values [KV, capacity, hd], in fp32, bf16 (round to nearest even) or q8_0 (int8 codes with an fp16 scale per
+// values [KV, capacity, hd], in fp32, bf16 or fp16 (each rounded to nearest even) or q8_0 (int8 codes with an fp16 scale per
 // 32 dimensions of a position, quantized as a position is written; common.h: Q8), of positions base..base+capacity-1;
 // capacity and base are multiples of 16. A layer that attends to every position has base 0; a sliding
 // layer's strip moves on (kv_memory.Strip) and holds at least its window.
@@ -170,7 +170,7 @@ void forward(const Model& m, const Segment* segs, int64_t n_segs, const int64_t*
 // 0 where every segment's rows fit its cache (and the model's heads the kernel's), else 1
 int check_segments(const Model* m, const Segment* segs, int64_t n_segs) {
   if (n_segs < 1 || m->head_dim % 16 != 0 || m->head_dim > kMaxHeadDim || (!m->embed && !m->embed_rows)) return 1;
-  if (!segs[0].cache || segs[0].cache->kind < CACHE_F32 || segs[0].cache->kind > CACHE_Q8) return 1;
+  if (!segs[0].cache || segs[0].cache->kind < CACHE_F32 || segs[0].cache->kind > CACHE_F16) return 1;
   if (segs[0].cache->kind == CACHE_Q8 && m->head_dim % 32 != 0) return 1;  // a scale per 32 dimensions
   for (int64_t l = 0; l < m->n_layers; l++) {  // a mixture of experts: a router of one output per expert, k of them
     const Layer& layer = m->layers[l];
@@ -207,6 +207,8 @@ int chatcli_decode_batch(const Model* m, const Segment* segs, int64_t n_segs, co
       forward<uint16_t>(*m, segs, n_segs, tokens, logits, threads);
     else if (segs[0].cache->kind == CACHE_Q8)
       forward<Q8>(*m, segs, n_segs, tokens, logits, threads);
+    else if (segs[0].cache->kind == CACHE_F16)
+      forward<F16>(*m, segs, n_segs, tokens, logits, threads);
     else
       forward<float>(*m, segs, n_segs, tokens, logits, threads);
   } catch (...) {

@@ -59,6 +59,7 @@ inline float32x4_t load4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll
 
 // 4 fp16 at p as fp32
 inline float32x4_t load_half4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+inline float32x4_t load4(const F16* p) { return load_half4(reinterpret_cast<const uint16_t*>(p)); }
 
 // ---- per-row stages ---------------------------------------------------------------------
 

@@ -13,7 +13,7 @@
 
 extern "C" {
 
-enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_Q8 = 2 };
+enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_Q8 = 2, CACHE_F16 = 3 };
 
 struct Layer {
   Matrix qkv, out, gate_up, down;
@@ -55,7 +55,7 @@ struct Model {
 };
 
 struct Cache {
-  int32_t kind;             // CACHE_F32, CACHE_BF16 or CACHE_Q8 (common.h: Q8's bytes)
+  int32_t kind;             // CACHE_F32, CACHE_BF16, CACHE_Q8 (common.h: Q8's bytes) or CACHE_F16
   void* const* k;           // per layer: [KV, capacity/16, hd, 16] (q8: codes and scales a block)
   void* const* v;           // per layer: [KV, capacity, hd] (q8: codes and scales a row)
   const int64_t* capacity;  // per layer: the positions it holds
@@ -154,6 +154,16 @@ inline void store_value(Q8* dst, const float* src, int64_t hd) {
   int8_t* codes = reinterpret_cast<int8_t*>(dst);
   uint16_t* scales = reinterpret_cast<uint16_t*>(codes + hd);
   for (int64_t g = 0; g < hd / 32; g++) scales[g] = quantize_q8(src + g * 32, codes + g * 32, 1);
+}
+
+// a key row into its transposed block, a value row as it is, each element as fp16 (round to nearest even)
+inline void store_key(F16* kt, int64_t position, const float* src, int64_t hd) {
+  F16* dst = kt + (position / 16) * hd * 16 + position % 16;
+  for (int64_t i = 0; i < hd; i++) dst[i * 16].bits = float_to_half(src[i]);
+}
+
+inline void store_value(F16* dst, const float* src, int64_t hd) {
+  for (int64_t i = 0; i < hd; i++) dst[i].bits = float_to_half(src[i]);
 }
 
 // An attention task: `positions` rows of segment `seg` from row `s` (of the step) on, `heads` heads from

@@ -23,7 +23,7 @@ BLOCK_KINDS = {
     "iq4xs": WEIGHT_IQ4XS,
     "mxfp4": WEIGHT_MXFP4,
 }
-CACHE_F32, CACHE_BF16, CACHE_Q8 = 0, 1, 2
+CACHE_F32, CACHE_BF16, CACHE_Q8, CACHE_F16 = 0, 1, 2, 3
 
 _i32, _i64, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
