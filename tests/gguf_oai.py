@@ -7,6 +7,11 @@ clamp at 7 bites. `write_gptoss(model, path, experts)`: the `gpt-oss` GGUF, the 
 de-interleaved (transformers' gate_up holds gate and up alternately) and stacked as [experts, rows, k], in
 `experts` ("F32" or "MXFP4"), everything else F32, the embedded SmolLM2 tokenizer (`gguf_models.add_tokenizer`).
 `use_file_experts(model)` puts MXFP4's values into the model, so that transformers computes the file's weights.
+`write_gptoss(..., harmony=True)`: the tokenizer's last ids are Harmony's control tokens and its chat template
+`HARMONY_TEMPLATE`, gpt-oss's own in miniature (written after the structure of openai/gpt-oss-20b's template: the
+tools as a TypeScript-like namespace in the developer message, an assistant's `tool_calls` as a commentary
+message to `functions.NAME` after its `thinking` on the analysis channel, a past final answer without its
+reasoning, a tool result as a message from `functions.NAME`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,56 @@ import gguf
 import numpy as np
 import torch
 
-from tests.gguf_models import VOCAB, add_tokenizer
+from tests.gguf_models import VOCAB, add_tokenizer, embedded_tokenizer
+
+HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+HARMONY_TEMPLATE = (
+    "{%- if tools %}<|start|>developer<|message|># Tools\n\nnamespace functions {\n"
+    "{%- for t in tools %}\n// {{ t.function.description }}\ntype {{ t.function.name }} = (_: "
+    "{{ t.function.parameters | tojson }}) => any;\n{%- endfor %}\n} // namespace functions<|end|>{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or message.role == 'system' %}"
+    "<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{%- set call = message.tool_calls[0].function %}"
+    "{%- if message.content and message.thinking %}{{ raise_exception('content and thinking beside a call') }}"
+    "{%- elif message.content or message.thinking %}"
+    "<|start|>assistant<|channel|>analysis<|message|>{{ message.content or message.thinking }}<|end|>{%- endif %}"
+    "<|start|>assistant to=functions.{{ call.name }}<|channel|>commentary json<|message|>"
+    "{{ call.arguments | tojson }}<|call|>"
+    "{%- elif message.role == 'assistant' %}"
+    "<|start|>assistant<|channel|>final<|message|>{{ message.content }}<|end|>"
+    "{%- elif message.role == 'tool' %}"
+    "<|start|>functions.{{ message.name or 'tool' }} to=assistant<|channel|>commentary<|message|>"
+    "{{ message.content | tojson }}<|end|>"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start|>assistant{%- endif %}"
+)
+
+
+def add_harmony_tokenizer(writer, vocab: int) -> None:
+    """The embedded tokenizer cut to `vocab` ids, its last ones Harmony's control tokens, gpt-oss's template."""
+    import gguf
+
+    tokens, kinds, merges, others = embedded_tokenizer()
+    keep = vocab - len(HARMONY_TOKENS)
+    kept = set(tokens[:keep])
+
+    def fits(merge: bytes) -> bool:
+        left, right = merge.split(b" ", 1)
+        return left in kept and right in kept and left + right in kept
+
+    writer.add_tokenizer_model(others["tokenizer.ggml.model"][0])
+    writer.add_tokenizer_pre(others["tokenizer.ggml.pre"][0])
+    writer.add_token_list(tokens[:keep] + [t.encode() for t in HARMONY_TOKENS])
+    writer.add_token_types(kinds[:keep] + [int(gguf.TokenType.CONTROL)] * len(HARMONY_TOKENS))
+    writer.add_token_merges([m for m in merges if fits(m)])
+    for key, (value, vtype, sub_type) in others.items():
+        if key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"):
+            continue
+        if not (key.endswith("_token_id") and value >= keep):
+            writer.add_key_value(key, value, vtype, sub_type=sub_type)
+    writer.add_chat_template(HARMONY_TEMPLATE)
 
 ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0}
 ROPE |= {"original_max_position_embeddings": 4096, "truncate": True}
@@ -104,13 +158,13 @@ def quantized(array: np.ndarray, kind: str) -> np.ndarray:
     return gguf.quants.quantize(array, gguf.GGMLQuantizationType[kind])
 
 
-def write_gptoss(model, path: Path, experts: str = "F32") -> Path:
+def write_gptoss(model, path: Path, experts: str = "F32", harmony: bool = False, context: int = 0) -> Path:
     c = model.config
     w = gguf.GGUFWriter(str(path), "gpt-oss")
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name("chatcli-test")
     w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
+    w.add_context_length(context or c.max_position_embeddings)  # more: room for a tools prompt
     w.add_embedding_length(c.hidden_size)
     w.add_feed_forward_length(c.intermediate_size)
     w.add_expert_feed_forward_length(c.intermediate_size)
@@ -127,7 +181,7 @@ def write_gptoss(model, path: Path, experts: str = "F32") -> Path:
     w.add_rope_scaling_factor(ROPE["factor"])
     w.add_rope_scaling_orig_ctx_len(ROPE["original_max_position_embeddings"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if experts == "MXFP4" else gguf.LlamaFileType.ALL_F32)
-    add_tokenizer(w, c.vocab_size)
+    (add_harmony_tokenizer if harmony else add_tokenizer)(w, c.vocab_size)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, array in tensors(model).items():
         kind = experts if name.endswith("_exps.weight") else "F32"

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from chatcli.chat.reasoning import split
 from chatcli.engine.text.harmony import MARKERS, markers, split_reply, stop_ids
+from chatcli.engine.text.toolcalls import HARMONY as CALLS
+from chatcli.engine.text.toolcalls import Call, CallScanner, parse_calls
 
 WORDS = ["analysis", "final", "assistant", "commentary", "The", " user", " asks", ".", " Hi", "!", " there"]
+WORDS += [" to=functions.get", " json", '{"a":', " 1}"]
 
 
 class FakeTokenizer:
     """Words and Harmony's markers as ids; a decode that drops the markers (skip_special_tokens), as the real one."""
 
     def __init__(self, template: str) -> None:
-        self.vocab = WORDS + list(MARKERS) + ["<|endoftext|>"]
+        self.vocab = WORDS + list(MARKERS) + ["<|constrain|>", "<|endoftext|>"]
         self.template_sources = [template]
         self.added_tokens = {t: (i, True) for i, t in enumerate(self.vocab) if t.startswith("<|")}
         self.stop_ids = frozenset({self.id("<|end|>"), self.id("<|endoftext|>")})
@@ -51,6 +54,22 @@ def test_a_reply_cut_inside_its_analysis_is_reasoning_alone():
     tok = FakeTokenizer(HARMONY)
     text = split_reply(tok, tok.ids("<|channel|>", "analysis", "<|message|>", "The", " user"))
     assert split(text) == ("The user", "")
+
+
+def test_a_call_on_the_commentary_channel_reads_back_as_a_call_not_text():
+    """Both headers gpt-oss writes: the recipient after the channel (`<|constrain|>json`), or before it."""
+    tok = FakeTokenizer(HARMONY)
+    analysis = tok.ids("<|channel|>", "analysis", "<|message|>", "The", " user", "<|end|>", "<|start|>", "assistant")
+    after = tok.ids("<|channel|>", "commentary", " to=functions.get", "<|constrain|>", " json", "<|message|>")
+    before = tok.ids(" to=functions.get", "<|channel|>", "commentary", " json", "<|message|>")
+    for header in (after, before):
+        text = split_reply(tok, analysis + header + tok.ids('{"a":', " 1}"))
+        thinking, answer = split(text)
+        assert thinking == "The user"
+        assert parse_calls(answer, CALLS) == ("", [Call("get", '{"a": 1}')])
+    cut = split_reply(tok, after + tok.ids('{"a":'))  # max_tokens inside the arguments: no call, no text
+    scanner = CallScanner(CALLS)
+    assert scanner.push(cut) + scanner.finish() == [] and scanner.cut
 
 
 def test_harmony_stops_at_return_and_call_not_at_end():

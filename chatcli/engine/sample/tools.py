@@ -4,7 +4,10 @@ the tools' parameter schemas, so that every call parses and validates.
 Under `tool_choice` required or a named function (`ToolCalls.forced`) the reply is calls only; under
 `auto` it is text (that holds no call markup of any syntax: `MARKUP`) or, once the model opens a call,
 calls: for the Hermes syntax text then `<tool_call>` blocks a line apart; for Llama 3.1's JSON calls one
-object; for Mistral's a JSON list of calls. A named function is called once; `required` and `auto`
+object; for Mistral's a JSON list of calls; for Harmony's (gpt-oss) one `commentary` message to a function, its
+Harmony control tokens written as the tokens they are (`<|channel|>`, `<|constrain|>`, `<|message|>`, `<|call|>`:
+Lark's `<|…|>`), the call forced at once, or under auto an optional analysis message then a call or the final
+answer (free text, or the response format's JSON). A named function is called once; `required` and `auto`
 make up to MAX_CALLS calls where parallel calls are allowed (one where they are not), the list ending
 when the model ends it (a call that repeats one already made is refused by the mask, `steer`).
 Each function's call is its own `%json` schema in a Lark grammar (llguidance's): `{"name": <its name>,
@@ -22,7 +25,7 @@ import re
 from dataclasses import dataclass
 
 from chatcli.engine.params import AUTO, REQUIRED, ResponseFormat, SamplingParams, ToolCalls
-from chatcli.engine.text.toolcalls import CLOSE, LLAMA3, MARKUP, MISTRAL, OPEN
+from chatcli.engine.text.toolcalls import CLOSE, HARMONY, HARMONY_OPEN, LLAMA3, MARKUP, MISTRAL, OPEN
 
 MAX_CALLS = 16  # calls in one reply, where parallel calls are allowed: a small model's loop ends
 # Compact JSON, the way `json.dumps` writes it (with free whitespace a small model can pad a reply
@@ -45,6 +48,8 @@ class CallText:
 
 
 def call_text_of(syntax: str) -> CallText:
+    if syntax == HARMONY:  # as steering spells it: control tokens as no bytes, the name then ` json` before `{`
+        return CallText(HARMONY_OPEN.removeprefix("<|channel|>").encode(), b"", b"", anywhere=True)
     if syntax == LLAMA3:  # one call, the whole reply
         return CallText(b"", b"", b"")
     if syntax == MISTRAL:
@@ -141,6 +146,8 @@ def calls_lark(tools: ToolCalls, syntax: str, fmt: ResponseFormat | None = None)
     """The Lark grammar of a reply that is calls of `tools.callable()` (under auto: text, or calls; with
     `fmt`: that JSON, or calls)."""
     functions = tools.callable()
+    if syntax == HARMONY:
+        return harmony_lark(tools, fmt)
     rules = [f"fn{i}: %json {json.dumps(call_schema(f, syntax))}" for i, f in enumerate(functions)]
     rules.append("fn: " + " | ".join(f"fn{i}" for i in range(len(functions))))
     text = call_text_of(syntax)
@@ -157,3 +164,28 @@ def calls_lark(tools: ToolCalls, syntax: str, fmt: ResponseFormat | None = None)
     else:
         start = ["start: TEXT | calls", _free_text(syntax)]
     return "\n".join([*start, *rules])
+
+
+def harmony_lark(tools: ToolCalls, fmt: ResponseFormat | None = None) -> str:
+    """The Lark grammar of a Harmony reply: a call of one of `tools.callable()` (its arguments held to the
+    function's parameters), or under auto an analysis message first and then a call or the final answer."""
+    functions = tools.callable()
+    rules = [
+        f"fn{i}: {json.dumps(f['name'] + ' ')} <|constrain|> \"json\" <|message|> %json "
+        + json.dumps(with_options(parameters_of(f)))
+        for i, f in enumerate(functions)
+    ]
+    rules.append("fn: " + " | ".join(f"fn{i}" for i in range(len(functions))))
+    rules.append(f"calls: <|channel|> {json.dumps(HARMONY_OPEN.removeprefix('<|channel|>'))} fn <|call|>")
+    if tools.forced:
+        return "\n".join(["start: calls", *rules])
+    answer = f"%json {json.dumps(format_schema(fmt))}" if fmt is not None else "TEXT"
+    return "\n".join(
+        [
+            "start: analysis? (calls | final)",
+            'analysis: <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"',
+            f'final: <|channel|> "final" <|message|> {answer}',
+            "TEXT: /(?s:.*)/",
+            *rules,
+        ]
+    )

@@ -43,6 +43,7 @@ from chatcli.engine.text.control import MARK_END, MARK_START, alternation, marke
 from chatcli.engine.text.folder_files import UnsupportedTokenizer, as_ids, byte_level, chat_template, content, read_json
 from chatcli.engine.text.template import compile_template, literal_text, render_bounded
 from chatcli.engine.text.templates import OWN, Template, default_for, raw_text, text_of
+from chatcli.engine.text.harmony import chat_messages
 from chatcli.engine.text.toolcalls import fallback_messages, syntax_of, takes_tools
 
 __all__ = ["ChatTokenizer", "FolderTokenizer", "TransformersTokenizer", "UnsupportedTokenizer", "byte_level"]
@@ -177,6 +178,8 @@ class ChatTokenizer:
         if self.chosen.raw:
             return raw_text(messages)
         messages, tools = self.with_tools(messages, tools)
+        if self._chosen_template is None and "<|channel|>" in self.template_source:
+            messages = chat_messages(messages)  # past reasoning as `thinking`, as gpt-oss's template takes it
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
         if self._chosen_template is not None:  # ours renders a message's text: OpenAI's parts joined
             chat = [{**m, "content": text_of(m.get("content"))} for m in chat]

@@ -10,6 +10,11 @@ Two call syntaxes:
 - MISTRAL: the reply is `[TOOL_CALLS]` then a JSON list of `{"name": ..., "arguments": {...}}` (Mistral 7B
   v0.3, Nemo, Small: templates with `[AVAILABLE_TOOLS]`); `[TOOL_CALLS]` is a special token there, so the
   reply's text, decoded without special tokens, begins at the list (a leading `[TOOL_CALLS]` is skipped).
+- HARMONY: gpt-oss's call, a `commentary` message to a function, `<|channel|>commentary to=functions.NAME
+  <|constrain|>json<|message|>{...}<|call|>` (templates that write `<|channel|>`). `<|call|>` ends the reply, so
+  a reply holds one call, its last message; `engine.text.harmony`'s detokenizer writes it as the text
+  `<|channel|>commentary to=functions.NAME<|message|>{...}` (HARMONY_OPEN, the name, `<|message|>`, the
+  arguments), which is what is read here.
 
 A chat template that mentions no `tools` gets the fallback (`fallback_messages`): the tools listed as
 JSON in the system prompt with the Hermes call syntax asked for, an assistant's calls written as
@@ -25,11 +30,12 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-HERMES, LLAMA3, MISTRAL = "hermes", "llama3", "mistral"
+HERMES, LLAMA3, MISTRAL, HARMONY = "hermes", "llama3", "mistral", "harmony"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 TOOL_CALLS = "[TOOL_CALLS]"
-MARKUP = (OPEN, CLOSE, PYTHON_TAG, TOOL_CALLS)  # call markup of every syntax: never a reply's text
+HARMONY_OPEN, HARMONY_MESSAGE = "<|channel|>commentary to=functions.", "<|message|>"
+MARKUP = (OPEN, CLOSE, PYTHON_TAG, TOOL_CALLS, "<|channel|>")  # call markup of every syntax: never a reply's text
 
 FALLBACK = (
     "You may call functions to help with the user's request. Their signatures are given as JSON "
@@ -49,6 +55,8 @@ def syntax_of(template: str) -> str:
     """The call syntax a chat template's model writes: MISTRAL where it writes `[TOOL_CALLS]`, LLAMA3 where
     it asks for Llama 3.1's JSON calls, else HERMES (Qwen, Hermes, and the fallback of a template without
     tools)."""
+    if takes_tools(template) and "<|channel|>" in template:
+        return HARMONY
     if takes_tools(template) and OPEN not in template and TOOL_CALLS in template:
         return MISTRAL
     if takes_tools(template) and OPEN not in template and (PYTHON_TAG in template or '"parameters": ' in template):
@@ -63,6 +71,8 @@ def call_text(name: str, arguments, syntax: str = HERMES) -> str:
     call = {"name": name, key: args if args is not None else arguments}
     if syntax == MISTRAL:
         return json.dumps([call], ensure_ascii=False)
+    if syntax == HARMONY:
+        return f"{HARMONY_OPEN}{name}{HARMONY_MESSAGE}{json.dumps(call['arguments'], ensure_ascii=False)}"
     body = json.dumps(call, ensure_ascii=False)
     return body if syntax == LLAMA3 else f"{OPEN}\n{body}\n{CLOSE}"
 
@@ -150,14 +160,19 @@ class CallScanner:
 
     def push(self, text: str) -> list:
         self.buffer += text
-        return self._hermes(final=False) if self.syntax == HERMES else self._whole()
+        return self._read(final=False)
 
     def finish(self) -> list:
-        out = self._hermes(final=True) if self.syntax == HERMES else self._whole(final=True)
+        out = self._read(final=True)
         if self.blank and not self.calls:
             out.append(self.blank)
         self.blank = ""
         return out
+
+    def _read(self, final: bool) -> list:
+        if self.syntax == HERMES:
+            return self._hermes(final)
+        return self._harmony(final) if self.syntax == HARMONY else self._whole(final)
 
     def _text(self, text: str, out: list) -> None:
         if not text:
@@ -248,6 +263,31 @@ class CallScanner:
                 self.calls += len(calls)
                 out.extend(calls)
             self.buffer = ""
+        return out
+
+
+    def _harmony(self, final: bool) -> list:
+        """HARMONY: text up to a call's opening; the call, the reply's last message, read at its end (its
+        arguments' JSON whole, else dropped as cut)."""
+        out: list = []
+        start = self.buffer.find(HARMONY_OPEN)
+        if start < 0:
+            keep = 0 if final else _partial(self.buffer, HARMONY_OPEN)
+            self._text(self.buffer[: len(self.buffer) - keep], out)
+            self.buffer = self.buffer[len(self.buffer) - keep :]
+            return out
+        self._text(self.buffer[:start], out)
+        self.buffer = self.buffer[start:]
+        if not final:
+            return out
+        name, found, arguments = self.buffer[len(HARMONY_OPEN) :].partition(HARMONY_MESSAGE)
+        args = _object(arguments.strip().removesuffix("<|call|>")) if found else None
+        if args is None or not name.strip():
+            self.dropped, self.cut = self.dropped + 1, True
+        else:
+            self.calls += 1
+            out.append(Call(name.strip(), json.dumps(args, ensure_ascii=False)))
+        self.buffer = ""
         return out
 
 
