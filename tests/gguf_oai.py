@@ -73,6 +73,7 @@ def add_harmony_tokenizer(writer, vocab: int) -> None:
             writer.add_key_value(key, value, vtype, sub_type=sub_type)
     writer.add_chat_template(HARMONY_TEMPLATE)
 
+
 ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0}
 ROPE |= {"original_max_position_embeddings": 4096, "truncate": True}
 

@@ -171,7 +171,7 @@ def harmony_lark(tools: ToolCalls, fmt: ResponseFormat | None = None) -> str:
     function's parameters), or under auto an analysis message first and then a call or the final answer."""
     functions = tools.callable()
     rules = [
-        f"fn{i}: {json.dumps(f['name'] + ' ')} <|constrain|> \"json\" <|message|> %json "
+        f'fn{i}: {json.dumps(f["name"] + " ")} <|constrain|> "json" <|message|> %json '
         + json.dumps(with_options(parameters_of(f)))
         for i, f in enumerate(functions)
     ]

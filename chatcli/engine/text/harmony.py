@@ -119,8 +119,10 @@ def chat_messages(messages: Sequence[dict]) -> list[dict]:
     out = []
     for message in messages:
         content = message.get("content")
-        if message.get("role") != "assistant" or not isinstance(content, str) or not content.lstrip().startswith(
-            THINK_OPEN
+        if (
+            message.get("role") != "assistant"
+            or not isinstance(content, str)
+            or not content.lstrip().startswith(THINK_OPEN)
         ):
             out.append(message)
             continue

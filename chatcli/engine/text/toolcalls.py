@@ -265,7 +265,6 @@ class CallScanner:
             self.buffer = ""
         return out
 
-
     def _harmony(self, final: bool) -> list:
         """HARMONY: text up to a call's opening; the call, the reply's last message, read at its end (its
         arguments' JSON whole, else dropped as cut)."""

@@ -1,0 +1,72 @@
+"""gpt-oss's tool calls and past reasoning (issue 47 item 3, issue 48), on the tiny gpt-oss with Harmony's tokens
+and template (`tests.gguf_oai`): a call under tool_choice required is the grammar's Harmony call, held to the
+function's schema, read back as a call in serve's chat completions; a conversation's calls and reasoning render
+through the file's own template (the reasoning as `thinking`, never `<think>` in content)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chatcli.engine.params import ToolCalls
+from chatcli.engine.text.toolcalls import HARMONY, parse_calls
+from tests.servers import alone
+
+UNIT = {"type": "object", "properties": {"unit": {"enum": ["celsius", "kelvin"]}}, "required": ["unit"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": UNIT}}]
+ASK = [{"role": "user", "content": "Weather?"}]
+
+
+@pytest.fixture(scope="module")
+def gptoss(tmp_path_factory):
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from tests.gguf_oai import tiny_gptoss, write_gptoss
+
+    path = write_gptoss(tiny_gptoss(0), tmp_path_factory.mktemp("oai") / "gptoss.gguf", harmony=True, context=512)
+    return load_engine(str(path), LoadOptions(device="cpu"))
+
+
+def test_calls_and_reasoning_render_through_the_harmony_template(gptoss):
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"unit": "kelvin"}}}
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": "<think>The user wants weather.</think>", "tool_calls": [call]},
+        {"role": "tool", "name": "get_weather", "content": "cold"},
+        {"role": "assistant", "content": "<think>Say it.</think>It is cold."},
+        {"role": "user", "content": "Thanks"},
+    ]
+    prompt = gptoss.tokenizer.render(messages, TOOLS)
+    assert "<think>" not in prompt and "Say it." not in prompt  # a past final answer's reasoning is dropped
+    assert (
+        "<|start|>assistant<|channel|>analysis<|message|>The user wants weather.<|end|>"
+        '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"unit": "kelvin"}<|call|>'
+    ) in prompt
+    assert "<|channel|>final<|message|>It is cold.<|end|>" in prompt
+    assert gptoss.tokenizer.tool_syntax == HARMONY
+
+
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+def test_a_forced_call_is_a_harmony_call_held_to_the_schema(gptoss, choice):
+    for seed in (0, 1, 2):
+        reply = alone(gptoss, ASK, temperature=1.0, seed=seed, max_tokens=60, tools=ToolCalls.of(TOOLS, choice))
+        assert reply.startswith("<|channel|>commentary to=functions.get_weather<|message|>")
+        text, calls = parse_calls(reply, HARMONY)
+        assert text == "" and [c.name for c in calls] == ["get_weather"]
+        assert json.loads(calls[0].arguments)["unit"] in ("celsius", "kelvin")
+
+
+def test_serve_returns_a_harmony_call_as_tool_calls(gptoss, serve):
+    from openai import OpenAI
+
+    server = serve(gptoss)
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["unit"] in ("celsius", "kelvin")
