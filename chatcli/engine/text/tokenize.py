@@ -41,9 +41,9 @@ from pathlib import Path
 
 from chatcli.engine.text.control import MARK_END, MARK_START, alternation, marked, without_added_tokens
 from chatcli.engine.text.folder_files import UnsupportedTokenizer, as_ids, byte_level, chat_template, content, read_json
+from chatcli.engine.text.harmony import chat_messages
 from chatcli.engine.text.template import compile_template, literal_text, render_bounded
 from chatcli.engine.text.templates import OWN, Template, default_for, raw_text, text_of
-from chatcli.engine.text.harmony import chat_messages
 from chatcli.engine.text.toolcalls import fallback_messages, syntax_of, takes_tools
 
 __all__ = ["ChatTokenizer", "FolderTokenizer", "TransformersTokenizer", "UnsupportedTokenizer", "byte_level"]
