@@ -149,3 +149,22 @@ def test_the_embedded_model_reads_special_tokens_as_text(real_engine, real_loade
             messages, add_generation_prompt=True, tokenize=True, return_dict=False, sanitize_control_tokens=True
         )
         assert ids == list(expected)
+
+
+def test_the_control_tokens_pattern_takes_the_longest_token_at_each_place():
+    import random
+    import re
+
+    from chatcli.engine.text.control import alternation
+
+    rng = random.Random(0)
+    for _ in range(200):  # the flat alternation, longest first, is the reference; the pattern is a trie
+        texts = {"".join(rng.choice("<>|ab_") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(0, 12))}
+        text = "".join(rng.choice("<>|ab_xy") for _ in range(80))
+        flat = re.compile("|".join(map(re.escape, sorted(texts, key=len, reverse=True))) or "(?!)")
+        assert [m.span() for m in alternation(texts).finditer(text)] == [m.span() for m in flat.finditer(text)]
+    gemma = alternation([f"<unused{i}>" for i in range(6242)] + ["<end_of_turn>", "<start_of_turn>"])
+    assert gemma.findall("a <unused12> b <unused6241><end_of_turn> <unused6242> <unused>") == [
+        "<unused12>", "<unused6241>", "<end_of_turn>"
+    ]  # fmt: skip
+    assert alternation([]).search("anything") is None and alternation([""]).search("anything") is None

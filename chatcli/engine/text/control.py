@@ -36,9 +36,34 @@ def _mark(found: re.Match) -> str:
 
 
 def alternation(texts: Iterable[str]) -> re.Pattern:
-    """Any of `texts`, the longest first (so a token wins over one it holds); never matches where none."""
-    ordered = sorted(texts, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, ordered)) or "(?!)")
+    """Any of `texts`, the longest that matches where several do (so a token wins over one it holds);
+    never matches where none.
+
+    As a trie of their characters (`_trie_pattern`), not a flat `a|b|c…`: Python's regex engine tries a
+    flat alternation's branches one by one at each position, and a vocabulary with thousands of control
+    tokens (Gemma 3's `<unused…>`, gpt-oss's reserved ones) took seconds to compile and as long again for
+    each message it searched."""
+    trie: dict = {}
+    for text in texts:
+        if not text:
+            continue
+        node = trie
+        for char in text:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a text ends here
+    return re.compile(_trie_pattern(trie) if trie else "(?!)")
+
+
+def _trie_pattern(node: dict) -> str:
+    """The regex of a trie node's continuations, the longer first: its children (each a distinct next
+    character, so at most one applies), optional where a text also ends here (greedy: tried before
+    ending)."""
+    branches = [re.escape(char) + _trie_pattern(child) for char, child in sorted(node.items()) if char]
+    if not branches:
+        return ""
+    if "" not in node:
+        return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+    return "(?:" + "|".join(branches) + ")?"
 
 
 def without_added_tokens(tokenizer, text: str) -> list[int]:
