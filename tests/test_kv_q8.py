@@ -11,36 +11,28 @@ bytes where bf16 holds 32; and whatever cannot hold it (the torch lean runner, t
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 
-from chatcli.engine.kv import memory as kv_memory
-from chatcli.engine.kv.persist import fingerprint, read_cache, save_cache
 from chatcli.engine.load.hf import build_engine
 from chatcli.engine.load.options import LoadError
 from tests.conftest import require_kernel
+from tests.kv_dtypes import (
+    assert_forks_crops_and_saves_keep_the_bits,
+    assert_refused_both_ways,
+    assert_steps_keep_their_bits,
+    conversation,
+    runner,
+)
 from tests.test_kernel_builds import build  # noqa: F401 - the fixture: each build this CPU runs
-from tests.tiny import build_family, build_tokenizer, lean_weights
+from tests.test_sliding import small_strip, tokenizer  # noqa: F401 - the fixtures: a strip that slides often
+from tests.tiny import build_family, lean_weights
 
 TOLERANCE = 3e-2  # of the largest fp32-cache logit, over the whole conversation (measured: 1.6e-2)
-KEEP_BACK = ROOM = 8  # a strip of 48 positions in the tiny models' 128: it slides many times
-
-
-@pytest.fixture(autouse=True)
-def small_strip(monkeypatch):
-    monkeypatch.setattr(kv_memory, "KEEP_BACK", KEEP_BACK)
-    monkeypatch.setattr(kv_memory, "STRIP_ROOM", ROOM)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module", params=["qwen3", "gemma3_text"])
-def weights(request, tokenizer, tmp_path_factory):
+def weights(request, tokenizer, tmp_path_factory):  # noqa: F811 - the imported fixture
     """A family's fp32 panels, with heads of 32 dimensions (Gemma 3's own query scale to match)."""
     require_kernel()
     overrides = {"head_dim": 32, "query_pre_attn_scalar": 32} if request.param == "gemma3_text" else {}
@@ -48,48 +40,20 @@ def weights(request, tokenizer, tmp_path_factory):
     return lean_weights(model, "float32-panels", tmp_path_factory.mktemp(request.param), tokenizer)
 
 
-def runner(weights, kv_dtype: str, threads: int | None = None):
-    from chatcli.engine.runners.native import NativeRunner
-
-    return NativeRunner(weights, kv_dtype=kv_dtype, threads=threads)
-
-
 def test_q8_logits_track_the_fp32_cache_over_a_conversation(weights):
     """Turns of a prompt and a reply fed a token at a time, each turn after an edit of the last few
     positions (a crop where the strip still reaches, else the cache starts over, on both)."""
-    fp32, q8 = runner(weights, "float32"), runner(weights, "q8_0")
-    vocab = weights.config.vocab
-    ours, ref = q8.new_cache(), fp32.new_cache()
-    rng = random.Random(5)
-    worst, same, compared, slid = 0.0, 0, 0, False
-    for _turn in range(5):
-        keep = ours.reachable(max(0, len(ours) - rng.randrange(1, 6)))
-        ours.crop(keep), ref.crop(keep)
-        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(5, 14))]
-        for ids in [prompt, *([rng.randrange(3, vocab)] for _ in range(8))]:
-            a, b = fp32.forward(ids, ref), q8.forward(ids, ours)
-            worst = max(worst, float(np.abs(a - b).max() / np.abs(a).max()))
-            same += int(a.argmax() == b.argmax())
-            compared += 1
-            slid |= ours.strip is not None and ours.strip.base > 0
-        assert ours.ids == ref.ids
+    worst, same, compared, slid = conversation(weights, "q8_0")
     assert 0 < worst < TOLERANCE, worst  # quantized, and close
     assert same >= 0.9 * compared, (same, compared)
-    assert slid or ours.strip is None  # Gemma 3's sliding layers moved their strip on
+    assert slid  # Gemma 3's sliding layers moved their strip on
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_q8_prefill_draft_and_steps_give_the_same_bits(weights, build, threads):  # noqa: F811
     """On every build this CPU runs: a prefill, a draft checked in one call and the same tokens one at a
     time give the same logits and the same codes and scales."""
-    q8 = runner(weights, "q8_0", threads)
-    prompt, draft = list(range(3, 40)), [9, 17, 250, 4, 4, 31, 99]
-    one, together = q8.new_cache(), q8.new_cache()
-    stepwise = [q8.forward([t], one) for t in prompt]
-    assert np.array_equal(q8.forward(prompt, together), stepwise[-1])
-    assert np.array_equal(q8.verify(draft, together), np.stack([q8.forward([t], one) for t in draft]))
-    a, b = one.state(), together.state()
-    assert a.keys() == b.keys() and all(np.array_equal(a[n][1], b[n][1]) for n in a)
+    assert_steps_keep_their_bits(runner(weights, "q8_0", threads))
 
 
 def test_q8_keys_read_back_dequantized(weights):
@@ -109,20 +73,7 @@ def test_q8_keys_read_back_dequantized(weights):
 
 
 def test_q8_forks_crops_and_saves_keep_the_bits(weights, tmp_path):
-    q8 = runner(weights, "q8_0")
-    cache = q8.new_cache()
-    for start in range(3, 80, 7):
-        q8.forward(list(range(start, start + 7)), cache)
-    follow = [17, 23, 31]
-    want = q8.forward(follow, cache.clone(len(cache)))
-    path, fp = tmp_path / "cache.safetensors", fingerprint(q8, "tiny")
-    assert save_cache(cache, path, fp)
-    restored, note = read_cache(q8, path, fp)
-    assert note == "" and restored is not None and restored.ids == cache.ids
-    assert np.array_equal(q8.forward(follow, restored), want)
-    near = cache.clone(len(cache) - 4)  # a fork within the strip's reach, and the cache cropped there
-    cache.crop(len(cache) - 4)
-    assert np.array_equal(q8.forward(follow, near), q8.forward(follow, cache))
+    assert_forks_crops_and_saves_keep_the_bits(runner(weights, "q8_0"), tmp_path)
 
 
 def test_a_cache_of_another_dtype_is_refused_not_misread(weights, tmp_path):
@@ -130,16 +81,7 @@ def test_a_cache_of_another_dtype_is_refused_not_misread(weights, tmp_path):
     fingerprint says otherwise, by the arrays themselves; a q8_0 state without its scales, or with
     scales of another shape, too."""
     bf16, q8 = runner(weights, "bfloat16"), runner(weights, "q8_0")
-    for saver, reader in ((bf16, q8), (q8, bf16)):
-        cache = saver.new_cache()
-        saver.forward(list(range(3, 40)), cache)
-        assert not reader.new_cache().restore(list(cache.ids), cache.state())
-        path = tmp_path / f"{saver.kv_dtype}.safetensors"
-        assert save_cache(cache, path, fingerprint(saver, "tiny"))
-        assert fingerprint(saver, "tiny") != fingerprint(reader, "tiny")
-        assert read_cache(reader, path, fingerprint(reader, "tiny")) == (None, "")
-        assert save_cache(cache, path, fingerprint(reader, "tiny"))  # a file that claims the reader's dtype
-        assert read_cache(reader, path, fingerprint(reader, "tiny")) == (None, "")
+    assert_refused_both_ways(bf16, q8, tmp_path)
     cache = q8.new_cache()
     q8.forward(list(range(3, 40)), cache)
     state = cache.state()
