@@ -218,15 +218,37 @@ struct Experts {
   }
 };
 
+// row `from`'s prepared activations (prepare_row's: int8 codes and scales, for `m`'s kind) copied to row `to`
+inline void copy_prepared_row(const Matrix& m, int64_t from, int64_t to, Scratch& sc) {
+  if (m.kind == WEIGHT_I8) {
+    std::memcpy(&sc.xq[to * m.kp], &sc.xq[from * m.kp], m.kp);
+    sc.xs[to] = sc.xs[from], sc.xz[to] = sc.xz[from];
+  }
+  if (grouped(m)) {
+    const int64_t groups = m.kp / 32;
+    std::memcpy(&sc.xq[to * m.kp], &sc.xq[from * m.kp], m.kp);
+    std::memcpy(&sc.gs[to * groups], &sc.gs[from * groups], groups * sizeof(float));
+    std::memcpy(&sc.gsum[to * groups], &sc.gsum[from * groups], groups * sizeof(float));
+    if (reads_hsum(m)) std::memcpy(&sc.hsum[to * (m.kp / 16)], &sc.hsum[from * (m.kp / 16)], m.kp / 16 * sizeof(int32_t));
+  }
+}
+
 // each pair's normalised row (h: the router's prepared rows, `ldh` apart) at its place in mc.h, prepared there
-// for the experts' gate_up (`first`: any of them), pairs a0..a1
+// for the experts' gate_up (`first`: any of them), the pairs of rows s0..s1: a row's k pairs hold the same
+// input, prepared once (its first pair's place) and copied to the others' places (the same bytes)
 inline void gather_pairs(const Model& m, const Routes& routes, const float* h, int64_t ldh, const Matrix& first,
-                         int64_t a0, int64_t a1, Scratch& mc) {
+                         int64_t s0, int64_t s1, Scratch& mc) {
   const int64_t D = m.hidden, k = m.experts_used;
-  for (int64_t a = a0; a < a1; a++) {
-    const int64_t at = routes.place[a];
-    std::memcpy(&mc.h[at * D], h + a / k * ldh, D * sizeof(float));
-    prepare_row(first, mc.h.data(), D, at, false, m.eps, mc);
+  for (int64_t s = s0; s < s1; s++) {
+    const int64_t head = routes.place[s * k];
+    for (int64_t j = 0; j < k; j++) {
+      const int64_t at = routes.place[s * k + j];
+      std::memcpy(&mc.h[at * D], h + s * ldh, D * sizeof(float));
+      if (j == 0)
+        prepare_row(first, mc.h.data(), D, at, false, m.eps, mc);
+      else
+        copy_prepared_row(first, head, at, mc);
+    }
   }
 }
 
@@ -244,7 +266,7 @@ inline void experts_barrier(const Model& m, const Layer& layer, int64_t S, Scrat
   ex.routes.choose(m, ex.logits.data(), S, layer.router_bias);
   Scratch& mc = ex.sc;
 #pragma omp for schedule(static)
-  for (int64_t a = 0; a < pairs; a++) gather_pairs(m, ex.routes, sc.h.data(), router.k, gate_up[0], a, a + 1, mc);
+  for (int64_t s = 0; s < S; s++) gather_pairs(m, ex.routes, sc.h.data(), router.k, gate_up[0], s, s + 1, mc);
   const Rows in = rows_for(gate_up[0], mc.h.data(), D, pairs, false, mc);
   project_experts(ex.routes, E, S, [&](int64_t e) -> const Matrix& { return gate_up[e]; }, in, mc.gu.data(), 2 * Fe);
 #pragma omp for schedule(static)

@@ -247,7 +247,7 @@ void experts_stages(Stages& stages, int t, int64_t& stage, const Model& m, const
   std::vector<Job> jobs;
   if (!behind) {
     mine.routes.choose(m, shared.logits.data(), S, layer.router_bias);
-    gather_pairs(m, routes, own.sc.h.data(), router.k, gate_up[0], 0, pairs, mine.sc);
+    gather_pairs(m, routes, own.sc.h.data(), router.k, gate_up[0], 0, S, mine.sc);
     const Rows in = rows_for(gate_up[0], mine.sc.h.data(), D, pairs, false, mine.sc);
     for (int64_t e = 0; e < E; e++)
       if (routes.count(e))
