@@ -172,17 +172,32 @@ struct Task {
   int64_t seg, s, positions, g, head, heads;
 };
 
-// Every segment's attention tasks: one head a task where a segment has few rows (a decode step), so
-// that every thread has some; else tiles of positions. The tiling changes no bits (attend: a row's
-// sums in the same order whatever the rows around it).
-std::vector<Task> attention_tasks(const Segment* segs, int64_t n_segs, int64_t KV, int64_t group, int threads) {
-  const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together
+// Heads a task attends together in a segment of S rows: all of a group's (at most kMaxGroup: `part`) where the
+// rows give every thread tasks enough (a prompt's chunk); else (a decode step) the count whose busiest thread
+// has the least to do, a task costing its K and V read and converted once (about two heads' sums) and a head's
+// sums for each head: a step's 9 heads in 3 groups on 2 threads run as 3 tasks of 3 heads (the busiest thread
+// 2 tasks, 10 units), not 9 of one (5 tasks, 15 units, each group's keys read three times).
+inline int64_t heads_per_task(int64_t S, int64_t KV, int64_t group, int64_t part, int threads) {
   const int64_t parts = (group + part - 1) / part;
+  if (S * KV * parts >= 4 * threads) return part;
+  int64_t best = part, least = INT64_MAX;
+  for (int64_t p = part; p >= 1; p--) {
+    const int64_t tasks = S * KV * ((group + p - 1) / p);
+    const int64_t busiest = (tasks + threads - 1) / threads * (2 + p);
+    if (busiest < least) best = p, least = busiest;
+  }
+  return best;
+}
+
+// Every segment's attention tasks: heads_per_task heads a task, tiles of positions where a task holds several
+// heads. The tiling changes no bits (attend: a row's sums in the same order whatever the rows around it).
+std::vector<Task> attention_tasks(const Segment* segs, int64_t n_segs, int64_t KV, int64_t group, int threads) {
+  const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together at most
   std::vector<Task> tasks;
   int64_t first = 0;
   for (int64_t j = 0; j < n_segs; j++) {
     const int64_t S = segs[j].rows;
-    const int64_t per_task = S * KV * parts >= 4 * threads ? part : 1;
+    const int64_t per_task = heads_per_task(S, KV, group, part, std::max(1, threads));
     const int64_t tile = per_task == 1 ? 1 : std::max<int64_t>(1, kTileRows / per_task);  // positions a task
     const int64_t tiles = (S + tile - 1) / tile, tasks_per_group = (group + per_task - 1) / per_task;
     for (int64_t task = 0; task < tiles * KV * tasks_per_group; task++) {
