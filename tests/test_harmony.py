@@ -9,7 +9,7 @@ left as it was.
 from __future__ import annotations
 
 from chatcli.chat.reasoning import split
-from chatcli.engine.text.harmony import MARKERS, markers, split_reply, stop_ids
+from chatcli.engine.text.harmony import MARKERS, markers, reply_stops, split_reply
 from chatcli.engine.text.toolcalls import HARMONY as CALLS
 from chatcli.engine.text.toolcalls import Call, CallScanner, parse_calls
 
@@ -74,14 +74,14 @@ def test_a_call_on_the_commentary_channel_reads_back_as_a_call_not_text():
 
 def test_harmony_stops_at_return_and_call_not_at_end():
     tok = FakeTokenizer(HARMONY)
-    stops = stop_ids(tok)
+    stops = reply_stops(tok, tok.stop_ids)
     assert tok.id("<|end|>") not in stops and {tok.id("<|return|>"), tok.id("<|call|>")} <= stops
     assert tok.id("<|endoftext|>") in stops
 
 
 def test_a_model_without_harmonys_template_is_as_it_was():
     tok = FakeTokenizer("{{ '<|im_start|>' }}")
-    assert markers(tok) is None and stop_ids(tok) == tok.stop_ids
+    assert markers(tok) is None and reply_stops(tok, tok.stop_ids) == tok.stop_ids
     assert split_reply(tok, tok.ids("The", "<|end|>", " user")) == "The user"
 
 

@@ -47,6 +47,21 @@ def test_calls_and_reasoning_render_through_the_harmony_template(gptoss):
     assert gptoss.tokenizer.tool_syntax == HARMONY
 
 
+def test_the_tokenizer_of_a_harmony_model_ends_replies_at_return_and_call(tmp_path):
+    """The tokenizer's own stop ids, what the decode loop, the grammar's end and llguidance all read."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from chatcli.engine.text.templates import built_in
+    from tests.gguf_oai import tiny_gptoss, write_gptoss
+
+    path = write_gptoss(tiny_gptoss(0), tmp_path / "gptoss.gguf", harmony=True, context=512)
+    tok = load_engine(str(path), LoadOptions(device="cpu")).tokenizer
+    end, ret, call = (tok.added_tokens[t][0] for t in ("<|end|>", "<|return|>", "<|call|>"))
+    assert end not in tok.stop_ids and {ret, call} <= tok.stop_ids
+    tok.use_template(built_in("chatml"))  # --chat-template chatml: no Harmony channels, `<|end|>` ends again
+    assert end in tok.stop_ids and not {ret, call} & tok.stop_ids
+
+
 @pytest.mark.parametrize("choice", ["required", "get_weather"])
 def test_a_forced_call_is_a_harmony_call_held_to_the_schema(gptoss, choice):
     for seed in (0, 1, 2):

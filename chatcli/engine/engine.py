@@ -281,7 +281,7 @@ class Engine:
 
         found = harmony.markers(self.tokenizer)  # gpt-oss: its channels read, analysis as <think>
         detok = harmony.HarmonyDetokenizer(self.tokenizer, found) if found else IncrementalDetokenizer(self.tokenizer)
-        stop_ids = harmony.stop_ids(self.tokenizer)
+        stop_ids = self.tokenizer.stop_ids  # a Harmony model's: <|return|> and <|call|> (harmony.reply_stops)
         stops = StopStringFilter((*params.stop, *getattr(self.tokenizer, "stop_texts", ())))
         generator = session.generator_for(params)
         reply: list[str] = []

@@ -36,7 +36,6 @@ from chatcli.engine.sample.tools import (
     several,
     with_options,
 )
-from chatcli.engine.text import harmony
 from chatcli.engine.text.tokenize import ChatTokenizer
 
 CLOSING_RESERVE = 64  # a reply of calls' last ids, where a call in progress closes at its next JSON boundary
@@ -67,7 +66,7 @@ def grammar_of(fmt: ResponseFormat) -> str:
 def _ll_tokenizer(tokenizer: ChatTokenizer, vocab: int | None):
     """The llguidance tokenizer of a `FolderTokenizer` (its tokenizers JSON) or a fast transformers one."""
     llguidance = _llguidance()
-    eos = sorted(harmony.stop_ids(tokenizer)) or None  # gpt-oss's: `<|return|>` and `<|call|>`, not `<|end|>`
+    eos = sorted(tokenizer.stop_ids) or None  # gpt-oss's: `<|return|>` and `<|call|>`, not `<|end|>`
     inner = getattr(tokenizer, "tokenizer", None)
     try:
         if hasattr(inner, "to_str"):  # a tokenizers.Tokenizer (FolderTokenizer)
@@ -118,7 +117,7 @@ class TokenGrammar:
         self.tokenizer = _ll_tokenizer(tokenizer, vocab)
         self.vocab = self.tokenizer.vocab_size
         self.syntax = tokenizer.tool_syntax  # how the model writes a tool call
-        self.stop_ids = sorted(t for t in harmony.stop_ids(tokenizer) if t < self.vocab)
+        self.stop_ids = sorted(t for t in tokenizer.stop_ids if t < self.vocab)
         self._compiled: dict[object, str] = {}  # a format's checked grammar (clients resend the same one)
 
     def check(self, fmt: ResponseFormat) -> str:

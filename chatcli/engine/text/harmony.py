@@ -7,7 +7,8 @@ instead and gives the reply as `<think>{analysis}</think>{final}` (other channel
 `chat.reasoning` folds it as every other reasoning model's. A message to a function (`to=functions.NAME` in its
 header, before or after the channel: a tool call) is given as `toolcalls.HARMONY`'s call text,
 `<|channel|>commentary to=functions.NAME<|message|>{arguments}`, read back by `CallScanner(HARMONY)`. `<|end|>`
-only ends a message here: `stop_ids` takes it out of the stops and puts `<|return|>` and `<|call|>` in.
+only ends a message here: `reply_stops` takes it out of the tokenizer's stops and puts `<|return|>` and `<|call|>`
+in.
 
 `chat_messages`: a conversation as a Harmony template takes it: an assistant message's `<think>` reasoning
 (kept in its stored content) as its `thinking` field, which gpt-oss's template writes on the analysis channel
@@ -40,13 +41,14 @@ def markers(tokenizer) -> dict[str, int] | None:
     return {m: added[m][0] for m in MARKERS}
 
 
-def stop_ids(tokenizer) -> frozenset[int]:
-    """The ids that end a reply: the tokenizer's, but a Harmony model's end with `<|return|>` or `<|call|>`, never
-    `<|end|>` (the end of its analysis, before the final message)."""
+def reply_stops(tokenizer, ids: frozenset[int]) -> frozenset[int]:
+    """The ids that end a reply, from the tokenizer's end-of-turn `ids`: as they are, but a Harmony model's end with
+    `<|return|>` or `<|call|>`, never `<|end|>` (the end of its analysis, before the final message). The
+    tokenizers' `stop_ids` are these (`ChatTokenizer.use_template`)."""
     found = markers(tokenizer)
     if found is None:
-        return tokenizer.stop_ids
-    return (tokenizer.stop_ids - {found[END]}) | {found[RETURN], found[CALL]}
+        return ids
+    return (ids - {found[END]}) | {found[RETURN], found[CALL]}
 
 
 class HarmonyDetokenizer:

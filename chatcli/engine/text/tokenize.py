@@ -41,7 +41,7 @@ from pathlib import Path
 
 from chatcli.engine.text.control import MARK_END, MARK_START, alternation, marked, without_added_tokens
 from chatcli.engine.text.folder_files import UnsupportedTokenizer, as_ids, byte_level, chat_template, content, read_json
-from chatcli.engine.text.harmony import chat_messages
+from chatcli.engine.text.harmony import chat_messages, reply_stops
 from chatcli.engine.text.template import compile_template, literal_text, render_bounded
 from chatcli.engine.text.templates import OWN, Template, default_for, raw_text, text_of
 from chatcli.engine.text.toolcalls import fallback_messages, syntax_of, takes_tools
@@ -92,13 +92,18 @@ class ChatTokenizer:
         of this vocabulary end a reply as those ids, the others as text (`stop_texts`). A template that
         does not parse raises ChatTemplateError."""
         compiled = compile_template(chosen.source) if chosen.source else None
-        base = self.__dict__.setdefault("_own_stop_ids", self.stop_ids)
         added = self.added_tokens
         self.chosen, self.chosen_why, self._chosen_template = chosen, why, compiled
         self.template_source = chosen.source
-        self.stop_ids = base | {added[t][0] for t in chosen.stops if t in added}
+        own = self.__dict__.setdefault("_own_stop_ids", self.stop_ids)  # the vocabulary's, before any template's
+        self.settle_stops(own | {added[t][0] for t in chosen.stops if t in added})
         self.stop_texts = tuple(t for t in chosen.stops if t not in added)
         self.__dict__.pop("_control_tokens", None)  # the new template's literal text names them
+
+    def settle_stops(self, ids: frozenset[int]) -> None:
+        """`stop_ids` from the end-of-turn `ids` of the vocabulary and the template in use: a Harmony model's
+        replies end at `<|return|>` or `<|call|>`, not at `<|end|>` (`harmony.reply_stops`)."""
+        self.stop_ids = reply_stops(self, ids)
 
     @property
     def template_label(self) -> str:
@@ -276,9 +281,11 @@ class TransformersTokenizer(ChatTokenizer):
             ids.update(as_ids(getattr(source, "eos_token_id", None)))
         vocab = tokenizer.get_vocab()
         ids.update(vocab[m] for m in END_OF_TURN_MARKERS if m in vocab)
-        self.stop_ids = frozenset(ids)
+        self._own_stop_ids = frozenset(ids)
         if not template:  # a base model: a built-in template, by its architecture and vocabulary
             self.use_template(*default_for(getattr(model_config, "model_type", None) or "", vocab.__contains__))
+        else:
+            self.settle_stops(self._own_stop_ids)
 
     def own_template(self, tools: list | None):
         """The template `apply_chat_template` picks (a named one, 'tool_use', where tools are given and
@@ -352,10 +359,12 @@ class FolderTokenizer(ChatTokenizer):
             found = self.tokenizer.token_to_id(token) if token else None
             if found is not None:
                 ids.add(found)
-        self.stop_ids = frozenset(ids)
+        self._own_stop_ids = frozenset(ids)
         if own is None:  # a base model: a built-in template, by its architecture and vocabulary
             has = lambda text: self.tokenizer.token_to_id(text) is not None  # noqa: E731
             self.use_template(*default_for(str(config.get("model_type") or ""), has))
+        else:
+            self.settle_stops(self._own_stop_ids)
 
     def own_template(self, tools: list | None):
         return self.template
