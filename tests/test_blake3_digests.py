@@ -44,7 +44,7 @@ def old_record(path: Path) -> None:
     sidecar.path_of(path).write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}))
 
 
-@pytest.mark.parametrize("size", [0, 1000, 17 << 20])  # empty; read whole; over THREADS_ABOVE: on every core
+@pytest.mark.parametrize("size", [0, 1000, 17 << 20])  # empty; one piece; over THREADS_ABOVE: read ahead
 def test_an_identity_is_the_files_blake3_and_recorded_as_such(cache, tmp_path, size):
     data = os.urandom(size)
     path = a_file(tmp_path / "m.gguf", data)
@@ -54,24 +54,12 @@ def test_an_identity_is_the_files_blake3_and_recorded_as_such(cache, tmp_path, s
     assert sidecar.file_digest(path) == want
 
 
-def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
-    real = blake3.blake3
-
-    class Unmappable:
-        AUTO = real.AUTO
-
-        def __init__(self, **kw):
-            self.hasher = real(**kw)
-
-        def update_mmap(self, _path):
-            raise OSError(19, "No such device")  # mmap's answer on a filesystem without it
-
-        def __getattr__(self, name):
-            return getattr(self.hasher, name)
-
-    monkeypatch.setattr(sidecar, "blake3", type("module", (), {"blake3": Unmappable}))
-    data = os.urandom(3 * sidecar.PIECE + 17)
-    assert sidecar.file_digest(a_file(tmp_path / "x", data)) == real(data).hexdigest()
+@pytest.mark.parametrize("size", [1, 4096, 4097, 5 * 4096 + 3])
+def test_a_large_files_digest_read_ahead_is_its_blake3(tmp_path, monkeypatch, size):
+    monkeypatch.setattr(sidecar, "THREADS_ABOVE", 0)  # every file read ahead, in pieces of 4 KiB
+    monkeypatch.setattr(sidecar, "AHEAD_PIECE", 4096)
+    data = os.urandom(size)
+    assert sidecar.file_digest(a_file(tmp_path / "x", data)) == blake3.blake3(data).hexdigest()
     with pytest.raises(FileNotFoundError):
         sidecar.file_digest(tmp_path / "gone")
 

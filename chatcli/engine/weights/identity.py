@@ -23,12 +23,12 @@ A split model (`gguf_parts`: named by its first part) is identified by all its p
 of "split" and each part's own identity in turn, each part hashed and remembered as a file of its
 own, so that a part replaced or rewritten in place gives the model a new identity.
 
-The cost, once per file: BLAKE3 (`sidecar.file_digest`: the file mapped, on every core where it is
-over 16 MiB) — from the page cache, the embedded 98 MB model 0.02 s and a 9.9 GB Qwen3-MoE Q4_K_M
-(128 experts, 25 layers) 2.06 s (4.8 GB/s), where SHA-256 took 0.06 s and 6.32 s (1.6 GB/s:
-OpenSSL with SHA instructions); the best of 3 calls of each after one read, on 2 cores of an AMD EPYC,
-load average ~1.2, 2026-12-07 (README: "What names a GGUF's cache entries"). A first start reads the
-whole file anyway to repack its blocks.
+The cost, once per file: BLAKE3 (`sidecar.file_digest`: on every core where the file is over 16 MiB,
+the next piece read meanwhile) — from the page cache, the embedded 98 MB model 0.03 s and a 9.9 GB
+Qwen3-MoE Q4_K_M (128 experts, 25 layers) 2.40 s (4.1 GB/s), where SHA-256 took 0.07 s and 6.84 s
+(1.4 GB/s: OpenSSL with SHA instructions); the best of 3 runs of `python benchmarks/file_digest.py
+FILE`, 2 cores of an AMD EPYC, load average ~2.5, 2026-12-07 (README: "What names a GGUF's cache
+entries"). A first start reads the whole file anyway to repack its blocks.
 """
 
 from __future__ import annotations
