@@ -109,7 +109,7 @@ def test_flipped_bytes_with_the_mtime_put_back_pass_a_start_but_not_verify(fake_
     assert convert.is_valid(folder)  # the start's rule: size and mtime
     checks = {c.path.relative_to(folder.parent.parent).as_posix(): c.problem for c in verify_model_files(str(path))}
     assert checks[f"converted/{folder.name}/config.json"] == "" and checks[f"gguf/{folder.name}/config.json"] == ""
-    assert "SHA-256" in checks[f"converted/{folder.name}/model.safetensors"]
+    assert "BLAKE3" in checks[f"converted/{folder.name}/model.safetensors"]
     assert not folder.exists()  # removed: converted again when a load needs it
     assert convert.converted_folder(path) == folder and len(calls) == 2 and target.read_bytes() == b"w" * 4096
     assert all(c.ok for c in verify_model_files(str(path))) and len(calls) == 2

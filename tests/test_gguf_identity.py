@@ -201,7 +201,7 @@ def test_the_identity_is_hashed_once_and_remembered_across_starts(tmp_path, monk
     digest = ident.identity(path)
     hashed = []
     monkeypatch.setattr(ident, "_seen", {})  # a new process
-    monkeypatch.setattr(ident, "file_sha256", lambda p: hashed.append(p) or "rehashed")
+    monkeypatch.setattr(ident, "file_digest", lambda p: hashed.append(p) or "rehashed")
     assert ident.identity(path) == digest and hashed == []
     with open(path, "r+b") as f:  # other bytes, the size kept, a new mtime
         f.write(b"other")

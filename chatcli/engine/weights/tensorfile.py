@@ -189,7 +189,8 @@ class StreamedTensors:
     starts after a reserved header space, the header's JSON padded with spaces to fill it (safetensors
     allows trailing spaces); the file is a temporary one beside `path`, renamed into place by `close`.
     Where the metadata is known once every tensor is declared, `start(metadata)` writes the header then
-    and hashes the file as it fills (`prefix_hash`): `close()` returns its SHA-256, no second read."""
+    and hashes the file as it fills (`prefix_hash`): `close()` returns its BLAKE3 (`sidecar.file_digest`'s),
+    no second read."""
 
     def __init__(self, path: str | os.PathLike, header_bytes: int = 1 << 20) -> None:
         self.path = Path(path)
@@ -235,7 +236,7 @@ class StreamedTensors:
 
     def close(self, metadata: dict[str, str] | None = None) -> str | None:
         """Write the header (unless `start` did), make the file its full length, and rename it into place;
-        the file's SHA-256 (hex) where `start` began hashing it, else None."""
+        the file's BLAKE3 (hex) where `start` began hashing it, else None."""
         try:
             if self._hash is None:
                 self._write_header(metadata)

@@ -14,10 +14,11 @@ The source (with the headers beside it) is compiled with the system's C++ compil
 user cache dir, named by the build, a digest of the sources, the flags and the compiler, so an
 edit or a new compiler builds anew and a build is never half-written (a temporary file renamed
 into place). A sidecar (`decode-….json`, written after the rename) records the build's size and
-SHA-256; each load checks both before `ctypes.CDLL` maps the file (~0.1-0.3 ms for a ~200 KB
-build), and a build that does not match — truncated, damaged, or from a chatcli that wrote no
-sidecar — is built again first: a damaged file is never mapped (a truncated one would crash the
-process with a bus error). It is linked
+BLAKE3 (an older chatcli's, its SHA-256: still checked so, `sidecar.matches`); each load checks both
+before `ctypes.CDLL` maps the file (`sidecar.check` on an 836 KB AVX-512 build: 0.21 ms, 0.54 ms against
+a SHA-256 record; the best of 5 × 2,000 in a timeit loop on the AMD EPYC here, 2026-12-07), and a build
+that does not match — truncated, damaged, or from a chatcli that wrote no sidecar — is built again
+first: a damaged file is never mapped (a truncated one would crash the process with a bus error). It is linked
 against OpenMP by soname (`libgomp.so.1`): in a process that has torch, the kernel shares
 torch's runtime; in one that has not, the system's, which a torch imported later then
 shares too (the loader reuses a loaded soname). Two runtimes would fight over the cores.
@@ -174,7 +175,7 @@ def build(cxx: list[str], target: Path, build_name: str | None = None) -> None:
 
 
 def intact(target: Path) -> bool:
-    """The build is the one its sidecar recorded (size and SHA-256, rehashed); False where either is missing."""
+    """The build is the one its sidecar recorded (size and hash, rehashed); False where either is missing."""
     return not sidecar.check(target)
 
 
