@@ -43,6 +43,7 @@ from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.gguf_rope import context_limit, rope_table
 from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
+from chatcli.engine.weights.lean_writer import ChunkWriter
 
 FAMILIES = {arch: model_type for arch, (model_type, _) in gguf_meta.FAMILIES.items()}  # read directly
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # [experts, rows, k] each, stacked
@@ -297,11 +298,16 @@ def write_lean_file(
                 out.write(name, start * rows[0].nbytes, rows)
         for name, array in small.items():
             out.write(name, 0, np.ascontiguousarray(array))
-        arena: dict = {}
-        for count, (name, listed) in enumerate(parts.items()):
-            status("Writing the lean weights", count, len(parts))
-            for j, (_kind, n, (tensor, order, type_name)) in enumerate(listed):
-                _write_part(out, f"{name}.{j}.", meta, tensor, order, type_name, n, packer, arena)
+        writer = ChunkWriter(out)  # a chunk written while the next is read and packed
+        try:
+            for count, (name, listed) in enumerate(parts.items()):
+                status("Writing the lean weights", count, len(parts))
+                for j, (_kind, n, (tensor, order, type_name)) in enumerate(listed):
+                    _write_part(writer, f"{name}.{j}.", meta, tensor, order, type_name, n, packer)
+        except BaseException:
+            writer.stop()
+            raise
+        writer.close()
         status("Writing the lean weights", len(parts), len(parts))
         digest = out.close()
     except BaseException:
@@ -311,25 +317,29 @@ def write_lean_file(
 
 
 def _write_part(
-    out, prefix: str, meta: GGUFFile, tensor: str, order, type_name: str, n: int, packer, arena: dict
+    writer: ChunkWriter, prefix: str, meta: GGUFFile, tensor: str, order, type_name: str, n: int, packer
 ) -> None:
-    """One GGUF tensor's blocks into its arrays, a chunk of rows at a time, through the buffers of `arena`,
-    kept from one chunk and tensor to the next: pages touched for the first time are what a first start
-    pays most for on a VM (~2 ms a MB here), and a 1B model's chunks would touch ~1.6 GB of them."""
+    """One GGUF tensor's blocks into its arrays, a chunk of rows at a time, through the buffers of the writer's
+    arenas, kept from one chunk and tensor to the next (pages touched for the first time are what a first
+    start pays most for on a VM, ~2 ms a MB here, and a 1B model's chunks would touch ~1.6 GB of them); each
+    chunk's writes go to the writer's thread while the next chunk is read and packed."""
     t = meta.tensors[tensor]
     row_bytes = int(t.n_bytes) // n
     step = max(64, CHUNK_BYTES // max(1, int(t.shape[0])) // 64 * 64)
     whole = meta.read(t, 0, n)[order] if order is not None else None  # q/k rows put in order: small tensors
-    if whole is None and len(arena.get("raw", ())) < min(n, step) * row_bytes:
-        arena["raw"] = np.empty(min(n, step) * row_bytes, np.uint8)
     written: dict[str, int] = {}
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
+        number, arena = writer.take()
+        if whole is None and len(arena.get("raw", ())) < min(n, step) * row_bytes:
+            arena["raw"] = np.empty(min(n, step) * row_bytes, np.uint8)
         raw = whole[r0:r1] if whole is not None else meta.read(t, r0, r1, arena["raw"])
         _kind, arrays = tensor_parts(type_name, raw.reshape(r1 - r0, row_bytes), packer=packer, arena=arena)
+        writes = []
         for key, array in arrays.items():
-            out.write(prefix + key, written.get(key, 0), np.ascontiguousarray(array))
+            writes.append((prefix + key, written.get(key, 0), np.ascontiguousarray(array)))
             written[key] = written.get(key, 0) + array.nbytes
+        writer.put(number, writes)
 
 
 def _padded(v: np.ndarray) -> np.ndarray:

@@ -1,0 +1,78 @@
+"""A lean file's chunks written on a thread of their own while the next chunk is read and packed.
+
+A first start writes a GGUF's blocks into the lean file a chunk of rows at a time (`gguf_lean._write_part`):
+read (`pread`), pack (the kernel's `chatcli_pack`), write (`pwrite`, hashed as it fills). One after the other,
+the reads and writes left the packing team idle and the writes left the cores' other work waiting. Here the
+chunks take turns in `ARENAS` sets of buffers (an arena: `kquant_blocks.packed_by`'s, and the read buffer):
+the caller `take`s a free arena, reads and packs a chunk into it, and `put`s its writes; this thread writes
+them, in the order put, and frees the arena. `pread`, `pwrite`, `chatcli_pack` (a ctypes call) and the hash
+let go of the GIL, so the write of one chunk runs beside the read and pack of the next. The bytes written and
+where they go are the same as one thread's; only when they are written changes.
+
+A write that fails stops the thread; the caller's next `take`, `put` or `close` raises its error. `stop`
+ends the thread without raising (the caller is already failing).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+ARENAS = 2  # chunks in flight: one being written while the next is read and packed
+
+
+class ChunkWriter:
+    def __init__(self, out) -> None:
+        self.out = out  # tensorfile.StreamedTensors
+        self.arenas: list[dict] = [{} for _ in range(ARENAS)]
+        self._free = [threading.Event() for _ in range(ARENAS)]
+        for free in self._free:
+            free.set()
+        self._turn = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="chatcli-lean-writer", daemon=True)
+        self._thread.start()
+
+    def take(self) -> tuple[int, dict]:
+        """The next arena (its number and its buffers), once the writes of the chunk last packed into it are done."""
+        i = self._turn
+        self._free[i].wait()
+        self._raise()
+        self._free[i].clear()
+        self._turn = (i + 1) % ARENAS
+        return i, self.arenas[i]
+
+    def put(self, arena: int, writes: list[tuple[str, int, object]]) -> None:
+        """Write each (name, offset, array) in turn (`out.write`), then free `arena`: its arrays stay untouched
+        until then."""
+        self._raise()
+        self._queue.put((arena, writes))
+
+    def close(self) -> None:
+        """Wait for every write put; raise the error that stopped them, if one did."""
+        self.stop()
+        self._raise()
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            arena, writes = item
+            try:
+                if self._error is None:
+                    for name, at, array in writes:
+                        self.out.write(name, at, array)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's next call
+                self._error = exc
+            finally:
+                self._free[arena].set()
