@@ -85,3 +85,41 @@ def test_serve_returns_a_harmony_call_as_tool_calls(gptoss, serve):
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments)["unit"] in ("celsius", "kelvin")
+
+
+def test_a_harmony_call_reaches_every_api_as_its_own_call(gptoss, serve):
+    """The same forced call through Anthropic's Messages, Ollama's chat and OpenAI's Responses, each with its own
+    SDK: one get_weather call held to the schema, as that API gives a call, and no Harmony markup in any text."""
+    from anthropic import Anthropic
+    from ollama import Client
+    from openai import OpenAI
+
+    server = serve(gptoss)
+    markup = ("<|channel|>", "<|message|>", "<|call|>", "to=functions")
+
+    anthropic = Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    message = anthropic.messages.create(  # the SDK sends sampling fields in extra_body (2.x dropped them)
+        model="tiny", max_tokens=60, messages=ASK, tool_choice={"type": "any"}, extra_body={"temperature": 0},
+        tools=[{"name": "get_weather", "description": "weather", "input_schema": UNIT}],
+    )  # fmt: skip
+    uses = [b for b in message.content if b.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and [u.name for u in uses] == ["get_weather"]
+    assert uses[0].input["unit"] in ("celsius", "kelvin")
+    assert not any(m in b.text for b in message.content if b.type == "text" for m in markup)
+
+    chat = Client(host=server.url, timeout=120).chat(
+        model="tiny", messages=ASK, tools=TOOLS, options={"temperature": 0, "num_predict": 60}
+    )
+    assert all(m not in (chat.message.content or "") for m in markup)
+    (call,) = chat.message.tool_calls  # Ollama has no tool_choice: this tiny model calls at temperature 0
+    assert call.function.name == "get_weather" and call.function.arguments["unit"] in ("celsius", "kelvin")
+
+    openai = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    done = openai.responses.create(
+        model="tiny", input=ASK, tool_choice="required", max_output_tokens=60, temperature=0,
+        tools=[{"type": "function", "name": "get_weather", "description": "weather", "parameters": UNIT}],
+    )  # fmt: skip
+    calls = [item for item in done.output if item.type == "function_call"]
+    assert done.status == "completed" and [c.name for c in calls] == ["get_weather"]
+    assert json.loads(calls[0].arguments)["unit"] in ("celsius", "kelvin")
+    assert all(m not in done.output_text for m in markup)
