@@ -79,23 +79,29 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def recorded(want) -> tuple[str, str]:
+    """The hash a record holds (its key in HASHES) and its digest: its `"blake3"`, else (an older chatcli's
+    record) its `"sha256"`; KeyError where it holds neither, TypeError where it is not text or the record is
+    no mapping."""
+    key = "blake3" if "blake3" in want else "sha256"
+    digest = want[key]
+    if not isinstance(digest, str):
+        raise TypeError(f"a digest recorded as {type(digest).__name__}")
+    return key, digest
+
+
 def matches(path: Path, want: dict) -> bool:
-    """The file's bytes hash to the digest a record holds: its `"blake3"`, else (an older chatcli's
-    record) its `"sha256"` (KeyError where it holds neither, TypeError where it is not text)."""
-    if "blake3" in want:
-        return file_digest(path) == _text(want["blake3"])
-    return file_sha256(path) == _text(want["sha256"])
+    """The file's bytes hash to the digest a record holds, with that record's hash (`recorded`)."""
+    key, digest = recorded(want)
+    return HASHES[key][1](path) == digest
 
 
 def hash_name(want: dict) -> str:
     """The hash a record holds, as a message names it: "BLAKE3", or "SHA-256" (an older chatcli's)."""
-    return "BLAKE3" if "blake3" in want else "SHA-256"
+    return HASHES[recorded(want)[0]][0]
 
 
-def _text(digest) -> str:
-    if not isinstance(digest, str):
-        raise TypeError(f"a digest recorded as {type(digest).__name__}")
-    return digest
+HASHES = {"blake3": ("BLAKE3", file_digest), "sha256": ("SHA-256", file_sha256)}  # a record's key: name, function
 
 
 def record(path: Path, digest: str | None = None) -> None:
@@ -133,9 +139,8 @@ def check(path: Path) -> str:
     try:
         want = json.loads(path_of(path).read_text())
         size = int(want["size"])
-        if not isinstance(want.get("blake3", want.get("sha256")), str):
-            raise KeyError("blake3")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        recorded(want)
+    except (OSError, ValueError, KeyError, TypeError):
         return "no readable record of its hash (its sidecar is missing or damaged)"
     try:
         got = path.stat().st_size
