@@ -220,13 +220,11 @@ struct Experts {
 
 // row `from`'s prepared activations (prepare_row's: int8 codes and scales, for `m`'s kind) copied to row `to`
 inline void copy_prepared_row(const Matrix& m, int64_t from, int64_t to, Scratch& sc) {
-  if (m.kind == WEIGHT_I8) {
-    std::memcpy(&sc.xq[to * m.kp], &sc.xq[from * m.kp], m.kp);
-    sc.xs[to] = sc.xs[from], sc.xz[to] = sc.xz[from];
-  }
+  if (m.kind != WEIGHT_I8 && !grouped(m)) return;  // float kinds read the row itself
+  std::memcpy(&sc.xq[to * m.kp], &sc.xq[from * m.kp], m.kp);
+  if (m.kind == WEIGHT_I8) sc.xs[to] = sc.xs[from], sc.xz[to] = sc.xz[from];
   if (grouped(m)) {
     const int64_t groups = m.kp / 32;
-    std::memcpy(&sc.xq[to * m.kp], &sc.xq[from * m.kp], m.kp);
     std::memcpy(&sc.gs[to * groups], &sc.gs[from * groups], groups * sizeof(float));
     std::memcpy(&sc.gsum[to * groups], &sc.gsum[from * groups], groups * sizeof(float));
     if (reads_hsum(m)) std::memcpy(&sc.hsum[to * (m.kp / 16)], &sc.hsum[from * (m.kp / 16)], m.kp / 16 * sizeof(int32_t));
