@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from same_logits import llama_python  # this folder's: the script's own
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 
@@ -70,9 +71,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompt", action="append", help="a prompt (repeatable; default: three fixed ones)")
     args = ap.parse_args()
-    python = os.environ.get("CHATCLI_LLAMA_PYTHON")
+    python = llama_python("same_greedy")
     if not python:
-        print("same_greedy: set CHATCLI_LLAMA_PYTHON to a python with llama-cpp-python", file=sys.stderr)
         return 2
     equal = 0
     prompts = args.prompt or PROMPTS

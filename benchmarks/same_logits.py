@@ -40,6 +40,14 @@ np.save(out, np.array(model.scores[: len(ids)], dtype=np.float32))
 """
 
 
+def llama_python(tool: str) -> str | None:
+    """The interpreter `$CHATCLI_LLAMA_PYTHON` names (one with llama-cpp-python), else None and a line saying so."""
+    python = os.environ.get("CHATCLI_LLAMA_PYTHON")
+    if not python:
+        print(f"{tool}: set CHATCLI_LLAMA_PYTHON to a python with llama-cpp-python", file=sys.stderr)
+    return python or None
+
+
 def llama_logits(python: str, path: Path, ids: list[int]) -> np.ndarray:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "logits.npy"
@@ -63,9 +71,8 @@ def main() -> int:
     ap.add_argument("--type", default="Q8_0", help="--tiny's tensor type (default Q8_0)")
     ap.add_argument("--reference", action="store_true", help="each side against fp32 activations too")
     args = ap.parse_args()
-    python = os.environ.get("CHATCLI_LLAMA_PYTHON")
+    python = llama_python("same_logits")
     if not python:
-        print("same_logits: set CHATCLI_LLAMA_PYTHON to a python with llama-cpp-python", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="same-logits-"))
     files = list(args.files)
