@@ -7,7 +7,8 @@ Gemma's, the sandwich norms as `post_attention_norm` / `post_ffw_norm`, the soft
 sliding window as metadata, Gemma 3's sliding base as `rope.freq_base_swa`), "smollm3" and "granite" (llama's
 q/k permutation; Granite's multipliers as `embedding_scale`, `residual_scale`, `attention.scale` and
 `logit_scale`), "olmo2" (no attn_norm / ffn_norm, its output norms as `post_attention_norm` / `post_ffw_norm`,
-its q/k norms over all of q and of k) and "phi3" (its fused
+its q/k norms over all of q and of k), "olmo3" (GGUF's `olmo2` with `attention.sliding_window` and each layer's
+flag in `attention.sliding_window_pattern`, YaRN on its full layers as `rope.scaling.*`) and "phi3" (its fused
 `attn_qkv` and `ffn_up`, `rope.dimension_count` its rotated dims; LongRoPE's factors as
 `rope_factors_short` / `_long` with `rope.scaling.attn_factor`, as llama.cpp's converter writes them). Like
 convert_hf_to_gguf.py it writes the architecture's metadata keys (`{arch}.context_length`, ...;
@@ -45,10 +46,11 @@ from chatcli.bench.gguf_blocks import use_more_bits
 from tests import kquants
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral", "smollm3", "granite")
-FAMILIES += ("olmo2",)
+FAMILIES += ("olmo2", "olmo3")
 LLAMA_LIKE = ("llama", "mixtral", "smollm3", "granite")  # llama.cpp's converter permutes q/k (NORM rope)
 # transformers' model_type -> GGUF's architecture, where they differ (Mixtral is a llama with experts)
-GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+# (OLMo 3 is an olmo2 with windows)
+GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmo3": "olmo2"}
 MOE = ("qwen3_moe", "mixtral")
 
 # llama.cpp's replacement for a K-quant when a row is not a multiple of 256 wide
@@ -130,7 +132,8 @@ def write_gguf(
     sliding_rope = rope.get("sliding_attention", {})  # Gemma 3: a rope per layer type
     rope = rope.get("full_attention", rope)
     longrope = rope if rope.get("rope_type") == "longrope" else None
-    if rope.get("rope_type", "default") not in ("default", "longrope"):
+    yarn = rope if rope.get("rope_type") == "yarn" else None
+    if rope.get("rope_type", "default") not in ("default", "longrope", "yarn"):
         raise ValueError(f"write_gguf writes the default rope only, not {rope.get('rope_type')}")
     rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -173,6 +176,13 @@ def write_gguf(
         w.add_logit_scale(config.logits_scaling)
     if arch.startswith("gemma"):
         w.add_sliding_window(config.sliding_window)
+    if arch == "olmo3":  # as llama.cpp's converter writes OLMo 3's windows: the window and each layer's flag
+        w.add_sliding_window(config.sliding_window)
+        w.add_sliding_window_pattern([kind == "sliding_attention" for kind in config.layer_types])
+    if yarn:  # the full layers' YaRN (OLMo 3's; its sliding layers rotate unscaled)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(yarn["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(yarn["original_max_position_embeddings"]))
     if arch == "gemma2":
         w.add_attn_logit_softcapping(config.attn_logit_softcapping)
         w.add_final_logit_softcapping(config.final_logit_softcapping)
@@ -370,7 +380,7 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
         yield f"blk.{i}.attn_output.weight", f32(a.o_proj.weight)
         if a.o_proj.bias is not None:
             yield f"blk.{i}.attn_output.bias", f32(a.o_proj.bias)
-        if arch == "olmo2":  # its norms on the blocks' outputs alone
+        if arch in ("olmo2", "olmo3"):  # its norms on the blocks' outputs alone
             yield f"blk.{i}.post_attention_norm.weight", norm(block.post_attention_layernorm)
             yield f"blk.{i}.post_ffw_norm.weight", norm(block.post_feedforward_layernorm)
         elif gemma:
@@ -465,8 +475,18 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
         config.update(num_hidden_layers=4)
     if family == "granite":  # multipliers none of which is 1 (Granite 3.x's are 12, 1/128, 0.22, 8)
         config.update(embedding_multiplier=3.0, attention_multiplier=0.05, residual_multiplier=0.4, logits_scaling=2.5)
-    if family == "olmo2":  # llama.cpp's olmo2 wants its output.weight
+    if family in ("olmo2", "olmo3"):  # llama.cpp's olmo2 wants its output.weight
         config.update(tie_word_embeddings=False)
+    if family == "olmo3":  # four layers, three of them sliding (a window of 4); YaRN on the full one alone
+        config.update(
+            num_hidden_layers=4,
+            sliding_window=4,
+            rope_parameters={
+                "full_attention": {"rope_type": "yarn", "rope_theta": 10_000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 32},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+        )  # fmt: skip
     if longrope:
         half = int(config["hidden_size"] // config["num_attention_heads"] * rotated) // 2  # rotated pairs
         config.update(
@@ -499,6 +519,7 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
         "smollm3": t.SmolLM3Config,
         "granite": t.GraniteConfig,
         "olmo2": t.Olmo2Config,
+        "olmo3": t.Olmo3Config,
     }[family]
     torch.manual_seed(seed)
     model = t.AutoModelForCausalLM.from_config(kind(**config), attn_implementation="eager")

@@ -29,7 +29,7 @@ from tests.test_lean import close, drive
 from tests.tiny import WINDOW, build_family, build_tokenizer, lean_weights
 
 FAMILIES = ["mistral", "qwen2", "qwen3", "phi3", "phi3-longrope", "phi4-mini", "gemma2", "gemma3_text", "smollm3"]
-FAMILIES += ["granite", "olmo2"]
+FAMILIES += ["granite", "olmo2", "olmo3"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
 
@@ -95,6 +95,7 @@ def test_each_family_takes_the_lean_path_with_its_extras(family):
         "smollm3": dict(nope=(False, False, False, True)),
         "granite": dict(residual_scale=0.4, logits_scaling=2.5, attn_scale=0.1),
         "olmo2": dict(pre_norms=False, post_norms=True, qk_norm=True, qk_norm_whole=True),
+        "olmo3": dict(pre_norms=False, post_norms=True, qk_norm_whole=True, sliding=(True, False), sliding_rope=True),
         "gemma2": dict(post_norms=True, act="gelu_tanh", sliding=(True, False), attn_softcap=5.0, final_softcap=3.0),
         "gemma3_text": dict(post_norms=True, qk_norm=True, act="gelu_tanh", sliding=(True, False), sliding_rope=True),
     }[name]

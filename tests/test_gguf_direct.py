@@ -3,7 +3,8 @@
 Tiny random models of each family read directly (llama tied and untied, qwen2 with biases, qwen3
 with q/k norms, Gemma 2 with soft-capping and a sliding layer, Gemma 3 with five sliding layers on
 their own rope base, Phi-3 with fused tensors and half its heads rotated, and with LongRoPE, Phi-4-mini's
-shape, SmolLM3 with an unrotated layer, Granite with its multipliers, OLMo 2 with its output norms) are
+shape, SmolLM3 with an unrotated layer, Granite with its multipliers, OLMo 2 with its output norms, OLMo 3 with
+three sliding layers of four and YaRN on the fourth) are
 written as GGUF files in K-quant mixes and single types; the native runner over the file's own
 blocks must give the logits of transformers over the same weights (each put through its type's
 quantization: `gguf_models.fake_quantized`) within the int8 activations' rounding, over a prefill,
@@ -40,6 +41,7 @@ CASES = [
     ("smollm3", True, Q4_K_M),
     ("granite", True, Q4_K_M),
     ("olmo2", False, Q4_K_M),
+    ("olmo3", False, Q4_K_M),
     ("llama", False, uniform("Q5_K")),
     ("llama", True, uniform("Q6_K")),
     ("qwen2", True, uniform("Q8_0")),
@@ -54,7 +56,7 @@ def test_a_gguf_read_directly_computes_its_own_weights(kernel, tmp_path, family,
     assert_close(computed(model, types, direct_runner(model, types, tmp_path)))
 
 
-@pytest.mark.parametrize(("family", "tied", "types"), CASES[:10], ids=lambda c: getattr(c, "__name__", str(c)))
+@pytest.mark.parametrize(("family", "tied", "types"), CASES[:11], ids=lambda c: getattr(c, "__name__", str(c)))
 def test_a_draft_gives_the_bits_of_single_steps(kernel, tmp_path, family, tied, types):
     assert_drafts_are_single_steps(direct_runner(tiny(family, tied), types, tmp_path))
 
@@ -106,7 +108,7 @@ def test_a_gemma_gguf_loads_on_its_own_blocks(kernel, tmp_path):
     assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
 
 
-@pytest.mark.parametrize("family", ["smollm3", "granite", "olmo2"])
+@pytest.mark.parametrize("family", ["smollm3", "granite", "olmo2", "olmo3"])
 def test_the_newest_dense_families_load_from_a_gguf_on_its_own_blocks(kernel, tmp_path, family):
     """The whole load of SmolLM3, Granite and OLMo 2 files: the config written from the metadata passes the lean
     families' check (SmolLM3's unrotated layers and Granite's multipliers in it) and the engine's logits are the
@@ -115,7 +117,7 @@ def test_the_newest_dense_families_load_from_a_gguf_on_its_own_blocks(kernel, tm
     from chatcli.engine.load.options import LoadOptions
     from chatcli.engine.weights.gguf_meta import hf_config
 
-    tied = family != "olmo2"
+    tied = family not in ("olmo2", "olmo3")
     path = write_gguf(tiny(family, tied), tmp_path / f"{family}.gguf", Q4_K_M)
     config = hf_config(GGUFFile(path))
     assert config["model_type"] == family
@@ -123,6 +125,9 @@ def test_the_newest_dense_families_load_from_a_gguf_on_its_own_blocks(kernel, tm
         assert config["no_rope_layers"] == [1, 1, 1, 0]
     if family == "granite":
         assert (config["embedding_multiplier"], config["logits_scaling"]) == (3.0, 2.5)
+    if family == "olmo3":  # an olmo2 file with windows: OLMo 3's config, its sliding layers and YaRN as the file says
+        assert config["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
+        assert config["sliding_window"] == 4 and config["rope_parameters"]["full_attention"]["rope_type"] == "yarn"
     runner = load_engine(str(path), LoadOptions(device="cpu")).runner
     assert isinstance(runner, NativeRunner) and runner.config.kind == "gguf" and runner.config.family == family
     (tmp_path / "again").mkdir()

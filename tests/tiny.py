@@ -145,6 +145,18 @@ def family_config(family: str, vocab_size: int, max_positions: int = 128):
         )
     if family == "olmo2":  # norms on the blocks' outputs, q/k norms over all of q and k; untied, as OLMo 2 is
         return t.Olmo2Config(**{**common, "tie_word_embeddings": False})
+    if family == "olmo3":  # OLMo 2's, a sliding layer on plain rope and a full one on YaRN
+        rope = {
+            "full_attention": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                               "original_max_position_embeddings": max_positions // 4},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }  # fmt: skip
+        return t.Olmo3Config(
+            **{**common, "tie_word_embeddings": False},
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters=rope,
+        )
     if family == "gemma2":  # alternating windows, soft-capped scores and logits, its own query scale
         return t.Gemma2Config(
             **common,

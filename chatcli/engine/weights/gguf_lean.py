@@ -9,9 +9,10 @@ families read so: `llama` (Llama 2/3/3.2, SmolLM, Mistral without a sliding wind
 and `gemma3` (Gemma 3's text model), `smollm3` (every fourth layer unrotated: llama.cpp's fixed step, no key
 says so), `granite` (`embedding_scale`, `attention.scale`, `residual_scale`, `logit_scale`) and `olmo2` (no
 `attn_norm` / `ffn_norm`: its `post_attention_norm` and `post_ffw_norm` on the blocks' outputs; `attn_q_norm` /
-`attn_k_norm` over all of q and of k). llama.cpp stores a llama's (SmolLM3's, Granite's) q and k rows in rope's
-adjacent pairs, the lean order already; the others rotate halves (NEOX), so their q/k rows (and biases and
-norms) are put in that order here.
+`attn_k_norm` over all of q and of k; OLMo 3's files with `attention.sliding_window`: its layers slide as
+`attention.sliding_window_pattern` says, on plain rope, the others on the file's YaRN: `gguf_windows`).
+llama.cpp stores a llama's (SmolLM3's, Granite's) q and k rows in rope's adjacent pairs, the lean order
+already; the others rotate halves (NEOX), so their q/k rows (and biases and norms) are put in that order here.
 
 A mixture of experts (`qwen3moe`, a `llama` with `expert_count`: Mixtral, `gpt-oss`: see `gguf_oai`) keeps its
 router (`ffn_gate_inp`, F32 as llama.cpp leaves it) as a projection with the FFN's norm, and its experts' 3-D tensors
@@ -41,6 +42,7 @@ from chatcli.engine.weights.families import GEMMA
 from chatcli.engine.weights.gguf_check import check_header
 from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.gguf_rope import context_limit, rope_table
+from chatcli.engine.weights.gguf_windows import SWA_DEFAULT, SWA_PATTERN, own_sliding_rope, sliding_layers
 from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
 from chatcli.engine.weights.lean_writer import ChunkWriter
@@ -56,12 +58,6 @@ NEOX = (
     "gpt_oss",
     *GEMMA,
 )  # rope on rotate-half pairs: q/k rows reordered here
-SWA_PATTERN = {
-    "gemma2": 2,
-    "gemma3": 6,
-    gguf_oai.ARCH: 2,
-}  # llama.cpp's: of every n layers the last attends to all, the rest slide
-SWA_DEFAULT = {"gemma2": 4096}  # the window where the file does not say (llama.cpp's)
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0)}  # attention's and the logits' where the file does not say
 LAYERS_27B = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales a 27B's scores by 1/sqrt(D / heads)
 
@@ -73,7 +69,7 @@ def direct_reason(meta: GGUFFile) -> str | None:
     if meta.hp("attention.sliding_window") and meta.arch not in (*SWA_PATTERN, "phi3"):
         return "a sliding window"
     scaling = str(meta.hp("rope.scaling.type", "none") or "none")
-    if scaling not in ("none", "linear", *(("yarn",) if meta.arch == gguf_oai.ARCH else ())):
+    if scaling not in ("none", "linear", *(("yarn",) if meta.arch in (gguf_oai.ARCH, "olmo2") else ())):
         return f"rope scaling {scaling!r}"
     if meta.arch == gguf_oai.ARCH and gguf_oai.missing(meta):  # its biases and sinks
         return gguf_oai.missing(meta)
@@ -154,14 +150,6 @@ def head_dim_of(meta: GGUFFile) -> int:
     return int(meta.hp("attention.key_length", hidden // heads) or hidden // heads)
 
 
-def sliding_layers(meta: GGUFFile) -> tuple:
-    """Per layer, whether it slides (llama.cpp's fixed pattern for the family); empty where none do."""
-    pattern = SWA_PATTERN.get(meta.arch)
-    if pattern is None:
-        return ()
-    return tuple(i % pattern < pattern - 1 for i in range(int(meta.hp("block_count"))))
-
-
 def attention_scale(meta: GGUFFile, hidden: int, heads: int, head_dim: int) -> float:
     """The scores' scale (0: the kernel's 1/sqrt(head_dim)): Gemma's as llama.cpp sets it, Granite's
     `attention.scale` where the file has one."""
@@ -195,7 +183,7 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         positions=limit,
         kind=GGUF,
         source=source,
-        family=FAMILIES[meta.arch],
+        family="olmo3" if meta.arch == "olmo2" and sliding else FAMILIES[meta.arch],  # OLMo 3: olmo2 with windows
         qkv_bias=any(k.endswith("qkv_bias") for k in vectors),
         qk_norm=any(k.endswith("q_norm") for k in vectors),
         post_norms=any(k.endswith("post_attn_norm") for k in vectors),
@@ -205,7 +193,7 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         final_softcap=float(meta.hp("final_logit_softcapping", caps[1])) if caps else 0.0,
         window=int(meta.hp("attention.sliding_window", SWA_DEFAULT.get(meta.arch, 0)) or 0) if sliding else 0,
         sliding=sliding,
-        sliding_rope=meta.arch == "gemma3" and any(sliding),
+        sliding_rope=own_sliding_rope(meta, sliding),
         tied=tied,
         embed_scale=float(hidden) ** 0.5 if gemma else float(meta.hp("embedding_scale", 0.0) or 1.0),
         parts={name: [[kind, n] for kind, n, _ in listed] for name, listed in parts.items()},
@@ -258,7 +246,7 @@ def write_lean_file(
     head_dim = head_dim_of(meta)
     limit = context_limit(meta, limit)
     projections = plan(meta)
-    ropes = {"rope": False, **({"rope_sliding": True} if meta.arch == "gemma3" and any(sliding_layers(meta)) else {})}
+    ropes = {"rope": False, **({"rope_sliding": True} if own_sliding_rope(meta, sliding_layers(meta)) else {})}
     small = {}
     for name, (_parts, norm) in projections.items():
         if norm is not None:

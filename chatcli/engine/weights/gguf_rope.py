@@ -1,6 +1,6 @@
 """A GGUF's rope table as llama.cpp computes it (`gguf_lean` writes it into the lean file): `rope.freq_base`
 with `rope_freqs.weight` (Llama 3's per-frequency factors), a linear scaling, LongRoPE's short factors
-(Phi-3) or YaRN (gpt-oss: `gguf_oai.yarn`), and the context the table covers."""
+(Phi-3) or YaRN (gpt-oss, OLMo 3's full layers: `gguf_oai.yarn`), and the context the table covers."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from chatcli.engine.weights.gguf_file import GGUFFile
 
 def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False, start: int = 0) -> np.ndarray:
     """`[T, hd/2, 2]` cos, sin of positions start..limit-1: angle pos * base^(-2i/r) / factor_i (llama.cpp's
-    rope: `rope_freqs` factors where the file has them, positions / the linear scaling factor), pairs past
-    r as (1, 0). `sliding`: Gemma 3's sliding layers' table (`rope.freq_base_swa`, else 10000, unscaled).
-    A LongRoPE file (Phi-3's `rope_factors_short` / `_long`) runs on its short factors, cos and sin times
-    `rope.scaling.attn_factor`, up to its original context (`context_limit`), as llama.cpp does there."""
+        rope: `rope_freqs` factors where the file has them, positions / the linear scaling factor), pairs past
+        r as (1, 0). `sliding`: the sliding layers' own table, unscaled, by `rope.freq_base_swa` (else Gemma 3's 10000,
+    OLMo 3's `rope.freq_base`).
+        A LongRoPE file (Phi-3's `rope_factors_short` / `_long`) runs on its short factors, cos and sin times
+        `rope.scaling.attn_factor`, up to its original context (`context_limit`), as llama.cpp does there."""
     r = int(meta.hp("rope.dimension_count", head_dim) or head_dim)
     base = float(meta.hp("rope.freq_base", 10000.0) or 10000.0)
-    if sliding:
-        base = float(meta.hp("rope.freq_base_swa", 10000.0) or 10000.0)
+    if sliding:  # Gemma 3's default base is 10000; OLMo 3's the full layers' own
+        base = float(meta.hp("rope.freq_base_swa", 10000.0 if meta.arch == "gemma3" else base) or base)
     inv = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [r/2]
     for factors in ("rope_freqs.weight", "rope_factors_short.weight"):
         if factors in meta.tensors:
@@ -28,7 +29,8 @@ def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False,
     positions = np.arange(start, limit, dtype=np.float64)
     if str(meta.hp("rope.scaling.type", "none")) == "linear" and not sliding:
         positions = positions / float(meta.hp("rope.scaling.factor", 1.0) or 1.0)
-    inv, yarn = gguf_oai.yarn(meta, inv, r) if meta.hp("rope.scaling.type") == "yarn" else (inv, 1.0)  # gpt-oss
+    scaled = meta.hp("rope.scaling.type") == "yarn" and not sliding  # gpt-oss's, OLMo 3's full layers'
+    inv, yarn = gguf_oai.yarn(meta, inv, r) if scaled else (inv, 1.0)
     angles = positions[:, None] * inv[None, :]  # [T, r/2]
     table = np.zeros((limit - start, head_dim // 2, 2), np.float32)
     table[:, :, 0] = 1.0
