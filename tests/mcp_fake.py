@@ -3,7 +3,8 @@ a template that writes an assistant's calls as Hermes `<tool_call>` blocks after
 fallback of a template without tools does, so the KV cache's reuse across a tool round trip shows.
 
 Its script: a user message `call NAME {JSON}` (several joined by ` ; `) is answered with "Calling."
-and those calls; a tool result with "The tool said: " and the result's start; anything else is echoed.
+and those calls; a tool result with "The tool said: " and the result's start; anything else is echoed. With
+`harmony`, as gpt-oss's replies read once detokenized: reasoning first, then one Harmony call.
 `python -m tests.mcp_fake ARGS` runs chatcli's command line with it in place of a model
 (`$CHATCLI_FAKE_TOK_S`: at that many tokens a second, for a reply still streaming when a test signals).
 """
@@ -45,11 +46,28 @@ def reply_to(messages) -> str:
     return "Calling.\n" + "\n".join(blocks)
 
 
+class HarmonyTokenizer(ToolTokenizer):
+    """gpt-oss's call syntax: a reply's reasoning then its call, as `engine.text.harmony`'s detokenizer writes them."""
+
+    tool_syntax = "harmony"
+
+
+def harmony_reply_to(messages) -> str:
+    """As `reply_to`, gpt-oss's way: the analysis channel's reasoning (`<think>`), then one call (Harmony's
+    `<|call|>` ends a reply: its first call alone)."""
+    last = messages[-1]
+    if last["role"] == "user" and last["content"].startswith("call "):
+        name, _, arguments = last["content"].split(" ; ")[0].removeprefix("call ").partition(" ")
+        return "<think>The user wants the tool.</think>" + call_text(name, arguments or "{}", "harmony")
+    return "<think>It answered.</think>" + reply_to(messages)
+
+
 class ToolEngine(FakeEngine):
-    def __init__(self, context_limit: int = 100_000, **kwargs) -> None:
-        script = lambda _text: reply_to(self.calls[-1]["messages"])  # noqa: E731 - the turn's messages
+    def __init__(self, context_limit: int = 100_000, harmony: bool = False, **kwargs) -> None:
+        reply = harmony_reply_to if harmony else reply_to
+        script = lambda _text: reply(self.calls[-1]["messages"])  # noqa: E731 - the turn's messages
         super().__init__(script=script, context_limit=context_limit, **kwargs)
-        self.tokenizer = ToolTokenizer()
+        self.tokenizer = HarmonyTokenizer() if harmony else ToolTokenizer()
 
 
 if __name__ == "__main__":

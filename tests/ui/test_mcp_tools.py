@@ -1,5 +1,6 @@
 """MCP tools in the TUI: the tiny MCP server (tests/mcp_server.py) and the scripted engine that calls its
-tools (tests/mcp_fake.py), driven with Pilot: allow once, always, no, Esc; /tools; a server that fails."""
+tools (tests/mcp_fake.py), driven with Pilot: allow once, always, no, Esc; /tools; a server that fails; a Harmony
+(gpt-oss) model's reasoning and call."""
 
 from __future__ import annotations
 
@@ -80,6 +81,29 @@ async def test_an_allowed_call_runs_its_result_folds_under_it_and_the_model_goes
             + len('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>')
         )
         assert engine.calls[1]["cached"] == first
+
+
+async def test_a_harmony_models_call_runs_and_its_reasoning_folds_as_any_other():
+    """gpt-oss's reply (its analysis, then a `commentary` message to a function): the call is a tool box, its
+    reasoning the reply's fold, and no Harmony markup reaches the chat pane or the stored reply."""
+    engine = ToolEngine(harmony=True)
+    app = make_app(engine, start=tiny())
+    async with app.run_test(size=(110, 36)) as pilot:
+        screen = await with_tools(pilot)
+        question = await ask(pilot, ADD)
+        assert (question.tool, question.arguments) == ("add", '{"a": 2, "b": 3}')
+        await pilot.press("y")
+        await done(pilot, 2)
+        assert roles(screen) == ["user", "assistant", "tool", "assistant"]
+        asked = screen.conversation.messages[1]
+        assert (asked.tool_calls[0]["name"], asked.tool_calls[0]["arguments"]) == ("add", '{"a": 2, "b": 3}')
+        assert asked.content == "<think>The user wants the tool.</think>"
+        assert screen.conversation.messages[2].content == "5"
+        first, last = screen.pane.query(ReplyBox)
+        assert first.has_reasoning and last.has_reasoning
+        assert [r.markdown.source for r in (first, last)] == ["", "The tool said: 5"]
+        sent = engine.calls[1]["messages"]
+        assert sent[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 2, "b": 3}}
 
 
 async def test_no_tells_the_model_and_always_stops_asking_for_that_tool():
