@@ -72,6 +72,24 @@ def test_a_forced_call_is_a_harmony_call_held_to_the_schema(gptoss, choice):
         assert json.loads(calls[0].arguments)["unit"] in ("celsius", "kelvin")
 
 
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+def test_a_forced_call_may_follow_the_models_analysis_and_still_comes_whole(gptoss, choice):
+    """As gpt-oss writes a call, analysis first: where the budget has room for both, the grammar lets the model
+    reason, and steering closes the analysis while the call's opening and arguments still fit (the tiny
+    model's analysis would run to max_tokens: it never ends it by itself), so every reply holds one whole call."""
+    reasoned = 0
+    for seed in range(4):
+        reply = alone(gptoss, ASK, temperature=1.0, seed=seed, max_tokens=140, tools=ToolCalls.of(TOOLS, choice))
+        if reply.startswith("<think>"):
+            reasoned += 1
+            reply = reply.split("</think>", 1)[1]
+        assert reply.startswith("<|channel|>commentary to=functions.get_weather<|message|>")
+        text, calls = parse_calls(reply, HARMONY)
+        assert text == "" and [c.name for c in calls] == ["get_weather"]
+        assert json.loads(calls[0].arguments)["unit"] in ("celsius", "kelvin")
+    assert reasoned >= 1  # the analysis was taken, and closed in time
+
+
 def test_serve_returns_a_harmony_call_as_tool_calls(gptoss, serve):
     from openai import OpenAI
 

@@ -36,9 +36,12 @@ from chatcli.engine.sample.tools import (
     several,
     with_options,
 )
+from chatcli.engine.text import harmony
 from chatcli.engine.text.tokenize import ChatTokenizer
+from chatcli.engine.text.toolcalls import HARMONY, HARMONY_OPEN
 
 CLOSING_RESERVE = 64  # a reply of calls' last ids, where a call in progress closes at its next JSON boundary
+ARGS_ROOM = 32  # ids a forced Harmony call keeps for its arguments: its analysis closes before less is left
 
 
 class GrammarError(ValueError):
@@ -117,6 +120,9 @@ class TokenGrammar:
         self.tokenizer = _ll_tokenizer(tokenizer, vocab)
         self.vocab = self.tokenizer.vocab_size
         self.syntax = tokenizer.tool_syntax  # how the model writes a tool call
+        found = harmony.markers(tokenizer) if self.syntax == HARMONY else None
+        self.think_end = found[harmony.END] if found else None  # closes the analysis a forced call may follow
+        self._encode = tokenizer.encode
         self.stop_ids = sorted(t for t in tokenizer.stop_ids if t < self.vocab)
         self._compiled: dict[object, str] = {}  # a format's checked grammar (clients resend the same one)
 
@@ -181,8 +187,19 @@ class TokenGrammar:
         fmt = None if tools.forced else params.response_format
         text = call_text_of(self.syntax)
         window = min(CLOSING_RESERVE, limit // 2)
-        steer = Steer(self.spelling, text, fmt is not None, several(tools), limit, window)
+        think = (self.think_end, max(0, limit - self.call_room(tools))) if tools.forced and self.think_end else ()
+        steer = Steer(self.spelling, text, fmt is not None, several(tools), limit, window, *think)
         return self._matched(grammar, steer)
+
+    def call_room(self, tools) -> int:
+        """The ids a forced Harmony call needs after its analysis: the longest of its openings as this
+        tokenizer writes it (`<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json
+        <|message|>`), its `<|call|>`, and ARGS_ROOM for the arguments."""
+        head = harmony.START + "assistant" + HARMONY_OPEN
+        longest = max(
+            len(self._encode(f"{head}{f['name']} {harmony.CONSTRAIN}json{harmony.MESSAGE}")) for f in tools.callable()
+        )
+        return longest + 1 + ARGS_ROOM
 
     @functools.cached_property
     def spelling(self) -> Vocab:

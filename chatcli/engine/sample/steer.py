@@ -15,6 +15,9 @@ the ids its grammar allows next (`narrow`):
   `window` ids a call in progress closes at its next JSON boundary where its grammar allows (after a
   value the model finished: never inside a string or a number). A call that still runs out of room is
   dropped by its reader (`CallScanner.cut`), never returned cut.
+- reasoning before a forced call (Harmony's analysis message, `think_end` its closing id): once the budget
+  left is the call's room (`think_until` ids taken), the analysis closes at once, and a reply that has not
+  opened one goes straight to the call.
 
 It never narrows to nothing: where every id the grammar allows would be refused, the mask stands
 (a duplicate that got through is dropped by the server). Where the calls' JSON begins is told by the
@@ -76,7 +79,8 @@ class Steer:
     reply may make calls (None: a response format's JSON only); `json_first`: a reply that begins with
     `{` is the response format's JSON, not calls (Hermes calls beside a format); `several`: more than one
     call may be made; `limit`: the reply's budget in ids (None: no closing); `window`: its last ids,
-    where a call closes at its next boundary."""
+    where a call closes at its next boundary; `think_end`: the id that closes the reasoning a forced call
+    may begin with (Harmony's `<|end|>`), taken once `think_until` ids are."""
 
     def __init__(
         self,
@@ -86,8 +90,11 @@ class Steer:
         several: bool = False,
         limit: int | None = None,
         window: int = 0,
+        think_end: int | None = None,
+        think_until: int = 0,
     ) -> None:
         self.vocab = vocab
+        self.think_end, self.think_until = think_end, think_until
         self.text = calls
         self.json_first = json_first
         self.several = several
@@ -166,7 +173,7 @@ class Steer:
     def narrow(self, allowed: np.ndarray, matcher) -> np.ndarray:
         """`allowed` ([vocab] bool, the grammar's) less the ids steering refuses; never empty."""
         if not self.active:
-            return allowed
+            return self._thinking(allowed)
         refused = np.zeros_like(allowed)
         if self.run and not self.in_string:
             refused |= self.vocab.lead_digits > MAX_DIGITS - self.run
@@ -176,6 +183,27 @@ class Steer:
         if not kept.any():
             return allowed
         return self._closing(kept)
+
+    def _thinking(self, allowed: np.ndarray) -> np.ndarray:
+        """Before a forced call, once only its room is left: the reasoning's closing id where the grammar takes
+        it, else (its channel not opened yet) only ids on the way to the call's opening text."""
+        if self.think_end is None or self.decided or self.taken < self.think_until:
+            return allowed
+        if allowed[self.think_end]:
+            keep = np.zeros_like(allowed)
+            keep[self.think_end] = True
+            return keep
+        opening = self.text.start
+        toward = [t for t in np.flatnonzero(allowed) if self._toward(self.vocab.bytes[t], opening)]
+        if not toward:
+            return allowed
+        keep = np.zeros_like(allowed)
+        keep[toward] = True
+        return keep
+
+    @staticmethod
+    def _toward(spelled: bytes, opening: bytes) -> bool:
+        return bool(spelled) and (opening.startswith(spelled) or spelled.startswith(opening))
 
     def _duplicates(self, allowed: np.ndarray, matcher, refused: np.ndarray) -> None:
         """Refuse the ids that would complete a call already made (its JSON again, after `between`)."""

@@ -6,8 +6,9 @@ Under `tool_choice` required or a named function (`ToolCalls.forced`) the reply 
 calls: for the Hermes syntax text then `<tool_call>` blocks a line apart; for Llama 3.1's JSON calls one
 object; for Mistral's a JSON list of calls; for Harmony's (gpt-oss) one `commentary` message to a function, its
 Harmony control tokens written as the tokens they are (`<|channel|>`, `<|constrain|>`, `<|message|>`, `<|call|>`:
-Lark's `<|…|>`), the call forced at once, or under auto an optional analysis message then a call or the final
-answer (free text, or the response format's JSON). A named function is called once; `required` and `auto`
+Lark's `<|…|>`), after an optional analysis message (gpt-oss reasons before it calls; under a forced call
+steering closes the analysis while the call has room left) a call, or under auto a call or the final answer (free text,
+or the response format's JSON). A named function is called once; `required` and `auto`
 make up to MAX_CALLS calls where parallel calls are allowed (one where they are not), the list ending
 when the model ends it (a call that repeats one already made is refused by the mask, `steer`).
 Each function's call is its own `%json` schema in a Lark grammar (llguidance's): `{"name": <its name>,
@@ -167,8 +168,9 @@ def calls_lark(tools: ToolCalls, syntax: str, fmt: ResponseFormat | None = None)
 
 
 def harmony_lark(tools: ToolCalls, fmt: ResponseFormat | None = None) -> str:
-    """The Lark grammar of a Harmony reply: a call of one of `tools.callable()` (its arguments held to the
-    function's parameters), or under auto an analysis message first and then a call or the final answer."""
+    """The Lark grammar of a Harmony reply: an optional analysis message, then a call of one of
+    `tools.callable()` (its arguments held to the function's parameters), or under auto a call or the final
+    answer."""
     functions = tools.callable()
     rules = [
         f'fn{i}: {json.dumps(f["name"] + " ")} <|constrain|> "json" <|message|> %json '
@@ -177,15 +179,8 @@ def harmony_lark(tools: ToolCalls, fmt: ResponseFormat | None = None) -> str:
     ]
     rules.append("fn: " + " | ".join(f"fn{i}" for i in range(len(functions))))
     rules.append(f"calls: <|channel|> {json.dumps(HARMONY_OPEN.removeprefix('<|channel|>'))} fn <|call|>")
-    if tools.forced:
-        return "\n".join(["start: calls", *rules])
+    rules += ['analysis: <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"', "TEXT: /(?s:.*)/"]
+    if tools.forced:  # the model's analysis first, as gpt-oss writes it (steering closes it in time: `Steer`)
+        return "\n".join(["start: analysis? calls", *rules])
     answer = f"%json {json.dumps(format_schema(fmt))}" if fmt is not None else "TEXT"
-    return "\n".join(
-        [
-            "start: analysis? (calls | final)",
-            'analysis: <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"',
-            f'final: <|channel|> "final" <|message|> {answer}',
-            "TEXT: /(?s:.*)/",
-            *rules,
-        ]
-    )
+    return "\n".join(["start: analysis? (calls | final)", f'final: <|channel|> "final" <|message|> {answer}', *rules])

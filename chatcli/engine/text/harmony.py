@@ -24,6 +24,7 @@ from chatcli.engine.text.detokenize import IncrementalDetokenizer
 from chatcli.engine.text.toolcalls import HARMONY_MESSAGE, HARMONY_OPEN
 
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
+CONSTRAIN = "<|constrain|>"
 RETURN, CALL = "<|return|>", "<|call|>"
 MARKERS = (CHANNEL, MESSAGE, END, START, RETURN, CALL)
 REASONING = "analysis"
