@@ -130,6 +130,29 @@ def test_a_qwen3moe_gguf_loads_on_its_own_blocks(kernel, tmp_path):
     assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
 
 
+def test_a_granitemoe_gguf_loads_on_its_own_blocks(kernel, tmp_path):
+    """The whole load of a GraniteMoE file: the config written from its metadata is transformers' (its experts and
+    Granite's four multipliers), the lean file holds the residual and logit scales, and the engine's logits are
+    the direct runner's."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from chatcli.engine.weights.gguf_file import GGUFFile
+    from chatcli.engine.weights.gguf_meta import hf_config
+
+    model = tiny("granitemoe", False, seed=19)
+    path = write_gguf(model, tmp_path / "granitemoe.gguf", Q4_K_M)
+    config = hf_config(GGUFFile(path))
+    for key in ("model_type", "intermediate_size", "num_local_experts", "num_experts_per_tok", "embedding_multiplier",
+                "residual_multiplier", "attention_multiplier", "logits_scaling"):  # fmt: skip
+        assert config[key] == pytest.approx(getattr(model.config, key)), key
+    runner = load_engine(str(path), LoadOptions(device="cpu")).runner
+    assert isinstance(runner, NativeRunner) and runner.config.kind == "gguf" and runner.config.family == "granitemoe"
+    assert (runner.config.residual_scale, runner.config.logits_scaling) == pytest.approx((0.4, 2.5))
+    (tmp_path / "again").mkdir()
+    direct = direct_runner(tiny("granitemoe", False, seed=19), Q4_K_M, tmp_path / "again", kv_dtype=runner.kv_dtype)
+    assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
+
+
 def test_without_the_kernel_a_moe_gguf_is_one_line(no_kernel, tmp_path):
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.options import LoadOptions
