@@ -61,6 +61,7 @@ SPLITS = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "gpt-2": (_GPT2,),
     "smollm": (r"\p{N}", _GPT2),  # every digit alone first
+    "refact": (r"\p{N}", _GPT2),  # Granite 3.x's files name it so: llama.cpp splits it as smollm
     "llama-bpe": (_LLAMA3,),
     "llama3": (_LLAMA3,),
     "llama-v3": (_LLAMA3,),
