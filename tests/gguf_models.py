@@ -4,11 +4,13 @@
 biases if the model has them), "qwen2" (q/k/v biases), "qwen3" (q/k norms), "gemma2" and
 "gemma3_text" (GGUF's `gemma3`: its norms written as 1 + w, as llama.cpp's converter writes
 Gemma's, the sandwich norms as `post_attention_norm` / `post_ffw_norm`, the soft-capping and the
-sliding window as metadata, Gemma 3's sliding base as `rope.freq_base_swa`), "smollm3" and "granite" (llama's
-q/k permutation; Granite's multipliers as `embedding_scale`, `residual_scale`, `attention.scale` and
-`logit_scale`), "olmo2" (no attn_norm / ffn_norm, its output norms as `post_attention_norm` / `post_ffw_norm`,
-its q/k norms over all of q and of k), "olmo3" (GGUF's `olmo2` with `attention.sliding_window` and each layer's
-flag in `attention.sliding_window_pattern`, YaRN on its full layers as `rope.scaling.*`) and "phi3" (its fused
+sliding window as metadata, Gemma 3's sliding base as `rope.freq_base_swa`), "smollm3", "granite" and
+"granitemoe" (llama's q/k permutation; Granite's multipliers as `embedding_scale`, `residual_scale`,
+`attention.scale` and `logit_scale`; GraniteMoE's experts as Mixtral's, its fused `input_linear`, transformers'
+`gate_up_proj`, split into gate and up as llama.cpp's converter splits it), "olmo2" (no attn_norm / ffn_norm,
+its output norms as `post_attention_norm` / `post_ffw_norm`, its q/k norms over all of q and of k), "olmo3"
+(GGUF's `olmo2` with `attention.sliding_window` and each layer's flag in `attention.sliding_window_pattern`,
+YaRN on its full layers as `rope.scaling.*`) and "phi3" (its fused
 `attn_qkv` and `ffn_up`, `rope.dimension_count` its rotated dims; LongRoPE's factors as
 `rope_factors_short` / `_long` with `rope.scaling.attn_factor`, as llama.cpp's converter writes them). Like
 convert_hf_to_gguf.py it writes the architecture's metadata keys (`{arch}.context_length`, ...;
@@ -46,12 +48,13 @@ from chatcli.bench.gguf_blocks import use_more_bits
 from tests import kquants
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral", "smollm3", "granite")
-FAMILIES += ("olmo2", "olmo3")
-LLAMA_LIKE = ("llama", "mixtral", "smollm3", "granite")  # llama.cpp's converter permutes q/k (NORM rope)
+FAMILIES += ("olmo2", "olmo3", "granitemoe")
+LLAMA_LIKE = ("llama", "mixtral", "smollm3", "granite", "granitemoe")  # llama.cpp's converter permutes q/k (NORM rope)
 # transformers' model_type -> GGUF's architecture, where they differ (Mixtral is a llama with experts)
 # (OLMo 3 is an olmo2 with windows)
 GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmo3": "olmo2"}
-MOE = ("qwen3_moe", "mixtral")
+MOE = ("qwen3_moe", "mixtral", "granitemoe")
+GRANITE = ("granite", "granitemoe")  # their multipliers
 
 # llama.cpp's replacement for a K-quant when a row is not a multiple of 256 wide
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
@@ -169,7 +172,7 @@ def write_gguf(
     if gguf_arch in LLAMA_LIKE:
         w.add_vocab_size(vocab)
         w.add_rope_dimension_count(hd)
-    if arch == "granite":  # as llama.cpp's converter writes Granite's multipliers
+    if arch in GRANITE:  # as llama.cpp's converter writes Granite's multipliers
         w.add_embedding_scale(config.embedding_multiplier)
         w.add_residual_scale(config.residual_multiplier)
         w.add_attention_scale(config.attention_multiplier)
@@ -361,7 +364,7 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
     inner = model.model
     yield "token_embd.weight", f32(inner.embed_tokens.weight)
     for i, block in enumerate(inner.layers):
-        a, m = block.self_attn, block.mlp
+        a, m = block.self_attn, getattr(block, "mlp", None) or block.block_sparse_moe  # GraniteMoE's
         if hasattr(block, "input_layernorm"):  # OLMo 2: no norm before a block
             yield f"blk.{i}.attn_norm.weight", norm(block.input_layernorm)
         if hasattr(a, "qkv_proj"):  # Phi-3's fused q/k/v
@@ -391,7 +394,7 @@ def _tensors(model, arch: str, heads: int, kv_heads: int):
             yield f"blk.{i}.ffn_norm.weight", norm(block.post_attention_layernorm)
         if hasattr(m, "experts"):  # a mixture of experts: the router, each expert's gate, up and down stacked
             width = m.experts.down_proj.shape[2]
-            yield f"blk.{i}.ffn_gate_inp.weight", f32(m.gate.weight)
+            yield f"blk.{i}.ffn_gate_inp.weight", f32((m.router if hasattr(m, "router") else m.gate).weight)
             yield f"blk.{i}.ffn_gate_exps.weight", f32(m.experts.gate_up_proj[:, :width])
             yield f"blk.{i}.ffn_up_exps.weight", f32(m.experts.gate_up_proj[:, width:])
             yield f"blk.{i}.ffn_down_exps.weight", f32(m.experts.down_proj)
@@ -473,7 +476,7 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
         config.update(partial_rotary_factor=rotated, sliding_window=None)
     if family == "smollm3":  # four layers: llama.cpp's fixed step leaves the fourth unrotated
         config.update(num_hidden_layers=4)
-    if family == "granite":  # multipliers none of which is 1 (Granite 3.x's are 12, 1/128, 0.22, 8)
+    if family in GRANITE:  # multipliers none of which is 1 (Granite 3.x's are 12, 1/128, 0.22, 8)
         config.update(embedding_multiplier=3.0, attention_multiplier=0.05, residual_multiplier=0.4, logits_scaling=2.5)
     if family in ("olmo2", "olmo3"):  # llama.cpp's olmo2 wants its output.weight
         config.update(tie_word_embeddings=False)
@@ -501,12 +504,15 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
             },
         )
     if family in MOE:  # eight experts of 256 (K-quants fit their down), two a token, every layer sparse
-        experts = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}[family]
+        experts = "num_experts" if family == "qwen3_moe" else "num_local_experts"
         config.update({experts: 8, "num_experts_per_tok": 2, "head_dim": 64})
         if family == "qwen3_moe":
             config.update(moe_intermediate_size=256, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
-        else:
+        elif family == "mixtral":
             config.update(intermediate_size=256, sliding_window=None)
+        else:  # GraniteMoE: no head_dim in its config (hidden / heads: 64)
+            config.update(intermediate_size=256)
+            del config["head_dim"]
     kind = {
         "qwen3_moe": t.Qwen3MoeConfig,
         "mixtral": t.MixtralConfig,
@@ -518,6 +524,7 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
         "phi3": t.Phi3Config,
         "smollm3": t.SmolLM3Config,
         "granite": t.GraniteConfig,
+        "granitemoe": t.GraniteMoeConfig,
         "olmo2": t.Olmo2Config,
         "olmo3": t.Olmo3Config,
     }[family]
@@ -526,7 +533,9 @@ def tiny(family: str, tied: bool, seed: int = 0, longrope: bool = False):
     qk = 3.0 if family == "smollm3" else 0.5  # SmolLM3: sharp enough that a layer's rope (or none) counts
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # the router: random whatever its init (ties choose at random),
+            if name.endswith(
+                ("mlp.gate.weight", "block_sparse_moe.router.weight")
+            ):  # the router: random whatever its init (ties choose at random),
                 p.copy_(2.0 / math.sqrt(p.shape[1]) * torch.randn_like(p))  # its logits ~2 (a real router's size)
             elif p.dim() > 1:
                 p.mul_(qk if any(f"{x}_proj" in name for x in ("q", "k")) else 4.0)
@@ -550,6 +559,7 @@ GGUF_NAMES = [
     (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"blk.\1.ffn_up.weight"),
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blk.\1.ffn_down.weight"),
     (r"model\.layers\.(\d+)\.mlp\.gate\.weight", r"blk.\1.ffn_gate_inp.weight"),
+    (r"model\.layers\.(\d+)\.block_sparse_moe\.router\.weight", r"blk.\1.ffn_gate_inp.weight"),
 ]
 
 
@@ -576,7 +586,9 @@ def fake_quantized(model, types) -> dict[str, str]:
         for name, p in model.named_parameters():
             if p.dim() < 2:
                 continue
-            experts = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)", name)
+            experts = re.fullmatch(
+                r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)", name
+            )
             if experts and experts.group(2) == "gate_up_proj":  # [E, 2 I, D]: the gates, then the ups
                 width = p.shape[1] // 2
                 b = f"blk.{experts.group(1)}."

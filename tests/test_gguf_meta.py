@@ -99,6 +99,8 @@ LLAMA_CPP_IDS = [
     ("default", " 12 a +b it's", [32, 261, 32, 97, 32, 43, 98, 32, 267, 39, 115]),
     (None, "12345 a +b", [263, 264, 32, 97, 32, 43, 98]),
     ("smollm", "12345 12 a +b", [49, 50, 51, 52, 53, 32, 49, 50, 32, 97, 265, 98]),  # every digit alone
+    ("refact", "12345 12 a +b", [49, 50, 51, 52, 53, 32, 49, 50, 32, 97, 265, 98]),  # Granite 3.x's: smollm's split
+    ("refact", "x'ſt x'St", [120, 39, 197, 269, 32, 120, 39, 83, 116]),
     ("qwen2", "12345 12", [49, 50, 51, 52, 53, 32, 49, 50]),
     ("llama-bpe", "12345 12", [263, 264, 32, 261]),
     # llama3's ignore_merges: a word that is a token is that token, whatever the merges make

@@ -1,13 +1,15 @@
 """A mixture of experts read from its GGUF's own blocks on the kernel (`gguf_lean`, `kernels/moe.h`).
 
-Tiny random Qwen3-MoE (`qwen3moe`) and Mixtral (`llama` with `expert_count`) models, eight experts of which
+Tiny random Qwen3-MoE (`qwen3moe`), Mixtral (`llama` with `expert_count`) and GraniteMoE (`granitemoe`: its
+multipliers, the residual's on the experts' output too) models, eight experts of which
 a token takes two in every layer, are written as GGUF files (the router F32, each expert's gate, up and
 down stacked in 3-D tensors, as llama.cpp's converter writes them) and run by the native runner, in each
 kernel build this CPU runs (AVX2's included): its logits must be transformers' over the same weights — to
 float rounding at F32 and F16, within the int8 activations' rounding at K-quants and Q8_0 (where a
 routing within rounding of a tie could take the other expert, as llama.cpp's can: the seeds' routings are
 checked to be nowhere near one) — over a prefill, decode steps and drafts bit-equal to single steps. An
-expert no row chooses is never computed, and a qwen3moe file loads as a user's does.
+expert no row chooses is never computed, a qwen3moe file loads as a user's does, and GraniteMoeShared's
+shared experts, which the kernel does not compute, are refused in one line.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from tests.gguf_models import Q4_K_M, tiny, uniform, write_gguf
 from tests.gguf_runs import IDS, assert_close, assert_drafts_are_single_steps, computed, direct_runner
 
 FLOATS = [("qwen3_moe", "F32"), ("qwen3_moe", "F16"), ("mixtral", "F32"), ("mixtral", "F16")]
+FLOATS += [("granitemoe", "F32"), ("granitemoe", "F16")]
 # (family, types, seed): seeds whose routing (transformers', over the file's weights) is nowhere near a tie
 QUANTIZED = [
     ("qwen3_moe", Q4_K_M, 1),
     ("qwen3_moe", Q4_K_M, 2),
     ("mixtral", uniform("Q8_0"), 0),
     ("mixtral", uniform("Q5_K"), 0),
+    ("granitemoe", Q4_K_M, 19),
 ]
 MARGIN = 0.1  # the least gap between a row's last expert's router logit and the next one's, in every layer
 
@@ -40,7 +44,10 @@ MARGIN = 0.1  # the least gap between a row's last expert's router logit and the
 def routes(model, ids: list[int]) -> list[torch.Tensor]:
     """Per layer, transformers' router logits [ids, experts] over `ids` (one forward)."""
     seen = []
-    hooks = [layer.mlp.gate.register_forward_hook(lambda _m, _a, o: seen.append(o[0])) for layer in model.model.layers]
+    routers = [
+        layer.mlp.gate if hasattr(layer, "mlp") else layer.block_sparse_moe.router for layer in model.model.layers
+    ]
+    hooks = [router.register_forward_hook(lambda _m, _a, o: seen.append(o[0])) for router in routers]
     with torch.no_grad():
         model(torch.tensor([ids]))
     for hook in hooks:
@@ -123,6 +130,29 @@ def test_a_qwen3moe_gguf_loads_on_its_own_blocks(kernel, tmp_path):
     assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
 
 
+def test_a_granitemoe_gguf_loads_on_its_own_blocks(kernel, tmp_path):
+    """The whole load of a GraniteMoE file: the config written from its metadata is transformers' (its experts and
+    Granite's four multipliers), the lean file holds the residual and logit scales, and the engine's logits are
+    the direct runner's."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from chatcli.engine.weights.gguf_file import GGUFFile
+    from chatcli.engine.weights.gguf_meta import hf_config
+
+    model = tiny("granitemoe", False, seed=19)
+    path = write_gguf(model, tmp_path / "granitemoe.gguf", Q4_K_M)
+    config = hf_config(GGUFFile(path))
+    for key in ("model_type", "intermediate_size", "num_local_experts", "num_experts_per_tok", "embedding_multiplier",
+                "residual_multiplier", "attention_multiplier", "logits_scaling"):  # fmt: skip
+        assert config[key] == pytest.approx(getattr(model.config, key)), key
+    runner = load_engine(str(path), LoadOptions(device="cpu")).runner
+    assert isinstance(runner, NativeRunner) and runner.config.kind == "gguf" and runner.config.family == "granitemoe"
+    assert (runner.config.residual_scale, runner.config.logits_scaling) == pytest.approx((0.4, 2.5))
+    (tmp_path / "again").mkdir()
+    direct = direct_runner(tiny("granitemoe", False, seed=19), Q4_K_M, tmp_path / "again", kv_dtype=runner.kv_dtype)
+    assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
+
+
 def test_without_the_kernel_a_moe_gguf_is_one_line(no_kernel, tmp_path):
     from chatcli.engine.load.build import load_engine
     from chatcli.engine.load.options import LoadOptions
@@ -130,6 +160,27 @@ def test_without_the_kernel_a_moe_gguf_is_one_line(no_kernel, tmp_path):
     path = write_gguf(tiny("qwen3_moe", False), tmp_path / "moe.gguf", "F32")
     with pytest.raises(LoadError, match=r"moe.gguf.*mixture of experts \(qwen3_moe\) runs only on the compiled kernel"):
         load_engine(str(path), LoadOptions(device="cpu"))
+
+
+def test_a_granitemoe_with_shared_experts_is_one_line(kernel, tmp_path):
+    """GraniteMoeShared's file (llama.cpp writes it as `granitemoe` with `expert_shared_feed_forward_length` and
+    `ffn_{gate,up,down}_shexp` beside the routed experts): the kernel computes no shared experts, so it is refused
+    in one line that says so, not run without them."""
+    import gguf
+
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from tests.gguf_models import rewrite_gguf
+
+    source = write_gguf(tiny("granitemoe", False), tmp_path / "granitemoe.gguf", "F32")
+    rng = np.random.default_rng(0)
+    parts = [f"blk.{i}.ffn_{p}_shexp.weight" for i in range(2) for p in ("gate", "up", "down")]
+    shared = {name: rng.standard_normal((256, 256), np.float32) for name in parts}
+    width = {"granitemoe.expert_shared_feed_forward_length": (256, gguf.GGUFValueType.UINT32)}
+    path = rewrite_gguf(source, tmp_path / "shared.gguf", width, shared)
+    with pytest.raises(LoadError, match=r"shared.gguf: .*shared experts \(ffn_\*_shexp: GraniteMoeShared's\)") as err:
+        load_engine(str(path), LoadOptions(device="cpu"))
+    assert "\n" not in str(err.value)
 
 
 NAN_ROUTER = r"""

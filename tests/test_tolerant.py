@@ -57,12 +57,15 @@ def equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text", "qwen3_moe", "smollm3", "granite", "olmo2"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen3", "gemma3_text", "qwen3_moe", "smollm3", "granite", "olmo2", "granitemoe"]
+)
 @pytest.mark.parametrize("threads", [2, 3])
 def test_steps_without_barriers_give_the_barrier_forwards_bits(lib, tmp_path, family, threads):
     """K-quant parts (Q4_K_M's fused projections in two types), q/k norms, Gemma 3's sandwich norms and
     sliding layers, a mixture of experts (its experts' projections one stage), SmolLM3's unrotated layer,
-    Granite's residual scale, OLMo 2's output norms; two and three threads, the last one stalled or not."""
+    Granite's residual scale (GraniteMoE's on its experts' output too), OLMo 2's output norms; two and three
+    threads, the last one stalled or not."""
     runner = direct_runner(tiny(family, True), Q4_K_M, tmp_path)
     runner.threads = -threads  # as many threads, decode steps without barriers
     barrier, tolerant, stalled, taken = each_way(lib, lambda: calls(runner))

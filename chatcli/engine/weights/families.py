@@ -17,7 +17,8 @@ kernel (`kernels/decode.cpp`) both follow:
 | granite (Granite 3.x dense) | embedding, score and residual multipliers; logits divided by `logits_scaling` |
 | olmo2 (OLMo 2) | RMSNorm on each block's output and none before it; q/k norms over all of q and all of k |
 | olmo3 (OLMo 3) | OLMo 2's, with three sliding layers of every four, unscaled rope there and YaRN on the others |
-| qwen3_moe, mixtral (GGUFs, on the kernel only) | every layer's FFN a mixture of experts: a router, its top k |
+| qwen3_moe, mixtral, gpt_oss (GGUFs, on the kernel only) | every layer's FFN a mixture of experts: its router's top k |
+| granitemoe (Granite 3.x MoE; GGUFs, on the kernel only) | Granite's multipliers, every layer a mixture of experts |
 
 A sliding layer's keys and values are kept for its window (and a margin for crops), not the whole
 context: `kv.memory.Strip`.
@@ -33,7 +34,7 @@ LEAN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3
 LEAN_FAMILIES += ("olmo3",)
 # mixtures of experts: run from a GGUF's own blocks on the compiled kernel only (kernels/moe.h), every layer's
 # router choosing its experts (`gguf_lean`); a model folder of them, or no kernel, is transformers'
-MOE_FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "granitemoe", "gpt_oss")
 GEMMA = ("gemma2", "gemma3_text")
 POST_NORMED = ("olmo2", "olmo3")  # RMSNorm on each block's output, none before it
 # static rope tables (computed once for the context); "dynamic" NTK rescales with the length and is not

@@ -7,7 +7,8 @@ scaling, and every tensor by its GGUF name in the type the file holds it (`kquan
 families read so: `llama` (Llama 2/3/3.2, SmolLM, Mistral without a sliding window), `qwen2`
 (q/k/v biases), `qwen3` (q/k norms), `qwen3moe` (qwen3's attention, every layer a mixture of experts), `gemma2`
 and `gemma3` (Gemma 3's text model), `smollm3` (every fourth layer unrotated: llama.cpp's fixed step, no key
-says so), `granite` (`embedding_scale`, `attention.scale`, `residual_scale`, `logit_scale`) and `olmo2` (no
+says so), `granite` (`embedding_scale`, `attention.scale`, `residual_scale`, `logit_scale`), `granitemoe` (Granite's
+multipliers, every layer a mixture of experts; not its shared experts: `experts_reason`) and `olmo2` (no
 `attn_norm` / `ffn_norm`: its `post_attention_norm` and `post_ffw_norm` on the blocks' outputs; `attn_q_norm` /
 `attn_k_norm` over all of q and of k; OLMo 3's files with `attention.sliding_window`: its layers slide as
 `attention.sliding_window_pattern` says, on plain rope, the others on the file's YaRN: `gguf_windows`).
@@ -84,9 +85,12 @@ def direct_reason(meta: GGUFFile) -> str | None:
 def experts_reason(meta: GGUFFile) -> str | None:
     """Why a mixture of experts is not read directly (None: it is, or the file has none): every layer must
     have its router and experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`), each expert's rows whole blocks
-    of 16 (the kernel's view of one expert in the stacked tensors)."""
+    of 16 (the kernel's view of one expert in the stacked tensors), and no shared experts (GraniteMoeShared's
+    `ffn_{gate,up,down}_shexp`, which the kernel does not compute)."""
     if not meta.hp("expert_count"):
         return None
+    if meta.hp("expert_shared_feed_forward_length") or any("_shexp." in name for name in meta.tensors):
+        return "shared experts (ffn_*_shexp: GraniteMoeShared's), which the kernel does not compute"
     for i in range(int(meta.hp("block_count"))):
         for part in ("ffn_gate_inp", *EXPERT_TENSORS):
             if f"blk.{i}.{part}.weight" not in meta.tensors:
@@ -151,9 +155,9 @@ def head_dim_of(meta: GGUFFile) -> int:
 
 
 def attention_scale(meta: GGUFFile, hidden: int, heads: int, head_dim: int) -> float:
-    """The scores' scale (0: the kernel's 1/sqrt(head_dim)): Gemma's as llama.cpp sets it, Granite's
-    `attention.scale` where the file has one."""
-    if meta.arch == "granite":
+    """The scores' scale (0: the kernel's 1/sqrt(head_dim)): Gemma's as llama.cpp sets it, Granite's (and
+    GraniteMoE's) `attention.scale` where the file has one."""
+    if meta.arch in gguf_meta.GRANITE:
         return float(meta.hp("attention.scale", 0.0) or 0.0)
     if meta.arch not in LAYERS_27B:
         return 0.0
@@ -200,7 +204,7 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         types="+".join(sorted({extra[2] for listed in parts.values() for _, _, extra in listed})),
         experts=experts,
         experts_used=int(meta.hp("expert_used_count", 0) or 0) if experts else 0,
-        norm_topk=True,  # llama.cpp's qwen3moe and llama (Mixtral) always normalise; gpt-oss: softmax over the top k
+        norm_topk=True,  # llama.cpp's qwen3moe, llama (Mixtral), granitemoe normalise; gpt-oss: softmax of the top k
         biases=any(k.endswith("out_bias") for k in vectors),
         sinks=any(k.endswith("sinks") for k in vectors),
         **family_fields(meta, head_dim),
@@ -208,9 +212,9 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
 
 
 def family_fields(meta: GGUFFile, head_dim: int) -> dict:
-    """The `LeanConfig` fields of SmolLM3 (its unrotated layers, by llama.cpp's fixed step), Granite (its
-    `residual_scale` and `logit_scale`, 0 or absent: none; its `embedding_scale` and `attention.scale` are read
-    with Gemma's) and
+    """The `LeanConfig` fields of SmolLM3 (its unrotated layers, by llama.cpp's fixed step), Granite and
+    GraniteMoE (their `residual_scale`, on the attention's and the FFN's or experts' outputs, and `logit_scale`,
+    0 or absent: none; their `embedding_scale` and `attention.scale` are read with Gemma's) and
     OLMo 2 (no norm before a block, q/k norms over all of q and of k), as llama.cpp runs them."""
     layers = int(meta.hp("block_count"))
     step = gguf_meta.NO_ROPE_STEP.get(meta.arch)
@@ -218,7 +222,7 @@ def family_fields(meta: GGUFFile, head_dim: int) -> dict:
     out["pre_norms"] = "blk.0.attn_norm.weight" in meta.tensors
     q_norm = meta.tensors.get("blk.0.attn_q_norm.weight")
     out["qk_norm_whole"] = q_norm is not None and int(q_norm.shape[0]) != head_dim
-    if meta.arch == "granite":
+    if meta.arch in gguf_meta.GRANITE:
         out["residual_scale"] = float(meta.hp("residual_scale", 0.0) or 1.0)
         out["logits_scaling"] = float(meta.hp("logit_scale", 0.0) or 1.0)
     return out

@@ -36,9 +36,11 @@ FAMILIES = {
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
+    "granitemoe": ("granitemoe", "GraniteMoeForCausalLM"),
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
     "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
 }
+GRANITE = ("granite", "granitemoe")  # Granite's multipliers (`embedding_scale`, ...), read alike
 NO_ROPE_STEP = {"smollm3": 4}  # llama.cpp's: layer i rotates nothing where (i + 1) % step == 0 (no key says so)
 
 # llama.cpp's splits (llama-vocab.cpp, `llm_tokenizer_bpe`'s regex_exprs). Its contractions are spelled
@@ -60,6 +62,7 @@ SPLITS = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "gpt-2": (_GPT2,),
     "smollm": (r"\p{N}", _GPT2),  # every digit alone first
+    "refact": (r"\p{N}", _GPT2),  # Granite 3.x's files name it so: llama.cpp splits it as smollm
     "llama-bpe": (_LLAMA3,),
     "llama3": (_LLAMA3,),
     "llama-v3": (_LLAMA3,),
@@ -122,7 +125,7 @@ def hf_config(f: GGUFFile) -> dict:
     layers = config["num_hidden_layers"]
     if f.arch in NO_ROPE_STEP:  # transformers' spelling: 1 where a layer has rope
         config["no_rope_layers"] = [int((i + 1) % NO_ROPE_STEP[f.arch] != 0) for i in range(layers)]
-    if f.arch == "granite":  # its multipliers (llama.cpp: 0 or absent is none)
+    if f.arch in GRANITE:  # its multipliers (llama.cpp: 0 or absent is none)
         scales = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale"}
         scales.update(attention_multiplier="attention.scale", logits_scaling="logit_scale")
         for name, key in scales.items():
@@ -162,8 +165,9 @@ def olmo3_config(f: GGUFFile, theta: float) -> dict:
 
 
 def experts_config(f: GGUFFile) -> dict:
-    """A mixture of experts' config.json fields (none where the file has no experts): Qwen3-MoE's, or a
-    `llama` file's as Mixtral's (its own model_type)."""
+    """A mixture of experts' config.json fields (none where the file has no experts): Qwen3-MoE's, a
+    `llama` file's as Mixtral's (its own model_type), or GraniteMoE's (its experts' width `feed_forward_length`,
+    transformers' `intermediate_size`)."""
     experts = int(f.hp("expert_count", 0) or 0)
     if not experts:
         return {}
@@ -171,6 +175,8 @@ def experts_config(f: GGUFFile) -> dict:
     if f.arch == "llama":
         return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": experts,
                 "num_experts_per_tok": used}  # fmt: skip
+    if f.arch == "granitemoe":
+        return {"num_local_experts": experts, "num_experts_per_tok": used}
     width = int(f.hp("expert_feed_forward_length", 0) or f.hp("feed_forward_length"))
     return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": width, "norm_topk_prob": True}
 

@@ -250,8 +250,8 @@ inline void gather_pairs(const Model& m, const Routes& routes, const float* h, i
   }
 }
 
-// x [S, D] += the layer's experts over the step's rows, on an OpenMP team with a barrier after each stage (called
-// by every thread); sc.h holds the router's normalised rows after its projection
+// x [S, D] += the layer's experts over the step's rows (times the residual scale: Granite's), on an OpenMP team with
+// a barrier after each stage (called by every thread); sc.h holds the router's normalised rows after its projection
 inline void experts_barrier(const Model& m, const Layer& layer, int64_t S, Scratch& sc, Experts& ex) {
   const int64_t D = m.hidden, E = m.experts, k = m.experts_used, Fe = m.expert_ffn, pairs = S * k;
   const Matrix& router = *layer.router;
@@ -279,6 +279,7 @@ inline void experts_barrier(const Model& m, const Layer& layer, int64_t S, Scrat
 #pragma omp for schedule(static)
   for (int64_t s = 0; s < S; s++) {
     weigh_experts(mc.post.data(), ex.routes, s, k, D, t.data(), down_bias(m, layer));
+    post_row(m, t.data(), nullptr, D);  // the residual scale (GraniteMoE's), where it is not 1
     for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += t[i];
   }
 }

@@ -230,7 +230,7 @@ struct OwnExperts {
 };
 
 // x += layer's experts (moe.h) as stages of thread t: the router, every chosen expert's gate_up, their downs, each
-// row's weighted sum added. The per-row work (the router's rows, the routes, the pairs' rows, the activation) is
+// row's weighted sum added (times the residual scale: Granite's). The per-row work (the router's rows, the routes, the pairs' rows, the activation) is
 // done by every thread into its own, unless the stages that read it are done.
 void experts_stages(Stages& stages, int t, int64_t& stage, const Model& m, const Layer& layer, int64_t S, Scratch& sc,
                     Experts& shared, Own& own, OwnExperts& mine) {
@@ -274,6 +274,7 @@ void experts_stages(Stages& stages, int t, int64_t& stage, const Model& m, const
       [&](int64_t s) {
         if (own.out.size() < static_cast<size_t>(D)) own.out.resize(D);
         weigh_experts(shared.sc.post.data(), routes, s, k, D, own.out.data(), down_bias(m, layer));
+        post_row(m, own.out.data(), nullptr, D);  // as experts_barrier: the residual scale
       },
       [&](int64_t s) {
         for (int64_t i = 0; i < D; i++) sc.x[s * D + i] += own.out[i];
