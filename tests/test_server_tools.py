@@ -793,3 +793,27 @@ def test_the_embedded_model_makes_whole_calls_within_max_tokens(real_default, se
                     jsonschema.validate(arguments, schema)
                 assert len({json.dumps(a, sort_keys=True) for a in calls}) == len(calls) >= 1
                 assert choice == "required" or len(calls) == 1
+
+
+def test_a_call_whose_string_loops_ends_at_once_not_at_the_context_end(real_default, serve):
+    """No max_tokens (an agent's request: the server's budget is the context) and a model caught in a loop
+    inside a call's string (here by a logit bias on " Paris", which a string takes anywhere): the reply ends
+    once the string has repeated one short cycle over `steer.LOOP_IDS` ids, not thousands of ids later at the
+    context's end; its cut call is dropped as one cut by the budget would be (no call, no markup, length)."""
+    from chatcli.engine.sample.steer import LOOP_EVERY, LOOP_IDS, MAX_PERIOD
+
+    loop = real_default.tokenizer.encode(" Paris")[0]
+    server = serve(real_default)
+    for stream in (False, True):
+        fields = dict(model=ALIAS, messages=ASK, tools=REAL_TOOLS, tool_choice="required", temperature=0)
+        reply = client(server).chat.completions.create(**fields, logit_bias={str(loop): 100}, stream=stream)
+        if stream:
+            chunks = list(reply)
+            reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert reasons == ["length"]
+            assert not any(c.choices[0].delta.tool_calls or c.choices[0].delta.content for c in chunks if c.choices)
+            continue
+        choice = reply.choices[0]
+        assert choice.finish_reason == "length" and not choice.message.tool_calls and not choice.message.content
+        assert LOOP_IDS < reply.usage.completion_tokens <= LOOP_IDS + MAX_PERIOD + LOOP_EVERY + 32  # the call's head
+        assert reply.usage.prompt_tokens + reply.usage.completion_tokens < real_default.context_limit // 4

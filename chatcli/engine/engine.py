@@ -321,6 +321,9 @@ class Engine:
             if n >= params.max_tokens or len(target) + samples - 1 >= self.context_limit:
                 finish_reason = FinishReason.LENGTH
                 break
+            if constraint is not None and constraint.looping:  # a call's string in a loop: cut now, not at the end
+                finish_reason = FinishReason.LENGTH
+                break
         ids.close()
         if samples:
             # Drafting may have fed ids past the last one taken: the cache holds the prompt and

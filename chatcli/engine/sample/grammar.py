@@ -253,6 +253,11 @@ class Constraint:
             self.steer.advance(token)
 
     @property
+    def looping(self) -> bool:
+        """A call's string repeats itself (`Steer.looping`): the reply ends, its cut call dropped."""
+        return self.steer is not None and self.steer.looping
+
+    @property
     def stopped(self) -> bool:
         """The value is complete: nothing may follow but the end of the turn."""
         return self.matcher.is_stopped()
