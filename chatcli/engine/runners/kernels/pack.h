@@ -1,7 +1,8 @@
 // A GGUF tensor's raw blocks -> the kernel's layouts (project*.h), every value as the file holds it:
 // what weights/kquant_blocks.py does in numpy (its reference, which the tests hold this to), ~20x
-// faster, so that a first start repacks a 1B model's blocks in about a second. Scalar code, blocks of
-// 16 rows split over an OpenMP team: it runs once per file, the same in both builds.
+// faster, so that a first start repacks a 1B model's blocks in about a second. Scalar code, four bytes at a
+// time where a type's codes are whole nibbles, blocks of 16 rows split over an OpenMP team: it runs once per
+// file, the same in both builds.
 #pragma once
 
 #include <algorithm>
@@ -149,6 +150,21 @@ inline void put_group(const Packed& p, int type, int64_t at, int64_t o, const ui
       p.w[(at * 4 + pair) * 64 + o * 4 + t] = static_cast<uint8_t>((c[8 * pair + t] & 15) | ((c[8 * pair + 4 + t] & 15) << 4));
 }
 
+// Q4_0 / Q4_1 / IQ4_NL / MXFP4: one output row's group `at` from its 16 bytes of nibbles (code i: qs[i % 16],
+// nibble i / 16) into the codes as put_group pairs them, four bytes at a time (the same bytes as put_group)
+inline void put_nibble_group(const Packed& p, int64_t at, int64_t o, const uint8_t* qs) {
+  for (int pair = 0; pair < 4; pair++) {
+    const uint8_t* q = qs + 8 * (pair % 2);
+    const int shift = 4 * (pair / 2);
+    const uint32_t lo = (word_at(q) >> shift) & 0x0F0F0F0Fu, up = (word_at(q + 4) >> shift) & 0x0F0F0F0Fu;
+    put_word(p.w + (at * 4 + pair) * 64 + o * 4, lo | (up << 4));
+  }
+}
+
+inline bool raw_nibbles(int type) {  // 32 four-bit codes a block, nothing else to them
+  return type == RAW_Q4_0 || type == RAW_Q4_1 || type == RAW_IQ4_NL || type == RAW_MXFP4;
+}
+
 // a float row's k elements of kBytes each into every 16th slot from dst
 template <int kBytes>
 inline void place_elements(uint8_t* dst, const uint8_t* row, int64_t k) {
@@ -172,6 +188,10 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
       const int64_t at = (b * groups + g) * 16 + o;
       p.d[at] = type == RAW_MXFP4 ? e8m0_half_bf16(x[0]) : half_at(x);
       if (type == RAW_Q4_1 || type == RAW_Q5_1) p.m[at] = half_at(x + 2);
+      if (raw_nibbles(type)) {  // the fast path: no code taken apart
+        put_nibble_group(p, b * groups + g, o, x + (type == RAW_MXFP4 ? 1 : type == RAW_Q4_1 ? 4 : 2));
+        continue;
+      }
       uint8_t c[32];
       if (type == RAW_Q8_0) {
         for (int i = 0; i < 32; i++) c[i] = static_cast<uint8_t>(static_cast<int>(static_cast<int8_t>(x[2 + i])) + 128);
