@@ -1,7 +1,7 @@
 // A GGUF tensor's raw blocks -> the kernel's layouts (project*.h), every value as the file holds it:
 // what weights/kquant_blocks.py does in numpy (its reference, which the tests hold this to), ~20x
 // faster, so that a first start repacks a 1B model's blocks in about a second. Scalar code, four bytes at a
-// time where a type's codes are whole nibbles, blocks of 16 rows split over an OpenMP team: it runs once per
+// time where a type's codes are whole nibbles or bytes, blocks of 16 rows split over an OpenMP team: it runs once per
 // file, the same in both builds.
 #pragma once
 
@@ -192,23 +192,18 @@ inline void pack_row(int type, const uint8_t* row, int64_t r, int64_t k, int64_t
         put_nibble_group(p, b * groups + g, o, x + (type == RAW_MXFP4 ? 1 : type == RAW_Q4_1 ? 4 : 2));
         continue;
       }
-      uint8_t c[32];
-      if (type == RAW_Q8_0) {
-        for (int i = 0; i < 32; i++) c[i] = static_cast<uint8_t>(static_cast<int>(static_cast<int8_t>(x[2 + i])) + 128);
-      } else {
-        // IQ4_NL's blocks are Q4_0's bytes (d, 16 bytes of nibbles), its codes the table's indices
-        // (MXFP4's: e, 16 bytes of nibbles, the same order)
-        const uint8_t* qs = x + (type == RAW_MXFP4                        ? 1
-                                 : type == RAW_Q4_0 || type == RAW_IQ4_NL ? 2
-                                 : type == RAW_Q4_1                       ? 4
-                                 : type == RAW_Q5_0                       ? 6
-                                                                          : 8);
-        uint32_t qh = 0;
-        if (type == RAW_Q5_0 || type == RAW_Q5_1) std::memcpy(&qh, x + (type == RAW_Q5_0 ? 2 : 4), 4);
-        const int zero = type == RAW_Q5_0 ? 112 : 0;  // the q8 kind's d (c - 128) = d (q - 16)
-        for (int i = 0; i < 32; i++)
-          c[i] = static_cast<uint8_t>((((qs[i % 16] >> (4 * (i / 16))) & 15) | (((qh >> i) & 1u) << 4)) + zero);
+      if (type == RAW_Q8_0) {  // int8 q as the code q + 128, four at a time (+128 is the sign bit flipped)
+        for (int q = 0; q < 8; q++) put_word(p.w + ((b * groups + g) * 8 + q) * 64 + o * 4, word_at(x + 2 + 4 * q) ^ 0x80808080u);
+        continue;
       }
+      // Q5_0 / Q5_1: d (| m) | qh (bit i: code i's fifth) | 16 bytes of nibbles, codes as the q8 kind's
+      const uint8_t* qs = x + (type == RAW_Q5_0 ? 6 : 8);
+      uint32_t qh = 0;
+      std::memcpy(&qh, x + (type == RAW_Q5_0 ? 2 : 4), 4);
+      const int zero = type == RAW_Q5_0 ? 112 : 0;  // the q8 kind's d (c - 128) = d (q - 16)
+      uint8_t c[32];
+      for (int i = 0; i < 32; i++)
+        c[i] = static_cast<uint8_t>((((qs[i % 16] >> (4 * (i / 16))) & 15) | (((qh >> i) & 1u) << 4)) + zero);
       put_group(p, type, b * groups + g, o, c);
     }
     return;
