@@ -47,6 +47,24 @@ def test_calls_and_reasoning_render_through_the_harmony_template(gptoss):
     assert gptoss.tokenizer.tool_syntax == HARMONY
 
 
+def test_a_harmony_template_given_as_a_file_takes_past_reasoning_as_thinking_too(gptoss, tmp_path):
+    """`--chat-template FILE` with gpt-oss's template (a GGUF whose own is broken, or another version of it):
+    the conversation goes to it as to the file's own, the reasoning in `thinking`, never `<think>` in content."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from tests.gguf_oai import HARMONY_TEMPLATE, tiny_gptoss, write_gptoss
+
+    template = tmp_path / "gpt-oss.jinja"
+    template.write_text(HARMONY_TEMPLATE, encoding="utf-8")
+    path = write_gptoss(tiny_gptoss(0), tmp_path / "gptoss.gguf", harmony=True, context=512)
+    chosen = load_engine(str(path), LoadOptions(device="cpu", chat_template=str(template))).tokenizer
+    answered = {"role": "assistant", "content": "<think>Say it.</think>It is cold."}
+    messages = [*ASK, answered, {"role": "user", "content": "Ok"}]
+    assert chosen.chosen.label == "file gpt-oss.jinja"
+    assert chosen.render(messages) == gptoss.tokenizer.render(messages)
+    assert "<think>" not in chosen.render(messages)
+
+
 def test_the_tokenizer_of_a_harmony_model_ends_replies_at_return_and_call(tmp_path):
     """The tokenizer's own stop ids, what the decode loop, the grammar's end and llguidance all read."""
     from chatcli.engine.load.build import load_engine

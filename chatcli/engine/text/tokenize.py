@@ -183,7 +183,7 @@ class ChatTokenizer:
         if self.chosen.raw:
             return raw_text(messages)
         messages, tools = self.with_tools(messages, tools)
-        if self._chosen_template is None and "<|channel|>" in self.template_source:
+        if "<|channel|>" in self.template_source:  # a Harmony template, the file's own or one chosen
             messages = chat_messages(messages)  # past reasoning as `thinking`, as gpt-oss's template takes it
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
         if self._chosen_template is not None:  # ours renders a message's text: OpenAI's parts joined
