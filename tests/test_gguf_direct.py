@@ -133,3 +133,21 @@ def test_the_newest_dense_families_load_from_a_gguf_on_its_own_blocks(kernel, tm
     (tmp_path / "again").mkdir()
     direct = direct_runner(tiny(family, tied), Q4_K_M, tmp_path / "again", kv_dtype=runner.kv_dtype)
     assert np.array_equal(runner.verify(IDS[:6], runner.new_cache()), direct.verify(IDS[:6], direct.new_cache()))
+
+
+@pytest.mark.parametrize("family", ["olmo2", "olmo3", "granite", "smollm3"])
+def test_without_the_kernel_a_file_transformers_cannot_read_is_one_line_of_ours(no_kernel, tmp_path, family):
+    """A family read only from its own blocks (transformers' GGUF reader has no such architecture): without the
+    kernel, one line naming the file, its architecture and why the kernel does not run, not transformers' text."""
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadError, LoadOptions
+
+    path = write_gguf(tiny(family, family not in ("olmo2", "olmo3")), tmp_path / f"{family}.gguf", Q4_K_M)
+    arch = GGUFFile(path).arch
+    with pytest.raises(LoadError) as caught:
+        load_engine(str(path), LoadOptions(device="cpu"))
+    line = str(caught.value)
+    assert "\n" not in line and "not supported yet" not in line
+    said = f"{family}.gguf: a GGUF of architecture {arch} (transformers reads none) runs only on the compiled kernel"
+    assert said in line
+    assert "the kernel does not run here: switched off for this test" in line  # the reason, not the options

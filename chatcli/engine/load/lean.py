@@ -76,7 +76,7 @@ def lean_engine(
     `kv`: the --kv-dtype (auto: see `pick_kv_dtype`); `quantize`: the --quantize (auto: `resolve_quantize`)."""
     asked = quantize
     native, quantize = plan(source.folder, device, dtype, kv, quantize, kernel, source.gguf)
-    experts_only_native(source, native, quantize, lambda: _why_no_kernel(kernel, device, dtype, kv))
+    blocks_only_native(source, native, quantize, lambda: _why_no_kernel(kernel, device, dtype, kv))
     kv = pick_kv_dtype(kv, device, dtype, quantize)  # float32, bfloat16, float16 or q8_0 where native: dtype is float32
     if kv == "q8_0":
         q8_only_native(source, native, lambda: _why_no_kernel(kernel, device, dtype, kv))
@@ -131,14 +131,22 @@ def dequantized_note(source: Source, asked: str | None, quantize: str | None, ru
     )
 
 
-def experts_only_native(source: Source, native: bool, quantize: str | None, why_no_kernel) -> None:
-    """A mixture of experts (`families.MOE_FAMILIES`) runs on the kernel from its GGUF's own blocks only:
-    one line where it would not (`why_no_kernel()`: why the kernel does not run here)."""
+def blocks_only_native(source: Source, native: bool, quantize: str | None, why_no_kernel) -> None:
+    """A mixture of experts (`families.MOE_FAMILIES`), or a GGUF of an architecture transformers' GGUF reader
+    lacks (SmolLM3's, Granite's, OLMo 2's and 3's), runs on the kernel from the file's own blocks only: one line
+    where it would not (`why_no_kernel()`: why the kernel does not run here), not transformers' text."""
     from chatcli.engine.weights.families import MOE_FAMILIES
 
     kind = read_config(source.folder).get("model_type")
-    if kind not in MOE_FAMILIES or (native and quantize == GGUF):
+    if native and quantize == GGUF:
         return
+    if kind in MOE_FAMILIES:
+        what = f"a mixture of experts ({kind})"
+    else:
+        arch = transformers_reads_no(source.gguf)
+        if arch is None:
+            return
+        what = f"a GGUF of architecture {arch} (transformers reads none)"
     if not native:
         why = f"the kernel does not run here: {why_no_kernel()}"
     elif quantize is None:
@@ -149,9 +157,27 @@ def experts_only_native(source: Source, native: bool, quantize: str | None, why_
     else:
         why = f"--quantize {quantize} asks for other weights"
     raise LoadError(
-        f"{source.name}: a mixture of experts ({kind}) runs only on the compiled kernel from the GGUF's own blocks, "
+        f"{source.name}: {what} runs only on the compiled kernel from the GGUF's own blocks, "
         f"and {why} (--runner hf tries transformers)"
     )
+
+
+TRANSFORMERS_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "gpt-oss": "gpt_oss"}  # its spellings
+
+
+def transformers_reads_no(gguf: Path | None) -> str | None:
+    """The architecture of the GGUF `gguf` where transformers' GGUF reader has none (None: it has one, or
+    this is no GGUF)."""
+    if gguf is None:
+        return None
+    from chatcli.engine.load.refuse import header_architecture
+
+    arch = header_architecture(gguf)
+    try:
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    except ImportError:  # a transformers without a GGUF reader reads none
+        return arch
+    return arch if arch and TRANSFORMERS_NAMES.get(arch, arch) not in GGUF_CONFIG_MAPPING else None
 
 
 def plan(folder: Path, device: str, dtype: str, kv: str, quantize: str | None, kernel: bool, gguf: Path | None = None):
@@ -220,7 +246,7 @@ def _head_dim(config: dict) -> int:
 def _why_no_kernel(kernel: bool, device: str, dtype: str, kv: str) -> str:
     if not kernel or device != "cpu":
         return "it runs on the CPU only"
-    if dtype != "float32" or kv not in ("float32", "bfloat16", "float16", "q8_0"):
+    if dtype != "float32" or kv not in ("auto", "float32", "bfloat16", "float16", "q8_0"):  # as `plan` takes them
         return "it takes float32 weights and a float32, bfloat16, float16 or q8_0 KV cache"
     return kernels.why_not() or "the model's attention shapes are not the kernel's; use --quantize int8"
 
