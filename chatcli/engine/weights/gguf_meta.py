@@ -23,7 +23,7 @@ from pathlib import Path
 
 from chatcli.engine.text.tokenize import byte_level
 from chatcli.engine.weights.gguf_file import GGUFFile
-from chatcli.engine.weights.gguf_windows import sliding_layers
+from chatcli.engine.weights.gguf_windows import rope_bases, sliding_layers
 
 # GGUF architecture -> transformers' (model_type, architecture) for the files whose config is written here
 FAMILIES = {
@@ -121,7 +121,7 @@ def hf_config(f: GGUFFile) -> dict:
         "hidden_act": "silu",
     }
     config.update(experts_config(f))
-    config.update(olmo3_config(f, config["rope_theta"]))
+    config.update(olmo3_config(f))
     layers = config["num_hidden_layers"]
     if f.arch in NO_ROPE_STEP:  # transformers' spelling: 1 where a layer has rope
         config["no_rope_layers"] = [int((i + 1) % NO_ROPE_STEP[f.arch] != 0) for i in range(layers)]
@@ -142,19 +142,20 @@ def hf_config(f: GGUFFile) -> dict:
     return config
 
 
-def olmo3_config(f: GGUFFile, theta: float) -> dict:
+def olmo3_config(f: GGUFFile) -> dict:
     """An `olmo2` file with sliding layers is OLMo 3 (llama.cpp runs both as olmo2): its config.json fields,
     each layer's type as the file gives it (`gguf_windows.sliding_layers`), the full layers' rope scaling and
     the sliding layers' plain rope. None for any other file."""
     sliding = sliding_layers(f) if f.arch == "olmo2" else ()
     if not sliding:
         return {}
+    theta, local_theta = rope_bases(f)
     full = {"rope_type": "default", "rope_theta": theta}
     if f.hp("rope.scaling.type") in ("yarn", "linear"):
         full.update(rope_type=str(f.hp("rope.scaling.type")), factor=float(f.hp("rope.scaling.factor", 1.0) or 1.0))
     if full["rope_type"] == "yarn":
         full["original_max_position_embeddings"] = int(f.hp("rope.scaling.original_context_length", 4096) or 4096)
-    local = {"rope_type": "default", "rope_theta": float(f.hp("rope.freq_base_swa", theta) or theta)}
+    local = {"rope_type": "default", "rope_theta": local_theta}
     return {
         "architectures": ["Olmo3ForCausalLM"],
         "model_type": "olmo3",

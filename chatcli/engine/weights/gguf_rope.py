@@ -9,19 +9,17 @@ import numpy as np
 from chatcli.engine.weights import gguf_oai
 from chatcli.engine.weights.families import MAX_CONTEXT
 from chatcli.engine.weights.gguf_file import GGUFFile
+from chatcli.engine.weights.gguf_windows import rope_bases
 
 
 def rope_table(meta: GGUFFile, head_dim: int, limit: int, sliding: bool = False, start: int = 0) -> np.ndarray:
     """`[T, hd/2, 2]` cos, sin of positions start..limit-1: angle pos * base^(-2i/r) / factor_i (llama.cpp's
-        rope: `rope_freqs` factors where the file has them, positions / the linear scaling factor), pairs past
-        r as (1, 0). `sliding`: the sliding layers' own table, unscaled, by `rope.freq_base_swa` (else Gemma 3's 10000,
-    OLMo 3's `rope.freq_base`).
-        A LongRoPE file (Phi-3's `rope_factors_short` / `_long`) runs on its short factors, cos and sin times
-        `rope.scaling.attn_factor`, up to its original context (`context_limit`), as llama.cpp does there."""
+    rope: `rope_freqs` factors where the file has them, positions / the linear scaling factor), pairs past
+    r as (1, 0). `sliding`: the sliding layers' own table, unscaled, by their base (`gguf_windows.rope_bases`).
+    A LongRoPE file (Phi-3's `rope_factors_short` / `_long`) runs on its short factors, cos and sin times
+    `rope.scaling.attn_factor`, up to its original context (`context_limit`), as llama.cpp does there."""
     r = int(meta.hp("rope.dimension_count", head_dim) or head_dim)
-    base = float(meta.hp("rope.freq_base", 10000.0) or 10000.0)
-    if sliding:  # Gemma 3's default base is 10000; OLMo 3's the full layers' own
-        base = float(meta.hp("rope.freq_base_swa", 10000.0 if meta.arch == "gemma3" else base) or base)
+    base = rope_bases(meta)[1 if sliding else 0]
     inv = base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [r/2]
     for factors in ("rope_freqs.weight", "rope_factors_short.weight"):
         if factors in meta.tensors:

@@ -42,6 +42,13 @@ def sliding_layers(meta: GGUFFile) -> tuple:
     return tuple(i % pattern < pattern - 1 for i in range(layers))
 
 
+def rope_bases(meta: GGUFFile) -> tuple[float, float]:
+    """The rope base of the full layers (`rope.freq_base`) and of the sliding ones (`rope.freq_base_swa`, else
+    Gemma 3's 10000, the full layers' for any other family), as llama.cpp reads them."""
+    base = float(meta.hp("rope.freq_base", 10000.0) or 10000.0)
+    return base, float(meta.hp("rope.freq_base_swa", 10000.0 if meta.arch == "gemma3" else base) or base)
+
+
 def own_sliding_rope(meta: GGUFFile, sliding: tuple) -> bool:
     """Whether the sliding layers get a rope table of their own: Gemma 3's (a base of 10000 where the file
     gives none), OLMo 3's where its table differs (the file's YaRN or linear scaling is the full layers' alone)."""
@@ -49,6 +56,5 @@ def own_sliding_rope(meta: GGUFFile, sliding: tuple) -> bool:
         return False
     if meta.arch == "gemma3":
         return True
-    base = meta.hp("rope.freq_base", 10000.0)
-    scaled = str(meta.hp("rope.scaling.type", "none") or "none") != "none"
-    return scaled or meta.hp("rope.freq_base_swa", base) != base
+    full, local = rope_bases(meta)
+    return str(meta.hp("rope.scaling.type", "none") or "none") != "none" or local != full
