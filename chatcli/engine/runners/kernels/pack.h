@@ -1,8 +1,8 @@
 // A GGUF tensor's raw blocks -> the kernel's layouts (project*.h), every value as the file holds it:
 // what weights/kquant_blocks.py does in numpy (its reference, which the tests hold this to), ~20x
 // faster, so that a first start repacks a 1B model's blocks in about a second. Scalar code, four bytes at a
-// time where a type's codes are whole nibbles or bytes, blocks of 16 rows split over an OpenMP team: it runs once per
-// file, the same in both builds.
+// time where a type's codes are whole nibbles or bytes, blocks of 16 rows split over an OpenMP team: it runs
+// once per file, the same in both builds.
 #pragma once
 
 #include <algorithm>

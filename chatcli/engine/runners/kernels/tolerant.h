@@ -230,8 +230,8 @@ struct OwnExperts {
 };
 
 // x += layer's experts (moe.h) as stages of thread t: the router, every chosen expert's gate_up, their downs, each
-// row's weighted sum added (times the residual scale: Granite's). The per-row work (the router's rows, the routes, the pairs' rows, the activation) is
-// done by every thread into its own, unless the stages that read it are done.
+// row's weighted sum added (times the residual scale: Granite's). The per-row work (the router's rows, the routes,
+// the pairs' rows, the activation) is done by every thread into its own, unless the stages that read it are done.
 void experts_stages(Stages& stages, int t, int64_t& stage, const Model& m, const Layer& layer, int64_t S, Scratch& sc,
                     Experts& shared, Own& own, OwnExperts& mine) {
   const int64_t D = m.hidden, E = m.experts, k = m.experts_used, Fe = m.expert_ffn, pairs = S * k;
