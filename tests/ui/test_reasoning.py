@@ -1,5 +1,7 @@
 """Reasoning streams into a folded block above the answer; F8 (or a click) shows it."""
 
+from textual.widgets import Collapsible
+
 from chatcli.ui.widgets.chat_pane import ReplyBox
 from tests.ui.conftest import make_app, ready, send
 from tests.ui.fake import FakeEngine
@@ -30,7 +32,7 @@ async def test_a_reply_without_reasoning_has_no_fold():
         screen = await ready(pilot)
         await send(pilot, "hello")
         box = screen.pane.query(ReplyBox).last()
-        assert not box.has_reasoning and not box.fold.display
+        assert not box.has_reasoning and box.fold is None and not box.query(Collapsible)
         await pilot.press("f8")
         assert "No reply with reasoning" in screen.pane.children[-1].render().plain
 

@@ -77,8 +77,7 @@ class ReplyBox(Vertical):
     ReplyBox { height: auto; margin: 1 1 0 0; border-left: outer $secondary 50%; }
     ReplyBox.-hit { border-left: outer $accent; background: $accent 10%; }
     ReplyBox .reply-note { padding: 0 1; height: auto; color: $text-muted; }
-    ReplyBox Collapsible { display: none; border-top: none; padding: 0; margin: 0 1; background: transparent; }
-    ReplyBox Collapsible.-shown { display: block; }
+    ReplyBox Collapsible { border-top: none; padding: 0; margin: 0 1; background: transparent; }
     ReplyBox Collapsible ReplyMarkdown { color: $text-muted; }
     """
 
@@ -87,10 +86,9 @@ class ReplyBox(Vertical):
         self.message = None  # the conversation's Message, once finished
         thinking, answer = split_reasoning(text)
         self.thinking = ReplyMarkdown(shown(thinking or ""))
-        self.fold = Collapsible(self.thinking, title="Thinking", collapsed=True)
-        if thinking:
-            self.fold.add_class("-shown")
-            self.fold.title = _thought_title(thinking)
+        # The fold only where there is reasoning: made for every reply, its four widgets were composed and laid
+        # out during each turn's prefill, on the cores the kernel wanted.
+        self.fold: Collapsible | None = self._fold(_thought_title(thinking)) if thinking else None
         self.markdown = ReplyMarkdown(shown(answer))
         self.note = Static("", classes="reply-note", markup=False)
         self.stream = None
@@ -99,8 +97,12 @@ class ReplyBox(Vertical):
         self._reasoning = ReasoningStream()
         self._thought = ""
 
+    def _fold(self, title: str) -> Collapsible:
+        return Collapsible(self.thinking, title=title, collapsed=True)
+
     def compose(self) -> ComposeResult:
-        yield self.fold
+        if self.fold is not None:
+            yield self.fold
         yield self.markdown
         yield self.note
 
@@ -125,8 +127,11 @@ class ReplyBox(Vertical):
         for kind, piece in pieces:
             if kind == THINKING:
                 if self._thinking_stream is None:
-                    self.fold.add_class("-shown")
-                    self.fold.title = "Thinking…"
+                    if self.fold is None:
+                        self.fold = self._fold("Thinking…")
+                        await self.mount(self.fold, before=self.markdown)
+                    else:
+                        self.fold.title = "Thinking…"
                     self._thinking_stream = Markdown.get_stream(self.thinking)
                 self._thought += piece
                 await self._thinking_stream.write(shown(piece))
@@ -137,7 +142,7 @@ class ReplyBox(Vertical):
         if self.stream is not None:
             await self._mounted()
             await self._route(self._reasoning.finish())
-            if self._thinking_stream is not None:
+            if self._thinking_stream is not None and self.fold is not None:
                 await self._thinking_stream.stop()
                 self._thinking_stream = None
                 self.fold.title = _thought_title(self._thought)
@@ -146,7 +151,7 @@ class ReplyBox(Vertical):
 
     @property
     def has_reasoning(self) -> bool:
-        return self.fold.has_class("-shown")
+        return self.fold is not None
 
     def set_note(self, text: str, number: int | None = None) -> None:
         """The line under the reply, after its place in the conversation (`number`, once it has one)."""
