@@ -15,7 +15,8 @@ minutes: only figures taken side by side compare). The cases:
   block for ever), so the reply is long and has many code blocks (their count is printed).
 
 Per case and terminal size: decode tok/s and TTFT of each (the engine's own figures, `TurnStats`:
-the panels' and `--json`'s), the TUI's share of the one-shot's speed, the UI thread's CPU seconds a
+the panels' and `--json`'s), the TUI's share of the one-shot's speed, `shown`: the time from Enter to
+the reply's first text drawn (what a user sees as TTFT), the UI thread's CPU seconds a
 second while the reply streams (`ui cpu`), then a third run of the TUI where keys are typed into the
 prompt while the reply streams (one every 100 ms): how long each took to show in the prompt (the key
 sent to the app, to the refresh after the prompt holds it: p50 / p95), and, half-way through the
@@ -132,6 +133,16 @@ async def drive(case: Case, size: tuple[int, int], typing: bool) -> dict:
             raise SystemExit(f"the model did not load: {screen.load_error}")
         screen.prompt.load_text(case.prompt)
         await pilot.pause()
+        shown: list[float] = []  # when the reply's first text was drawn
+        flush = screen._flush
+
+        async def first_flush() -> None:
+            text = bool(screen._buffer)  # text to draw
+            await flush()
+            if text and not shown:
+                shown.append(time.perf_counter())
+
+        screen._flush = first_flush
         cpu, wall = time.thread_time(), time.perf_counter()
         await pilot.press("enter")
         echoes: list[float] = []
@@ -155,6 +166,7 @@ async def drive(case: Case, size: tuple[int, int], typing: bool) -> dict:
             await asyncio.sleep(KEY_EVERY_S)
         while screen.busy:
             await asyncio.sleep(0.01)
+        shown_s = shown[0] - wall if shown else float("nan")
         cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
         stats = screen.last_stats
         reply = screen.conversation.messages[-1].content
@@ -164,6 +176,7 @@ async def drive(case: Case, size: tuple[int, int], typing: bool) -> dict:
             "tokens": stats.completion_tokens,
             "blocks": code_blocks(reply),
             "ui_cpu": cpu / wall,
+            "shown": shown_s,
         }
         if typing:
             result["echo_ms"] = [e * 1000 for e in echoes]
@@ -210,6 +223,7 @@ def summary(name: str, size: tuple[int, int], tree: str, runs: list[tuple[dict, 
         "shares": ratios,
         "oneshot_ttft_ms": statistics.median(o["ttft"] for o, _, _ in runs) * 1000,
         "tui_ttft_ms": statistics.median(t["ttft"] for _, t, _ in runs) * 1000,
+        "tui_shown_ms": statistics.median(t["shown"] for _, t, _ in runs) * 1000,
         "ui_cpu": statistics.median(t["ui_cpu"] for _, t, _ in runs),
         "typing_tok_s": statistics.median(k["decode"] for *_, k in runs),
         "echo_p50_ms": statistics.median(echoes) if echoes else float("nan"),
@@ -241,7 +255,7 @@ def measure(cases: list[str], sizes: list[tuple[int, int]], rounds: int, trees: 
 
 
 HEADER = (
-    f"{'case':6} {'size':7} {'tree':6} {'one-shot':>9} {'TUI':>7} {'share':>6} {'TTFT 1/TUI ms':>14} "
+    f"{'case':6} {'size':7} {'tree':6} {'one-shot':>9} {'TUI':>7} {'share':>6} {'TTFT 1/TUI ms':>14} {'shown':>6} "
     f"{'ui cpu':>6} {'typing':>7} {'echo p50/p95 ms':>16} {'Esc: stop/end ms':>17} {'tokens':>6} {'blocks':>6}"
 )
 
@@ -249,7 +263,8 @@ HEADER = (
 def print_row(r: dict) -> None:
     print(
         f"{r['case']:6} {r['size']:7} {r['tree']:6} {r['oneshot_tok_s']:9.1f} {r['tui_tok_s']:7.1f} "
-        f"{r['tui_share']:6.0%} {r['oneshot_ttft_ms']:6.0f} / {r['tui_ttft_ms']:5.0f} {r['ui_cpu']:6.2f} "
+        f"{r['tui_share']:6.0%} {r['oneshot_ttft_ms']:6.0f} / {r['tui_ttft_ms']:5.0f} {r['tui_shown_ms']:6.0f} "
+        f"{r['ui_cpu']:6.2f} "
         f"{r['typing_tok_s']:7.1f} {r['echo_p50_ms']:7.1f} / {r['echo_p95_ms']:6.1f} "
         f"{r['stop_ms']:7.1f} / {r['end_ms']:7.1f} {r['tokens']:6} {r['code_blocks']:6}",
         flush=True,

@@ -1,10 +1,11 @@
 """A streaming turn's events on their way from the turn's thread to the UI thread, in batches. Pure (no Textual).
 
 The thread that reads `engine.generate` puts each event here. The chat screen takes what came at its
-draw tick (10 Hz); only a turn's start and end (`wake`) wake it at once, with a message, where no
-wake-up is on its way already. Posted one by one, at 300 tokens a second the UI thread dispatched 300
-Textual messages a second: a tenth of a core at 140x45 (`benchmarks/tui_speed.py`'s `ui cpu`), spent
-on nothing it draws, since the reply is drawn at the ticks anyway.
+draw tick (10 Hz); only a turn's start, its first token and its end (`wake`) wake it at once, with a
+message, where no wake-up is on its way already (the first token is drawn as it comes: TTFT on
+screen). Posted one by one, at 300 tokens a second the UI thread dispatched 300 Textual messages a
+second: a tenth of a core at 140x45 (`benchmarks/tui_speed.py`'s `ui cpu`), spent on nothing it
+draws, since the reply is drawn at the ticks anyway.
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ the panels' text, `final_values` their text once the turn is done. TTFT is the f
 `elapsed_s`, the same reading as the finished turn's `TurnStats.ttft_s`, so the figure does not
 jump when the reply ends. A prefill of a few tokens shows its time, not a rate; a turn whose cache
 was read from disk (the first after `-c`) says so. `prompt_opens_thinking` says whether a reply starts in its reasoning.
-`DrawPace` says how often the streaming reply is drawn.
+`DrawPace` says how often the streaming reply is drawn; `QuietHeap` keeps the garbage collector's full passes
+out of it.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 
@@ -175,3 +177,25 @@ class DrawPace:
             self.interval = max(self.fastest, self.interval / 1.5)
         self._last = (now, used)
         return True
+
+
+class QuietHeap:
+    """Python's cyclic garbage collector while a reply streams. Its full collections walk every object
+    the UI holds (Textual's widgets and styles, the conversation): 60-100 ms of the UI thread each, one
+    or more a second while a reply streams (the drawing makes many short-lived objects), and on a 2-core
+    machine that time is taken from the kernel's team. `streaming()` at a turn's start freezes what is
+    alive (`gc.freeze`: left out of every collection; the reply's young objects are still collected),
+    `settled()` at its end gives it back to the collector, which runs as before between turns."""
+
+    def __init__(self, gc_module=gc) -> None:
+        self.gc = gc_module
+        self.frozen = False
+
+    def streaming(self) -> None:
+        self.gc.freeze()
+        self.frozen = True
+
+    def settled(self) -> None:
+        if self.frozen:
+            self.gc.unfreeze()
+            self.frozen = False

@@ -1,10 +1,12 @@
 """What drawing a streaming reply costs (issue 50): the screen is woken in batches, not once a token; the
 reply's finished blocks are laid out once and only the last one is drawn again as tokens come; a code
 block that names no language is not guessed; the panels update on their own tick, without the chat
-pane or a layout of the screen; and at the end the Markdown is the reply's text."""
+pane or a layout of the screen, while the reply's first text is drawn as it comes; no full garbage
+collection walks the UI's objects while a reply streams; and at the end the Markdown is the reply's text."""
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 from textual.widget import Widget
@@ -118,10 +120,12 @@ async def test_the_panels_update_on_their_own_tick_without_laying_out_the_screen
         await send(pilot, "go", wait=False)
         tokens = lambda: int(screen.panels.values["tokens"]) if screen.panels.values["tokens"] != "–" else 0  # noqa: E731
         await wait_for(pilot, lambda: tokens() >= 5)  # the panels go on
+        box = screen.pane.query(ReplyBox).last()
+        first = box.markdown.source
+        assert box.markdown.appends == 1 and words.startswith(first) and first  # the first text: drawn at once
         before = len(layouts)
         await wait_for(pilot, lambda: tokens() >= 25)  # a few of their ticks later, each with new figures
-        box = screen.pane.query(ReplyBox).last()
-        assert box.markdown.appends == 0 and box.markdown.source == ""  # the chat pane was not touched
+        assert box.markdown.appends == 1 and box.markdown.source == first  # the chat pane was not touched again
         assert len(layouts) == before  # nor the screen laid out (the status bar's line is its container's size)
         await wait_for(pilot, lambda: screen.turns_done == 1)
         assert box.markdown.source == words  # the end writes it all
@@ -142,3 +146,17 @@ async def test_a_turn_s_end_taken_in_at_the_draw_tick_ends_the_turn(monkeypatch)
         assert "stopped" not in str(screen.pane.query(ReplyBox).last().note.render())
         await send(pilot, "again")  # and the next turn runs
         assert screen.turns_done == 2
+
+
+async def test_no_full_garbage_collection_walks_the_ui_while_a_reply_streams():
+    words = " ".join(f"w{i}" for i in range(30))
+    app = make_app(FakeEngine(script=lambda _t: words, tok_s=60))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        assert gc.get_freeze_count() == 0
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: screen.live.tokens >= 3)
+        assert gc.get_freeze_count() > 10_000  # what was alive at the turn's start: left out of collections
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        assert gc.get_freeze_count() == 0  # and given back to the collector at its end
+

@@ -9,12 +9,14 @@ as a `SlashTarget` (`slash_target.py`), which the two screens implement between 
 Turns run in a Textual thread worker that iterates `engine.generate(...)` (the TUI's engine runs
 in a generation process of its own: `chatcli.engine.ProcessEngine`) and puts each event, as a
 `TurnEvent`, in the screen's `Inbox` (`ui/inbox.py`), which the screen empties at each draw tick
-(a turn's start and end wake it at once); the handlers only buffer text and numbers. While a reply
+(a turn's start, its first token — drawn at once — and its end wake it at once); the handlers only
+buffer text and numbers. While a reply
 streams, the draw tick (10 Hz; a draw at each, or fewer where drawing is dear: `DrawPace`) writes the
 buffered text to the reply's Markdown stream
 — Textual's `MarkdownStream`: the finished blocks stay as they were laid out, only the last one is
 parsed and laid out again — and a panel tick (`PANEL_S`) refreshes the panels and the sparkline, which
-touches nothing of the chat pane. So the UI's cost a second stays bounded whatever the token rate.
+touches nothing of the chat pane. So the UI's cost a second stays bounded whatever the token rate;
+and no full garbage collection walks the UI's objects while a reply streams (`QuietHeap`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from chatcli.engine import Finished, FinishReason, Prefilled, ProcessLost, Token
 from chatcli.errors import one_line
 from chatcli.ui.format import drafts_text, reply_note
 from chatcli.ui.inbox import Inbox
-from chatcli.ui.live import DrawPace, LiveTurn, final_values, prompt_opens_thinking, restored_text
+from chatcli.ui.live import DrawPace, LiveTurn, QuietHeap, final_values, prompt_opens_thinking, restored_text
 from chatcli.ui.messages import CacheNotSaved, EventsWaiting, TurnEvent, TurnFailed
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
@@ -75,6 +77,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         self._spark_len = 0  # sparkline points on the panel
         self._reply: ReplyBox | None = None
         self._buffer: list[str] = []  # text not yet written to the reply widget
+        self._drawn = False  # some of the streaming reply's text is on screen
         self.top_logprobs = 5  # alternatives the token inspector records (/top-logprobs N)
         self.editing: int | None = None  # /edit: the index of the user message the prompt replaces
         self._prompt_ids: tuple[list[int], int] = ([], 0)  # this turn's prompt ids, and how many were cached
@@ -83,6 +86,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         self._streamed: list[str] = []  # all the text of the streaming reply
         self._tick = None  # the draw tick, while a reply streams
         self._panel_tick = None  # the panels' tick, as long
+        self._heap = QuietHeap()  # no full garbage collection as long
         self.inbox = Inbox()  # the turn's events, from its worker thread
         self._cache_warned = False
         self._turn_params = params
@@ -144,12 +148,14 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         self._reply.start_stream(thinking=prompt_opens_thinking(self.engine))
         self._reply.set_note("…")
         self._buffer.clear()
+        self._drawn = False  # no text of this reply drawn yet
         self._streamed = []
         self.live = LiveTurn(self.chats.take_restored(self.conversation))
         self._spark_len = 0
         self.panels.reset()
         self.pane.follow()
         self._pace = DrawPace(TICK_S)
+        self._heap.streaming()
         self._tick = self.set_interval(TICK_S, self._on_tick)
         self._panel_tick = self.set_interval(PANEL_S, self._show_live)
         self.session = self.chats.session_for(self.conversation)  # a new one if the pool evicted it
@@ -167,6 +173,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         can change the cache while it is written."""
         from chatcli.engine import release_cpu_threads
 
+        first_token = True  # the reply's first token wakes the screen at once: TTFT on screen is the engine's
         try:
             for event in engine.generate(messages, session, params, cancel):
                 if kv is not None and isinstance(event, Finished):
@@ -176,8 +183,12 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
                 here = engine.keeps_cache  # else the server holds the cache: its size is known at the end
                 cache = session.cache
                 sizes = (len(cache), cache.nbytes) if here else (None, None)
-                if self.inbox.put(TurnEvent(turn, event, *sizes), wake=not isinstance(event, Token)):
-                    self.post_message(EventsWaiting())  # a turn's start and end: at once; tokens at the tick
+                wake = not isinstance(event, Token) or first_token
+                first_token = first_token and not isinstance(event, Token)
+                if self.inbox.put(TurnEvent(turn, event, *sizes), wake=wake):
+                    self.post_message(
+                        EventsWaiting()
+                    )  # a turn's start, first token and end: at once; tokens at the tick
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
             again = "; /model NAME loads a model again" if isinstance(exc, ProcessLost) else ""
             self.post_message(TurnFailed(turn, one_line(exc) + again))
@@ -199,6 +210,8 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
     async def on_events_waiting(self, _message: EventsWaiting | None = None) -> None:
         for event in self.inbox.take():
             await self.on_turn_event(event)
+        if self._tick is not None and self._buffer and not self._drawn:  # the reply's first text: now, not at the tick
+            await self._flush()
 
     async def on_turn_event(self, message: TurnEvent) -> None:
         if message.turn != self.turn:
@@ -231,6 +244,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
 
     async def _flush(self) -> None:
         if self._buffer and self._reply is not None:
+            self._drawn = True
             text = "".join(self._buffer)
             self._buffer.clear()
             await self._reply.write(text)
@@ -347,6 +361,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
             if tick is not None:
                 tick.stop()
         self._tick = self._panel_tick = None
+        self._heap.settled()
 
     def _end_turn(self) -> None:
         self.busy = False
