@@ -199,3 +199,17 @@ def test_a_mixture_of_experts_shape_runs_without_llama_cpp(kernel, monkeypatch):
     text = console.export_text()
     assert "tiny-moe (3 of its 4 layers)" in text and "weights a token reads MiB" in text
     assert "llama.cpp: not run" in text
+
+
+def test_the_8b_shape_is_the_size_of_the_file_users_download():
+    """Llama-3.1-8B at Q4_K_M is a 4.9 GB download: its output head apart from the embedding (Q6_K, 0.43 GB)."""
+    from chatcli.bench.gguf_blocks import file_bytes
+
+    assert 4.85e9 < file_bytes(sh.SHAPES["llama-3.1-8b"], "Q4_K_M") < 4.95e9
+
+
+def test_a_shape_with_an_output_head_of_its_own_builds_one():
+    model = sh.build({**TINY, "tie_word_embeddings": False})
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    tied = sh.build(TINY)
+    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()

@@ -42,6 +42,16 @@ SHAPES = {
         vocab_size=128256,
         rope_theta=500000.0,
     ),
+    "llama-3.1-8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+    ),
     "qwen2.5-0.5b": dict(
         hidden_size=896,
         num_hidden_layers=24,
@@ -109,14 +119,15 @@ CONTEXT = 2048
 
 
 def build(fields: dict, seed: int = 0):
-    """A random Llama of these shapes (tied embeddings, as the small models have)."""
+    """A random Llama of these shapes (tied embeddings, as the small models have, unless the shape says not)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     fields = dict(fields)
     rope = {"rope_type": "default", "rope_theta": fields.pop("rope_theta", 10000.0)}
-    config = LlamaConfig(**fields, max_position_embeddings=CONTEXT, tie_word_embeddings=True, rope_parameters=rope)
+    tied = fields.pop("tie_word_embeddings", True)
+    config = LlamaConfig(**fields, max_position_embeddings=CONTEXT, tie_word_embeddings=tied, rope_parameters=rope)
     return LlamaForCausalLM(config).eval()
 
 
