@@ -3,6 +3,7 @@ or an agent's parallel calls, get from it.
 
     python benchmarks/serve_load.py [--model PATH] [--clients 1,4,8] [--tokens 64] [--json]
     python benchmarks/serve_load.py --api openai,anthropic,ollama  # the same requests through each API
+    python benchmarks/serve_load.py --clients 1 --api openai,anthropic,ollama --rounds 15  # paired, judged
     python benchmarks/serve_load.py --model FILE.gguf --llama-server PATH  # llama-server -np N beside it
     python benchmarks/serve_load.py --hostile 4  # clients that send 20,000 messages and leave, and a `hi`
 
@@ -22,7 +23,10 @@ the streamed chunks are counted.
 `anthropic` (`/v1/messages`, its `content_block_delta` events; the count from `message_delta`'s
 usage) and `ollama` (`/api/chat`, NDJSON; the count from the last line's `eval_count`). Each number of
 clients then runs through each API in turn on the same server: the same requests, the same engine, so
-the rows compare what each API's layer costs. llama-server runs beside it for `openai` only.
+the rows compare what each API's layer costs. llama-server runs beside it for `openai` only. With
+`--rounds R`, R rounds of them all, each starting with the next API, and each API's aggregate rate as a
+share of chat completions' in the same round: the median over the rounds, with its quartiles (the
+machine's speed drifts between minutes, so one round apiece cannot tell a 5 % difference).
 
 `--hostile N` measures what clients that leave cost the others (issue 46): on `chatcli serve` with its
 default slots, N clients each POST a conversation of 20,000 one-letter messages (680 KB; every other
@@ -240,6 +244,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama-server binary")
     ap.add_argument("--api", default="openai", help=f"the APIs the clients speak, comma separated: {', '.join(APIS)}")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of the requests through every --api, each round starting with the next API; with several "
+        "rounds, each API's aggregate rate as a share of chat completions' in the same round (their median)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--hostile", type=int, metavar="N", help="only: N clients of 20,000 messages that leave, a hi")
     ap.add_argument("--leave", type=float, default=1.0, help="seconds before a hostile client leaves")
@@ -273,13 +284,16 @@ def main() -> None:
         for n in counts:
             proc, url = start_server(side, args.model, n, args.threads, args.llama_server)
             try:  # every API on the same server, in turn: the same engine under each
-                for api in apis if side == "chatcli" else ["openai"]:
-                    rows.append({"server": side, "api": api, **load(url, n, args.tokens, api)})
+                for turn in range(args.rounds):
+                    order = apis[turn % len(apis) :] + apis[: turn % len(apis)] if side == "chatcli" else ["openai"]
+                    for api in order:
+                        rows.append({"server": side, "api": api, "round": turn, **load(url, n, args.tokens, api)})
             finally:
                 proc.terminate()
                 proc.wait(30)
+    shares = api_shares(rows)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"rows": rows, "shares": shares} if shares else rows, indent=1))
         return
     print(f"{args.tokens} tokens a client, greedy; {os.cpu_count()} CPUs")
     head = f"{'server':14s} {'api':9s} {'clients':>7s} {'aggregate':>10s} {'decode':>7s} {'per client':>11s}"
@@ -289,6 +303,34 @@ def main() -> None:
             f"{r['server']:14s} {r['api']:9s} {r['clients']:7d} {r['aggregate_tok_s']:10.1f} {r['decode_tok_s']:7.1f} "
             f"{r['per_client_tok_s']:11.1f} {r['ttft_p50_s']:9.3f} {r['ttft_p95_s']:9.3f}"
         )
+    for s in shares:
+        print(
+            f"{s['api']} / openai, {s['clients']} client(s), {s['rounds']} rounds: median {s['median']:.3f} "
+            f"(quartiles {s['q1']:.3f}-{s['q3']:.3f}, {s['min']:.3f}-{s['max']:.3f})"
+        )
+
+
+def api_shares(rows: list[dict]) -> list[dict]:
+    """Each API's aggregate rate as a share of chat completions' in the same round and number of clients (a pair
+    taken within seconds: this machine's speed drifts between minutes), summed up over the rounds."""
+    openai = {
+        (r["clients"], r["round"]): r["aggregate_tok_s"]
+        for r in rows
+        if r["server"] == "chatcli" and r["api"] == "openai"
+    }
+    pairs: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        base = openai.get((r["clients"], r["round"]))
+        if r["server"] == "chatcli" and r["api"] != "openai" and base:
+            pairs.setdefault((r["api"], r["clients"]), []).append(r["aggregate_tok_s"] / base)
+    out = []
+    for (api, clients), ratios in pairs.items():
+        if len(ratios) < 2:
+            continue
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else (min(ratios), 0, max(ratios))
+        out.append({"api": api, "clients": clients, "rounds": len(ratios), "median": statistics.median(ratios),
+                    "q1": q1, "q3": q3, "min": min(ratios), "max": max(ratios)})  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

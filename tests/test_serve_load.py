@@ -34,3 +34,24 @@ def test_the_decode_rate_counts_the_tokens_after_each_first_from_the_earliest_fi
     assert row["aggregate_tok_s"] == round(10 / 3.0, 1)  # prefill's wait included
     assert row["decode_tok_s"] == round(8 / 2.5, 1)  # 4 + 4 tokens after the firsts, from 0.5 s to 3.0 s
     assert row["per_client_tok_s"] == 2.0 and (row["ttft_p50_s"], row["ttft_p95_s"]) == (0.75, 1.0)
+
+
+def test_each_api_is_judged_against_chat_completions_in_the_same_round():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from serve_load import api_shares
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    rates = {
+        0: {"openai": 100.0, "ollama": 95.0},
+        1: {"ollama": 150.0, "openai": 200.0},
+        2: {"openai": 50, "ollama": 55},
+    }
+    rows = [
+        {"server": "chatcli", "api": api, "clients": 1, "round": turn, "aggregate_tok_s": rate}
+        for turn, apis in rates.items()
+        for api, rate in apis.items()
+    ] + [{"server": "llama-server", "api": "openai", "clients": 1, "round": 0, "aggregate_tok_s": 1.0}]
+    (share,) = api_shares(rows)
+    assert (share["api"], share["clients"], share["rounds"]) == ("ollama", 1, 3)
+    assert share["median"] == 0.95 and (share["min"], share["max"]) == (0.75, 1.1)  # a pair a round, not the means
