@@ -7,11 +7,12 @@ collection walks the UI's objects while a reply streams; and at the end the Mark
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 
 from textual.widget import Widget
 
-from chatcli.engine import SamplingParams
+from chatcli.engine import Finished, SamplingParams
 from chatcli.options import StartOptions
 from chatcli.ui import live
 from chatcli.ui.messages import EventsWaiting, TurnEvent
@@ -160,3 +161,30 @@ async def test_no_full_garbage_collection_walks_the_ui_while_a_reply_streams():
         await wait_for(pilot, lambda: screen.turns_done == 1)
         assert gc.get_freeze_count() == 0  # and given back to the collector at its end
 
+
+async def test_esc_draws_what_came_before_it_at_once_not_at_the_next_tick(monkeypatch):
+    from chatcli.ui.screens import chat
+
+    monkeypatch.setattr(chat, "TICK_S", 30.0)  # no draw tick comes during the test
+    engine = FakeEngine(script=lambda _t: "one two three four five six", hold_at=3, tok_s=20)
+    generate = engine.generate
+
+    def slow_to_end(*args, **kwargs):  # the turn's end comes a second after the cancel: it draws nothing here
+        for event in generate(*args, **kwargs):
+            if isinstance(event, Finished):
+                time.sleep(1.0)
+            yield event
+
+    engine.generate = slow_to_end
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "count", wait=False)
+        await wait_for(pilot, lambda: len(screen.inbox._items) + screen.live.tokens >= 3)
+        box = screen.pane.query(ReplyBox).last()
+        drawn = box.markdown.source  # the first token, drawn as it came; the others wait for the tick
+        assert drawn and drawn != "one two three" and "one two three".startswith(drawn)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: box.markdown.source == "one two three")
+        assert screen.busy and screen.turns_done == 0  # before the turn's end
+        await wait_for(pilot, lambda: screen.turns_done == 1)

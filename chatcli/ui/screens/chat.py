@@ -242,6 +242,11 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
         if self._tick is not None and self._pace.due():  # drawing costs more than its share: not every tick
             await self._flush()
 
+    async def _draw_now(self) -> None:
+        await self.on_events_waiting()
+        if self._tick is not None:  # (the turn's end, if it came with them, drew all of it)
+            await self._flush()
+
     async def _flush(self) -> None:
         if self._buffer and self._reply is not None:
             self._drawn = True
@@ -380,6 +385,7 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
             return
         if self.busy and self.cancel is not None:
             self.cancel.set()
+            self.call_later(self._draw_now)  # the tokens that came before Esc: on screen now, not at the next tick
         elif self.queue:
             self.drop_queue()
             self.note("Dropped the queued prompts.")
