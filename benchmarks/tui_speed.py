@@ -2,6 +2,7 @@
 
     python benchmarks/tui_speed.py [--rounds 2] [--cases story,code] [--sizes 140x45,80x24] [--json]
     python benchmarks/tui_speed.py --before /tmp/old   # and that checkout's TUI, in the same rounds
+    python benchmarks/tui_speed.py --busy   # each measurement beside a busy process on one core
 
 Each measurement is a fresh process, as a user starts one: the one-shot (`chatcli -p PROMPT
 --temperature 0 --max-tokens N [--logit-bias ID=-100 …] --json --no-save`), then the real app driven
@@ -278,6 +279,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="140x45,80x24")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--before", metavar="CHECKOUT", help="another checkout's TUI, measured in the same rounds")
+    ap.add_argument(
+        "--busy", action="store_true", help="every measurement beside a busy process (a Python loop on one core)"
+    )
     ap.add_argument("--tui", nargs=3, metavar=("CASE", "SIZE", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tui:
@@ -292,8 +296,15 @@ def main() -> None:
         trees["before"] = {**env, "PYTHONPATH": str(Path(args.before).resolve())}
     sizes = [tuple(map(int, s.split("x"))) for s in args.sizes.split(",")]
     print(f"load average at the start: {load_average()}  ({os.cpu_count()} CPUs)")
-    print(HEADER)
-    rows = measure(args.cases.split(","), sizes, args.rounds, trees)
+    # a browser tab or a build on the other core: the one-shot and the TUI under the same load
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    try:
+        print(HEADER + ("  (beside a busy process)" if spinner else ""))
+        rows = measure(args.cases.split(","), sizes, args.rounds, trees)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
     print(f"load average at the end: {load_average()}")
     if args.json:
         print(json.dumps(rows, indent=1))
