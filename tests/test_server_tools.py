@@ -817,3 +817,24 @@ def test_a_call_whose_string_loops_ends_at_once_not_at_the_context_end(real_defa
         assert choice.finish_reason == "length" and not choice.message.tool_calls and not choice.message.content
         assert LOOP_IDS < reply.usage.completion_tokens <= LOOP_IDS + MAX_PERIOD + LOOP_EVERY + 32  # the call's head
         assert reply.usage.prompt_tokens + reply.usage.completion_tokens < real_default.context_limit // 4
+
+
+def test_free_text_that_loops_without_max_tokens_ends_at_once_and_one_with_max_tokens_runs_to_it(real_default, serve):
+    """An agent's request (tools offered, `auto`, no max_tokens: only the context's end would stop the reply) whose
+    model writes text in a loop (a logit bias on " Paris"): the reply ends once it has repeated one short cycle
+    over `loops.LOOP_IDS` ids, with finish_reason length, not at the context's end; a request that sets
+    max_tokens bounded its reply itself, and runs to it."""
+    from chatcli.engine.sample.loops import LOOP_EVERY, LOOP_IDS, MAX_PERIOD
+    from chatcli.server.schema import TO_CONTEXT
+
+    loop = real_default.tokenizer.encode(" Paris")[0]
+    server = serve(real_default, defaults=SamplingParams(max_tokens=TO_CONTEXT))  # `chatcli serve`'s default
+    fields = dict(model=ALIAS, messages=ASK, tools=REAL_TOOLS, tool_choice="auto", temperature=0)
+    reply = client(server).chat.completions.create(**fields, logit_bias={str(loop): 100})
+    choice = reply.choices[0]
+    assert (
+        choice.finish_reason == "length" and not choice.message.tool_calls and "Paris Paris" in choice.message.content
+    )
+    assert LOOP_IDS < reply.usage.completion_tokens <= LOOP_IDS + MAX_PERIOD + LOOP_EVERY
+    bounded = client(server).chat.completions.create(**fields, logit_bias={str(loop): 100}, max_tokens=700)
+    assert bounded.choices[0].finish_reason == "length" and bounded.usage.completion_tokens == 700

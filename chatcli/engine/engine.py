@@ -6,7 +6,9 @@ generator. Each turn it templates the *whole* conversation into target ids, keep
 the longest common prefix of those ids with what the cache already holds, prefills
 only the rest, then runs the decode loop — sample, detokenize, feed back — until an
 end-of-turn id, `max_tokens`, a stop string, the context limit, a completed structured
-reply (`params.response_format`: a token mask each step, `chatcli.engine.sample.grammar`), or a cancel.
+reply (`params.response_format`: a token mask each step, `chatcli.engine.sample.grammar`), a loop
+(a call's string, or a reply that only the context's end would stop, repeating one short cycle:
+`chatcli.engine.sample.loops`), or a cancel.
 
 It yields the events of `chatcli.engine.events`: `Prefilled` once, a `Token` per sampled
 token (its `text` may be '' while a multi-byte character or a possible stop string is held
@@ -36,6 +38,7 @@ from chatcli.engine.runners.base import ModelRunner
 from chatcli.engine.runners.batched import BatchedRunner, CallDropped
 from chatcli.engine.sample.grammar import Constraint, TokenGrammar
 from chatcli.engine.sample.lookup import PromptLookup
+from chatcli.engine.sample.loops import LoopWatch
 from chatcli.engine.sample.sampling import InvalidParameter, SamplingParams, pick
 from chatcli.engine.sample.tools import held
 from chatcli.engine.stats import TurnStats
@@ -289,6 +292,8 @@ class Engine:
         t_first = t_last = t_prefilled
         n = samples = 0  # reply tokens; sampled ids (an end-of-turn id too)
         rate = 0.0
+        # a reply that only the context's end would stop (no max_tokens short of it): cut if it loops
+        watch = LoopWatch() if params.max_tokens >= self.context_limit - len(target) else None
         ids = self._decode(logits, cache, params, generator, stats, constraint, cancel)
         while True:
             if cancel is not None and cancel.is_set():
@@ -322,6 +327,9 @@ class Engine:
                 finish_reason = FinishReason.LENGTH
                 break
             if constraint is not None and constraint.looping:  # a call's string in a loop: cut now, not at the end
+                finish_reason = FinishReason.LENGTH
+                break
+            if watch is not None and watch.push(token_id):  # the reply in a loop, and nothing else would end it
                 finish_reason = FinishReason.LENGTH
                 break
         ids.close()

@@ -15,9 +15,9 @@ the ids its grammar allows next (`narrow`):
   `window` ids a call in progress closes at its next JSON boundary where its grammar allows (after a
   value the model finished: never inside a string or a number). A call that still runs out of room is
   dropped by its reader (`CallScanner.cut`), never returned cut.
-- loops: a call's string whose last LOOP_IDS ids repeat a cycle of at most MAX_PERIOD ids (a small model
-  that writes `, Paris, Paris, …` for ever) is `looping`: the decode loop ends the reply there (the cut call
-  dropped, finish_reason `length`), as it would at the context's end, minutes or hours sooner.
+- loops: a call's string whose last LOOP_IDS ids repeat a cycle of at most MAX_PERIOD ids (`loops.repeats`: a
+  small model that writes `, Paris, Paris, …` for ever) is `looping`: the decode loop ends the reply there (the
+  cut call dropped, finish_reason `length`), as it would at the context's end, minutes or hours sooner.
 - reasoning before a forced call (Harmony's analysis message, `think_end` its closing id): once the budget
   left is the call's room (`think_until` ids taken), the analysis closes at once, and a reply that has not
   opened one goes straight to the call.
@@ -34,11 +34,10 @@ import math
 
 import numpy as np
 
+from chatcli.engine.sample.loops import LOOP_EVERY, LOOP_IDS, MAX_PERIOD, repeats
 from chatcli.engine.sample.tools import MAX_CALLS, CallText
 
 MAX_DIGITS = 16
-LOOP_IDS, MAX_PERIOD = 512, 64  # a call's string repeating a cycle of <= MAX_PERIOD ids over its last LOOP_IDS
-LOOP_EVERY = 16  # ids between two looks for a loop
 DIGITS = frozenset(b"0123456789")
 
 
@@ -142,14 +141,7 @@ class Steer:
     def looping(self) -> bool:
         """The call's string has repeated one cycle of at most MAX_PERIOD ids over its last LOOP_IDS (looked
         at every LOOP_EVERY ids)."""
-        ids = self.string_ids
-        if len(ids) < LOOP_IDS + 1 or self.taken % LOOP_EVERY:
-            return False
-        last = np.asarray(ids)
-        tail = last[-LOOP_IDS:]
-        return any(
-            np.array_equal(tail, last[-LOOP_IDS - p : -p]) for p in range(1, min(MAX_PERIOD, len(last) - LOOP_IDS) + 1)
-        )
+        return self.taken % LOOP_EVERY == 0 and repeats(self.string_ids)
 
     def _decide(self) -> None:
         """Where the calls' JSON begins: after the syntax's opening text (anywhere, for Hermes: its text

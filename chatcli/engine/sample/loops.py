@@ -1,0 +1,42 @@
+"""Replies caught in a loop: the last ids repeating one short cycle.
+
+Contract. `repeats(ids)` says whether the last LOOP_IDS of `ids` repeat one cycle of at most MAX_PERIOD ids
+(a small model writing ` Paris, Paris, …` for ever). Two readers stop a reply on it, each where nothing else
+would stop it sooner than the context's end, which without a `max_tokens` can be minutes or hours of decode
+away: `steer.Steer.looping`, over a call's string (the cut call dropped), and `LoopWatch`, over the whole
+reply of a turn bounded only by the context (serve's requests without `max_tokens`, Ollama's
+`num_predict: -1`). Either ends the reply with finish reason `length`, as the context's end would have.
+Looked at every LOOP_EVERY ids: a look is MAX_PERIOD comparisons of LOOP_IDS ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LOOP_IDS, MAX_PERIOD = 512, 64  # a cycle of <= MAX_PERIOD ids repeated over the last LOOP_IDS
+LOOP_EVERY = 16  # ids between two looks
+
+
+def repeats(ids) -> bool:
+    """The last LOOP_IDS of `ids` (at least LOOP_IDS + 1 of them) repeat one cycle of at most MAX_PERIOD ids."""
+    if len(ids) < LOOP_IDS + 1:
+        return False
+    last = np.asarray(ids)
+    tail = last[-LOOP_IDS:]
+    return any(
+        np.array_equal(tail, last[-LOOP_IDS - p : -p]) for p in range(1, min(MAX_PERIOD, len(last) - LOOP_IDS) + 1)
+    )
+
+
+class LoopWatch:
+    """A reply's last ids, and whether they loop (`push` says so every LOOP_EVERY ids)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.taken = 0
+
+    def push(self, token: int) -> bool:
+        self.taken += 1
+        self.ids.append(token)
+        del self.ids[: -(LOOP_IDS + MAX_PERIOD)]
+        return self.taken % LOOP_EVERY == 0 and repeats(self.ids)
