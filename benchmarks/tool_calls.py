@@ -7,7 +7,8 @@ markup reaches `content`, and whether the openai client's `.parse()` / `.stream(
     python benchmarks/tool_calls.py [--model PATH | --tiny-qwen3] [--requests 50] [--url URL] [--json]
         [--choices required,auto,named] [--temperatures 1,0] [--max-tokens 60,120,unset]
 
-Starts `chatcli serve` on a free port with `--ctx-size` (2048: a reply that loops runs to it; or uses
+Starts `chatcli serve` on a free port with `--ctx-size` (2048: where an `unset` reply ends, unless it loops,
+in a call's string or in its text, and is cut sooner: `chatcli/engine/sample/loops.py`; or uses
 `--url`) and a config file of its own; `--tiny-qwen3` serves a random Qwen3-shaped
 GGUF (the embedded model's tokenizer, 512 ids) with a Qwen tools template instead of the embedded
 model, which has none (it gets the fallback prompt). Request i asks prompt i % 5 (three tools offered)
@@ -16,7 +17,8 @@ with seed i; even requests go through `client.chat.completions.parse`, odd ones 
 still read). `unset` sends no `max_tokens` (the server's default: the context limit). Per row:
 `calls` made, `dup` replies holding one call twice, `valid` calls that name a tool and whose arguments
 validate (jsonschema, against the schema as sent), `named` replies of a named choice with exactly one
-call of that function, `tool_calls` replies with calls whose finish_reason says so, `length` replies,
+call of that function, `tool_calls` replies with calls whose finish_reason says so, `length` replies
+(in `--json`, `length_tokens`: each one's tokens, None where a streamed reply's usage never came),
 `markup` replies with call markup in `content`. Under `required` at the first temperature and
 max_tokens unset, each good reply is followed at once by a round trip (its calls and a result each
 sent back, `usage.prompt_tokens_details.cached_tokens` read: issue 35's goal, a round trip prefills
@@ -150,6 +152,7 @@ def run(client, choice: str, temperature: float, max_tokens: int | None, n: int,
     made at once (while the server's cache still holds the reply)."""
     row = dict(choice=choice, temperature=temperature, max_tokens=max_tokens or "unset", replies=n)
     row.update(with_calls=0, calls=0, dup=0, valid=0, named=0, tool_calls=0, length=0, markup=0, raised=0)
+    row["length_tokens"] = []  # the tokens of each `length` reply (where a loop was cut, or the context's end)
     failures = []
     t0 = time.perf_counter()
     for i in range(n):
@@ -163,6 +166,8 @@ def run(client, choice: str, temperature: float, max_tokens: int | None, n: int,
         row["calls"] += len(calls)
         row["valid"] += sum(valid(c) for c in calls)
         row["length"] += reason == "length"
+        if reason == "length":
+            row["length_tokens"].append(done.usage.completion_tokens if done.usage else None)
         row["raised"] += raised
         if len(set(keys)) < len(keys):
             row["dup"] += 1
