@@ -244,20 +244,9 @@ class Engine:
         try:
             target, truncated = self.fit_prompt(messages, params, cancel)
         except PromptCancelled:
-            elapsed = time.perf_counter() - t_submit
-            cache = session.cache
+            elapsed, cache = time.perf_counter() - t_submit, session.cache
             yield Prefilled(None, None, None, elapsed, 0)
-            stats = TurnStats(
-                prompt_tokens=None,
-                cached_tokens=None,
-                prefill_tokens=None,
-                prefill_tok_s=None,
-                total_s=elapsed,
-                kv_cache_bytes=cache.nbytes,
-                context_tokens=len(cache),
-                context_limit=self.context_limit,
-                note=session.take_note(),
-            )
+            stats = TurnStats.unread(elapsed, len(cache), cache.nbytes, self.context_limit, session.take_note())
             yield Finished("", FinishReason.CANCELLED, stats)
             return
         yield from self._turn(target, truncated, session, params, cancel, t_submit)

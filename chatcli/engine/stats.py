@@ -27,6 +27,13 @@ class TurnStats:
         return asdict(self)
 
     @classmethod
+    def unread(cls, total_s: float, context_tokens: int, kv_cache_bytes: int, context_limit: int, note: str = ""):
+        """A turn stopped while its conversation was templated: no prompt read, the cache as it was."""
+        unknown = dict(prompt_tokens=None, cached_tokens=None, prefill_tokens=None, prefill_tok_s=None)
+        return cls(**unknown, total_s=total_s, kv_cache_bytes=kv_cache_bytes, context_tokens=context_tokens,
+                   context_limit=context_limit, note=note)  # fmt: skip
+
+    @classmethod
     def from_dict(cls, data: dict) -> TurnStats:
         """Stats saved with a reply (`to_dict`), by any version: unknown keys are left out, missing ones
         take their defaults (0, the note "")."""
