@@ -38,11 +38,11 @@ from chatcli.ui.messages import CacheNotSaved, EventsWaiting, TurnEvent, TurnFai
 from chatcli.ui.screens import slash
 from chatcli.ui.screens.conversations import ConversationScreen
 from chatcli.ui.screens.editing import Editing
+from chatcli.ui.screens.inspector import TokenInspector
 from chatcli.ui.screens.loading import EngineLoading, let_go
 from chatcli.ui.screens.tool_turns import ToolTurns
 from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
 from chatcli.ui.widgets.prompt import PromptInput
-from chatcli.ui.widgets.tokens import NO_TURN, TEXT_ONLY, token_namer, turn_pieces
 
 TICK_S = 1 / 10  # draw ticks while a reply streams (a draw at each, or fewer: ui/live.py DrawPace)
 # The live panels refresh every PANEL_S, on a timer of their own: a number that changes 10 times a
@@ -50,7 +50,7 @@ TICK_S = 1 / 10  # draw ticks while a reply streams (a draw at each, or fewer: u
 PANEL_S = 0.3
 
 
-class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
+class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, ConversationScreen):
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f2", "toggle_panels", "Panels"),
@@ -307,30 +307,6 @@ class ChatScreen(Editing, ToolTurns, EngineLoading, ConversationScreen):
 
     async def action_copy_reply(self) -> None:
         await self.run_command("/copy")
-
-    # -- the token inspector -----------------------------------------------------
-
-    def action_toggle_tokens(self) -> None:
-        self.tokens.display = not self.tokens.display
-        if self.tokens.display:
-            self.show_tokens()
-            self.note(
-                f"Token inspector on: replies record their probabilities and the {self.top_logprobs} most likely "
-                "alternatives (/top-logprobs N); F4 or /tokens hides it. Focus it (click) for ← →."
-                + (" With --api, a reply's tokens show where the server returns their logprobs." if self.remote else "")
-            )
-
-    def show_tokens(self) -> None:
-        """The last turn's tokens in the inspector (names decoded now, not while the reply streamed);
-        none where that turn was in another conversation (/switch since)."""
-        if self._tokens_of != self.conversation.id:
-            self.tokens.show_turn([], False)
-            return
-        decode = token_namer(getattr(self.engine, "tokenizer", None), self._prompt_ids[0], self._reply_tokens)
-        pieces = turn_pieces(*self._prompt_ids, self._reply_tokens, decode)
-        recorded = any(t.logprob is not None for t in self._reply_tokens)
-        text_only = self.engine is not None and not self.engine.keeps_cache  # a server sent the reply as text
-        self.tokens.show_turn(pieces, recorded, empty=TEXT_ONLY if text_only else NO_TURN)
 
     def _show_final(self, stats: TurnStats) -> None:
         drafts = drafts_text(stats, self.engine.lookup_for(self._turn_params) if self.engine.keeps_cache else None)
