@@ -187,15 +187,14 @@ class QuietHeap:
     alive (`gc.freeze`: left out of every collection; the reply's young objects are still collected),
     `settled()` at its end gives it back to the collector, which runs as before between turns."""
 
-    def __init__(self, gc_module=gc) -> None:
-        self.gc = gc_module
+    def __init__(self) -> None:
         self.frozen = False
 
     def streaming(self) -> None:
-        self.gc.freeze()
+        gc.freeze()
         self.frozen = True
 
     def settled(self) -> None:
         if self.frozen:
-            self.gc.unfreeze()
+            gc.unfreeze()
             self.frozen = False

@@ -10,9 +10,8 @@ Turns run in a Textual thread worker that iterates `engine.generate(...)` (the T
 in a generation process of its own: `chatcli.engine.ProcessEngine`) and puts each event, as a
 `TurnEvent`, in the screen's `Inbox` (`ui/inbox.py`), which the screen empties at each draw tick
 (a turn's start, its first token — drawn at once — and its end wake it at once); the handlers only
-buffer text and numbers. While a reply
-streams, the draw tick (10 Hz; a draw at each, or fewer where drawing is dear: `DrawPace`) writes the
-buffered text to the reply's Markdown stream
+buffer text and numbers. While a reply streams, the draw tick (10 Hz; a draw at each, or fewer where
+drawing is dear: `DrawPace`) writes the buffered text to the reply's Markdown stream
 — Textual's `MarkdownStream`: the finished blocks stay as they were laid out, only the last one is
 parsed and laid out again — and a panel tick (`PANEL_S`) refreshes the panels and the sparkline, which
 touches nothing of the chat pane. So the UI's cost a second stays bounded whatever the token rate;
@@ -173,7 +172,7 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
         can change the cache while it is written."""
         from chatcli.engine import release_cpu_threads
 
-        first_token = True  # the reply's first token wakes the screen at once: TTFT on screen is the engine's
+        first_token = True  # the reply's first token is drawn as it comes, not at the next tick
         try:
             for event in engine.generate(messages, session, params, cancel):
                 if kv is not None and isinstance(event, Finished):
@@ -183,12 +182,11 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
                 here = engine.keeps_cache  # else the server holds the cache: its size is known at the end
                 cache = session.cache
                 sizes = (len(cache), cache.nbytes) if here else (None, None)
+                # a turn's start, its first token and its end wake the screen at once; other tokens wait for the tick
                 wake = not isinstance(event, Token) or first_token
                 first_token = first_token and not isinstance(event, Token)
                 if self.inbox.put(TurnEvent(turn, event, *sizes), wake=wake):
-                    self.post_message(
-                        EventsWaiting()
-                    )  # a turn's start, first token and end: at once; tokens at the tick
+                    self.post_message(EventsWaiting())
         except Exception as exc:  # noqa: BLE001 - shown inline, the app keeps running
             again = "; /model NAME loads a model again" if isinstance(exc, ProcessLost) else ""
             self.post_message(TurnFailed(turn, one_line(exc) + again))
