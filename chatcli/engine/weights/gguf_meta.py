@@ -114,7 +114,7 @@ def hf_config(f: GGUFFile) -> dict:
         "num_key_value_heads": int(f.hp("attention.head_count_kv", heads) or heads),
         "head_dim": int(f.hp("attention.key_length", hidden // heads) or hidden // heads),
         "rms_norm_eps": float(f.hp("attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(f.hp("rope.freq_base", 10000.0) or 10000.0),
+        "rope_theta": rope_bases(f)[0],
         "max_position_embeddings": int(f.hp("context_length", 2048) or 2048),
         "vocab_size": int(f.tensors["token_embd.weight"].shape[1]),
         "tie_word_embeddings": tied,
