@@ -235,14 +235,12 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
         # and Textual's Timer.stop cancels the task that runs its callback (the end's work with it).
         self.call_later(self._draw)
 
-    async def _draw(self) -> None:
-        await self.on_events_waiting()  # the tokens that came since the last tick
-        if self._tick is not None and self._pace.due():  # drawing costs more than its share: not every tick
-            await self._flush()
-
-    async def _draw_now(self) -> None:
+    async def _draw(self, now: bool = False) -> None:
+        """Take in the tokens that came since the last tick, and draw them: `now`, or where the pace says
+        (drawing that costs more than its share is not done at every tick). Not after the turn's end, which
+        drew all of it."""
         await self.on_events_waiting()
-        if self._tick is not None:  # (the turn's end, if it came with them, drew all of it)
+        if self._tick is not None and (now or self._pace.due()):
             await self._flush()
 
     async def _flush(self) -> None:
@@ -359,7 +357,7 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
             return
         if self.busy and self.cancel is not None:
             self.cancel.set()
-            self.call_later(self._draw_now)  # the tokens that came before Esc: on screen now, not at the next tick
+            self.call_later(self._draw, True)  # the tokens that came before Esc: on screen now, not at the next tick
         elif self.queue:
             self.drop_queue()
             self.note("Dropped the queued prompts.")

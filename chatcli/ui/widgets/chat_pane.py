@@ -142,7 +142,7 @@ class ReplyBox(Vertical):
         if self.stream is not None:
             await self._mounted()
             await self._route(self._reasoning.finish())
-            if self._thinking_stream is not None and self.fold is not None:
+            if self._thinking_stream is not None:  # (its fold made with it)
                 await self._thinking_stream.stop()
                 self._thinking_stream = None
                 self.fold.title = _thought_title(self._thought)
