@@ -197,7 +197,9 @@ def tui(case: Case, size: tuple[int, int], typing: bool, env: dict) -> dict:
         f"{size[0]}x{size[1]}",
         mode,
     ]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    # from its checkout: the generation process (`python -m chatcli.engine.process.host`) puts the working
+    # directory first on its path, so another checkout's front end would start this one's
+    out = subprocess.run(cmd, env=env, cwd=env["PYTHONPATH"], capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"the TUI run failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
