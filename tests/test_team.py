@@ -192,11 +192,11 @@ def test_a_short_prompt_that_begins_a_turn_is_a_prefill():
     assert team.steps == 0 and team.per_row == {}  # its time taught the steps nothing
     for _ in range(20):
         call(1, 0.0045)  # decode steps
-    call(5, 0.01)  # a draft verified right after a step: a step
-    assert len(looks) == 1 and team.steps == 21
+    call(5, 0.01)  # a draft verified right after a step: at the steps' width, no look
+    assert len(looks) == 1 and ran[-1] == team.current == -2 and team.steps == 20
     clock.now += PAUSE_S + 1.0  # the next turn, after the user typed
     call(12, 0.1)
-    assert len(looks) == 2 and ran[-1] == 1 and team.steps == 21
+    assert len(looks) == 2 and ran[-1] == 1 and team.steps == 20
 
 
 def test_others_running_sees_a_busy_process():
@@ -273,3 +273,20 @@ def test_the_runner_learns_its_width_and_the_bits_do_not_change(kernel, native_f
     for token in (5, 9, 200, 7):
         assert np.array_equal(learning.forward([token], a), fixed.forward([token], b))
     assert np.array_equal(learning.verify([4, 4, 31], a), fixed.verify([4, 4, 31], b))
+
+
+def test_a_draft_s_check_runs_at_the_steps_width_and_teaches_nothing():
+    """A check of 5 drafted ids reads the weights once, as a step does: its time a row is a fifth of a step's.
+    Taken as a step's, a width tried on it (one thread) looked faster than the whole team and took over."""
+    clock = Clock()
+    team = TeamWidth(2, clock, QUIET, tolerant=False)
+    check = {2: 0.004, 1: 0.007}  # a 5-row check: the whole team is faster, but 1.4 ms a row on one thread
+    for _ in range(400):
+        for rows in (1, 5):
+            width = team.width(rows)
+            seconds = check[width] if rows == 5 else IDLE[width]
+            clock.now += seconds
+            team.record(rows, width, seconds)
+            if rows == 5:
+                assert width == team.current
+    assert team.current == 2 and set(team.per_row) <= {2, 1} and team.per_row[2] == pytest.approx(IDLE[2])

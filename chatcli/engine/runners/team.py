@@ -13,12 +13,15 @@ soon as the step is done, and the team's threads get their share: 1.3 cores of 2
 process). It is a few percent slower than barriers on an idle machine, two thirds of the idle speed
 beside a busy process.
 
-So the decode steps (calls of a few rows: many, alike, and cheap to try another width on) keep a
-moving average of the seconds a row took at each width tried, run at the fastest, and try another
+So the decode steps (calls of one row: many, alike, and cheap to try another width on) keep a
+moving average of the seconds a step took at each width tried, run at the fastest, and try another
 width now and then: at the second step (a process starts knowing nothing), then after 1 s, 2 s,
 4 s … up to 8 s while the others keep losing (contention comes and goes on a person's time scale;
 a try of the whole team under contention costs a slow step, so tries are spaced in time, not in
-steps), and at the next step when the current width slows down past 1.5x its best. A prefill (many
+steps), and at the next step when the current width slows down past 1.5x its best. A draft's check (a
+call of a few rows right after a step, `lookup`) runs at the steps' width and teaches nothing: it reads
+the weights once for all its rows, so its time a row is a fraction of a step's, and a width tried on
+one looked faster than the steps' (one thread took over the checks of a story's repeated end). A prefill (many
 rows) teaches nothing (its time varies too much with its length); it runs at the width a look at
 the machine gives: the whole team less one thread per thread of another process running now
 (`others_running`: /proc/stat's count less ours, the least of a few reads a millisecond apart and,
@@ -134,7 +137,7 @@ class TeamWidth:
         self.clock = clock
         self.current = self.most  # the decode steps' width
         self.prefill = self.most  # a prefill's: the last look's
-        self.per_row: dict[int, float] = {}  # width -> moving average of a decode step's seconds a row
+        self.per_row: dict[int, float] = {}  # width -> moving average of a decode step's seconds (one row)
         self.best = float("inf")  # the current width's best average since it took over or slowed
         self.steps = 0
         self.ended: float | None = None  # clock time the last call ended (None: none yet)
@@ -153,6 +156,8 @@ class TeamWidth:
             if self.prefills(rows):
                 self._look()
                 return self.prefill, False
+            if rows > 1:  # a draft's check: its time is no step's (the weights are read once for all its rows)
+                return self.current, False
             self.steps += 1
             others = [w for w in self.widths if w != self.current]
             due = self.steps >= FIRST_TRY if self.next_try is None else self.clock() >= self.next_try
@@ -187,12 +192,12 @@ class TeamWidth:
         self.next_try = now + LOOKED_WAIT_S
 
     def record(self, rows: int, width: int, seconds: float) -> None:
-        """What a call of `rows` rows at `width` took (a prefill's time teaches nothing: see above)."""
+        """What a call of `rows` rows at `width` took (only a decode step of one row teaches: see above)."""
         with self._lock:
             self.ended = self.clock()
-        if rows > DECODE_ROWS:
+        if rows > 1:
             return
-        per = seconds / max(1, rows)
+        per = seconds
         with self._lock:
             if width != self.current:  # a try: its own time now, not an average of old ones
                 self.per_row[width] = per
