@@ -795,13 +795,12 @@ def test_the_embedded_model_makes_whole_calls_within_max_tokens(real_default, se
                 assert choice == "required" or len(calls) == 1
 
 
-def test_a_call_whose_string_loops_ends_at_once_not_at_the_context_end(real_default, serve):
+def test_a_call_whose_string_loops_is_taken_back_to_its_first_cycle_and_closed(real_default, serve):
     """No max_tokens (an agent's request: the server's budget is the context) and a model caught in a loop
-    inside a call's string (here by a logit bias on " Paris", which a string takes anywhere): the reply ends
-    once the string has repeated one short cycle over `steer.LOOP_IDS` ids, not thousands of ids later at the
-    context's end; its cut call is dropped as one cut by the budget would be (no call, no markup, length)."""
-    from chatcli.engine.sample.steer import LOOP_EVERY, LOOP_IDS, MAX_PERIOD
-
+    inside a call's string (here by a logit bias on " Paris", which a string takes anywhere): once the string
+    has repeated one short cycle over `loops.LOOP_IDS` ids, its repeats are taken back (the grammar, the KV
+    cache, the events held while the string ran) and the string closes after the cycle's first time; the
+    calls end whole (`tool_calls`), not as a cut call dropped thousands of ids later at the context's end."""
     loop = real_default.tokenizer.encode(" Paris")[0]
     server = serve(real_default)
     for stream in (False, True):
@@ -810,13 +809,40 @@ def test_a_call_whose_string_loops_ends_at_once_not_at_the_context_end(real_defa
         if stream:
             chunks = list(reply)
             reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-            assert reasons == ["length"]
-            assert not any(c.choices[0].delta.tool_calls or c.choices[0].delta.content for c in chunks if c.choices)
-            continue
-        choice = reply.choices[0]
-        assert choice.finish_reason == "length" and not choice.message.tool_calls and not choice.message.content
-        assert LOOP_IDS < reply.usage.completion_tokens <= LOOP_IDS + MAX_PERIOD + LOOP_EVERY + 32  # the call's head
-        assert reply.usage.prompt_tokens + reply.usage.completion_tokens < real_default.context_limit // 4
+            assert reasons == ["tool_calls"]
+            assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+            arguments: dict[int, str] = {}
+            for call in (t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()):
+                arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+            cities = [json.loads(a)["city"] for a in arguments.values()]
+        else:
+            choice = reply.choices[0]
+            assert choice.finish_reason == "tool_calls" and not choice.message.content
+            cities = [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls]
+            assert reply.usage.completion_tokens < 200  # the calls as they stand: no repeats counted
+        assert cities and set(cities) == {" Paris"}
+
+
+def test_a_looping_string_s_repeats_never_reach_the_events(real_default):
+    """The engine's own events for the same reply: every Token sent is one of the reply's ids as it stands,
+    their texts are the reply, and the taken-back ids (hundreds) never came out."""
+    from chatcli.engine import SamplingParams, Token
+    from chatcli.engine.params import ToolCalls
+
+    loop = real_default.tokenizer.encode(" Paris")[0]
+    params = SamplingParams(
+        temperature=0, max_tokens=4000, tools=ToolCalls.of(REAL_TOOLS, "required"), logit_bias=((loop, 100.0),)
+    )
+    session = real_default.new_session()
+    events = list(real_default.generate(ASK, session, params))
+    tokens, finished = [e for e in events if isinstance(e, Token)], events[-1]
+    assert "".join(t.text for t in tokens) == finished.reply and finished.reply.count(" Paris") <= 4
+    assert [t.completion_tokens for t in tokens if t.token_id >= 0] == list(
+        range(1, finished.stats.completion_tokens + 1)
+    )
+    reply_ids = [t.token_id for t in tokens if t.token_id >= 0]
+    cached = list(session.cache.ids[finished.stats.prompt_tokens :])  # the KV cache: the reply as it stands
+    assert cached == reply_ids[: len(cached)] and len(cached) >= len(reply_ids) - 1
 
 
 def test_free_text_that_loops_without_max_tokens_ends_at_once_and_one_with_max_tokens_runs_to_it(real_default, serve):

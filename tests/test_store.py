@@ -150,7 +150,7 @@ def test_sigkill_mid_reply_keeps_database_readable(cli, tmp_path):
     script = tmp_path / "slow.py"
     script.write_text(
         "import sys, time\n"
-        "import chatcli.engine.engine as e\n"
+        "import chatcli.engine.decode as e\n"
         "orig = e.pick\n"
         "def slow(*args, **kwargs):\n"
         "    time.sleep(0.05)\n"

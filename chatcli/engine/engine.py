@@ -7,15 +7,17 @@ the longest common prefix of those ids with what the cache already holds, prefil
 only the rest, then runs the decode loop — sample, detokenize, feed back — until an
 end-of-turn id, `max_tokens`, a stop string, the context limit, a completed structured
 reply (`params.response_format`: a token mask each step, `chatcli.engine.sample.grammar`), a loop
-(a call's string, or a reply that only the context's end would stop, repeating one short cycle:
-`chatcli.engine.sample.loops`), or a cancel.
+(a reply that only the context's end would stop, repeating one short cycle: `chatcli.engine.sample.loops`),
+or a cancel. A held call's string caught in such a loop is taken back to the cycle's first time and
+closed there (`decode.DecodeLoop._rewind`), a few times a reply at most.
 
-It yields the events of `chatcli.engine.events`: `Prefilled` once, a `Token` per sampled
-token (its `text` may be '' while a multi-byte character or a possible stop string is held
-back), and `Finished` last, carrying the reply and its `TurnStats`. The caller owns the message list: it
-appends the reply (also a cancelled, partial one) as the assistant turn. The cache
-stays consistent whatever happens, because it records exactly the ids it holds and
-the next turn starts from the common prefix.
+It yields the events of `chatcli.engine.events`: `Prefilled` once, a `Token` per token of the
+reply (its `text` may be '' while a multi-byte character or a possible stop string is held
+back; a held call's string's come when it closes, since its ids may yet be taken back:
+`text.reply.ReplyText`), and `Finished` last, carrying the reply and its `TurnStats`. The
+caller owns the message list: it appends the reply (also a cancelled, partial one) as the
+assistant turn. The cache stays consistent whatever happens, because it records exactly
+the ids it holds and the next turn starts from the common prefix.
 
 The engine imports no UI code, nor torch: a runner hands it numpy logits, whichever
 forward made them. It may run in any single thread; `cancel` is a `threading.Event` that
@@ -30,6 +32,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from chatcli.engine.decode import DecodeLoop
 from chatcli.engine.events import Event, Finished, FinishReason, Prefilled, Token
 from chatcli.engine.kv.cache import KVCache
 from chatcli.engine.kv.prefix import common_prefix, realigned, reusable_prefix
@@ -37,21 +40,21 @@ from chatcli.engine.kv.session import Session
 from chatcli.engine.runners.base import ModelRunner
 from chatcli.engine.runners.batched import BatchedRunner, CallDropped
 from chatcli.engine.sample.grammar import Constraint, TokenGrammar
-from chatcli.engine.sample.lookup import PromptLookup
-from chatcli.engine.sample.loops import LoopWatch
-from chatcli.engine.sample.sampling import InvalidParameter, SamplingParams, pick
+from chatcli.engine.sample.loops import REWINDS, LoopWatch
+from chatcli.engine.sample.sampling import InvalidParameter, SamplingParams
 from chatcli.engine.sample.tools import held
 from chatcli.engine.stats import TurnStats
 from chatcli.engine.text import harmony
 from chatcli.engine.text.detokenize import IncrementalDetokenizer, StopStringFilter
 from chatcli.engine.text.fit import ContextOverflow, fit_conversation
+from chatcli.engine.text.reply import ReplyText
 from chatcli.engine.text.template import PromptCancelled
 from chatcli.engine.text.tokenize import ChatTokenizer
 
 PREFILL_CHUNK = 512  # prompt tokens per forward in prefill: bounds memory, lets cancel land
 
 
-class Engine:
+class Engine(DecodeLoop):
     keeps_cache = True  # sessions hold their KV cache in this process
     note = ""  # what the start should tell the user in one line (the loader's: a GGUF run dequantized)
     source = ""  # where the weights came from: a .gguf path, a model folder or a hub id (the loader's)
@@ -272,14 +275,19 @@ class Engine:
         yield Prefilled(len(target), cached, stats.prefill_tokens, prefill_s, truncated, target)
 
         found = harmony.markers(self.tokenizer)  # gpt-oss: its channels read, analysis as <think>
-        detok = harmony.HarmonyDetokenizer(self.tokenizer, found) if found else IncrementalDetokenizer(self.tokenizer)
+        detok = (
+            functools.partial(harmony.HarmonyDetokenizer, self.tokenizer, found)
+            if found
+            else functools.partial(IncrementalDetokenizer, self.tokenizer)
+        )
         stop_ids = self.tokenizer.stop_ids  # a Harmony model's: <|return|> and <|call|> (harmony.reply_stops)
-        stops = StopStringFilter((*params.stop, *getattr(self.tokenizer, "stop_texts", ())))
+        stop_texts = (*params.stop, *getattr(self.tokenizer, "stop_texts", ()))
+        text = ReplyText(detok, functools.partial(StopStringFilter, stop_texts))
         generator = session.generator_for(params)
-        reply: list[str] = []
         finish_reason = FinishReason.LENGTH
         t_first = t_last = t_prefilled
-        n = samples = 0  # reply tokens; sampled ids (an end-of-turn id too)
+        n = samples = computed = rewinds = 0  # reply tokens; sampled ids kept (an end-of-turn id too); all; loops
+        taken: list[int] = []  # the reply's ids
         rate = 0.0
         # a reply that only the context's end would stop (no max_tokens short of it): cut if it loops
         watch = LoopWatch() if params.max_tokens >= self.context_limit - len(target) else None
@@ -296,41 +304,53 @@ class Engine:
                 finish_reason = FinishReason.CANCELLED
                 break
             t_last = time.perf_counter()
-            samples += 1
-            if samples == 1:
+            samples, computed = samples + 1, computed + 1
+            if computed == 1:
                 t_first = t_last
                 stats.ttft_s = t_first - t_submit
             else:
-                rate = (samples - 1) / max(t_last - t_first, 1e-9)
+                rate = (computed - 1) / max(t_last - t_first, 1e-9)
             if token_id in stop_ids:
                 finish_reason = FinishReason.STOP
                 break
             n += 1
-            text = stops.push(detok.push(token_id))
-            reply.append(text)
-            yield Token(token_id, text, n, rate, t_last - t_submit, *(scored or (None, None)))
-            if stops.stopped or (constraint is not None and constraint.stopped):  # a complete value ends it too
+            taken.append(token_id)
+            token = Token(token_id, text.push(token_id), n, rate, t_last - t_submit, *(scored or (None, None)))
+            yield from text.release(token, hold=constraint is not None and constraint.in_call_string)
+            if text.stops.stopped or (constraint is not None and constraint.stopped):  # a complete value ends it too
                 finish_reason = FinishReason.STOP
                 break
             if n >= params.max_tokens or len(target) + samples - 1 >= self.context_limit:
                 finish_reason = FinishReason.LENGTH
                 break
-            if constraint is not None and constraint.looping:  # a call's string in a loop: cut now, not at the end
-                finish_reason = FinishReason.LENGTH
-                break
+            if constraint is not None and constraint.looping:  # a call's string in a loop: its repeats taken back
+                drop = min(constraint.excess(), len(text.held))
+                if rewinds == REWINDS or not drop:
+                    finish_reason = FinishReason.LENGTH
+                    break
+                rewinds, n, samples = rewinds + 1, n - drop, samples - drop
+                del taken[-drop:]
+                text.drop(drop, taken)
+                ids.close()
+                ids = self._rewind(
+                    drop, len(target) + n, taken[-1], cache, params, generator, stats, constraint, cancel
+                )
+                continue
             if watch is not None and watch.push(token_id):  # the reply in a loop, and nothing else would end it
                 finish_reason = FinishReason.LENGTH
                 break
         ids.close()
+        yield from text.flush()
         if samples:
             # Drafting may have fed ids past the last one taken: the cache holds the prompt and
             # every sampled id but the last, whether or not a draft ran ahead.
             cache.crop(len(target) + samples - 1)
 
+        stops = text.stops
         if not stops.stopped:
-            tail = stops.push(detok.finish()) + stops.finish()
+            tail = stops.push(text.detok.finish()) + stops.finish()
             if tail:
-                reply.append(tail)
+                text.texts.append(tail)
                 yield Token(-1, tail, n, rate, t_last - t_submit)
         t_end = time.perf_counter()
         stats.completion_tokens = n
@@ -338,58 +358,4 @@ class Engine:
         stats.total_s = t_end - t_submit
         stats.kv_cache_bytes = cache.nbytes
         stats.context_tokens = len(cache)
-        yield Finished("".join(reply), finish_reason, stats, stop=stops.matched)
-
-    # -- the decode loop --------------------------------------------------------
-
-    def _decode(
-        self, logits, cache: KVCache, params: SamplingParams, generator, stats: TurnStats, constraint=None, cancel=None
-    ) -> Iterator[tuple]:
-        """Sampled ids with their log-probabilities (or None; see `pick`), one at a time: sample,
-        feed the id back, repeat. The caller stops taking ids when it is done. With `params.lookup`,
-        each fed id may bring a draft (`PromptLookup`) that one `verify` pass checks; the ids the
-        model agrees with come out without a forward of their own, and the cache drops the rest.
-        A `constraint` masks each position's logits as its id is picked, so a drafted id the grammar
-        refuses is rejected like any other. Nothing when prefill was cancelled (`logits` None); CallDropped
-        where a step's call is dropped for `cancel` (`_call`: the cache then lacks the last id, as always)."""
-        if logits is None:
-            return
-        drafts = self.lookup_for(params)
-        lookup = PromptLookup(cache.ids) if drafts else None
-        budget = params.max_tokens  # ids the caller can still take (its reply limit; an end-of-turn id ends it sooner)
-        # After a wholly rejected draft, skip drafting for the next 1, 2, 4 … ids (a 5-position check costs ~1.9 steps).
-        wait = backoff = 0
-        token, scored = pick(logits, cache.ids, len(cache), params, generator, constraint)
-        while True:
-            yield token, scored
-            budget -= 1
-            draft: list[int] = []
-            if lookup is not None:
-                lookup.append(token)
-                if wait:
-                    wait -= 1
-                else:
-                    draft = lookup.draft(min(drafts, budget - 1, self.context_limit - len(cache) - 1))
-            if not draft:
-                logits = self._call([token], cache, cancel)  # [V]
-                token, scored = pick(logits, cache.ids, len(cache), params, generator, constraint)
-                continue
-            base = len(cache)
-            rows = self._call([token, *draft], cache, cancel, True)  # [1 + k, V]: row j predicts the id after draft[:j]
-            stats.draft_tokens += len(draft)
-            for j, guess in enumerate(draft):
-                token, scored = pick(rows[j], cache.ids, base + 1 + j, params, generator, constraint, guess)
-                if token != guess:
-                    cache.crop(base + 1 + j)  # the draft's ids from here on were not the model's
-                    break
-                stats.accepted_tokens += 1
-                lookup.append(guess)
-                yield guess, scored
-                budget -= 1
-            else:
-                token, scored = pick(rows[-1], cache.ids, len(cache), params, generator, constraint)
-            if len(cache) == base + 1:  # nothing accepted
-                backoff = min(2 * backoff or 1, 16)
-                wait = backoff
-            else:
-                backoff = 0
+        yield Finished("".join(text.texts), finish_reason, stats, stop=stops.matched)

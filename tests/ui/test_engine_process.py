@@ -72,7 +72,7 @@ def slow_steps(tmp_path, monkeypatch):
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
         "import time\n"
-        "import chatcli.engine.engine as loop\n"
+        "import chatcli.engine.decode as loop\n"
         "_pick = loop.pick\n"
         "def pick(*args, **kwargs):\n"
         "    time.sleep(0.02)\n"

@@ -254,8 +254,23 @@ class Constraint:
 
     @property
     def looping(self) -> bool:
-        """A call's string repeats itself (`Steer.looping`): the reply ends, its cut call dropped."""
+        """A call's string repeats itself (`Steer.looping`): its repeats are taken back (`rewind`)."""
         return self.steer is not None and self.steer.looping
+
+    @property
+    def in_call_string(self) -> bool:
+        """The reply is inside a string of a call's JSON, where a loop may yet be taken back."""
+        return self.steer is not None and self.steer.in_call_string
+
+    def excess(self) -> int:
+        """The ids a looping string wrote past its loop's first cycle."""
+        return self.steer.excess() if self.steer is not None else 0
+
+    def rewind(self, count: int) -> None:
+        """Take back the last `count` ids (0 < count); the string they were in closes at the next id."""
+        if not self.matcher.rollback(count):
+            raise GrammarError(f"the grammar could not take back {count} ids: {matcher_error(self.matcher)}")
+        self.steer.rewind(count)
 
     @property
     def stopped(self) -> bool:

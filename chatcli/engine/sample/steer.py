@@ -16,8 +16,9 @@ the ids its grammar allows next (`narrow`):
   value the model finished: never inside a string or a number). A call that still runs out of room is
   dropped by its reader (`CallScanner.cut`), never returned cut.
 - loops: a call's string whose last LOOP_IDS ids repeat a cycle of at most MAX_PERIOD ids (`loops.repeats`: a
-  small model that writes `, Paris, Paris, …` for ever) is `looping`: the decode loop ends the reply there (the
-  cut call dropped, finish_reason `length`), as it would at the context's end, minutes or hours sooner.
+  small model that writes `at 3pm at 3pm …` for ever) is `looping`: the decode loop takes the repeats back
+  (`rewind`: the string kept to the end of the cycle's first time, `loops.excess`) and the string closes there
+  (only ids that begin with `"` next), so the call ends whole where it would have run to the context's end.
 - reasoning before a forced call (Harmony's analysis message, `think_end` its closing id): once the budget
   left is the call's room (`think_until` ids taken), the analysis closes at once, and a reply that has not
   opened one goes straight to the call.
@@ -34,7 +35,7 @@ import math
 
 import numpy as np
 
-from chatcli.engine.sample.loops import LOOP_EVERY, LOOP_IDS, MAX_PERIOD, repeats
+from chatcli.engine.sample.loops import LOOP_EVERY, LOOP_IDS, MAX_PERIOD, excess, repeats
 from chatcli.engine.sample.tools import MAX_CALLS, CallText
 
 MAX_DIGITS = 16
@@ -59,6 +60,7 @@ class Vocab:
         self.lead_digits = np.array([_lead_digits(b) for b in self.bytes], dtype=np.int64)
         # ids that close a container and open nothing: `}`, `]`, `}}`, `}\n` ...
         self.closers = np.array([b[:1] in (b"}", b"]") and not set(b'"{[,:') & set(b) for b in self.bytes])
+        self.quotes = np.array([b[:1] == b'"' for b in self.bytes])  # ids that close a string (or begin one)
 
     def starting_with(self, prefix: bytes) -> np.ndarray:
         """The ids whose bytes begin with `prefix`."""
@@ -97,6 +99,7 @@ class Steer:
         think_end: int | None = None,
         think_until: int = 0,
     ) -> None:
+        self.args = (vocab, calls, json_first, several, limit, window, think_end, think_until)  # `rewind` starts again
         self.vocab = vocab
         self.think_end, self.think_until = think_end, think_until
         self.text = calls
@@ -119,10 +122,13 @@ class Steer:
         self.longest = 0  # the most ids a call took (from the end of the one before)
         self.taken = 0
         self.string_ids: list[int] = []  # the ids of the call's string being written (its last ones)
+        self.ids: list[int] = []  # every id taken
+        self.closing = False  # the string in progress closes at the next id (`rewind`)
 
     # -- following the reply -----------------------------------------------------------------
 
     def advance(self, token: int) -> None:
+        self.ids.append(token)
         self.taken += 1
         self.reply += self.vocab.bytes[token]
         if not self.decided:
@@ -131,9 +137,10 @@ class Steer:
             for i in range(self.lexed, len(self.reply)):
                 self._lex(i, self.reply[i])
             self.lexed = len(self.reply)
+        self.closing = self.closing and self.in_string
         if self.call_mode and self.in_string:
             self.string_ids.append(token)
-            del self.string_ids[: -(LOOP_IDS + MAX_PERIOD)]
+            del self.string_ids[: -(LOOP_IDS + 2 * MAX_PERIOD)]  # a loop seen (a look every LOOP_EVERY) and its start
         elif self.string_ids:
             self.string_ids = []
 
@@ -142,6 +149,22 @@ class Steer:
         """The call's string has repeated one cycle of at most MAX_PERIOD ids over its last LOOP_IDS (looked
         at every LOOP_EVERY ids)."""
         return self.taken % LOOP_EVERY == 0 and repeats(self.string_ids)
+
+    @property
+    def in_call_string(self) -> bool:
+        return self.call_mode and self.in_string
+
+    def excess(self) -> int:
+        """The ids a `looping` string wrote past its loop's first cycle (`loops.excess`)."""
+        return excess(self.string_ids)
+
+    def rewind(self, count: int) -> None:
+        """Forget the last `count` ids (a looping string's repeats); the string they were in closes next."""
+        kept = self.ids[: len(self.ids) - count]
+        self.__init__(*self.args)
+        for token in kept:
+            self.advance(token)
+        self.closing = self.in_string
 
     def _decide(self) -> None:
         """Where the calls' JSON begins: after the syntax's opening text (anywhere, for Hermes: its text
@@ -190,6 +213,8 @@ class Steer:
         """`allowed` ([vocab] bool, the grammar's) less the ids steering refuses; never empty."""
         if not self.active:
             return self._thinking(allowed)
+        if self.closing and (allowed & self.vocab.quotes).any():  # after a rewind: the string closes here
+            return allowed & self.vocab.quotes
         refused = np.zeros_like(allowed)
         if self.run and not self.in_string:
             refused |= self.vocab.lead_digits > MAX_DIGITS - self.run
