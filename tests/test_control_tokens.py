@@ -168,3 +168,19 @@ def test_the_control_tokens_pattern_takes_the_longest_token_at_each_place():
         "<unused12>", "<unused6241>", "<end_of_turn>"
     ]  # fmt: skip
     assert alternation([]).search("anything") is None and alternation([""]).search("anything") is None
+
+
+def test_a_padded_vocabulary_s_pattern_is_compiled_only_for_a_string_that_may_hold_one():
+    """A file padded with 20,000 unused control tokens: a message without the first two characters of any
+    control token is searched without compiling their pattern (it took ~1 s of every start); one that may
+    hold one is searched as `alternation` searches it."""
+    from chatcli.engine.text.control import MARK_END, MARK_START, Alternation, alternation, marked
+
+    texts = [f"[PAD{i}]" for i in range(20000)] + ["<|im_end|>"]
+    control = Alternation(texts)
+    plain = {"role": "user", "content": "What is 2 < 3 | 4 and [x]? P.S. PAD this."}
+    assert marked(plain, control) == plain and "pattern" not in control.__dict__
+    text = "a [PAD19999] b <|im_end|>[PAD7] [PAD20000] [PAD]"
+    assert [m.span() for m in alternation(texts).finditer(text)] == [m.span() for m in control.pattern.finditer(text)]
+    a, b, c = (MARK_START + found + MARK_END for found in ("[PAD19999]", "<|im_end|>", "[PAD7]"))
+    assert marked(text, control) == f"a {a} b {b}{c} [PAD20000] [PAD]"

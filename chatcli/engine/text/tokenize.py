@@ -39,7 +39,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from chatcli.engine.text.control import MARK_END, MARK_START, alternation, marked, without_added_tokens
+from chatcli.engine.text.control import MARK_END, MARK_START, Alternation, alternation, marked, without_added_tokens
 from chatcli.engine.text.folder_files import UnsupportedTokenizer, as_ids, byte_level, chat_template, content, read_json
 from chatcli.engine.text.harmony import chat_messages, reply_stops
 from chatcli.engine.text.template import compile_template, literal_text, render_bounded
@@ -138,13 +138,13 @@ class ChatTokenizer:
         return ids
 
     @functools.cached_property
-    def _control_tokens(self) -> re.Pattern:
+    def _control_tokens(self) -> Alternation:
         """The texts of the control tokens, longest first: the special tokens, and the other added tokens
         the template writes itself (in its literal text; whitespace ones aside), or those the tokenizer
         lists as `chat_control_tokens`."""
         listed = self.chat_control_tokens
         literal = "\0".join(literal_text(source) for source in self.template_sources) if listed is None else ""
-        return alternation(
+        return Alternation(
             text
             for text, (_, special) in self.added_tokens.items()
             if special or (text in listed if listed is not None else text in literal and not text.isspace())
