@@ -332,6 +332,7 @@ class Engine(DecodeLoop):
                 del taken[-drop:]
                 text.drop(drop, taken)
                 ids.close()
+                watch = LoopWatch() if watch is not None else None  # the ids it held are gone from the reply
                 ids = self._rewind(
                     drop, len(target) + n, taken[-1], cache, params, generator, stats, constraint, cancel
                 )
