@@ -20,29 +20,33 @@ LOOP_EVERY = 16  # ids between two looks
 REWINDS = 4  # a reply's call strings taken back to their loop's start (`excess`); one more loop ends the reply
 
 
+def period(ids) -> int:
+    """The shortest cycle, of at most MAX_PERIOD ids, that the last LOOP_IDS of `ids` repeat (0: none; it takes at
+    least LOOP_IDS + 1 ids)."""
+    last = np.asarray(ids)
+    for p in range(1, min(MAX_PERIOD, len(last) - LOOP_IDS) + 1):
+        if np.array_equal(last[-LOOP_IDS:], last[-LOOP_IDS - p : -p]):
+            return p
+    return 0
+
+
 def repeats(ids) -> bool:
     """The last LOOP_IDS of `ids` (at least LOOP_IDS + 1 of them) repeat one cycle of at most MAX_PERIOD ids."""
-    if len(ids) < LOOP_IDS + 1:
-        return False
-    last = np.asarray(ids)
-    tail = last[-LOOP_IDS:]
-    return any(
-        np.array_equal(tail, last[-LOOP_IDS - p : -p]) for p in range(1, min(MAX_PERIOD, len(last) - LOOP_IDS) + 1)
-    )
+    return period(ids) > 0
 
 
 def excess(ids) -> int:
     """How many of the last `ids` repeat what the loop in them already wrote (0 where they do not loop): `ids`
     less its start, the run before the repeats (the longest that ends where the shortest cycle begins to
     repeat) and that cycle once. ` Meet Bob at 3pm at 3pm at 3pm …`: all but ` Meet Bob at 3pm`."""
+    p = period(ids)
+    if not p:
+        return 0
     last = np.asarray(ids)
-    for p in range(1, min(MAX_PERIOD, len(last) - LOOP_IDS) + 1):  # the shortest cycle first
-        if np.array_equal(last[-LOOP_IDS:], last[-LOOP_IDS - p : -p]):
-            start = len(last) - LOOP_IDS - p  # last[start:] repeats with period p: how far back does it?
-            while start > 0 and last[start - 1] == last[start - 1 + p]:
-                start -= 1
-            return len(last) - (start + p)
-    return 0
+    start = len(last) - LOOP_IDS - p  # last[start:] repeats with period p: how far back does it?
+    while start > 0 and last[start - 1] == last[start - 1 + p]:
+        start -= 1
+    return len(last) - (start + p)
 
 
 class LoopWatch:

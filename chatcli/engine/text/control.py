@@ -17,7 +17,7 @@ from collections.abc import Iterable
 MARK_START, MARK_END = "\U000f0000", "\U000f0001"
 
 
-def marked(value, control: Alternation | re.Pattern):
+def marked(value, control: Alternation):
     """`value` (the messages or tools, as given) with each control token's text in its strings, dict keys
     too, put between MARK_START and MARK_END; the marks the strings held dropped first, so that none
     can be forged (transformers' `mark_control_tokens`, which leaves keys as they are)."""
