@@ -23,10 +23,11 @@ def test_held_events_come_when_the_string_closes_and_taken_back_ones_never(real_
         sent += text.release(token, hold=n > 4)  # the string opened at the fourth id
     assert [t.token_id for t in sent] == ids[:4] and len(text.held) == len(ids) - 4
     kept = ids[:-4]
-    text.drop(4, kept)  # the last four ids taken back
+    text.drop(4)  # the last four ids taken back
+    assert text.ids == kept
     for token_id in tokenizer.encode('"}'):
         sent += text.release(Token(token_id, text.push(token_id), 0, 0.0, 0.0), hold=False)
     sent += text.flush()
-    assert "".join(t.text for t in sent) == tokenizer.decode(kept) + '"}' == "".join(text.texts)
+    assert "".join(t.text for t in sent) == tokenizer.decode(kept) + '"}' == text.reply
     with pytest.raises(ValueError):
-        text.drop(1, kept)  # nothing held is left to take back
+        text.drop(1)  # nothing held is left to take back

@@ -287,7 +287,6 @@ class Engine(DecodeLoop):
         finish_reason = FinishReason.LENGTH
         t_first = t_last = t_prefilled
         n = samples = computed = rewinds = 0  # reply tokens; sampled ids kept (an end-of-turn id too); all; loops
-        taken: list[int] = []  # the reply's ids
         rate = 0.0
         # a reply that only the context's end would stop (no max_tokens short of it): cut if it loops
         watch = LoopWatch() if params.max_tokens >= self.context_limit - len(target) else None
@@ -314,7 +313,6 @@ class Engine(DecodeLoop):
                 finish_reason = FinishReason.STOP
                 break
             n += 1
-            taken.append(token_id)
             token = Token(token_id, text.push(token_id), n, rate, t_last - t_submit, *(scored or (None, None)))
             yield from text.release(token, hold=constraint is not None and constraint.in_call_string)
             if text.stops.stopped or (constraint is not None and constraint.stopped):  # a complete value ends it too
@@ -329,12 +327,11 @@ class Engine(DecodeLoop):
                     finish_reason = FinishReason.LENGTH
                     break
                 rewinds, n, samples = rewinds + 1, n - drop, samples - drop
-                del taken[-drop:]
-                text.drop(drop, taken)
+                text.drop(drop)
                 ids.close()
                 watch = LoopWatch() if watch is not None else None  # the ids it held are gone from the reply
                 ids = self._rewind(
-                    drop, len(target) + n, taken[-1], cache, params, generator, stats, constraint, cancel
+                    drop, len(target) + n, text.ids[-1], cache, params, generator, stats, constraint, cancel
                 )
                 continue
             if watch is not None and watch.push(token_id):  # the reply in a loop, and nothing else would end it
@@ -347,16 +344,13 @@ class Engine(DecodeLoop):
             # every sampled id but the last, whether or not a draft ran ahead.
             cache.crop(len(target) + samples - 1)
 
-        stops = text.stops
-        if not stops.stopped:
-            tail = stops.push(text.detok.finish()) + stops.finish()
-            if tail:
-                text.texts.append(tail)
-                yield Token(-1, tail, n, rate, t_last - t_submit)
+        tail = text.finish()
+        if tail:
+            yield Token(-1, tail, n, rate, t_last - t_submit)
         t_end = time.perf_counter()
         stats.completion_tokens = n
         stats.decode_tok_s = rate
         stats.total_s = t_end - t_submit
         stats.kv_cache_bytes = cache.nbytes
         stats.context_tokens = len(cache)
-        yield Finished("".join(text.texts), finish_reason, stats, stop=stops.matched)
+        yield Finished(text.reply, finish_reason, stats, stop=text.stops.matched)
