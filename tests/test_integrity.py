@@ -87,7 +87,7 @@ def mapped(own_kernel_cache, monkeypatch):
     def cdll(path, *_a, **_k):
         seen.append((Path(path), kernels.intact(Path(path))))
         functions = ("chatcli_decode", "chatcli_decode_batch", "chatcli_project", "chatcli_pack", "chatcli_tolerant")
-        functions += ("chatcli_taken_over", "chatcli_fail_thread")
+        functions += ("chatcli_taken_over", "chatcli_split_units", "chatcli_fail_thread")
         return types.SimpleNamespace(**{f: types.SimpleNamespace() for f in functions})
 
     monkeypatch.setattr(kernels.ctypes, "CDLL", cdll)

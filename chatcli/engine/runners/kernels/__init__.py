@@ -298,5 +298,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.chatcli_tolerant.restype = ctypes.c_int
     lib.chatcli_taken_over.argtypes = []
     lib.chatcli_taken_over.restype = i64
+    lib.chatcli_split_units.argtypes = []
+    lib.chatcli_split_units.restype = i64
     lib.chatcli_fail_thread.argtypes = [ctypes.c_int32]
     lib.chatcli_fail_thread.restype = None

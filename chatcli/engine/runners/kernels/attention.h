@@ -108,14 +108,15 @@ inline void softcap_row(float* sh, int64_t length, float cap) {
   for (; u < length; u++) sh[u] = cap * std::tanh(sh[u] / cap);
 }
 
-// a row of scores [length] -> softmax weights, unnormalised; returns 1 / their sum
-inline float softmax_row(float* sh, int64_t length) {
+// a row of scores [length] -> softmax weights, unnormalised; returns their sum, its max at *top
+inline float softmax_row(float* sh, int64_t length, float* top) {
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   int64_t u = 0;
   for (; u + 16 <= length; u += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sh + u));
   const __mmask16 mask = static_cast<__mmask16>((1u << (length - u)) - 1u);
   if (u < length) vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, sh + u));
-  const __m512 vtop = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  *top = _mm512_reduce_max_ps(vmax);
+  const __m512 vtop = _mm512_set1_ps(*top);
   __m512 vsum = _mm512_setzero_ps();
   for (u = 0; u + 16 <= length; u += 16) {
     const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sh + u), vtop));
@@ -127,7 +128,7 @@ inline float softmax_row(float* sh, int64_t length) {
     _mm512_mask_storeu_ps(sh + u, mask, e);
     vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
   }
-  return 1.f / hsum(vsum);
+  return hsum(vsum);
 }
 
 // out [R, hd] = weights [R, lds] · V [length, hd] for R rows, DV vectors of outputs a pass: each V row

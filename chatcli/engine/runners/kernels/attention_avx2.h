@@ -108,8 +108,8 @@ inline void softcap_row(float* sh, int64_t length, float cap) {
   for (; u < length; u++) sh[u] = cap * std::tanh(sh[u] / cap);
 }
 
-// a row of scores [length] -> softmax weights, unnormalised; returns 1 / their sum
-inline float softmax_row(float* sh, int64_t length) {
+// a row of scores [length] -> softmax weights, unnormalised; returns their sum, its max at *top
+inline float softmax_row(float* sh, int64_t length, float* top) {
   const __m256 ninf = _mm256_set1_ps(-INFINITY);
   __m256 vmax = ninf;
   int64_t u = 0;
@@ -117,7 +117,8 @@ inline float softmax_row(float* sh, int64_t length) {
   const __m256i mask = first_lanes(length - u);
   if (u < length)
     vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, _mm256_maskload_ps(sh + u, mask), _mm256_castsi256_ps(mask)));
-  const __m256 vtop = _mm256_set1_ps(hmax(vmax));
+  *top = hmax(vmax);
+  const __m256 vtop = _mm256_set1_ps(*top);
   __m256 vsum = _mm256_setzero_ps();
   for (u = 0; u + 8 <= length; u += 8) {
     const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sh + u), vtop));
@@ -129,7 +130,7 @@ inline float softmax_row(float* sh, int64_t length) {
     _mm256_maskstore_ps(sh + u, mask, e);
     vsum = _mm256_add_ps(vsum, _mm256_and_ps(e, _mm256_castsi256_ps(mask)));
   }
-  return 1.f / hsum(vsum);
+  return hsum(vsum);
 }
 
 // out [R, hd] = weights [R, lds] · V [length, hd] for R rows, DV vectors (8 outputs each) a pass

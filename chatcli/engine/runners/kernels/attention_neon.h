@@ -112,9 +112,9 @@ inline void softcap_row(float* sh, int64_t length, float cap) {
   for (; u < length; u++) sh[u] = cap * std::tanh(sh[u] / cap);
 }
 
-// a row of scores [length] -> softmax weights, unnormalised; returns 1 / their sum (AVX2's: 8 lanes
-// summed apart, the last, partial 8 as its masked lanes, then its reduction)
-inline float softmax_row(float* sh, int64_t length) {
+// a row of scores [length] -> softmax weights, unnormalised; returns their sum (AVX2's: 8 lanes summed
+// apart, the last, partial 8 as its masked lanes, then its reduction), its max at *top_out
+inline float softmax_row(float* sh, int64_t length, float* top_out) {
   float top = -INFINITY;
   int64_t u = 0;
   if (length >= 4) {
@@ -123,6 +123,7 @@ inline float softmax_row(float* sh, int64_t length) {
     top = vmaxvq_f32(vmax);
   }
   for (; u < length; u++) top = std::max(top, sh[u]);
+  *top_out = top;
   const float32x4_t vtop = vdupq_n_f32(top);
   float32x4_t lo = vdupq_n_f32(0.f), hi = vdupq_n_f32(0.f);
   for (u = 0; u + 8 <= length; u += 8) {
@@ -144,7 +145,7 @@ inline float softmax_row(float* sh, int64_t length) {
     lo = vaddq_f32(lo, vld1q_f32(e));
     hi = vaddq_f32(hi, vld1q_f32(e + 4));
   }
-  return 1.f / hsum8(lo, hi);
+  return hsum8(lo, hi);
 }
 
 // out [R, hd] = weights [R, lds] · V [length, hd] for R rows, DV vectors (4 outputs each) a pass

@@ -48,6 +48,7 @@ constexpr int64_t kPanel = 64;   // fp32 weights: panels of 64 outputs, [ceil(n/
 constexpr int kMaxGroup = 8;      // query heads attended together over one read of their K and V
 constexpr int kMaxHeadDim = 256;  // the largest head the kernel takes
 constexpr int kTileRows = 12;     // query rows (positions x heads) scored together against each key block
+constexpr int64_t kChunk = 1024;  // key positions a row's softmax folds at a time (steps.h: attend_chunks)
 
 // IQ4_NL's and IQ4_XS's table (llama.cpp's kvalues_iq4nl): a 4-bit index's weight, times d (and IQ4_XS's scale)
 constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};

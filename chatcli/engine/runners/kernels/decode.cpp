@@ -16,7 +16,8 @@
 // bf16 cache, keys and values are stored in bf16 but q and the attention output stay fp32
 // (the torch path rounds those to bf16 too).
 //
-// Every number of a row is computed from that row alone, by one thread, in a fixed order:
+// Every number of a row is computed from that row alone, by one thread (but a decode step's long row's attention:
+// its key chunks by several, folded after in their order, step.h's Unit), in a fixed order:
 // int8 activations get a scale and zero point per row (q4 / q8: a scale per row and group), a dot product sums in int32 (exact
 // in any order), an fp32 projection accumulates over k in order for each output. So the
 // logits of a row do not depend on how many rows share the call or on the thread count:
@@ -105,7 +106,6 @@ void forward_barrier(Step& step, float* logits, int threads) {
   const Model& m = step.m;
   Scratch& sc = step.sc;
   const int64_t D = step.D, H = step.H, hd = step.hd, F = step.F, n_qkv = step.n_qkv, S = step.S, L = step.L;
-  const int64_t n_tasks = static_cast<int64_t>(step.tasks.size());
   std::vector<float> last(step.n_segs > 1 ? L * D : 0);  // the rows with logits, gathered (several segments)
   Experts experts;  // a mixture of experts' buffers (moe.h), where the model has one
   experts.size(m, S);
@@ -123,10 +123,22 @@ void forward_barrier(Step& step, float* logits, int threads) {
         step.rope_qkv(layer, s, &sc.qkv[s * n_qkv]);
         step.store_kv<T>(l, s, &sc.qkv[s * n_qkv]);
       }
+      const AttentionSet& set = step.set(l);
+      const int64_t n_tasks = static_cast<int64_t>(set.tasks.size()), n_units = static_cast<int64_t>(set.units.size());
 #pragma omp for schedule(static, 1)  // interleaved: a causal row's cost grows with its position
       for (int64_t i = 0; i < n_tasks; i++) {
-        const Task& t = step.tasks[i];
-        step.attend_task<T>(l, i, &sc.qkv[t.s * n_qkv], scratch, &sc.att[(t.s * H + t.head) * hd], H * hd);
+        const Task& t = set.tasks[i];
+        if (t.unit < 0)
+          step.attend_task<T>(l, i, &sc.qkv[t.s * n_qkv], scratch, &sc.att[(t.s * H + t.head) * hd], H * hd);
+        else
+          step.attend_task<T>(l, i, &sc.qkv[t.s * n_qkv], scratch, &step.partials[step.part_offset(set, t)], 0);
+      }
+      if (n_units) {  // a decode step's long rows: their chunks folded
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < n_units; u++) {
+          const Unit& unit = set.units[u];
+          step.fold_unit(l, u, scratch, &sc.att[(unit.s * H + unit.head) * hd], H * hd);
+        }
       }
       rows = prepare(layer.out, sc.att.data(), H * hd, S, false, m.eps, sc);
       project_residual(m, layer.out, rows, layer.post_attn_norm, sc, layer.out_bias);
@@ -255,6 +267,9 @@ int chatcli_tolerant(int32_t mode, int64_t stall_us) {
 
 // the items a thread of a tolerant team has done from another's range since the library loaded (tests)
 int64_t chatcli_taken_over() { return g_taken_over.load(); }
+
+// the split units (step.h: Unit) whose chunks a decode step folded since the library loaded (tests)
+int64_t chatcli_split_units() { return g_split_units.load(); }
 
 // tests: thread t of every step without barriers throws at its start (-1: none); the step fails (status 2)
 void chatcli_fail_thread(int32_t t) { g_fail_thread.store(t); }

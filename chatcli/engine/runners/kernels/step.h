@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -167,9 +168,28 @@ inline void store_value(F16* dst, const float* src, int64_t hd) {
 }
 
 // An attention task: `positions` rows of segment `seg` from row `s` (of the step) on, `heads` heads from
-// `head`, of KV group g
+// `head`, of KV group g; all their keys, or (a part of a split unit: `unit` >= 0) the key chunks [c_lo, c_hi)
 struct Task {
   int64_t seg, s, positions, g, head, heads;
+  int64_t c_lo = 0, c_hi = INT64_MAX, unit = -1;
+};
+
+// A decode step's long rows, split over the team: the tasks of one tile and head range each attend some of its
+// key chunks (c0 .. c0 + chunks - 1) into the partials (at `off`: per chunk, per row, its max, sum and weighted
+// values [hd]), then one folds them in order (steps.h: fold_chunk), as one task would have.
+struct Unit {
+  int64_t seg, s, positions, g, head, heads, c0, chunks, off;
+};
+
+constexpr int64_t kSplitChunks = 3;     // a decode step's rows of this many key chunks or more are split
+std::atomic<int64_t> g_split_units{0};  // units folded since the library loaded (chatcli_split_units: tests)
+
+// The attention of the layers of one window (0: none): its tasks, its split units and the partials they need
+struct AttentionSet {
+  int64_t window;
+  std::vector<Task> tasks;
+  std::vector<Unit> units;
+  int64_t partials = 0;  // floats
 };
 
 // Heads a task attends together in a segment of S rows: all of a group's (at most kMaxGroup: `part`) where the
@@ -189,25 +209,53 @@ inline int64_t heads_per_task(int64_t S, int64_t KV, int64_t group, int64_t part
   return best;
 }
 
-// Every segment's attention tasks: heads_per_task heads a task, tiles of positions where a task holds several
-// heads. The tiling changes no bits (attend: a row's sums in the same order whatever the rows around it).
-std::vector<Task> attention_tasks(const Segment* segs, int64_t n_segs, int64_t KV, int64_t group, int threads) {
+// Every segment's attention tasks for layers of `window` (0: none): heads_per_task heads a task, tiles of positions
+// where a task holds several heads. The tiling changes no bits (attend: a row's sums in the same order whatever
+// the rows around it). A decode step (too few tasks for the team) whose rows read kSplitChunks key chunks or more
+// attends all of a group's heads together (its keys read once) and splits the chunks over ~4 tasks a thread,
+// folded after (Unit): the same bits as one task, which folds the same chunks in the same order.
+AttentionSet attention_tasks(const Segment* segs, int64_t n_segs, int64_t KV, int64_t group, int64_t hd, int threads,
+                             int64_t window) {
   const int64_t part = std::min<int64_t>(group, kMaxGroup);  // heads a task attends together at most
-  std::vector<Task> tasks;
+  AttentionSet set{window, {}, {}, 0};
   int64_t first = 0;
   for (int64_t j = 0; j < n_segs; j++) {
-    const int64_t S = segs[j].rows;
+    const int64_t S = segs[j].rows, parts = (group + part - 1) / part;
+    const auto chunks_of = [&](int64_t s, int64_t positions, int64_t& c0) {  // the key chunks a tile reads
+      const int64_t length = segs[j].pos + s + 1, last = length + positions - 1;
+      c0 = (window ? std::max<int64_t>(0, length - window) / 16 * 16 : 0) / kChunk;
+      return (last + kChunk - 1) / kChunk - c0;
+    };
+    const int64_t split_tile = std::max<int64_t>(1, kTileRows / part), tiles = (S + split_tile - 1) / split_tile;
+    int64_t c0 = 0;
+    if (threads > 1 && S * KV * parts < 4 * threads && chunks_of(0, std::min(split_tile, S), c0) >= kSplitChunks) {
+      const int64_t units = tiles * KV * parts, want = (4 * threads + units - 1) / units;  // tasks a unit
+      for (int64_t u = 0; u < units; u++) {
+        const int64_t s = u / (KV * parts) * split_tile, g = u / parts % KV, head = g * group + u % parts * part;
+        const int64_t positions = std::min(split_tile, S - s), heads = std::min(part, (g + 1) * group - head);
+        const int64_t chunks = chunks_of(s, positions, c0), n = std::min(want, chunks);
+        const int64_t unit = static_cast<int64_t>(set.units.size());
+        set.units.push_back({j, first + s, positions, g, head, heads, c0, chunks, set.partials});
+        set.partials += chunks * positions * heads * (hd + 2);
+        for (int64_t i = 0; i < n; i++) {  // n ranges of the chunks, as even as they divide
+          const int64_t lo = c0 + chunks * i / n, hi = c0 + chunks * (i + 1) / n;
+          set.tasks.push_back({j, first + s, positions, g, head, heads, lo, hi, unit});
+        }
+      }
+      first += S;
+      continue;
+    }
     const int64_t per_task = heads_per_task(S, KV, group, part, std::max(1, threads));
     const int64_t tile = per_task == 1 ? 1 : std::max<int64_t>(1, kTileRows / per_task);  // positions a task
-    const int64_t tiles = (S + tile - 1) / tile, tasks_per_group = (group + per_task - 1) / per_task;
-    for (int64_t task = 0; task < tiles * KV * tasks_per_group; task++) {
+    const int64_t n_tiles = (S + tile - 1) / tile, tasks_per_group = (group + per_task - 1) / per_task;
+    for (int64_t task = 0; task < n_tiles * KV * tasks_per_group; task++) {
       const int64_t s = task / (KV * tasks_per_group) * tile, g = task / tasks_per_group % KV;
       const int64_t head = g * group + task % tasks_per_group * per_task;
-      tasks.push_back({j, first + s, std::min(tile, S - s), g, head, std::min(per_task, (g + 1) * group - head)});
+      set.tasks.push_back({j, first + s, std::min(tile, S - s), g, head, std::min(per_task, (g + 1) * group - head)});
     }
     first += S;
   }
-  return tasks;
+  return set;
 }
 
 // a block's output row y [D] as it joins the residual: plus its bias, through its sandwich norm where there is one (Gemma,
@@ -254,8 +302,10 @@ struct Step {
   int64_t S = 0, L = 0, longest = 0;              // rows, rows with logits, the most positions a row sees
   int64_t D, H, KV, hd, F, n_qkv, widest;
   Scratch sc;
-  std::vector<Task> tasks;
-  size_t scratch_per_thread;  // attention's: a thread's share of sc.scores
+  std::vector<AttentionSet> sets;  // the attention of each window the layers have
+  std::vector<int64_t> set_of;     // per layer: its set
+  std::vector<float> partials;     // split units' chunks (AttentionSet::partials floats at most)
+  size_t scratch_per_thread;       // attention's: a thread's share of sc.scores
 
   Step(const Model& model, const Segment* segments, int64_t n, const int64_t* tokens, int threads)
       : m(model), segs(segments), n_segs(n), D(m.hidden), H(m.heads), KV(m.kv_heads), hd(m.head_dim), F(m.ffn) {
@@ -277,8 +327,19 @@ struct Step {
     sc.gu.resize(S * 2 * F);
     sc.post.resize(S * D);
     sc.size_activations(S, widest);
-    tasks = attention_tasks(segs, n_segs, KV, H / KV, threads);
-    scratch_per_thread = static_cast<size_t>(kTileRows) * (2 * hd + longest + 48);
+    for (int64_t l = 0; l < m.n_layers; l++) {
+      const int64_t window = m.layers[l].window;
+      auto found = std::find_if(sets.begin(), sets.end(), [&](const AttentionSet& a) { return a.window == window; });
+      if (found == sets.end()) {
+        sets.push_back(attention_tasks(segs, n_segs, KV, H / KV, hd, threads, window));
+        found = sets.end() - 1;
+      }
+      set_of.push_back(found - sets.begin());
+    }
+    int64_t most = 0;
+    for (const AttentionSet& a : sets) most = std::max(most, a.partials);
+    partials.resize(most);
+    scratch_per_thread = static_cast<size_t>(kTileRows) * (3 * hd + longest + 49);
     sc.scores.resize(static_cast<size_t>(threads) * scratch_per_thread);
     for (int64_t s = 0; s < S; s++) {
       if (m.embed)
@@ -314,18 +375,66 @@ struct Step {
     }
   }
 
+  // the attention set of layer l
+  const AttentionSet& set(int64_t l) const { return sets[set_of[l]]; }
+
+  // the most items a stage of attention has: a set's tasks or its units
+  int64_t attention_items() const {
+    int64_t most = 0;
+    for (const AttentionSet& a : sets)
+      most = std::max({most, static_cast<int64_t>(a.tasks.size()), static_cast<int64_t>(a.units.size())});
+    return most;
+  }
+
+  // floats a split task's chunks take in the partials
+  int64_t part_floats(const Task& t) const { return (t.c_hi - t.c_lo) * t.positions * t.heads * (hd + 2); }
+
+  // where task t's chunks go in the partials
+  int64_t part_offset(const AttentionSet& a, const Task& t) const {
+    const Unit& u = a.units[t.unit];
+    return u.off + (t.c_lo - u.c0) * t.positions * t.heads * (hd + 2);
+  }
+
   // attention task i of layer l: its q rows (at q, stride n_qkv, from the task's first row) over the cache,
-  // outputs at out (row stride ldo); scratch: a thread's share of sc.scores
+  // outputs at out (row stride ldo), or, a split unit's task, its chunks' partials at out (part_floats);
+  // scratch: a thread's share of sc.scores
   template <typename T>
   void attend_task(int64_t l, int64_t i, const float* q, float* scratch, float* out, int64_t ldo) const {
-    const Task& t = tasks[i];
+    const Task& t = set(l).tasks[i];
     const Layer& layer = m.layers[l];
     const Cache& c = *segs[t.seg].cache;
     const int64_t cap = c.capacity[l], base = c.base[l];
     const T* kl = static_cast<const T*>(c.k[l]) + t.g * span<T>(cap, hd);
     const T* vl = static_cast<const T*>(c.v[l]) + t.g * span<T>(cap, hd);
-    attend(q + t.head * hd, n_qkv, t.positions, t.heads, kl, vl, base, row_pos[t.s] + 1, hd, layer.window,
-           m.attn_scale, m.attn_softcap, scratch, out, ldo, layer.sinks ? layer.sinks + t.head : nullptr);
+    if (t.unit < 0) {
+      attend(q + t.head * hd, n_qkv, t.positions, t.heads, kl, vl, base, row_pos[t.s] + 1, hd, layer.window,
+             m.attn_scale, m.attn_softcap, scratch, out, ldo, layer.sinks ? layer.sinks + t.head : nullptr);
+      return;
+    }
+    const int64_t rows = t.positions * t.heads;
+    attend_chunks<T>(q + t.head * hd, n_qkv, t.positions, t.heads, kl, vl, base, row_pos[t.s] + 1, hd, layer.window,
+                     m.attn_scale, m.attn_softcap, scratch, t.c_lo, t.c_hi,
+                     [&](int64_t k, int64_t r, float top, float sum, const float* o) {
+                       float* slot = out + ((k - t.c_lo) * rows + r) * (hd + 2);
+                       slot[0] = top, slot[1] = sum;
+                       std::memcpy(slot + 2, o, hd * sizeof(float));
+                     });
+  }
+
+  // split unit u of layer l: its chunks' partials folded in order, each row's output at out + p * ldo + h * hd
+  void fold_unit(int64_t l, int64_t u, float* acc, float* out, int64_t ldo) const {
+    const Unit& unit = set(l).units[u];
+    const float* sinks = m.layers[l].sinks ? m.layers[l].sinks + unit.head : nullptr;
+    const int64_t rows = unit.positions * unit.heads;
+    g_split_units.fetch_add(1, std::memory_order_relaxed);
+    for (int64_t r = 0; r < rows; r++) {
+      Fold f{-INFINITY, 0.f, acc};
+      for (int64_t k = 0; k < unit.chunks; k++) {
+        const float* slot = &partials[unit.off + (k * rows + r) * (hd + 2)];
+        fold_chunk(f, slot[0], slot[1], slot + 2, hd);
+      }
+      finish_fold(f, sinks ? sinks + r % unit.heads : nullptr, hd, out + r / unit.heads * ldo + r % unit.heads * hd);
+    }
   }
 };
 

@@ -307,40 +307,95 @@ inline void dequantize_row(const Matrix& m, int64_t r, float scale, float* out) 
   }
 }
 
-// A tile of `positions` consecutive query positions x `heads` heads of one KV group (rows p * heads + h,
-// at most kTileRows), the first position seeing `length` cached keys: q rows at q + p * ldq + h * hd,
-// outputs at out + p * ldo + h * hd. K (transposed blocks) and V are read once for the tile's rows; they
-// hold positions from `base` on (a multiple of 16, at most the first key a row reads).
-// With a window, a row sees only its last `window` keys: the tile starts at the key block of its
-// first row's first key. A row's weights outside its own keys are 0, and adding 0 * v leaves a sum's
-// bits as they are: each row sums in the same order whatever the rows around it, so a prefill and
-// the same tokens one at a time give the same bits. `sinks` (gpt-oss; null: none): the heads' sink logits, each a
-// term e^(sink - max) more in its rows' softmax denominator (a key of value 0). scratch: kTileRows * (2 hd + length + positions + 48) floats.
-template <typename T>
-void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t base,
-            int64_t length, int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo,
-            const float* sinks = nullptr) {
+// A row's softmax over its keys, a chunk (kChunk positions) at a time: the chunks' maxima m, sums s of e^(x - m)
+// and weighted values o [hd] folded in order (`fold_chunk`), so that a row's bits are the same whether its chunks
+// were attended by one task in turn (a prefill's tile, a short row) or by several tasks at once (a decode step's
+// long row split over the team: step.h's Unit, `Step::attend_task` then `Step::fold_unit`).
+struct Fold {
+  float m, s;  // the max so far, the sum of e^(x - m)
+  float* acc;  // [hd]: the values weighed by e^(x - m)
+};
+
+// fold a chunk's (mk, sk, ok) into f; a chunk the row has no key in (mk = -inf) changes nothing, and the first is
+// taken as it is (a row of one chunk: its sums as one softmax gives them)
+inline void fold_chunk(Fold& f, float mk, float sk, const float* ok, int64_t hd) {
+  if (mk == -INFINITY) return;
+  if (f.m == -INFINITY) {
+    f.m = mk, f.s = sk;
+    std::memcpy(f.acc, ok, hd * sizeof(float));
+    return;
+  }
+  const float top = std::max(f.m, mk), a = std::exp(f.m - top), b = std::exp(mk - top);
+  f.s = f.s * a + sk * b;
+  for (int64_t i = 0; i < hd; i++) f.acc[i] = f.acc[i] * a + ok[i] * b;
+  f.m = top;
+}
+
+// a folded row's output [hd]: its values over its sum (and a sink's term: gpt-oss; nullptr: none)
+inline void finish_fold(const Fold& f, const float* sink, int64_t hd, float* out) {
+  float inv = 1.f / f.s;
+  if (sink) inv /= 1.f + inv * std::exp(*sink - f.m);  // 1 / (sum + e^(sink - max))
+  for (int64_t i = 0; i < hd; i++) out[i] = f.acc[i] * inv;
+}
+
+// The key chunks [c_lo, c_hi) of a tile of `positions` consecutive query positions x `heads` heads of one KV group
+// (rows p * heads + h, at most kTileRows), the first position seeing `length` cached keys: q rows at
+// q + p * ldq + h * hd; emit(k, r, m, s, o) gets chunk k's max, sum and weighted values o [hd] of each row r
+// (m = -inf: the row has no key in it). K (transposed blocks) and V are read once for the tile's rows; they hold
+// positions from `base` on (a multiple of 16, at most the first key a row reads). With a window, a row sees only
+// its last `window` keys: the tile starts at the key block of its first row's first key. A row's weights outside
+// its own keys are 0, and adding 0 * v leaves a sum's bits as they are: each row sums in the same order whatever
+// the rows around it, so a prefill and the same tokens one at a time give the same bits.
+// scratch: kTileRows * (2 hd + length + positions + 48) floats.
+template <typename T, typename Emit>
+void attend_chunks(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t base,
+                   int64_t length, int64_t hd, int64_t window, float scale, float softcap, float* scratch, int64_t c_lo,
+                   int64_t c_hi, Emit emit) {
   const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
   const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
-  const int64_t b0 = window ? std::max<int64_t>(0, length - window) / 16 : 0, u0 = b0 * 16;  // the first key read
+  const int64_t u0 = window ? std::max<int64_t>(0, length - window) / 16 * 16 : 0;  // the first key read
   float* qt = scratch;                       // [rows, hd]
   float* ot = scratch + kTileRows * hd;      // [rows, hd]
   float* scores = ot + kTileRows * hd;       // [rows, lds]
   for (int64_t p = 0; p < positions; p++) std::memcpy(qt + p * heads * hd, q + p * ldq, heads * hd * sizeof(float));
-  score_any<T>(rows, qt, kt + span<T>(u0 - base, hd), blocks - b0, hd, scores + u0, lds, scale);
-  float inv[kTileRows];
-  for (int64_t r = 0; r < rows; r++) {
-    float* w = scores + r * lds;
-    const int64_t own = length + r / heads, first = window ? std::max<int64_t>(0, own - window) : 0;
-    if (softcap > 0.f) softcap_row(w + first, own - first, softcap);
-    const float top = sinks ? *std::max_element(w + first, w + own) : 0.f;  // the max softmax_row subtracts
-    inv[r] = softmax_row(w + first, own - first);
-    if (sinks) inv[r] /= 1.f + inv[r] * std::exp(sinks[r % heads] - top);  // 1 / (sum + e^(sink - max))
-    std::fill(w + u0, w + first, 0.f);
-    std::fill(w + own, w + last, 0.f);
+  static const float ones[kTileRows] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
+  float top[kTileRows], sum[kTileRows];
+  const int64_t lo = std::max(c_lo, u0 / kChunk), hi = std::min(c_hi, (last + kChunk - 1) / kChunk);
+  for (int64_t k = lo; k < hi; k++) {
+    const int64_t ua = std::max(u0, k * kChunk), ub = std::min(last, (k + 1) * kChunk);  // ua: a block's first key
+    score_any<T>(rows, qt, kt + span<T>(ua - base, hd), (ub - ua + 15) / 16, hd, scores + ua, lds, scale);
+    for (int64_t r = 0; r < rows; r++) {
+      float* w = scores + r * lds;
+      const int64_t own = length + r / heads, first = window ? std::max<int64_t>(0, own - window) : 0;
+      const int64_t a = std::max(first, ua), b = std::min(own, ub);  // the row's keys in this chunk
+      top[r] = -INFINITY, sum[r] = 0.f;
+      if (a < b) {
+        if (softcap > 0.f) softcap_row(w + a, b - a, softcap);
+        sum[r] = softmax_row(w + a, b - a, &top[r]);
+      }
+      std::fill(w + ua, w + std::max(ua, std::min(a, ub)), 0.f);
+      std::fill(w + std::max(ua, b), w + ub, 0.f);
+    }
+    weigh_any<T>(rows, scores + ua, lds, v + span<T>(ua - base, hd), ub - ua, hd, ones, ot);
+    for (int64_t r = 0; r < rows; r++) emit(k, r, top[r], sum[r], ot + r * hd);
   }
-  weigh_any<T>(rows, scores + u0, lds, v + span<T>(u0 - base, hd), last - u0, hd, inv, ot);
-  for (int64_t p = 0; p < positions; p++) std::memcpy(out + p * ldo, ot + p * heads * hd, heads * hd * sizeof(float));
+}
+
+// A tile's attention over all its keys (see attend_chunks), outputs at out + p * ldo + h * hd. `sinks` (gpt-oss;
+// null: none): the heads' sink logits, each a term e^(sink - max) more in its rows' softmax denominator (a key of
+// value 0). scratch: kTileRows * (3 hd + length + positions + 48) floats.
+template <typename T>
+void attend(const float* q, int64_t ldq, int64_t positions, int64_t heads, const T* kt, const T* v, int64_t base,
+            int64_t length, int64_t hd, int64_t window, float scale, float softcap, float* scratch, float* out, int64_t ldo,
+            const float* sinks = nullptr) {
+  const int64_t rows = positions * heads;
+  float* acc = scratch + static_cast<int64_t>(kTileRows) * (2 * hd + length + positions + 48);  // [rows, hd]
+  Fold folds[kTileRows];
+  for (int64_t r = 0; r < rows; r++) folds[r] = {-INFINITY, 0.f, acc + r * hd};
+  attend_chunks<T>(q, ldq, positions, heads, kt, v, base, length, hd, window, scale, softcap, scratch, 0, INT64_MAX,
+                   [&](int64_t, int64_t r, float m, float s, const float* o) { fold_chunk(folds[r], m, s, o, hd); });
+  for (int64_t r = 0; r < rows; r++)
+    finish_fold(folds[r], sinks ? sinks + r % heads : nullptr, hd, out + r / heads * ldo + r % heads * hd);
 }
 
 }  // namespace

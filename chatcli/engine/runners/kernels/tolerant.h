@@ -287,7 +287,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
   const Model& m = step.m;
   Scratch& sc = step.sc;
   const int64_t D = step.D, H = step.H, hd = step.hd, F = step.F, n_qkv = step.n_qkv, S = step.S, L = step.L;
-  const int64_t n_tasks = static_cast<int64_t>(step.tasks.size());
+  const int64_t n_tasks = step.attention_items();
   const int64_t jobs = m.experts ? threads * kItemsPerThread + 4 * S * m.experts_used : 0;  // project_jobs_stage's
   Stages stages(threads, std::max({threads * kItemsPerThread, n_tasks, S, jobs}));
   Experts experts;  // a mixture of experts' shared buffers (moe.h), where the model has one
@@ -334,19 +334,39 @@ void forward_tolerant(Step& step, float* logits, int threads) {
       }
       stages.run(
           t, stage, S, [](int64_t) {}, [&](int64_t s) { step.store_kv<T>(l, s, &own.qkv[s * n_qkv]); });
+      const AttentionSet& set = step.set(l);
       stages.run(
-          t, stage, n_tasks,
+          t, stage, static_cast<int64_t>(set.tasks.size()),
           [&](int64_t i) {
-            const Task& task = step.tasks[i];
-            own.out.resize(std::max<size_t>(own.out.size(), task.positions * task.heads * hd));
+            const Task& task = set.tasks[i];
+            const int64_t floats = task.unit < 0 ? task.positions * task.heads * hd : step.part_floats(task);
+            own.out.resize(std::max<size_t>(own.out.size(), floats));
             step.attend_task<T>(l, i, &own.qkv[task.s * n_qkv], scratch, own.out.data(), task.heads * hd);
           },
           [&](int64_t i) {
-            const Task& task = step.tasks[i];
+            const Task& task = set.tasks[i];
+            if (task.unit >= 0) {  // a split unit's chunks
+              std::memcpy(&step.partials[step.part_offset(set, task)], own.out.data(), step.part_floats(task) * sizeof(float));
+              return;
+            }
             for (int64_t p = 0; p < task.positions; p++)
               std::memcpy(&sc.att[((task.s + p) * H + task.head) * hd], &own.out[p * task.heads * hd],
                           task.heads * hd * sizeof(float));
           });
+      if (!set.units.empty())  // a decode step's long rows: their chunks folded
+        stages.run(
+            t, stage, static_cast<int64_t>(set.units.size()),
+            [&](int64_t u) {
+              const Unit& unit = set.units[u];
+              own.out.resize(std::max<size_t>(own.out.size(), unit.positions * unit.heads * hd));
+              step.fold_unit(l, u, scratch, own.out.data(), unit.heads * hd);
+            },
+            [&](int64_t u) {
+              const Unit& unit = set.units[u];
+              for (int64_t p = 0; p < unit.positions; p++)
+                std::memcpy(&sc.att[((unit.s + p) * H + unit.head) * hd], &own.out[p * unit.heads * hd],
+                            unit.heads * hd * sizeof(float));
+            });
       rows = prepare_own(layer.out, sc.att.data(), H * hd, S, false);
       residual(layer.out, rows, layer.post_attn_norm, layer.out_bias);
       if (layer.router) {
