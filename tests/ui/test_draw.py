@@ -188,3 +188,45 @@ async def test_esc_draws_what_came_before_it_at_once_not_at_the_next_tick(monkey
         await wait_for(pilot, lambda: box.markdown.source == "one two three")
         assert screen.busy and screen.turns_done == 0  # before the turn's end
         await wait_for(pilot, lambda: screen.turns_done == 1)
+
+
+async def test_tokens_the_model_made_after_esc_are_drawn_as_they_come_not_at_the_next_tick(monkeypatch):
+    """The cancel reaches the model a step or two late (the generation process reads it between steps): the
+    tokens it made meanwhile wake the screen and are drawn as they come, so the reply stops growing on screen
+    within a step of the model's stop, not up to a tick (100 ms) later."""
+    import threading
+
+    from chatcli.engine import Token
+    from chatcli.ui.screens import chat
+
+    monkeypatch.setattr(chat, "TICK_S", 30.0)  # no draw tick comes during the test
+    engine = FakeEngine(script=lambda _t: "one two three four five six seven eight nine ten", tok_s=20)
+    generate = engine.generate
+    made: list[str] = []  # what the model wrote
+    reached = threading.Event()  # the cancel, as the model sees it: three tokens after Esc
+
+    def late(messages, session, params=None, cancel=None):
+        after = 0
+        for event in generate(messages, session, params, reached):
+            if isinstance(event, Finished):
+                time.sleep(1.0)  # the turn's end (which draws everything) comes a second later
+            if isinstance(event, Token):
+                made.append(event.text)
+            yield event
+            if isinstance(event, Token) and cancel.is_set():
+                after += 1
+                if after == 3:
+                    reached.set()
+
+    engine.generate = late
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "count", wait=False)
+        await wait_for(pilot, lambda: len(screen.inbox._items) + screen.live.tokens >= 3)
+        await pilot.press("escape")
+        box = screen.pane.query(ReplyBox).last()
+        await wait_for(pilot, lambda: reached.is_set() and box.markdown.source == "".join(made))
+        assert screen.busy and screen.turns_done == 0  # drawn before the turn's end, with no tick
+        await wait_for(pilot, lambda: screen.turns_done == 1)
+        assert screen.conversation.messages[-1].content == "".join(made)

@@ -182,8 +182,10 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
                 here = engine.keeps_cache  # else the server holds the cache: its size is known at the end
                 cache = session.cache
                 sizes = (len(cache), cache.nbytes) if here else (None, None)
-                # a turn's start, its first token and its end wake the screen at once; other tokens wait for the tick
-                wake = not isinstance(event, Token) or first_token
+                # a turn's start, its first token and its end wake the screen at once, and after Esc every token (the
+                # few the model made before the cancel reached it: drawn as they come, not up to a tick after Esc);
+                # other tokens wait for the tick
+                wake = not isinstance(event, Token) or first_token or cancel.is_set()
                 first_token = first_token and not isinstance(event, Token)
                 if self.inbox.put(TurnEvent(turn, event, *sizes), wake=wake):
                     self.post_message(EventsWaiting())
@@ -208,7 +210,8 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
     async def on_events_waiting(self, _message: EventsWaiting | None = None) -> None:
         for event in self.inbox.take():
             await self.on_turn_event(event)
-        if self._tick is not None and self._buffer and not self._drawn:  # the reply's first text: now, not at the tick
+        stopping = self.cancel is not None and self.cancel.is_set()  # Esc: what still comes, now, not at the tick
+        if self._tick is not None and self._buffer and (not self._drawn or stopping):  # the reply's first text too
             await self._flush()
 
     async def on_turn_event(self, message: TurnEvent) -> None:
