@@ -17,13 +17,15 @@ minutes: only figures taken side by side compare). The cases:
 
 Per case and terminal size: decode tok/s and TTFT of each (the engine's own figures, `TurnStats`:
 the panels' and `--json`'s), the TUI's share of the one-shot's speed, `shown`: the time from Enter to
-the reply's first text drawn (what a user sees as TTFT), the UI thread's CPU seconds a
-second while the reply streams (`ui cpu`), then a third run of the TUI where keys are typed into the
-prompt while the reply streams (one every 100 ms): how long each took to show in the prompt (the key
-sent to the app, to the refresh after the prompt holds it: p50 / p95), and, half-way through the
-reply, Esc: the time to the last token the screen took in (`stop`: the reply stops growing) and to the
-turn's end (`end`: the reply marked stopped, after its KV cache was written to disk; the worst of the rounds). Headless,
-the app lays out and renders every frame but writes no terminal: a real terminal costs a little more.
+the reply's first text drawn (what a user sees as TTFT), the UI thread's CPU seconds a second while the
+reply streams (`ui cpu`) and, on a line below, its CPU time in each layout and paint of the screen
+(Textual's `Screen._refresh_layout`: a key or Esc waits behind the one under way), then a third run of
+the TUI where keys are typed into the prompt while the reply streams (one every 100 ms): how long each
+took to show in the prompt (the key sent to the app, to the refresh after the prompt holds it: p50 /
+p95), and, half-way through the reply, Esc: the time to the last token the screen took in (`stop`: the
+reply stops growing) and to the turn's end (`end`: the reply marked stopped, after its KV cache was
+written to disk; the worst of the rounds). Headless, the app lays out and renders every frame but writes
+no terminal: a real terminal costs a little more.
 The load average at the start and end is printed: other processes on a 2-core machine change all of it.
 """
 
@@ -144,6 +146,17 @@ async def drive(case: Case, size: tuple[int, int], typing: bool) -> dict:
                 shown.append(time.perf_counter())
 
         screen._flush = first_flush
+        draws: list[float] = []  # the UI thread's seconds in each layout and paint of the screen while it streams
+        refresh_layout = type(screen)._refresh_layout
+
+        def timed_refresh(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return refresh_layout(screen, *args, **kwargs)
+            finally:
+                draws.append(time.thread_time() - start)
+
+        screen._refresh_layout = timed_refresh
         cpu, wall = time.thread_time(), time.perf_counter()
         await pilot.press("enter")
         echoes: list[float] = []
@@ -178,6 +191,7 @@ async def drive(case: Case, size: tuple[int, int], typing: bool) -> dict:
             "blocks": code_blocks(reply),
             "ui_cpu": cpu / wall,
             "shown": shown_s,
+            "draw_ms": [d * 1000 for d in draws],
         }
         if typing:
             result["echo_ms"] = [e * 1000 for e in echoes]
@@ -235,6 +249,7 @@ def summary(name: str, size: tuple[int, int], tree: str, runs: list[tuple[dict, 
         "end_ms": max(k["end_ms"] if k["end_ms"] is not None else float("nan") for *_, k in runs),
         "tokens": runs[-1][1]["tokens"],
         "code_blocks": runs[-1][1]["blocks"],
+        "draw_ms": sorted(d for _, t, _ in runs for d in t["draw_ms"]),
     }
 
 
@@ -272,6 +287,14 @@ def print_row(r: dict) -> None:
         f"{r['stop_ms']:7.1f} / {r['end_ms']:7.1f} {r['tokens']:6} {r['code_blocks']:6}",
         flush=True,
     )
+    draws = r["draw_ms"]
+    if draws:  # a key or Esc waits behind the draw under way
+        n = len(draws)
+        print(
+            f"{'':22}draws: {n}, the UI thread's ms each p50 {draws[n // 2]:.1f}, p90 {draws[int(0.9 * n)]:.1f}, "
+            f"max {draws[-1]:.1f}",
+            flush=True,
+        )
 
 
 def main() -> None:
