@@ -162,6 +162,14 @@ async def test_no_full_garbage_collection_walks_the_ui_while_a_reply_streams():
         assert gc.get_freeze_count() == 0  # and given back to the collector at its end
 
 
+async def three_tokens_made(pilot) -> ChatScreen:
+    """The chat screen once a turn asked for has made three tokens (taken in, or waiting for the tick)."""
+    screen = await ready(pilot)
+    await send(pilot, "count", wait=False)
+    await wait_for(pilot, lambda: len(screen.inbox._items) + screen.live.tokens >= 3)
+    return screen
+
+
 async def test_esc_draws_what_came_before_it_at_once_not_at_the_next_tick(monkeypatch):
     from chatcli.ui.screens import chat
 
@@ -178,9 +186,7 @@ async def test_esc_draws_what_came_before_it_at_once_not_at_the_next_tick(monkey
     engine.generate = slow_to_end
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        screen = await ready(pilot)
-        await send(pilot, "count", wait=False)
-        await wait_for(pilot, lambda: len(screen.inbox._items) + screen.live.tokens >= 3)
+        screen = await three_tokens_made(pilot)
         box = screen.pane.query(ReplyBox).last()
         drawn = box.markdown.source  # the first token, drawn as it came; the others wait for the tick
         assert drawn and drawn != "one two three" and "one two three".startswith(drawn)
@@ -221,9 +227,7 @@ async def test_tokens_the_model_made_after_esc_are_drawn_as_they_come_not_at_the
     engine.generate = late
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        screen = await ready(pilot)
-        await send(pilot, "count", wait=False)
-        await wait_for(pilot, lambda: len(screen.inbox._items) + screen.live.tokens >= 3)
+        screen = await three_tokens_made(pilot)
         await pilot.press("escape")
         box = screen.pane.query(ReplyBox).last()
         await wait_for(pilot, lambda: reached.is_set() and box.markdown.source == "".join(made))
