@@ -5,7 +5,7 @@ row, and a decode step whose rows read three chunks or more, where each of the t
 the chunks and one folds them after. So the logits of a long conversation's steps are the bits of one
 thread's, of the steps without barriers (with a thread stalled, its items taken over), of a draft checked in
 one call and of the whole context prefilled at once, and they are the torch path's within float rounding.
-Windows (a sliding layer's keys from its second chunk on) and a q8 cache too.
+Windows (a sliding layer's keys from its second chunk on), a q8 cache, and the AVX2 build too.
 """
 
 from __future__ import annotations
@@ -112,3 +112,11 @@ def test_split_steps_track_the_torch_path(files, lib):
     for token in STEPS:
         a, b = reference.forward([token], caches[0]), ours.forward([token], caches[1])
         assert close(b, a, 1e-4)
+
+
+def test_every_build_this_cpu_runs_gives_one_threads_bits(files, build):
+    """AVX-512's and AVX2's builds (each its own softmax_row): the split steps are one thread's bits there too."""
+    alone, alone_draft = steps(NativeRunner(files["float32-panels"], threads=1))
+    split, split_draft = steps(NativeRunner(files["float32-panels"], threads=2))
+    assert all(np.array_equal(a, b) for a, b in zip(alone, split, strict=True))
+    assert np.array_equal(alone_draft, split_draft)
