@@ -196,7 +196,7 @@ int check_segments(const Model* m, const Segment* segs, int64_t n_segs) {
       return 1;
     for (int64_t l = 0; l < m->n_layers; l++) {  // each layer holds what its rows write and read
       const int64_t base = g.cache->base[l], window = m->layers[l].window;
-      const int64_t first = window ? std::max<int64_t>(0, g.pos + 1 - window) / 16 * 16 : 0;
+      const int64_t first = first_key(g.pos + 1, window);
       if (g.cache->capacity[l] % 16 != 0 || base % 16 != 0 || base < 0 || base > first ||
           g.pos + g.rows - base > g.cache->capacity[l])
         return 1;

@@ -223,7 +223,7 @@ AttentionSet attention_tasks(const Segment* segs, int64_t n_segs, int64_t KV, in
     const int64_t S = segs[j].rows, parts = (group + part - 1) / part;
     const auto chunks_of = [&](int64_t s, int64_t positions, int64_t& c0) {  // the key chunks a tile reads
       const int64_t length = segs[j].pos + s + 1, last = length + positions - 1;
-      c0 = (window ? std::max<int64_t>(0, length - window) / 16 * 16 : 0) / kChunk;
+      c0 = first_key(length, window) / kChunk;
       return (last + kChunk - 1) / kChunk - c0;
     };
     const int64_t split_tile = std::max<int64_t>(1, kTileRows / part), tiles = (S + split_tile - 1) / split_tile;

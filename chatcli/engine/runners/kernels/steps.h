@@ -338,6 +338,12 @@ inline void finish_fold(const Fold& f, const float* sink, int64_t hd, float* out
   for (int64_t i = 0; i < hd; i++) out[i] = f.acc[i] * inv;
 }
 
+// The first key a row that sees `length` keys reads, rounded down to its block of 16: with a window, the first of its
+// last `window` keys; else 0. A tile reads from its first row's; the cache must hold keys from there on.
+inline int64_t first_key(int64_t length, int64_t window) {
+  return window ? std::max<int64_t>(0, length - window) / 16 * 16 : 0;
+}
+
 // The key chunks [c_lo, c_hi) of a tile of `positions` consecutive query positions x `heads` heads of one KV group
 // (rows p * heads + h, at most kTileRows), the first position seeing `length` cached keys: q rows at
 // q + p * ldq + h * hd; emit(k, r, m, s, o) gets chunk k's max, sum and weighted values o [hd] of each row r
@@ -353,7 +359,7 @@ void attend_chunks(const float* q, int64_t ldq, int64_t positions, int64_t heads
                    int64_t c_hi, Emit emit) {
   const int64_t rows = positions * heads, last = length + positions - 1;  // the last row's length
   const int64_t blocks = (last + 15) / 16, lds = blocks * 16 + 16;
-  const int64_t u0 = window ? std::max<int64_t>(0, length - window) / 16 * 16 : 0;  // the first key read
+  const int64_t u0 = first_key(length, window);
   float* qt = scratch;                       // [rows, hd]
   float* ot = scratch + kTileRows * hd;      // [rows, hd]
   float* scores = ot + kTileRows * hd;       // [rows, lds]
