@@ -181,6 +181,9 @@ struct Unit {
   int64_t seg, s, positions, g, head, heads, c0, chunks, off;
 };
 
+// floats a row's partial of one chunk takes: its max, its sum, its weighted values [hd]
+inline int64_t slot_floats(int64_t hd) { return hd + 2; }
+
 constexpr int64_t kSplitChunks = 3;     // a decode step's rows of this many key chunks or more are split
 std::atomic<int64_t> g_split_units{0};  // units folded since the library loaded (chatcli_split_units: tests)
 
@@ -236,7 +239,7 @@ AttentionSet attention_tasks(const Segment* segs, int64_t n_segs, int64_t KV, in
         const int64_t chunks = chunks_of(s, positions, c0), n = std::min(want, chunks);
         const int64_t unit = static_cast<int64_t>(set.units.size());
         set.units.push_back({j, first + s, positions, g, head, heads, c0, chunks, set.partials});
-        set.partials += chunks * positions * heads * (hd + 2);
+        set.partials += chunks * positions * heads * slot_floats(hd);
         for (int64_t i = 0; i < n; i++) {  // n ranges of the chunks, as even as they divide
           const int64_t lo = c0 + chunks * i / n, hi = c0 + chunks * (i + 1) / n;
           set.tasks.push_back({j, first + s, positions, g, head, heads, lo, hi, unit});
@@ -387,12 +390,12 @@ struct Step {
   }
 
   // floats a split task's chunks take in the partials
-  int64_t part_floats(const Task& t) const { return (t.c_hi - t.c_lo) * t.positions * t.heads * (hd + 2); }
+  int64_t part_floats(const Task& t) const { return (t.c_hi - t.c_lo) * t.positions * t.heads * slot_floats(hd); }
 
   // where task t's chunks go in the partials
   int64_t part_offset(const AttentionSet& a, const Task& t) const {
     const Unit& u = a.units[t.unit];
-    return u.off + (t.c_lo - u.c0) * t.positions * t.heads * (hd + 2);
+    return u.off + (t.c_lo - u.c0) * t.positions * t.heads * slot_floats(hd);
   }
 
   // attention task i of layer l: its q rows (at q, stride n_qkv, from the task's first row) over the cache,
@@ -415,7 +418,7 @@ struct Step {
     attend_chunks<T>(q + t.head * hd, n_qkv, t.positions, t.heads, kl, vl, base, row_pos[t.s] + 1, hd, layer.window,
                      m.attn_scale, m.attn_softcap, scratch, t.c_lo, t.c_hi,
                      [&](int64_t k, int64_t r, float top, float sum, const float* o) {
-                       float* slot = out + ((k - t.c_lo) * rows + r) * (hd + 2);
+                       float* slot = out + ((k - t.c_lo) * rows + r) * slot_floats(hd);
                        slot[0] = top, slot[1] = sum;
                        std::memcpy(slot + 2, o, hd * sizeof(float));
                      });
@@ -430,7 +433,7 @@ struct Step {
     for (int64_t r = 0; r < rows; r++) {
       Fold f{-INFINITY, 0.f, acc};
       for (int64_t k = 0; k < unit.chunks; k++) {
-        const float* slot = &partials[unit.off + (k * rows + r) * (hd + 2)];
+        const float* slot = &partials[unit.off + (k * rows + r) * slot_floats(hd)];
         fold_chunk(f, slot[0], slot[1], slot + 2, hd);
       }
       finish_fold(f, sinks ? sinks + r % unit.heads : nullptr, hd, out + r / unit.heads * ldo + r % unit.heads * hd);

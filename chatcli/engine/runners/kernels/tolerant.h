@@ -335,6 +335,10 @@ void forward_tolerant(Step& step, float* logits, int threads) {
       stages.run(
           t, stage, S, [](int64_t) {}, [&](int64_t s) { step.store_kv<T>(l, s, &own.qkv[s * n_qkv]); });
       const AttentionSet& set = step.set(l);
+      const auto to_att = [&](int64_t s, int64_t head, int64_t positions, int64_t heads) {  // own.out's rows
+        for (int64_t p = 0; p < positions; p++)
+          std::memcpy(&sc.att[((s + p) * H + head) * hd], &own.out[p * heads * hd], heads * hd * sizeof(float));
+      };
       stages.run(
           t, stage, static_cast<int64_t>(set.tasks.size()),
           [&](int64_t i) {
@@ -349,9 +353,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
               std::memcpy(&step.partials[step.part_offset(set, task)], own.out.data(), step.part_floats(task) * sizeof(float));
               return;
             }
-            for (int64_t p = 0; p < task.positions; p++)
-              std::memcpy(&sc.att[((task.s + p) * H + task.head) * hd], &own.out[p * task.heads * hd],
-                          task.heads * hd * sizeof(float));
+            to_att(task.s, task.head, task.positions, task.heads);
           });
       if (!set.units.empty())  // a decode step's long rows: their chunks folded
         stages.run(
@@ -363,9 +365,7 @@ void forward_tolerant(Step& step, float* logits, int threads) {
             },
             [&](int64_t u) {
               const Unit& unit = set.units[u];
-              for (int64_t p = 0; p < unit.positions; p++)
-                std::memcpy(&sc.att[((unit.s + p) * H + unit.head) * hd], &own.out[p * unit.heads * hd],
-                            unit.heads * hd * sizeof(float));
+              to_att(unit.s, unit.head, unit.positions, unit.heads);
             });
       rows = prepare_own(layer.out, sc.att.data(), H * hd, S, false);
       residual(layer.out, rows, layer.post_attn_norm, layer.out_bias);
