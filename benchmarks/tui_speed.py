@@ -119,13 +119,18 @@ async def echo_latency(app, prompt, char: str) -> float:
 
 
 async def drive(case: Case, size: tuple[int, int], typing: bool) -> dict:
+    from chatcli.ui.persist import PromptHistory
+
+    with tempfile.TemporaryDirectory(prefix="tui-speed-history-") as folder:
+        return await drive_in(case, size, typing, PromptHistory(Path(folder) / "history.jsonl"))
+
+
+async def drive_in(case: Case, size: tuple[int, int], typing: bool, history) -> dict:
     from textual import events
 
     from chatcli.options import StartOptions
     from chatcli.ui.app import ChatApp
-    from chatcli.ui.persist import PromptHistory
 
-    history = PromptHistory(Path(tempfile.mkdtemp()) / "history.jsonl")
     app = ChatApp(StartOptions(params=params_of(case)), history=history, remember=False)
     result: dict = {}
     async with app.run_test(size=size) as pilot:
@@ -314,7 +319,11 @@ def main() -> None:
         width, height = map(int, size.split("x"))
         print(json.dumps(asyncio.run(drive(CASES[name], (width, height), mode == "typing"))))
         return
-    home = Path(tempfile.mkdtemp(prefix="tui-speed-"))
+    with tempfile.TemporaryDirectory(prefix="tui-speed-") as folder:  # its data dir holds each reply's KV cache
+        run(args, Path(folder))
+
+
+def run(args: argparse.Namespace, home: Path) -> None:
     env = {**os.environ, "CHATCLI_DATA_DIR": str(home / "data"), "CHATCLI_CONFIG": str(home / "config.toml")}
     trees = {"after" if args.before else "": {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}}
     if args.before:

@@ -72,6 +72,14 @@ def test_conversion_cache_round_trip_and_rebuild(real_engine, tmp_path, monkeypa
     assert loaded.model.model.embed_tokens.weight.shape[0] == rebuilt["model.embed_tokens.weight"].shape[0]
 
 
+def linked(source, target):
+    """A hard link where the file system allows one, else a copy: 540 MB a test need not write again."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def test_a_corrupt_lean_file_is_converted_again(real_engine, tmp_path, monkeypatch):
     """The lean file is memory-mapped at each start: a corrupt one (same size, in place) is
     found by its sidecar and converted again, and the reply is today's."""
@@ -82,7 +90,7 @@ def test_a_corrupt_lean_file_is_converted_again(real_engine, tmp_path, monkeypat
 
     converted = convert.converted_folder(embedded_gguf())  # the session cache's: the GGUF is not what is tested
     monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path))
-    shutil.copytree(converted, convert.folder_for(embedded_gguf()), copy_function=shutil.copy2)
+    shutil.copytree(converted, convert.folder_for(embedded_gguf()), copy_function=linked)  # only read
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     want = reply(real_engine, messages).reply
     first = load_engine(str(embedded_gguf()), LoadOptions(device="cpu", quantize="none"))
