@@ -1,9 +1,12 @@
 """How often the streaming reply is drawn (ui/live.py `DrawPace`): at every tick while drawing is cheap,
-less often while the UI thread's share of a core is over its budget, and back when it is cheap again."""
+less often while the UI thread's share of a core is over its budget, and back when it is cheap again; and
+the garbage collector while it streams (`QuietHeap`)."""
 
 from __future__ import annotations
 
-from chatcli.ui.live import DrawPace
+import gc
+
+from chatcli.ui.live import DrawPace, QuietHeap
 
 
 class Machine:
@@ -47,3 +50,19 @@ def test_costly_draws_come_less_often_and_back_when_cheap():
     assert len(late) * 0.03 / 5.0 <= DrawPace.SHARE  # settled: the UI thread's share within the budget
     cheap = ticks(pace, machine, 5.0, draw_s=0.002)
     assert pace.interval == 0.1 and cheap[-1] - cheap[-2] < 0.11
+
+
+def test_a_streaming_reply_collects_its_young_objects_less_often_and_gives_the_thresholds_back():
+    before = gc.get_threshold()
+    heap = QuietHeap()
+    try:
+        heap.streaming()
+        assert gc.get_threshold() == QuietHeap.STREAMING_THRESHOLDS and gc.get_freeze_count() > 0
+        heap.streaming()  # a turn that goes on (its tool calls, then the model again)
+        heap.settled()
+        assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+        heap.settled()  # twice: nothing more to give back
+        assert gc.get_threshold() == before
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
