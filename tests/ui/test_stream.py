@@ -3,6 +3,8 @@
 
 import asyncio
 
+from markdown_it import MarkdownIt
+
 from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from chatcli.ui.widgets.chat_pane import ReplyBox
@@ -18,7 +20,10 @@ def long_reply(_text: str) -> str:
     return "".join(("\n\n" if i % 100 == 99 else " ") + w for i, w in enumerate(words)).strip()
 
 
-async def test_a_fast_long_stream_is_batched_and_keys_stay_responsive():
+async def test_a_fast_long_stream_is_batched_and_keys_stay_responsive(monkeypatch):
+    made = []  # the Markdown parsers built while the reply streams (each is 0.4 ms of set-up)
+    init = MarkdownIt.__init__
+    monkeypatch.setattr(MarkdownIt, "__init__", lambda self, *a, **k: (made.append(1), init(self, *a, **k))[1])
     engine = FakeEngine(script=long_reply, tok_s=1000)
     app = make_app(engine, start=StartOptions(params=SamplingParams(max_tokens=4 * TOKENS)))
     async with app.run_test(size=(100, 30)) as pilot:
@@ -40,3 +45,4 @@ async def test_a_fast_long_stream_is_batched_and_keys_stay_responsive():
         assert screen.conversation.messages[-1].stats["completion_tokens"] == TOKENS
         # one append per UI tick at most (10 Hz over ~2 s, plus the final flush), never one per token
         assert 1 <= box.markdown.appends <= TOKENS // 10
+        assert len(made) <= 1 < box.markdown.appends  # one parser for all the appends, not one each
