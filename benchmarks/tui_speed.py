@@ -3,6 +3,7 @@
     python benchmarks/tui_speed.py [--rounds 2] [--cases story,code] [--sizes 140x45,80x24] [--json]
     python benchmarks/tui_speed.py --before /tmp/old   # and that checkout's TUI, in the same rounds
     python benchmarks/tui_speed.py --busy   # each measurement beside a busy process on one core
+    python benchmarks/tui_speed.py --history 20   # a long chat: 20 earlier turns on screen
 
 Each measurement is a fresh process, as a user starts one: the one-shot (`chatcli -p PROMPT
 --temperature 0 --max-tokens N [--logit-bias ID=-100 …] --json --no-save`), then the real app driven
@@ -63,6 +64,14 @@ CASES = {
     ),
 }
 KEY_EVERY_S = 0.1
+# `--history N`: a long chat's earlier turns on screen before the prompt, each a question and this reply
+# (~10 KB: paragraphs and code blocks), as a conversation opened with /resume shows them
+HISTORY_REPLY = "\n\n".join(
+    f"Step {i}: a paragraph that explains the next example in a sentence or two, as a model writes them."
+    f"\n\n```python\ndef step_{i}(items):\n    total = 0\n    for item in items:\n        total += item * {i}\n"
+    f"    return total\n```"
+    for i in range(40)
+)
 
 
 def code_blocks(text: str) -> int:
@@ -139,6 +148,13 @@ async def drive_in(case: Case, size: tuple[int, int], typing: bool, history) -> 
         screen = app.chat_screen
         if screen.load_error:
             raise SystemExit(f"the model did not load: {screen.load_error}")
+        for n in range(int(os.environ.get("TUI_SPEED_HISTORY", "0"))):
+            screen.pane.add_user(f"Earlier question {n}.")
+            screen.pane.add_saved_reply(HISTORY_REPLY, "earlier", 2 * n + 2)
+        screen.pane.follow()
+        if hasattr(screen.pane, "settle"):  # (a checkout before the shelf)
+            screen.pane.settle()
+        await pilot.pause()
         screen.prompt.load_text(case.prompt)
         await pilot.pause()
         shown: list[float] = []  # when the reply's first text was drawn
@@ -312,6 +328,7 @@ def main() -> None:
     ap.add_argument(
         "--busy", action="store_true", help="every measurement beside a busy process (a Python loop on one core)"
     )
+    ap.add_argument("--history", type=int, default=0, help="earlier turns on screen before the prompt (a long chat)")
     ap.add_argument("--tui", nargs=3, metavar=("CASE", "SIZE", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tui:
@@ -324,7 +341,12 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, home: Path) -> None:
-    env = {**os.environ, "CHATCLI_DATA_DIR": str(home / "data"), "CHATCLI_CONFIG": str(home / "config.toml")}
+    env = {
+        **os.environ,
+        "CHATCLI_DATA_DIR": str(home / "data"),
+        "CHATCLI_CONFIG": str(home / "config.toml"),
+        "TUI_SPEED_HISTORY": str(args.history),
+    }
     trees = {"after" if args.before else "": {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}}
     if args.before:
         trees["before"] = {**env, "PYTHONPATH": str(Path(args.before).resolve())}
@@ -333,7 +355,9 @@ def run(args: argparse.Namespace, home: Path) -> None:
     # a browser tab or a build on the other core: the one-shot and the TUI under the same load
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
-        print(HEADER + ("  (beside a busy process)" if spinner else ""))
+        notes = ["beside a busy process"] if spinner else []
+        notes += [f"{args.history} earlier turns on screen"] if args.history else []
+        print(HEADER + "".join(f"  ({note})" for note in notes))
         rows = measure(args.cases.split(","), sizes, args.rounds, trees)
     finally:
         if spinner is not None:

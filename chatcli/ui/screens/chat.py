@@ -153,6 +153,7 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
         self._spark_len = 0
         self.panels.reset()
         self.pane.follow()
+        self.pane.settle()
         self._pace = DrawPace(TICK_S)
         self._heap.streaming()
         self._tick = self.set_interval(TICK_S, self._on_tick)
@@ -302,6 +303,8 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
         if not boxes:
             self.note("No reply with reasoning (<think>…</think>) in this conversation.")
             return
+        if boxes[-1] in self.pane.shelved:  # its height changes: not while it stands shelved
+            self.pane.unshelve()
         boxes[-1].fold.collapsed = not boxes[-1].fold.collapsed
 
     async def action_copy_reply(self) -> None:
@@ -344,6 +347,7 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
         self._heap.settled()
 
     def _end_turn(self) -> None:
+        self.pane.settle()
         self.busy = False
         self.tool_round = 0
         self.cancel = None

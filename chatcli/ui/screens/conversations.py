@@ -259,6 +259,8 @@ class ConversationScreen(SidebarKeys, Screen):
     async def forget(self, messages: list) -> None:
         """The conversation's last `messages` (already dropped from it) leave the screen and the store."""
         doomed = [w for w in self.pane.children if any(getattr(w, "message", None) is m for m in messages)]
+        if any(w in self.pane.shelved for w in doomed):  # what stays below them moves up: measured again
+            self.pane.unshelve()
         for widget in doomed:
             await widget.remove()
         self.chats.forget_last(self.conversation, len(messages))
@@ -292,6 +294,7 @@ class ConversationScreen(SidebarKeys, Screen):
         if self.engine is not None and was and was != getattr(self.engine, "name", was):
             self.note(f"This conversation was with {was}; {self.engine.name} answers now (/model {was} to switch).")
         self.pane.follow()
+        self.pane.settle()
         self.prompt.focus()  # the next thing typed is the prompt, wherever the focus was
 
     def refuse_switch(self) -> bool:
@@ -336,7 +339,11 @@ class ConversationScreen(SidebarKeys, Screen):
             if getattr(widget, "message", None) is target:
                 widget.add_class("-hit")
                 self.pane.anchor(False)  # stay at the hit, not the bottom
-                self.pane.scroll_to_widget(widget, animate=False, top=True)
+                if widget in self.pane.shelved:  # hidden: shown again, then scrolled to once laid out
+                    self.pane.unshelve()
+                    self.pane.call_after_refresh(self.pane.scroll_to_widget, widget, animate=False, top=True)
+                else:
+                    self.pane.scroll_to_widget(widget, animate=False, top=True)
 
     async def new_conversation(self, system: str | None) -> bool:
         if self.refuse_switch():

@@ -13,6 +13,8 @@ from markdown_it import MarkdownIt
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.geometry import Region
+from textual.widget import Widget
 from textual.widgets import Collapsible, LoadingIndicator, Markdown, Static
 from textual.widgets._markdown import MarkdownFence
 
@@ -168,6 +170,15 @@ class ReplyBox(Vertical):
         self.note.update(shown(" · ".join(part for part in (f"#{number}" if number else "", text) if part)))
 
 
+def _stood_region(top: int, bottom: int) -> Region:
+    return Region(0, top, 1, bottom - top)
+
+
+def _settled(widget) -> bool:
+    """Nothing more will change its height: not a reply still streaming or mounting."""
+    return getattr(widget, "stream", None) is None and getattr(widget, "mounting", None) is None
+
+
 def _thought_title(text: str) -> str:
     return f"Thought for {len(text.split())} words (click or F8 to show)"
 
@@ -203,12 +214,97 @@ class LoadingLine(Horizontal):
         yield self.status
 
 
+class Shelf(Widget):
+    """Stands for the messages far above the view (`ChatPane.reshelve`): their height, none of their widgets."""
+
+    DEFAULT_CSS = "Shelf { height: 0; margin: 0; }"
+
+
 class ChatPane(VerticalScroll):
+    """The conversation, scrolled. The messages further above the view than SHELF_SCREENS screens are
+    shelved: hidden, one `Shelf` of their height in their place. Each frame lays out and composes every
+    widget on the screen, shown or not, and a finished reply keeps dozens of Markdown blocks, so without
+    it a long chat's frames cost more each turn; with it they cost what the messages near the view make
+    them cost. They come back before they scroll near the view, and all of them when the width changes
+    (their heights with it) or a message is jumped to (`unshelve`)."""
+
     DEFAULT_CSS = "ChatPane { width: 1fr; height: 1fr; padding: 0 1 1 1; }"
     can_focus = False
+    SHELF_SCREENS = 2
+    KEEP_LAST = 2  # the newest messages are never shelved (the turn's question and its reply)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.shelf: Shelf | None = None
+        self.shelved: list = []  # the hidden messages, in order (the pane's first children after the shelf)
+        self._stood: dict = {}  # each hidden message's top and bottom in the pane's virtual space when hidden
+        self._checked_at: float | None = None  # scroll_y at the last `reshelve`
+        self._width = 0
 
     def on_mount(self) -> None:
         self.anchor()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        """The user's scrolling (the anchor's, which follows the stream, does not come here: `settle`)."""
+        super().watch_scroll_y(old_value, new_value)
+        if self._checked_at is None or abs(new_value - self._checked_at) >= max(1, self.size.height // 2):
+            self._checked_at = new_value  # (and at the reshelve)
+            self.call_later(self.reshelve)  # not inside the watcher: it changes the layout
+
+    def on_resize(self) -> None:
+        if self.size.width != self._width:
+            self._width = self.size.width
+            self.unshelve()
+            self.call_after_refresh(self.reshelve)
+
+    def settle(self) -> None:
+        """`reshelve` once the layout is done (a turn's start and end, a conversation opened)."""
+        self.call_after_refresh(self.reshelve)
+
+    def unshelve(self) -> None:
+        """Every message back in the layout (before a jump to one, a removal, a new width)."""
+        self._cut(0)
+
+    def reshelve(self) -> None:
+        """Hide the messages far above the view, from the first on; bring back those near it."""
+        if self.shelf is not None and self.shelf.parent is not self:  # the pane was emptied
+            self.shelf, self.shelved, self._stood = None, [], {}
+        messages = [w for w in self.children if w is not self.shelf]
+        self._checked_at = self.scroll_y
+        top = self.scroll_y - self.SHELF_SCREENS * self.size.height
+        cut = 0
+        for widget in messages[: max(0, len(messages) - self.KEEP_LAST)]:
+            region = _stood_region(*self._stood[widget]) if widget in self._stood else widget.virtual_region
+            if not region or region.bottom >= top or not _settled(widget):  # (not laid out yet: no region)
+                break
+            cut += 1
+        self._cut(cut)
+
+    def _cut(self, cut: int) -> None:
+        """The first `cut` messages hidden, the rest shown; the shelf as high as the hidden ones stood."""
+        messages = [w for w in self.children if w is not self.shelf]
+        if len(self.shelved) == cut and messages[:cut] == self.shelved:
+            return
+        stood = dict(self._stood)  # a hidden widget has no region: where it stood when hidden
+        for widget in messages[cut:]:
+            if self._stood.pop(widget, None) is not None:
+                widget.display = True
+        for widget in messages[:cut]:
+            if widget not in self._stood:
+                region = widget.virtual_region
+                self._stood[widget] = stood[widget] = (region.y, region.bottom)
+                widget.display = False
+        self.shelved = messages[:cut]
+        if cut and self.shelf is None:
+            self.shelf = Shelf()
+            self.mount(self.shelf, before=0)
+        if self.shelf is not None:
+            height = 0
+            if cut:  # the shelf ends where the first shown message's top margin begins
+                first = messages[cut]
+                top = stood[first][0] if first in stood else first.virtual_region.y
+                height = max(0, top - first.styles.margin.top)
+            self.shelf.styles.height = height
 
     def follow(self) -> None:
         """Stick to the bottom again (a new turn, End): the anchor lets go when the user scrolls up."""
