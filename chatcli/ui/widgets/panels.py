@@ -6,9 +6,11 @@ line of the turn's figures above the prompt; F2 (the `-toggled` class on both) s
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, VerticalScroll
-from textual.widgets import ProgressBar, Sparkline, Static
+from textual.containers import VerticalScroll
+from textual.widget import Widget
+from textual.widgets import ProgressBar, Sparkline
 
 from chatcli.ui.widgets.line import FittedLine
 
@@ -61,22 +63,58 @@ class StatusLine(FittedLine):
         self.show([parts + [("F2 panels", 10)]])
 
 
+class PanelText(Widget):
+    """Lines of the panel in one widget: a title, label / value rows, or the recent turns. A widget a row
+    (two Statics in a Horizontal each) made the panel 40 widgets, and every frame of the screen lays out and
+    composes every widget it has: the panel shown cost a streaming reply's frames a quarter of their time.
+    Its parts take their styles from component classes (the themes' `.panel-text--label`, `--value`)."""
+
+    COMPONENT_CLASSES = {"panel-text--title", "panel-text--label", "panel-text--value", "panel-text--text"}
+    DEFAULT_CSS = """
+    PanelText { height: auto; }
+    PanelText > .panel-text--title { text-style: bold; }
+    PanelText > .panel-text--label { color: $text-muted; }
+    PanelText > .panel-text--value { color: $accent; text-style: bold; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: tuple = ()
+
+    def show(self, lines: tuple) -> None:
+        """`lines`: ("title", text), ("row", label, value) or ("text", text); drawn again only where they
+        changed, and without a layout of the screen where their count did not."""
+        if lines != self.lines:
+            layout = len(lines) != len(self.lines)
+            self.lines = lines
+            self.refresh(layout=layout)
+
+    def render(self) -> Text:
+        style = self.get_component_rich_style
+        text = Text(no_wrap=True, overflow="crop", end="")
+        for n, (kind, *parts) in enumerate(self.lines):
+            if n:
+                text.append("\n")
+            if kind == "row":
+                text.append(parts[0].ljust(LABEL_WIDTH), style("panel-text--label"))
+                text.append(parts[1], style("panel-text--value"))
+            else:
+                text.append(parts[0], style(f"panel-text--{kind}"))
+        return text
+
+
+LABEL_WIDTH = 10
+
+
 class StatsPanel(VerticalScroll):
     DEFAULT_CSS = """
     StatsPanel { width: 34; height: 1fr; padding: 0 1; background: $panel; border-left: vkey $primary 40%; }
-    StatsPanel .label { color: $text-muted; }
-    StatsPanel .value { color: $accent; }
     Screen.-wide StatsPanel.-toggled { display: none; }
     Screen.-narrow StatsPanel { display: none; }
     Screen.-narrow StatsPanel.-toggled { display: block; }
-    StatsPanel .row { height: 1; }
-    StatsPanel .label { width: 10; }
-    StatsPanel .value { width: 1fr; }
-    StatsPanel .title { margin-top: 1; text-style: bold; }
     StatsPanel ProgressBar { height: 1; margin-left: 10; }
     StatsPanel ProgressBar Bar { width: 1fr; }
     StatsPanel Sparkline { height: 3; margin-top: 1; }
-    StatsPanel #history { height: auto; }
     """
     SCOPED_CSS = False  # the rules above look at the screen's width class
     can_focus = False
@@ -84,42 +122,41 @@ class StatsPanel(VerticalScroll):
     def __init__(self) -> None:
         super().__init__()
         self.values: dict[str, str] = {key: "–" for key, _ in ROWS + POOL_ROWS}
-        self._value_widgets: dict[str, Static] = {}
+        self.turn, self.cache, self.pool, self.history = PanelText(), PanelText(), PanelText(), PanelText()
         self.gauge = ProgressBar(total=1, show_eta=False, show_percentage=True)
         self.spark = Sparkline([], summary_function=max)
-        self.history = Static("–", id="history", markup=False)
+        self.turns: list[str] = []
         self.status = StatusLine()  # the screen puts it above the prompt
         self.status.figures(self.values)
+        self._draw()
 
     def compose(self) -> ComposeResult:
-        yield Static("This turn", classes="title")
-        yield from self._rows(ROWS, after={"context": self.gauge})
+        yield self.turn  # "This turn": its rows down to the context's, the gauge, then the KV cache's
+        yield self.gauge
+        yield self.cache
         yield self.spark
-        yield Static("Cache pool", classes="title")
-        yield from self._rows(POOL_ROWS)
-        yield Static("Recent turns", classes="title")
+        yield self.pool
         yield self.history
 
-    def _rows(self, rows, after: dict | None = None) -> ComposeResult:
-        """A label/value row per key; `after` puts a widget below the row of its key."""
-        for key, label in rows:
-            value = Static(self.values[key], classes="value", markup=False)
-            self._value_widgets[key] = value
-            with Horizontal(classes="row"):
-                yield Static(label, classes="label")
-                yield value
-            if after and key in after:
-                yield after[key]
+    def _draw(self) -> None:
+        rows = [("row", label, self.values[key]) for key, label in ROWS]
+        at = next(i for i, (key, _) in enumerate(ROWS) if key == "context") + 1
+        self.turn.show((("text", ""), ("title", "This turn"), *rows[:at]))
+        self.cache.show(tuple(rows[at:]))
+        pool = [("row", label, self.values[key]) for key, label in POOL_ROWS]
+        self.pool.show((("text", ""), ("title", "Cache pool"), *pool))
+        turns = [("text", line) for line in self.turns[-HISTORY_TURNS:]] or [("text", "–")]
+        self.history.show((("text", ""), ("title", "Recent turns"), *turns))
 
     def show(self, **values: str) -> None:
-        """Set some rows; a row's widget is only touched when its text changes."""
+        """Set some rows; the panel is drawn again only where a text changed."""
         changed = False
         for key, text in values.items():
             if self.values.get(key) != text:
                 self.values[key] = text
-                self._value_widgets[key].update(text, layout=False)  # one line, fixed size: no reflow
                 changed = True
         if changed:
+            self._draw()
             self.status.figures(self.values)
 
     def set_context(self, used: int, limit: int) -> None:
@@ -138,7 +175,8 @@ class StatsPanel(VerticalScroll):
 
     def set_turns(self, lines: list[str]) -> None:
         """ "Recent turns": the last HISTORY_TURNS of `lines` (one per turn of the conversation on screen)."""
-        self.history.update("\n".join(lines[-HISTORY_TURNS:]) or "–")
+        self.turns = list(lines)
+        self._draw()
 
     def reset(self) -> None:
         self.show(**{key: "–" for key, _ in ROWS})
