@@ -1,10 +1,12 @@
-"""The chat pane shelves the messages far above the view (`ChatPane.reshelve`): they leave the layout, one
-`Shelf` of their height stands in their place, and what is on screen, the scroll range and every shown
-message's place stay as they were; they come back when scrolled near, on a new width, and for a search hit."""
+"""The chat pane shelves the messages far above the view (`ChatPane.reshelve`), and the Markdown blocks there of
+the first reply it shows: they leave the layout, one `Shelf` of their height stands in their place, and what is
+on screen, the scroll range and every shown message's place stay as they were; they come back when scrolled
+near, on a new width, and for a search hit."""
 
 from textual.widgets import OptionList
 
-from chatcli.ui.widgets.chat_pane import ReplyBox, Shelf, UserMessage
+from chatcli.ui.widgets.chat_pane import ReplyBox, UserMessage
+from chatcli.ui.widgets.shelf import Shelf
 from tests.ui.conftest import command, make_app, ready, send
 from tests.ui.fake import FakeEngine
 
@@ -42,7 +44,8 @@ async def test_far_messages_are_shelved_and_nothing_near_the_view_moves():
         screen_text = [strip.text for strip in pilot.app.screen._compositor.render_strips()]
         pane.reshelve()
         await pilot.pause()
-        assert len(pane.shelved) >= 10 and pane.shelf is not None and pane.shelf.styles.height.value > 0
+        shelf = pane.messages.shelf
+        assert len(pane.shelved) >= 10 and shelf is not None and shelf.styles.height.value > 0
         assert all(not w.display for w in pane.shelved)  # out of the layout
         after = places(pane)
         assert after["virtual"] == before["virtual"] and after["max_y"] == before["max_y"]
@@ -100,3 +103,38 @@ async def test_a_search_hit_on_a_shelved_message_is_shown_and_scrolled_to():
             await pilot.pause()
         assert zebra.display and zebra.has_class("-hit")
         assert pane.scroll_y <= zebra.virtual_region.y < pane.scroll_y + pane.size.height  # in view
+
+
+def screen_text(app) -> list[str]:
+    return [strip.text for strip in app.screen._compositor.render_strips()]
+
+
+async def test_a_long_reply_above_the_view_keeps_only_its_last_blocks_in_the_layout():
+    long = "\n\n".join(f"Paragraph {i} of a very long answer, wrapping once or twice at this width." for i in range(60))
+    async with make_app().run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        pane = screen.pane
+        screen.pane.add_user("a long question")
+        box = screen.pane.add_saved_reply(long, "saved", 2)
+        screen.pane.add_user("a short one")
+        screen.pane.add_saved_reply("A short answer.", "saved", 4)
+        pane.follow()
+        await pilot.pause()
+        await pilot.pause()
+        pane.unshelve()
+        await pilot.pause()
+        before, text = places(pane), screen_text(pilot.app)
+        pane.reshelve()
+        await pilot.pause()
+        assert box.display and box not in pane.shelved  # the reply reaches near the view: shown
+        assert len(box.blocks.hidden) > 20 and all(not b.display for b in box.blocks.hidden)
+        assert box.blocks.shelf is not None and box.blocks.shelf.styles.height.value > 0
+        after = places(pane)
+        assert after["virtual"] == before["virtual"]
+        assert all(before["shown"][k] == v for k, v in after["shown"].items()) and id(box) in after["shown"]
+        assert screen_text(pilot.app) == text
+        pane.anchor(False)  # scrolled up to its start: its blocks come back, where they were
+        pane.scroll_home(animate=False)
+        for _ in range(3):
+            await pilot.pause()
+        assert box.blocks.hidden == [] and places(pane)["virtual"] == before["virtual"]

@@ -13,14 +13,13 @@ from markdown_it import MarkdownIt
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.geometry import Region
-from textual.widget import Widget
 from textual.widgets import Collapsible, LoadingIndicator, Markdown, Static
 from textual.widgets._markdown import MarkdownFence
 
 from chatcli.chat.reasoning import THINKING, ReasoningStream
 from chatcli.chat.reasoning import split as split_reasoning
 from chatcli.errors import shown
+from chatcli.ui.widgets.shelf import Shelves
 from chatcli.ui.widgets.tool_call import ToolCallBox
 
 
@@ -105,6 +104,7 @@ class ReplyBox(Vertical):
         self.note = Static("", classes="reply-note", markup=False)
         self.stream = None
         self.mounting = None  # the pane's AwaitMount of this box: the first write waits for it
+        self.blocks = Shelves(self.markdown)  # its Markdown's blocks far above the view (`ChatPane.reshelve`)
         self._thinking_stream = None
         self._reasoning = ReasoningStream()
         self._thought = ""
@@ -170,10 +170,6 @@ class ReplyBox(Vertical):
         self.note.update(shown(" · ".join(part for part in (f"#{number}" if number else "", text) if part)))
 
 
-def _stood_region(top: int, bottom: int) -> Region:
-    return Region(0, top, 1, bottom - top)
-
-
 def _settled(widget) -> bool:
     """Nothing more will change its height: not a reply still streaming or mounting."""
     return getattr(widget, "stream", None) is None and getattr(widget, "mounting", None) is None
@@ -214,19 +210,13 @@ class LoadingLine(Horizontal):
         yield self.status
 
 
-class Shelf(Widget):
-    """Stands for the messages far above the view (`ChatPane.reshelve`): their height, none of their widgets."""
-
-    DEFAULT_CSS = "Shelf { height: 0; margin: 0; }"
-
-
 class ChatPane(VerticalScroll):
-    """The conversation, scrolled. The messages further above the view than SHELF_SCREENS screens are
-    shelved: hidden, one `Shelf` of their height in their place. Each frame lays out and composes every
-    widget on the screen, shown or not, and a finished reply keeps dozens of Markdown blocks, so without
-    it a long chat's frames cost more each turn; with it they cost what the messages near the view make
-    them cost. They come back before they scroll near the view, and all of them when the width changes
-    (their heights with it) or a message is jumped to (`unshelve`)."""
+    """The conversation, scrolled. What lies further above the view than SHELF_SCREENS screens is shelved
+    (`widgets/shelf.py`): the messages there, and the Markdown blocks there of the first reply shown. Each
+    frame lays out and composes every widget on the screen, and a finished reply keeps a widget a block, so
+    without it a long chat's frames cost more each turn; with it they cost what lies near the view. What is
+    shelved comes back before it scrolls near the view, and all of it when the width changes (the heights
+    with it) or a message is jumped to (`unshelve`)."""
 
     DEFAULT_CSS = "ChatPane { width: 1fr; height: 1fr; padding: 0 1 1 1; }"
     can_focus = False
@@ -235,11 +225,14 @@ class ChatPane(VerticalScroll):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.shelf: Shelf | None = None
-        self.shelved: list = []  # the hidden messages, in order (the pane's first children after the shelf)
-        self._stood: dict = {}  # each hidden message's top and bottom in the pane's virtual space when hidden
+        self.messages = Shelves(self)
         self._checked_at: float | None = None  # scroll_y at the last `reshelve`
         self._width = 0
+
+    @property
+    def shelved(self) -> list:
+        """The messages hidden, in order."""
+        return self.messages.hidden
 
     def on_mount(self) -> None:
         self.anchor()
@@ -262,49 +255,41 @@ class ChatPane(VerticalScroll):
         self.call_after_refresh(self.reshelve)
 
     def unshelve(self) -> None:
-        """Every message back in the layout (before a jump to one, a removal, a new width)."""
-        self._cut(0)
+        """Every message and block back in the layout (before a jump to one, a removal, a new width)."""
+        for box in self.query_children(ReplyBox):
+            box.blocks.cut(0)
+        self.messages.cut(0)
 
     def reshelve(self) -> None:
-        """Hide the messages far above the view, from the first on; bring back those near it."""
-        if self.shelf is not None and self.shelf.parent is not self:  # the pane was emptied
-            self.shelf, self.shelved, self._stood = None, [], {}
-        messages = [w for w in self.children if w is not self.shelf]
+        """Shelve what lies far above the view, from the first message on; bring back what is near it."""
+        messages = self.messages.items()
         self._checked_at = self.scroll_y
         top = self.scroll_y - self.SHELF_SCREENS * self.size.height
+        older = messages[: max(0, len(messages) - self.KEEP_LAST)]
         cut = 0
-        for widget in messages[: max(0, len(messages) - self.KEEP_LAST)]:
-            region = _stood_region(*self._stood[widget]) if widget in self._stood else widget.virtual_region
+        for widget in older:
+            region = self.messages.region(widget)
             if not region or region.bottom >= top or not _settled(widget):  # (not laid out yet: no region)
                 break
             cut += 1
-        self._cut(cut)
+        self.messages.cut(cut)
+        for n, box in enumerate(older[cut:]):  # the first reply shown may reach far above the view
+            if isinstance(box, ReplyBox):
+                box.blocks.cut(self._blocks_above(box, top) if n == 0 and _settled(box) else 0)
 
-    def _cut(self, cut: int) -> None:
-        """The first `cut` messages hidden, the rest shown; the shelf as high as the hidden ones stood."""
-        messages = [w for w in self.children if w is not self.shelf]
-        if len(self.shelved) == cut and messages[:cut] == self.shelved:
-            return
-        stood = dict(self._stood)  # a hidden widget has no region: where it stood when hidden
-        for widget in messages[cut:]:
-            if self._stood.pop(widget, None) is not None:
-                widget.display = True
-        for widget in messages[:cut]:
-            if widget not in self._stood:
-                region = widget.virtual_region
-                self._stood[widget] = stood[widget] = (region.y, region.bottom)
-                widget.display = False
-        self.shelved = messages[:cut]
-        if cut and self.shelf is None:
-            self.shelf = Shelf()
-            self.mount(self.shelf, before=0)
-        if self.shelf is not None:
-            height = 0
-            if cut:  # the shelf ends where the first shown message's top margin begins
-                first = messages[cut]
-                top = stood[first][0] if first in stood else first.virtual_region.y
-                height = max(0, top - first.styles.margin.top)
-            self.shelf.styles.height = height
+    def _blocks_above(self, box: ReplyBox, top: int) -> int:
+        """How many of the box's first Markdown blocks end above `top` (in the pane's virtual space)."""
+        region, markdown = box.virtual_region, box.markdown
+        if not region or not markdown.region:
+            return 0
+        at = region.y + markdown.region.y - box.region.y  # the Markdown's top in the pane's virtual space
+        count = 0
+        for block in box.blocks.items():
+            block_region = box.blocks.region(block)
+            if not block_region or at + block_region.bottom >= top:
+                break
+            count += 1
+        return count
 
     def follow(self) -> None:
         """Stick to the bottom again (a new turn, End): the anchor lets go when the user scrolls up."""
