@@ -17,7 +17,7 @@ REPLY = "\n\n".join(
 
 
 async def long_chat(pilot, turns: int = 12):
-    """The screen with `turns` saved question-and-reply pairs, laid out, scrolled to the bottom."""
+    """The chat pane with `turns` saved question-and-reply pairs, laid out, scrolled to the bottom."""
     screen = await ready(pilot)
     for n in range(turns):
         screen.pane.add_user(f"question {n}")
@@ -25,7 +25,11 @@ async def long_chat(pilot, turns: int = 12):
     screen.pane.follow()
     await pilot.pause()
     await pilot.pause()
-    return screen
+    return screen.pane
+
+
+def screen_text(app) -> list[str]:
+    return [strip.text for strip in app.screen._compositor.render_strips()]
 
 
 def places(pane) -> dict:
@@ -36,12 +40,10 @@ def places(pane) -> dict:
 
 async def test_far_messages_are_shelved_and_nothing_near_the_view_moves():
     async with make_app().run_test(size=(100, 30)) as pilot:
-        screen = await long_chat(pilot)
-        pane = screen.pane
+        pane = await long_chat(pilot)
         pane.unshelve()
         await pilot.pause()
-        before = places(pane)
-        screen_text = [strip.text for strip in pilot.app.screen._compositor.render_strips()]
+        before, text = places(pane), screen_text(pilot.app)
         pane.reshelve()
         await pilot.pause()
         shelf = pane.messages.shelf
@@ -50,7 +52,7 @@ async def test_far_messages_are_shelved_and_nothing_near_the_view_moves():
         after = places(pane)
         assert after["virtual"] == before["virtual"] and after["max_y"] == before["max_y"]
         assert after["shown"] and all(before["shown"][k] == v for k, v in after["shown"].items())
-        assert [strip.text for strip in pilot.app.screen._compositor.render_strips()] == screen_text
+        assert screen_text(pilot.app) == text
         newest = [w for w in pane.children if isinstance(w, (UserMessage, ReplyBox))][-2:]
         assert all(w.display for w in newest)  # the turn's question and reply never are
 
@@ -67,8 +69,7 @@ async def test_far_messages_are_shelved_and_nothing_near_the_view_moves():
 
 async def test_a_new_width_measures_every_message_again():
     async with make_app().run_test(size=(100, 30)) as pilot:
-        screen = await long_chat(pilot)
-        pane = screen.pane
+        pane = await long_chat(pilot)
         pane.reshelve()
         await pilot.pause()
         assert pane.shelved
@@ -103,10 +104,6 @@ async def test_a_search_hit_on_a_shelved_message_is_shown_and_scrolled_to():
             await pilot.pause()
         assert zebra.display and zebra.has_class("-hit")
         assert pane.scroll_y <= zebra.virtual_region.y < pane.scroll_y + pane.size.height  # in view
-
-
-def screen_text(app) -> list[str]:
-    return [strip.text for strip in app.screen._compositor.render_strips()]
 
 
 async def test_a_long_reply_above_the_view_keeps_only_its_last_blocks_in_the_layout():
