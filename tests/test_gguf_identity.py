@@ -209,6 +209,36 @@ def test_the_identity_is_hashed_once_and_remembered_across_starts(tmp_path, monk
     assert ident.identity(path) == "rehashed" and hashed == [path]
 
 
+def test_a_new_file_on_a_removed_ones_inode_with_its_size_and_mtime_is_hashed_again(tmp_path, monkeypatch):
+    """The filesystem hands a removed file's inode to the next file it makes, and a copy can carry the old
+    one's size and mtime (this module's `copy_of`, `cp -p`): its ctime is new, so it is not taken for the old."""
+    from chatcli.engine.weights import identity as ident
+
+    monkeypatch.setenv("CHATCLI_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "x.gguf"
+    path.write_bytes(os.urandom(3 * MIB))
+    os.utime(path, (DAY_AGO, DAY_AGO))
+    old = ident.identity(path)
+    was = path.stat()
+    real_stat = Path.stat
+
+    def reused(self, *args, **kwargs):  # the next file's stat: the old inode, size and mtime, a new ctime
+        st = real_stat(self, *args, **kwargs)
+        if self.name != "new.gguf":
+            return st
+        fields = list(st)
+        fields[1], fields[2], fields[6], fields[8] = was.st_ino, was.st_dev, was.st_size, int(DAY_AGO)
+        return os.stat_result(fields, {"st_mtime_ns": was.st_mtime_ns, "st_ctime_ns": was.st_ctime_ns + 10**9})
+
+    new = tmp_path / "new.gguf"
+    new.write_bytes(os.urandom(3 * MIB))
+    monkeypatch.setattr(Path, "stat", reused)
+    assert ident.stat_key(new.stat()) != ident.stat_key(was)  # (only the ctime tells them apart)
+    assert ident.known(new) is None and ident.identity(new) != old
+    monkeypatch.setattr(ident, "_seen", {})  # a new process: the index alone
+    assert ident.identity(new) != old
+
+
 def test_a_file_still_being_written_is_not_remembered(tmp_path, monkeypatch):
     """Its mtime within RACY_S of the hash: a write in the same timestamp tick would keep the stat."""
     from chatcli.engine.weights import identity as ident

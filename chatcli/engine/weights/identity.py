@@ -1,18 +1,20 @@
 """A file's identity: the BLAKE3 (hex, 64 digits) of all its bytes, computed once and remembered against
-its (device, inode, size, mtime), so that a later start hashes nothing.
+its (device, inode, size, mtime, ctime), so that a later start hashes nothing.
 
 A GGUF's cache entries (`gguf_convert`: its metadata folder, its dequantized model, and through
 them its lean files) are named by it, not by the file's name and header: two files with the same
-name, shapes and types but other weights never share an entry, and a file replaced (a new inode)
-or rewritten in place (a new mtime) is hashed again and gets an entry of its own.
+name, shapes and types but other weights never share an entry, and a file replaced or rewritten in
+place is hashed again and gets an entry of its own. The ctime is what tells a new file: the filesystem
+gives a removed file's inode to the next one it makes, and a copy (`cp -p`, rsync, a test's `os.utime`)
+can carry the old one's size and mtime; no one can set a ctime, which every change of the inode moves
+(a move or a `chmod` too: such a file is hashed once more).
 
-The index is `<cache dir>/identities.json`, `{"dev:inode:size:mtime_ns": {"blake3", "path"}}`,
+The index is `<cache dir>/identities.json`, `{"dev:inode:size:mtime_ns:ctime_ns": {"blake3", "path"}}`,
 rewritten atomically; each write drops the records whose file no longer has that stat. A hash is
 not remembered where the file's mtime is within RACY_S of the hash's start (the file may still be
 being written, and a write within the filesystem's timestamp granularity keeps its mtime: git's
 "racy" rule), nor where the file changed while it was read; this process remembers it all the
-same. Bytes changed in place with the size and the mtime put back keep the old identity, as a lean
-file does (`sidecar.unchanged`).
+same.
 
 A record holding only `"sha256"` (an older chatcli's identity, which named its folders) is not read:
 the file is hashed again and gets its new identity, so its first start under this version converts it
@@ -58,7 +60,7 @@ def index_path() -> Path:
 
 
 def stat_key(st: os.stat_result) -> str:
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 def known(path: Path) -> str | None:
