@@ -692,9 +692,10 @@ def test_parameters_that_do_not_say_their_type_are_an_objects(qwen, serve):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("choice", ["auto", "required"])
 def test_a_tool_turn_whose_client_leaves_is_cancelled(tools_loaded, serve, choice, stream):
-    """A turn with tools, free or held to calls, streamed or not, stops when its client leaves (0.1 s a
-    forward: a required reply, drafted, is still seconds long)."""
-    server = serve(slow_endless(with_template(tools_loaded, QWEN_TOOLS), 0.1))
+    """A turn with tools, free or held to calls, streamed or not, stops when its client leaves (0.5 s a
+    forward: a required call, drafted, was once whole in 7 forwards, 0.7 s at 0.1 s a forward, before the
+    client's 0.5 s without a byte was up)."""
+    server = serve(slow_endless(with_template(tools_loaded, QWEN_TOOLS), 0.5))
     leaves(server, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "tool_choice": choice, "stream": stream})
 
 
