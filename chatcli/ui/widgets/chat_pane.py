@@ -8,6 +8,7 @@ conversation keeps the text exact."""
 from __future__ import annotations
 
 from functools import cache
+from itertools import takewhile
 
 from markdown_it import MarkdownIt
 from rich.text import Text
@@ -266,12 +267,7 @@ class ChatPane(VerticalScroll):
         self._checked_at = self.scroll_y
         top = self.scroll_y - self.SHELF_SCREENS * self.size.height
         older = messages[: max(0, len(messages) - self.KEEP_LAST)]
-        cut = 0
-        for widget in older:
-            region = self.messages.region(widget)
-            if not region or region.bottom >= top or not _settled(widget):  # (not laid out yet: no region)
-                break
-            cut += 1
+        cut = self.messages.above(takewhile(_settled, older), top)
         self.messages.cut(cut)
         for n, box in enumerate(older[cut:]):  # the first reply shown may reach far above the view
             if isinstance(box, ReplyBox):
@@ -283,13 +279,7 @@ class ChatPane(VerticalScroll):
         if not region or not markdown.region:
             return 0
         at = region.y + markdown.region.y - box.region.y  # the Markdown's top in the pane's virtual space
-        count = 0
-        for block in box.blocks.items():
-            block_region = box.blocks.region(block)
-            if not block_region or at + block_region.bottom >= top:
-                break
-            count += 1
-        return count
+        return box.blocks.above(box.blocks.items(), top - at)
 
     def follow(self) -> None:
         """Stick to the bottom again (a new turn, End): the anchor lets go when the user scrolls up."""

@@ -40,6 +40,17 @@ class Shelves:
             return Region(0, top, 1, bottom - top)
         return widget.virtual_region
 
+    def above(self, items, top: int) -> int:
+        """How many of `items` (the container's children from its first on) end above `top`, in the
+        container's virtual space (a hidden one: where it stood); one not laid out yet ends the count."""
+        count = 0
+        for widget in items:
+            region = self.region(widget)
+            if not region or region.bottom >= top:
+                break
+            count += 1
+        return count
+
     def cut(self, count: int) -> None:
         """The first `count` children hidden, the rest shown; the shelf as high as the hidden ones stood."""
         items = self.items()
