@@ -197,18 +197,16 @@ class QuietHeap:
     STREAMING_THRESHOLDS = (10_000, 20, 20)
 
     def __init__(self) -> None:
-        self.frozen = False
-        self._thresholds = gc.get_threshold()
+        self._thresholds: tuple | None = None  # Python's, while a reply streams: frozen till `settled`
 
     def streaming(self) -> None:
         gc.freeze()
-        if not self.frozen:
+        if self._thresholds is None:
             self._thresholds = gc.get_threshold()
         gc.set_threshold(*self.STREAMING_THRESHOLDS)
-        self.frozen = True
 
     def settled(self) -> None:
-        if self.frozen:
+        if self._thresholds is not None:
             gc.set_threshold(*self._thresholds)
             gc.unfreeze()
-            self.frozen = False
+            self._thresholds = None
