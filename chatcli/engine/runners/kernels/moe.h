@@ -167,6 +167,7 @@ inline void project_item(const std::vector<Job>& jobs, const JobItem& it, float*
   const auto units = [&](auto, int64_t, auto work) {
     for (int64_t u = it.u0; u < it.u1; u++) work(u, 0, job.in.count);
   };
+  if (raw_rows(*job.w)) return raw_passes(*job.w, job.in, y, ldy, false, units);
   if (unpacked_passes(*job.w, job.in, y, ldy, false, units)) return;
   project_units(*job.w, job.in, y, ldy, false, [&](auto pass, int64_t, auto work) {
     for (int64_t u = it.u0; u < it.u1; u++)

@@ -20,6 +20,7 @@
 #include "project_float_avx2.h"
 #include "project_iq4_avx2.h"
 #endif
+#include "project_raw.h"
 
 namespace {
 
@@ -194,6 +195,10 @@ void project(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool accumu
       project(m.parts[i], in, y + at, ldy, accumulate);
       at += m.parts[i].n;
     }
+  } else if (raw_rows(m)) {
+    raw_passes(m, in, y, ldy, accumulate, [&](auto pass, int64_t units, auto work) {
+      split_blocks<decltype(pass)::value>(in, units, work);
+    });
   } else if (!project_amx(m, in, y, ldy, accumulate) && !project_unpacked(m, in, y, ldy, accumulate)) {
     project_units(m, in, y, ldy, accumulate, [&](auto pass, int64_t units, auto work) {
       split<decltype(pass)::value>(in, units, work);
