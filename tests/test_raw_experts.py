@@ -7,6 +7,9 @@ the bits of the same rows repacked (`kquant_blocks.tensor_parts`), in every buil
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
@@ -44,3 +47,96 @@ def test_a_raw_row_gets_the_same_bits_alone_or_with_others():
     m = raw_matrix("Q4_K", raw, 512)
     together = project(m, x, 32)
     assert all(np.array_equal(project(m, x[s : s + 1], 32)[0], together[s]) for s in range(12))
+
+
+def moe_runner(tmp_path, family: str, raw: bool, name: str = "lean"):
+    """A tiny Q4_K_M mixture's GGUF (tmp_path/moe.gguf, written once) on the native runner, its experts left in
+    the GGUF (`raw`) or repacked into the lean file."""
+    from chatcli.engine.runners.native import NativeRunner
+    from chatcli.engine.weights.gguf_lean import convert_gguf_lean
+    from chatcli.engine.weights.lean_file import LeanWeights
+    from tests.gguf_models import Q4_K_M, tiny, write_gguf
+
+    path = tmp_path / "moe.gguf"
+    if not path.exists():
+        write_gguf(tiny(family, False, seed=1), path, Q4_K_M)
+    lean = tmp_path / f"{name}.safetensors"
+    if not lean.exists():
+        convert_gguf_lean(path, lean, 128, "test", raw_experts=raw)
+    weights = LeanWeights(lean, "gguf", "test")
+    weights.gguf = path
+    return NativeRunner(weights, threads=2)
+
+
+def logits(runner) -> np.ndarray:
+    """A prefill of 8, then single steps, over IDS."""
+    from tests.gguf_runs import IDS
+
+    cache = runner.new_cache()
+    return np.concatenate([runner.verify(IDS[:8], cache), *(runner.verify([t], cache) for t in IDS[8:])])
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_experts_left_in_the_gguf_give_the_repacked_files_bits(build, tmp_path, family):
+    """A Q4_K_M mixture whose experts stay in its GGUF (`raw_experts`): the lean file holds none of their arrays,
+    its logits over a prompt's chunk and single steps are the repacked file's, bit for bit, and a GGUF that is not
+    the one it was written from is refused."""
+    from chatcli.engine.runners.native import NativeRunner
+    from chatcli.engine.weights.lean_file import LeanFileError, LeanWeights
+    from tests.gguf_models import tiny, write_gguf
+
+    packed, raw = moe_runner(tmp_path, family, False, "packed"), moe_runner(tmp_path, family, True)
+    assert raw.config.raw_experts and not packed.config.raw_experts
+    assert not any(".experts_" in name for name in raw.weights.file.tensors)
+    repacked = sum(packed.weights.file.tensors[n].nbytes for n in packed.weights.file.tensors if ".experts_" in n)
+    assert raw.weight_bytes == packed.weight_bytes - repacked + raw._experts.raw_bytes
+    assert np.array_equal(logits(raw), logits(packed))
+    other = write_gguf(tiny(family, False, seed=1), tmp_path / "other.gguf", "Q8_0")
+    weights = LeanWeights(tmp_path / "lean.safetensors", "gguf", "test")
+    weights.gguf = other
+    with pytest.raises(LeanFileError, match="not the one it was written from"):
+        NativeRunner(weights, threads=2)
+
+
+def test_the_experts_are_repacked_a_layer_at_a_time_behind_the_runner(kernel, tmp_path, monkeypatch):
+    """The runner reads the GGUF's rows until a process of their own has repacked each layer into its file; it then
+    reads that file, with the same bits; a later start reads every layer from its file, and a layer whose file was
+    damaged is read from the GGUF again and repacked again."""
+    from chatcli.engine.runners import native_experts
+    from chatcli.engine.weights.gguf_experts import layer_path
+    from chatcli.engine.weights.sidecar import path_of
+
+    monkeypatch.setattr(native_experts, "POLL_S", 0.0)
+    runner = moe_runner(tmp_path, "qwen3_moe", True)
+    want = logits(runner)
+    assert runner._experts.pending == [0, 1]
+    runner.start_repacking()
+    for _ in range(600):  # ~60 s at most: the poll is on each forward
+        if not runner._experts.pending:
+            break
+        runner.verify([5], runner.new_cache())
+        time.sleep(0.1)
+    assert runner._experts.pending == [] and runner._experts.process is None
+    assert all(layer_path(tmp_path / "lean.safetensors", i).is_file() for i in (0, 1))
+    assert np.array_equal(logits(runner), want)
+    again = moe_runner(tmp_path, "qwen3_moe", True)
+    assert again._experts.pending == [] and np.array_equal(logits(again), want)
+    damaged = layer_path(tmp_path / "lean.safetensors", 1)
+    with open(damaged, "r+b") as f:
+        f.truncate(damaged.stat().st_size - 64)
+    assert path_of(damaged).exists()
+    third = moe_runner(tmp_path, "qwen3_moe", True)
+    assert third._experts.pending == [1] and np.array_equal(logits(third), want)
+
+
+def test_no_repacking_where_it_is_turned_off_or_its_runner_is_gone(kernel, tmp_path, monkeypatch):
+    from chatcli.engine.runners import native_experts
+    from chatcli.engine.weights.gguf_experts import layer_path
+
+    runner = moe_runner(tmp_path, "qwen3_moe", True)
+    monkeypatch.setenv("CHATCLI_REPACK_EXPERTS", "off")
+    runner.start_repacking()
+    assert runner._experts.process is None
+    lean = tmp_path / "lean.safetensors"
+    assert native_experts.main([str(lean), str(tmp_path / "moe.gguf"), str(os.getppid() + 1)]) == 0
+    assert not layer_path(lean, 0).exists()

@@ -41,7 +41,7 @@ def lean_weights(
     source = f"{path.parent.name}/{path.stem.rsplit('-', 1)[1]}"
     if path.is_file() and unchanged(path):
         try:
-            return LeanWeights(path, kind, source)
+            return _with_gguf(LeanWeights(path, kind, source), gguf)
         except LeanFileError:
             pass  # converted again below
     sidecar.remove(path)  # found inconsistent, or not there: no half of an entry stays if converting fails
@@ -57,7 +57,13 @@ def lean_weights(
         if model_loader is not None or not convert_streamed(folder, path, kind, source, status):
             convert_lean(folder, path, kind, source, status=status, model_loader=model_loader)
     prune(path, kind)
-    return LeanWeights(path, kind, source)
+    return _with_gguf(LeanWeights(path, kind, source), gguf)
+
+
+def _with_gguf(weights: LeanWeights, gguf: Path | None) -> LeanWeights:
+    """The lean file with the GGUF it was written from beside it (its experts may be read from there)."""
+    weights.gguf = gguf
+    return weights
 
 
 def lean_engine(
@@ -87,6 +93,7 @@ def lean_engine(
 
         (kind,) = kinds(native, quantize, dtype)
         runner = NativeRunner(lean_weights(folder, kind, status, model_loader, source.gguf), kv_dtype=kv)
+        runner.start_repacking()  # experts read from the GGUF's rows, until they are repacked
         note = dequantized_note(source, asked, quantize, kind)
     else:
         if quantize in GROUPED:
@@ -227,7 +234,9 @@ def _convert_gguf(folder: Path, path: Path, source: str, status: Status | None, 
     if gguf is None:
         raise LoadError(f"{folder.name}: no GGUF file to read its blocks from")
     limit = int(read_config(folder).get("max_position_embeddings") or 2048)
-    convert_gguf_lean(gguf, path, limit, source, status, packer=kernels.library())
+    # the experts left in the GGUF where the kernel reads their rows fast (AVX-512: kernels/project_raw.h)
+    raw = kernels.build_name() == "avx512"
+    convert_gguf_lean(gguf, path, limit, source, status, packer=kernels.library(), raw_experts=raw)
     shutil.rmtree(folder_for(gguf), ignore_errors=True)
 
 

@@ -28,10 +28,8 @@ from chatcli.engine.runners.kernels.structs import (
     ACT_GELU_TANH,
     ACT_SILU,
     ACT_SWIGLU_OAI,
-    BLOCK_KINDS,
     WEIGHT_F32,
     WEIGHT_I8,
-    WEIGHT_PARTS,
     WEIGHT_Q4,
     WEIGHT_Q8,
     Layer,
@@ -39,7 +37,9 @@ from chatcli.engine.runners.kernels.structs import (
     Model,
     Segment,
 )
+from chatcli.engine.runners.matrices import block_matrix, parts_matrix  # noqa: F401 (tests take them from here)
 from chatcli.engine.runners.native_cache import CACHE_DTYPES, NativeCache, q8_reason
+from chatcli.engine.runners.native_experts import ExpertViews
 from chatcli.engine.runners.team import TeamWidth
 from chatcli.engine.weights.lean_file import (
     BLOCKS,
@@ -51,7 +51,6 @@ from chatcli.engine.weights.lean_file import (
     PROJECTIONS,
     VECTORS,
     LeanWeights,
-    block_strides,
     norm_before,
 )
 
@@ -76,40 +75,6 @@ def kernel_threads() -> int:
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
     except (KeyError, ValueError):
         return physical_cores()
-
-
-def block_matrix(kind: str, n: int, k: int, kp: int, address, norm=None) -> Matrix:
-    """The kernel's Matrix of one block type (`BLOCK_KINDS`) over arrays named as `quant_blocks.pack` /
-    `kquant_blocks.pack_k` name them, `address(key)` giving each one's address or None."""
-    return Matrix(
-        BLOCK_KINDS[kind],
-        n,
-        k,
-        kp,
-        address("w"),
-        None,
-        None,
-        address("d"),
-        address("m"),
-        norm,
-        address("sc"),
-        address("sm"),
-        address("hi"),
-    )
-
-
-def parts_matrix(parts: list[Matrix], k: int, kp: int, norm=None) -> Matrix:
-    """Matrices stacked along the outputs (a fused projection whose tensors have several types); the
-    array of parts is kept alive on the result."""
-    if len(parts) == 1:
-        whole = parts[0]
-        whole.norm = norm
-        return whole
-    array = (Matrix * len(parts))(*parts)
-    whole = Matrix(WEIGHT_PARTS, sum(p.n for p in parts), k, kp, None, None, None, None, None, norm)
-    whole.parts, whole.n_parts = ctypes.cast(array, ctypes.POINTER(Matrix)), len(parts)
-    whole.keep = array
-    return whole
 
 
 class NativeRunner(ModelRunner):
@@ -149,6 +114,7 @@ class NativeRunner(ModelRunner):
         tolerant = bool(lib.chatcli_tolerant(-1, -1))  # decode steps without barriers (kernels/tolerant.h)
         self.team = TeamWidth(self.threads, tolerant=tolerant) if threads is None and self.threads > 1 else None
         shapes, vectors = c.shapes(), c.vectors()
+        self._experts = ExpertViews(weights, getattr(weights, "gguf", None))
 
         def vector(name: str):  # a family's vector, or null where it has none
             return weights.address(name) if name in vectors else None
@@ -162,7 +128,7 @@ class NativeRunner(ModelRunner):
                 weights.address(c.rope_name(i)) if c.rope_name(i) else None,  # null: not rotated (SmolLM3)
                 c.layer_window(i),
                 *[vector(f"layers.{i}.{n}") for n in VECTORS],  # in Layer's field order
-                *self._experts(i, shapes),
+                *(self._experts.layer(i, self._matrix(f"layers.{i}.router", shapes)) if c.experts else (None, None)),
                 *[vector(f"layers.{i}.{n}") for n in OAI_VECTORS],
             )
             for i in range(c.layers)
@@ -201,7 +167,8 @@ class NativeRunner(ModelRunner):
         }
         self.weight_bytes = sum(sizes.values())
         # what a token reads: its experts' share of the experts' weights (all of them where there are none)
-        experts = sum(size for n, size in sizes.items() if ".experts_" in n)
+        experts = sum(size for n, size in sizes.items() if ".experts_" in n) + self._experts.raw_bytes
+        self.weight_bytes += self._experts.raw_bytes
         self.active_bytes = self.weight_bytes - experts + experts * c.experts_used // max(1, c.experts)
 
     def _matrix(self, name: str, shapes: dict) -> Matrix:
@@ -251,38 +218,12 @@ class NativeRunner(ModelRunner):
             )
         return Matrix(WEIGHT_F32, n, k, k, self.weights.address(name), None, None)
 
-    def _experts(self, i: int, shapes: dict) -> tuple:
-        """Layer i's router and its experts (every one's gate_up, then every one's down), each expert a view of
-        its rows of the stacked tensors (`lean_file.EXPERT_PROJECTIONS`); (None, None) for a dense layer."""
-        c = self.config
-        if not c.experts:
-            return None, None
-        router = self._matrix(f"layers.{i}.router", shapes)
-        experts = self._expert_views(f"layers.{i}.experts_gate_up", c.hidden)
-        experts += self._expert_views(f"layers.{i}.experts_down", c.ffn)
-        array = (Matrix * len(experts))(*experts)
-        self._keep.append((experts, array))
-        return ctypes.pointer(router), ctypes.cast(array, ctypes.POINTER(Matrix))
-
-    def _expert_views(self, name: str, k: int) -> list[Matrix]:
-        """Each expert's Matrix over its rows of `name`'s stacked parts (its gate's and up's, or its down's)."""
-        c, w = self.config, self.weights
-        has = w.file.tensors
-        views = []
-        for e in range(c.experts):
-            parts = []
-            for j, (kind, size) in enumerate(c.parts[name]):
-                rows, key, strides = size // c.experts, f"{name}.{j}.", block_strides(kind, k)
-
-                def address(a: str, key=key, first=e * size // c.experts // 16, strides=strides):
-                    return w.address(key + a) + first * strides[a] if key + a in has else None
-
-                parts.append(block_matrix(kind, rows, k, k, address))
-            views.append(parts_matrix(parts, k, k))
-        return views
+    def start_repacking(self) -> None:
+        """Repack the experts the lean file left in the GGUF, in a process of their own (native_experts.start)."""
+        self._experts.start()
 
     def files(self) -> list:
-        return [self.weights.file.path]
+        return [self.weights.file.path, *([self._experts.path] if self._experts.gguf else [])]
 
     @property
     def exact_verify(self) -> bool:
@@ -369,6 +310,7 @@ class NativeRunner(ModelRunner):
     def _pieces(self, requests: list, model: Model | None = None) -> list[np.ndarray]:
         """One kernel call over every request's rows (each fits its cache); their logits, soft-capped (or,
         with `model` from `_states_model`, their hidden states)."""
+        self._experts.poll()  # layers of experts repacked since (native_experts), taken up between two calls
         segments = (Segment * len(requests))()
         views = []  # the caches' kernel views, alive through the call
         for segment, (ids, cache, every) in zip(segments, requests, strict=True):

@@ -238,6 +238,11 @@ class GGUFFile:
             self.tensors[name] = Tensor(name, shape, type_name, start + offset, n_bytes)
         self.arch = str(self.fields.get("general.architecture", ""))
 
+    @property
+    def paths(self) -> list[Path]:
+        """The files its tensors are in, by `Tensor.part`: this one, then a split model's other parts."""
+        return [self.path, *(part.path for part in self._parts)]
+
     def hp(self, key: str, default=None):
         """`<arch>.<key>`, or `default` where the file does not say."""
         return self.fields.get(f"{self.arch}.{key}", default)

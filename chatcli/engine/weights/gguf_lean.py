@@ -42,11 +42,12 @@ from chatcli.engine.weights import Status, gguf_meta, gguf_oai
 from chatcli.engine.weights.families import GEMMA
 from chatcli.engine.weights.gguf_check import check_header
 from chatcli.engine.weights.gguf_file import GGUFFile
+from chatcli.engine.weights.gguf_map import raw_experts_plan
 from chatcli.engine.weights.gguf_rope import context_limit, rope_table
 from chatcli.engine.weights.gguf_windows import SWA_DEFAULT, SWA_PATTERN, own_sliding_rope, sliding_layers
-from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
+from chatcli.engine.weights.kquant_blocks import kind_of
 from chatcli.engine.weights.lean_file import GGUF, LeanConfig, head_rows, norm_before, padded16, rope_order
-from chatcli.engine.weights.lean_writer import ChunkWriter
+from chatcli.engine.weights.lean_writer import ChunkWriter, declare_part, write_part
 
 FAMILIES = {arch: model_type for arch, (model_type, _) in gguf_meta.FAMILIES.items()}  # read directly
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # [experts, rows, k] each, stacked
@@ -166,7 +167,9 @@ def attention_scale(meta: GGUFFile, hidden: int, heads: int, head_dim: int) -> f
     return float(head_dim) ** -0.5
 
 
-def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: dict) -> LeanConfig:
+def lean_config(
+    meta: GGUFFile, limit: int, source: str, parts: dict, vectors: dict, raw: dict | None = None
+) -> LeanConfig:
     hidden, heads = int(meta.hp("embedding_length")), int(meta.hp("attention.head_count"))
     head_dim = head_dim_of(meta)
     tied = "output.weight" not in meta.tensors
@@ -207,6 +210,7 @@ def lean_config(meta: GGUFFile, limit: int, source: str, parts: dict, vectors: d
         norm_topk=True,  # llama.cpp's qwen3moe, llama (Mixtral), granitemoe normalise; gpt-oss: softmax of the top k
         biases=any(k.endswith("out_bias") for k in vectors),
         sinks=any(k.endswith("sinks") for k in vectors),
+        raw_experts=raw or {},
         **family_fields(meta, head_dim),
     )
 
@@ -228,17 +232,23 @@ def family_fields(meta: GGUFFile, head_dim: int) -> dict:
     return out
 
 
-CHUNK_BYTES = 16 << 20  # codes decoded at once (a chunk of rows, a multiple of 64)
 ROPE_CHUNK = 4096  # rope table rows computed at once
 
 
 def write_lean_file(
-    meta: GGUFFile, path: Path, limit: int, source: str, status: Status | None = None, packer=None
+    meta: GGUFFile,
+    path: Path,
+    limit: int,
+    source: str,
+    status: Status | None = None,
+    packer=None,
+    raw_experts: bool = False,
 ) -> tuple[LeanConfig, str]:
     """Write the `gguf` lean file at `path` a chunk of rows at a time (the peak memory a chunk's, not the
     model's), every tensor read with `pread` (the GGUF's pages stay page cache, not this process's):
-    its config and the file's BLAKE3, hashed as it was written."""
-    from chatcli.engine.weights.lean_file import block_arrays
+    its config and the file's BLAKE3, hashed as it was written. `raw_experts`: a mixture's experts are left in
+    the GGUF where the kernel reads their types as they are (`raw_experts_plan`): a first start then writes only
+    the rest (a 30B-A3B's: 3 % of its file)."""
     from chatcli.engine.weights.tensorfile import StreamedTensors
 
     status = status or (lambda *_a, **_k: None)
@@ -250,6 +260,7 @@ def write_lean_file(
     head_dim = head_dim_of(meta)
     limit = context_limit(meta, limit)
     projections = plan(meta)
+    raw = raw_experts_plan(meta, projections) if raw_experts else {}
     ropes = {"rope": False, **({"rope_sliding": True} if own_sliding_rope(meta, sliding_layers(meta)) else {})}
     small = {}
     for name, (_parts, norm) in projections.items():
@@ -274,15 +285,11 @@ def write_lean_file(
             parts[name] = []
             for j, (tensor, order) in enumerate(listed):
                 t = meta.tensors[tensor]
-                type_name, n, k = t.type_name, t.rows, int(t.shape[0])  # an expert tensor: every expert's rows
-                kind = kind_of(type_name)
-                arrays = block_arrays(kind, n, k)
-                if type_name in MINS:
-                    arrays["m"] = arrays["d"]
-                for key, (code, shape) in arrays.items():
-                    out.declare(f"{name}.{j}.{key}", code, shape)
-                parts[name].append((kind, n, (tensor, order, type_name)))
-        config = lean_config(meta, limit, source, parts, vectors)
+                type_name, n = t.type_name, t.rows  # an expert tensor: every expert's rows
+                if name not in raw:
+                    declare_part(out, f"{name}.{j}.", t)
+                parts[name].append((kind_of(type_name), n, (tensor, order, type_name)))
+        config = lean_config(meta, limit, source, parts, vectors, raw)
         out.start({"chatcli": config.to_json()})  # the header first: the file is hashed as it fills
         for name, sliding in ropes.items():  # a chunk of rows at a time: 2^17 rows' float64 angles are 32 MiB
             for start in range(0, limit, ROPE_CHUNK):
@@ -294,8 +301,8 @@ def write_lean_file(
         try:
             for count, (name, listed) in enumerate(parts.items()):
                 status("Writing the lean weights", count, len(parts))
-                for j, (_kind, n, (tensor, order, type_name)) in enumerate(listed):
-                    _write_part(writer, f"{name}.{j}.", meta, tensor, order, type_name, n, packer)
+                for j, (_kind, n, (tensor, order, type_name)) in enumerate(listed if name not in raw else ()):
+                    write_part(writer, f"{name}.{j}.", meta, tensor, order, type_name, n, packer)
         except BaseException:
             writer.stop()
             raise
@@ -306,32 +313,6 @@ def write_lean_file(
         out.abort()
         raise
     return config, digest
-
-
-def _write_part(
-    writer: ChunkWriter, prefix: str, meta: GGUFFile, tensor: str, order, type_name: str, n: int, packer
-) -> None:
-    """One GGUF tensor's blocks into its arrays, a chunk of rows at a time, through the buffers of the writer's
-    arenas, kept from one chunk and tensor to the next (pages touched for the first time are what a first
-    start pays most for on a VM, ~2 ms a MB here, and a 1B model's chunks would touch ~1.6 GB of them); each
-    chunk's writes go to the writer's thread while the next chunk is read and packed."""
-    t = meta.tensors[tensor]
-    row_bytes = int(t.n_bytes) // n
-    step = max(64, CHUNK_BYTES // max(1, int(t.shape[0])) // 64 * 64)
-    whole = meta.read(t, 0, n)[order] if order is not None else None  # q/k rows put in order: small tensors
-    written: dict[str, int] = {}
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        number, arena = writer.take()
-        if whole is None and len(arena.get("raw", ())) < min(n, step) * row_bytes:
-            arena["raw"] = np.empty(min(n, step) * row_bytes, np.uint8)
-        raw = whole[r0:r1] if whole is not None else meta.read(t, r0, r1, arena["raw"])
-        _kind, arrays = tensor_parts(type_name, raw.reshape(r1 - r0, row_bytes), packer=packer, arena=arena)
-        writes = []
-        for key, array in arrays.items():
-            writes.append((prefix + key, written.get(key, 0), np.ascontiguousarray(array)))
-            written[key] = written.get(key, 0) + array.nbytes
-        writer.put(number, writes)
 
 
 def _padded(v: np.ndarray) -> np.ndarray:
@@ -368,13 +349,20 @@ def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: 
 
 
 def convert_gguf_lean(
-    gguf_path: Path, path: Path, limit: int, source: str, status: Status | None = None, packer=None
+    gguf_path: Path,
+    path: Path,
+    limit: int,
+    source: str,
+    status: Status | None = None,
+    packer=None,
+    raw_experts: bool = False,
 ) -> None:
     """Write the `gguf` lean file for `gguf_path` at `path` (atomic; its sidecar last); `packer`: the
-    compiled kernel's library, to repack the blocks (else numpy does, ~20x slower)."""
+    compiled kernel's library, to repack the blocks (else numpy does, ~20x slower); `raw_experts`: see
+    `write_lean_file`."""
     from chatcli.engine.weights.sidecar import record
 
     status = status or (lambda *_a, **_k: None)
     status(f"Repacking {gguf_path.name}'s blocks for the kernel (once)")
-    _config, digest = write_lean_file(GGUFFile(gguf_path), path, limit, source, status, packer)
+    _config, digest = write_lean_file(GGUFFile(gguf_path), path, limit, source, status, packer, raw_experts)
     record(path, digest)

@@ -109,6 +109,9 @@ class LeanConfig:
     logits_scaling: float = 1.0  # the logits divided by this (Granite)
     biases: bool = False  # gpt-oss: layers.i.out_bias, router_bias, experts_bias (`OAI_VECTORS`)
     sinks: bool = False  # gpt-oss: layers.i.sinks, a logit per head more in each softmax's denominator
+    # gguf: the experts' projections left in the GGUF, read from its pages as it holds them (gguf_map, the kernel's
+    # WEIGHT_RAW_* kinds): lean name -> its GGUF tensors, in its parts' order; no arrays of theirs in this file
+    raw_experts: dict = field(default_factory=dict)
 
     def layer_window(self, i: int) -> int:
         """The positions layer i attends to at most (0: all of them)."""
@@ -313,6 +316,8 @@ class LeanWeights:
             want[name] = ("F32", (padded16(n),))
         code = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(c.weights)
         for name, (k, n) in matrices.items():
+            if c.kind == GGUF and name in c.raw_experts:
+                continue  # in the GGUF (`raw_experts`)
             if c.kind == GGUF:
                 parts = c.parts.get(name) or []
                 if sum(size for _, size in parts) != n:
@@ -354,7 +359,7 @@ def prune(keep: Path, kind: str) -> None:
     """Remove this kind's files made from earlier versions of the model's files, and the lean
     folders of models whose folder is gone (`sweep`)."""
     for other in keep.parent.glob(f"{kind}-*.safetensors"):
-        if other != keep:
+        if other != keep and not other.name.startswith(f"{keep.stem}."):  # its experts' files (gguf_experts) stay
             sidecar.remove(other)
     sweep(keep.parent.parent)
 

@@ -18,7 +18,13 @@ from __future__ import annotations
 import queue
 import threading
 
+import numpy as np
+
+from chatcli.engine.weights.gguf_file import GGUFFile, Tensor
+from chatcli.engine.weights.kquant_blocks import MINS, kind_of, tensor_parts
+
 ARENAS = 2  # chunks in flight: one being written while the next is read and packed
+CHUNK_BYTES = 16 << 20  # codes decoded at once (a chunk of rows, a multiple of 64)
 
 
 class ChunkWriter:
@@ -76,3 +82,41 @@ class ChunkWriter:
                 self._error = exc
             finally:
                 self._free[arena].set()
+
+
+def declare_part(out, prefix: str, t: Tensor) -> None:
+    """Declare the arrays a GGUF tensor is repacked into (`lean_file.block_arrays`, `m` as long as `d` where its
+    type has mins) in `out` (a `tensorfile.StreamedTensors`), each named `prefix` + its key."""
+    from chatcli.engine.weights.lean_file import block_arrays
+
+    arrays = block_arrays(kind_of(t.type_name), t.rows, int(t.shape[0]))
+    if t.type_name in MINS:
+        arrays["m"] = arrays["d"]
+    for key, (code, shape) in arrays.items():
+        out.declare(prefix + key, code, shape)
+
+
+def write_part(
+    writer: ChunkWriter, prefix: str, meta: GGUFFile, tensor: str, order, type_name: str, n: int, packer
+) -> None:
+    """One GGUF tensor's blocks into its arrays, a chunk of rows at a time, through the buffers of the writer's
+    arenas, kept from one chunk and tensor to the next (pages touched for the first time are what a first
+    start pays most for on a VM, ~2 ms a MB here, and a 1B model's chunks would touch ~1.6 GB of them); each
+    chunk's writes go to the writer's thread while the next chunk is read and packed."""
+    t = meta.tensors[tensor]
+    row_bytes = int(t.n_bytes) // n
+    step = max(64, CHUNK_BYTES // max(1, int(t.shape[0])) // 64 * 64)
+    whole = meta.read(t, 0, n)[order] if order is not None else None  # q/k rows put in order: small tensors
+    written: dict[str, int] = {}
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        number, arena = writer.take()
+        if whole is None and len(arena.get("raw", ())) < min(n, step) * row_bytes:
+            arena["raw"] = np.empty(min(n, step) * row_bytes, np.uint8)
+        raw = whole[r0:r1] if whole is not None else meta.read(t, r0, r1, arena["raw"])
+        _kind, arrays = tensor_parts(type_name, raw.reshape(r1 - r0, row_bytes), packer=packer, arena=arena)
+        writes = []
+        for key, array in arrays.items():
+            writes.append((prefix + key, written.get(key, 0), np.ascontiguousarray(array)))
+            written[key] = written.get(key, 0) + array.nbytes
+        writer.put(number, writes)
