@@ -39,6 +39,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from chatcli.engine.text.built import take_built
 from chatcli.engine.text.control import MARK_END, MARK_START, Alternation, alternation, marked, without_added_tokens
 from chatcli.engine.text.folder_files import UnsupportedTokenizer, as_ids, byte_level, chat_template, content, read_json
 from chatcli.engine.text.harmony import chat_messages, reply_stops
@@ -338,11 +339,11 @@ class FolderTokenizer(ChatTokenizer):
     def __init__(self, folder: str | Path) -> None:
         from tokenizers import Tokenizer
 
-        folder = Path(folder)
-        if not (folder / "tokenizer.json").is_file():
+        folder, path = Path(folder), Path(folder) / "tokenizer.json"
+        if not path.is_file():
             raise UnsupportedTokenizer(f"{folder.name} has no tokenizer.json")
         settings = read_json(folder / "tokenizer_config.json")
-        self.tokenizer = self.backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer = self.backend = take_built(path) or Tokenizer.from_file(str(path))
         if settings.get("clean_up_tokenization_spaces") and type(self.tokenizer.model).__name__ != "BPE":
             raise UnsupportedTokenizer("the tokenizer cleans up spaces when it decodes")
         self.special = {name: content(settings[name]) for name in SPECIAL_TOKENS if settings.get(name)}

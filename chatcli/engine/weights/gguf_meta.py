@@ -21,6 +21,7 @@ import json
 import re
 from pathlib import Path
 
+from chatcli.engine.text.built import keep_built
 from chatcli.engine.text.tokenize import byte_level
 from chatcli.engine.weights.gguf_file import GGUFFile
 from chatcli.engine.weights.gguf_windows import rope_bases, sliding_layers
@@ -263,6 +264,7 @@ def save(f: GGUFFile, out: Path) -> bool:
         if f"tokenizer.ggml.{flag}" in f.fields:
             settings[flag] = bool(f.fields[f"tokenizer.ggml.{flag}"])
     tok.save(str(out / "tokenizer.json"))
+    keep_built(out / "tokenizer.json", tok)  # the start that follows takes it as it is
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
     (out / "config.json").write_text(json.dumps(config, indent=1))
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
