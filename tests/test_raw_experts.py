@@ -110,13 +110,15 @@ def test_the_experts_are_repacked_a_layer_at_a_time_behind_the_runner(kernel, tm
     runner = moe_runner(tmp_path, "qwen3_moe", True)
     want = logits(runner)
     assert runner._experts.pending == [0, 1]
+    assert "CHATCLI_REPACK_EXPERTS is off" in runner.repacking_note()  # no process yet
     runner.start_repacking()
+    assert runner.repacking_note().startswith("0 of 2 layers' experts are repacked")
     for _ in range(600):  # ~60 s at most: the poll is on each forward
         if not runner._experts.pending:
             break
         runner.verify([5], runner.new_cache())
         time.sleep(0.1)
-    assert runner._experts.pending == [] and runner._experts.process is None
+    assert runner._experts.pending == [] and runner._experts.process is None and runner.repacking_note() == ""
     assert all(layer_path(tmp_path / "lean.safetensors", i).is_file() for i in (0, 1))
     assert np.array_equal(logits(runner), want)
     again = moe_runner(tmp_path, "qwen3_moe", True)

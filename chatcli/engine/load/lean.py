@@ -94,7 +94,7 @@ def lean_engine(
         (kind,) = kinds(native, quantize, dtype)
         runner = NativeRunner(lean_weights(folder, kind, status, model_loader, source.gguf), kv_dtype=kv)
         runner.start_repacking()  # experts read from the GGUF's rows, until they are repacked
-        note = dequantized_note(source, asked, quantize, kind)
+        note = "; ".join(n for n in (dequantized_note(source, asked, quantize, kind), runner.repacking_note()) if n)
     else:
         if quantize in GROUPED:
             raise LoadError(
