@@ -142,3 +142,37 @@ def test_no_repacking_where_it_is_turned_off_or_its_runner_is_gone(kernel, tmp_p
     lean = tmp_path / "lean.safetensors"
     assert native_experts.main([str(lean), str(tmp_path / "moe.gguf"), str(os.getppid() + 1)]) == 0
     assert not layer_path(lean, 0).exists()
+
+
+def test_a_users_start_repacks_and_verify_rehashes_the_experts_files(kernel, tmp_path, monkeypatch):
+    """`load_engine` on a Q4_K_M mixture leaves its experts in the GGUF (on the AVX-512 build) and repacks them
+    behind the runner; `chatcli pull --verify` rehashes each layer's file and removes one whose bytes changed with
+    its mtime put back, which the next start then reads from the GGUF again."""
+    from chatcli.engine import verify_model_files
+    from chatcli.engine.load.build import load_engine
+    from chatcli.engine.load.options import LoadOptions
+    from chatcli.engine.runners import kernels, native_experts
+    from tests.gguf_models import Q4_K_M, tiny, write_gguf
+
+    monkeypatch.setattr(kernels, "build_name", lambda: "avx512")  # the build that leaves them (any build reads them)
+    monkeypatch.setattr(native_experts, "POLL_S", 0.0)
+    path = write_gguf(tiny("qwen3_moe", False, seed=1), tmp_path / "moe.gguf", Q4_K_M)
+    runner = load_engine(str(path), LoadOptions(device="cpu")).runner
+    assert runner.config.raw_experts and path in runner.files()
+    for _ in range(600):
+        if not runner._experts.pending:
+            break
+        runner.verify([5], runner.new_cache())
+        time.sleep(0.1)
+    assert runner._experts.pending == []
+    layer = sorted(runner.weights.file.path.parent.glob("*.experts-1.safetensors"))[0]
+    st = layer.stat()
+    with open(layer, "r+b") as f:  # other bytes, the size and mtime put back
+        f.seek(st.st_size - 4096)
+        f.write(b"\x17" * 4096)
+    os.utime(layer, ns=(st.st_atime_ns, st.st_mtime_ns))
+    checks = {c.path.name: c.problem for c in verify_model_files(str(path))}
+    assert checks[runner.weights.file.path.name] == "" and checks[layer.name.replace("-1.", "-0.")] == ""
+    assert "BLAKE3" in checks[layer.name] and not layer.exists()
+    monkeypatch.setenv("CHATCLI_REPACK_EXPERTS", "off")
+    assert load_engine(str(path), LoadOptions(device="cpu")).runner._experts.pending == [1]

@@ -78,10 +78,13 @@ def verify_model_files(
             folder = gguf_convert.folder_for(source.gguf)
         for kind in kinds(native, quantize, dtype):
             path = lean_path(folder, kind)
-            if path.is_file():
-                checks.append(FileCheck(path, sidecar.check(path)))
+            if not path.is_file():
+                continue
+            # the lean file, then its experts' files (weights.gguf_experts: a mixture's, repacked after its first start)
+            for found in (path, *sorted(path.parent.glob(f"{path.stem}.experts-*.safetensors"))):
+                checks.append(FileCheck(found, sidecar.check(found)))
                 if checks[-1].problem:
-                    sidecar.remove(path)
+                    sidecar.remove(found)
         return checks
 
     return each_candidate(model, config_default, attempt)
