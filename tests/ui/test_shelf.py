@@ -135,3 +135,18 @@ async def test_a_long_reply_above_the_view_keeps_only_its_last_blocks_in_the_lay
         for _ in range(3):
             await pilot.pause()
         assert box.blocks.hidden == [] and places(pane)["virtual"] == before["virtual"]
+
+
+async def test_a_reshelve_that_comes_once_the_pane_is_gone_does_nothing(monkeypatch):
+    """A call after a refresh can come once the pane has left the DOM (benchmarks/tui_speed.py's app, closing): it
+    shelved into a pane no longer attached, and Textual raised MountError out of the app."""
+    from chatcli.ui.widgets.chat_pane import ChatPane
+
+    async with make_app().run_test(size=(100, 30)) as pilot:
+        pane = await long_chat(pilot)
+        pane.unshelve()
+        await pilot.pause()
+        monkeypatch.setattr(ChatPane, "is_attached", property(lambda _self: False))  # as it is once detached
+        pane.reshelve()  # MountError before
+        monkeypatch.undo()
+        assert not pane.shelved

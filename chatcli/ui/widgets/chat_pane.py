@@ -263,6 +263,8 @@ class ChatPane(VerticalScroll):
 
     def reshelve(self) -> None:
         """Shelve what lies far above the view, from the first message on; bring back what is near it."""
+        if not self.is_attached:  # a call after a refresh that came once the pane was gone (the app closing)
+            return
         messages = self.messages.items()
         self._checked_at = self.scroll_y
         top = self.scroll_y - self.SHELF_SCREENS * self.size.height
