@@ -5,13 +5,13 @@ short terminal, and code blocks that scroll sideways rather than wrap mid-token.
 from types import SimpleNamespace
 
 import pytest
-from textual.widgets import Footer
 from textual.widgets._markdown import MarkdownFence
 
 from chatcli.engine.sample.sampling import SamplingParams
 from chatcli.options import StartOptions
 from chatcli.ui.format import fit_line
 from chatcli.ui.widgets.chat_pane import ReplyBox
+from chatcli.ui.widgets.keybar import KeyBar
 from tests.ui.conftest import make_app, ready, send
 from tests.ui.fake import FakeEngine
 
@@ -89,12 +89,12 @@ async def test_a_short_terminal_keeps_its_lines_for_the_chat():
         screen = await ready(pilot)
         await send(pilot, "code please")
         assert screen.pane.size.height >= 8  # 5 were left: a two-line header, a boxed prompt, the footer
-        assert screen.prompt.size.height == 1 and not screen.query_one(Footer).display
+        assert screen.prompt.size.height == 1 and not screen.query_one(KeyBar).display
         assert "temp" in header(screen)  # the settings are not cut away whole
     app = make_app(embedded_like())
     async with app.run_test(size=(140, 45)) as pilot:
         screen = await ready(pilot)
-        assert screen.prompt.outer_size.height == 3 and screen.query_one(Footer).display
+        assert screen.prompt.outer_size.height == 3 and screen.query_one(KeyBar).display
 
 
 @pytest.mark.parametrize("size", [(80, 24), (140, 45)])

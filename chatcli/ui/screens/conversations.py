@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from chatcli.chat.conversation import Conversation
 from chatcli.chat.manager import Chats, ChatsError
@@ -34,6 +33,7 @@ from chatcli.ui.persist import PromptHistory
 from chatcli.ui.screens.sidebar_keys import SidebarKeys
 from chatcli.ui.widgets.chat_pane import ChatPane, LoadingLine, UserMessage
 from chatcli.ui.widgets.info_bar import InfoBar, engine_parts
+from chatcli.ui.widgets.keybar import KeyBar
 from chatcli.ui.widgets.panels import StatsPanel
 from chatcli.ui.widgets.prompt import PromptInput
 from chatcli.ui.widgets.sidebar import Sidebar
@@ -71,7 +71,7 @@ class ConversationScreen(SidebarKeys, Screen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # narrow: panels start hidden
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_BELOW, "-tall")]
     DEFAULT_CSS = """
-    ConversationScreen.-short Footer { display: none; }
+    ConversationScreen.-short KeyBar { display: none; }
     ConversationScreen.-short ChatPane { padding-bottom: 0; }
     ConversationScreen.-short PromptInput, ConversationScreen.-short PromptInput:focus {  /* themes/: theirs too */
         border: none; min-height: 1; padding: 0 1; background: $boost;
@@ -128,7 +128,7 @@ class ConversationScreen(SidebarKeys, Screen):
         yield self.tokens
         yield self.panels.status
         yield self.prompt
-        yield Footer()
+        yield KeyBar()
 
     async def on_mount(self) -> None:
         self._config_stamp = file_stamp(self._config_file())  # as read at start: a change reads it again
