@@ -13,13 +13,13 @@ import time
 import numpy as np
 import pytest
 
-from chatcli.engine.runners.kernels.structs import WEIGHT_RAW_Q4K, WEIGHT_RAW_Q6K, Matrix
+from chatcli.engine.runners.kernels.structs import WEIGHT_RAW_MXFP4, WEIGHT_RAW_Q4K, WEIGHT_RAW_Q6K, Matrix
 from tests.kquants import random_blocks
 from tests.test_kquant_blocks import dequantized, extreme_blocks, matrix, project, textbook
 
 pytest.importorskip("gguf")
 
-RAW = {"Q4_K": WEIGHT_RAW_Q4K, "Q6_K": WEIGHT_RAW_Q6K}
+RAW = {"Q4_K": WEIGHT_RAW_Q4K, "Q6_K": WEIGHT_RAW_Q6K, "MXFP4": WEIGHT_RAW_MXFP4}
 
 
 def raw_matrix(type_name: str, raw: np.ndarray, k: int) -> Matrix:
@@ -30,8 +30,14 @@ def raw_matrix(type_name: str, raw: np.ndarray, k: int) -> Matrix:
 @pytest.mark.parametrize(("n", "rows"), [(32, 1), (48, 3), (40, 9), (24, 17)])
 def test_raw_rows_give_the_repacked_rows_bits_in_each_build(build, type_name, n, rows):
     rng = np.random.default_rng(n * 31 + rows)
-    k = 768
-    raw = random_blocks(n, k, type_name, rng) if rows % 2 else extreme_blocks(type_name, n, k, rng)
+    k = 2880 if type_name == "MXFP4" else 768  # gpt-oss's width: 90 groups of 32
+    raw = (
+        random_blocks(n, k, type_name, rng)
+        if rows % 2 or type_name == "MXFP4"
+        else extreme_blocks(type_name, n, k, rng)
+    )
+    if type_name == "MXFP4" and rows == 3:  # every E8M0 scale's edge: the subnormal 0 and 1, the largest here
+        raw.reshape(n, k // 32, 17)[0, :3, 0] = [0, 1, 140]
     x = (rng.standard_normal((rows, k)) * 2).astype(np.float32)
     packed, _arrays = matrix(type_name, raw, k)
     got = project(raw_matrix(type_name, raw, k), x, n)
@@ -50,15 +56,18 @@ def test_a_raw_row_gets_the_same_bits_alone_or_with_others():
 
 
 def moe_runner(tmp_path, family: str, raw: bool, name: str = "lean"):
-    """A tiny Q4_K_M mixture's GGUF (tmp_path/moe.gguf, written once) on the native runner, its experts left in
-    the GGUF (`raw`) or repacked into the lean file."""
+    """A tiny Q4_K_M mixture's GGUF (tmp_path/moe.gguf, written once; gpt-oss: MXFP4 experts) on the native runner,
+    its experts left in the GGUF (`raw`) or repacked into the lean file."""
     from chatcli.engine.runners.native import NativeRunner
     from chatcli.engine.weights.gguf_lean import convert_gguf_lean
     from chatcli.engine.weights.lean_file import LeanWeights
     from tests.gguf_models import Q4_K_M, tiny, write_gguf
+    from tests.gguf_oai import tiny_gptoss, write_gptoss
 
     path = tmp_path / "moe.gguf"
-    if not path.exists():
+    if not path.exists() and family == "gpt_oss":
+        write_gptoss(tiny_gptoss(4), path, "MXFP4")
+    elif not path.exists():
         write_gguf(tiny(family, False, seed=1), path, Q4_K_M)
     lean = tmp_path / f"{name}.safetensors"
     if not lean.exists():
@@ -76,9 +85,10 @@ def logits(runner) -> np.ndarray:
     return np.concatenate([runner.verify(IDS[:8], cache), *(runner.verify([t], cache) for t in IDS[8:])])
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "gpt_oss"])
 def test_experts_left_in_the_gguf_give_the_repacked_files_bits(build, tmp_path, family):
-    """A Q4_K_M mixture whose experts stay in its GGUF (`raw_experts`): the lean file holds none of their arrays,
+    """A Q4_K_M mixture (gpt-oss: MXFP4 experts) whose experts stay in its GGUF (`raw_experts`): the lean file holds
+    none of their arrays,
     its logits over a prompt's chunk and single steps are the repacked file's, bit for bit, and a GGUF that is not
     the one it was written from is refused."""
     from chatcli.engine.runners.native import NativeRunner
@@ -87,11 +97,15 @@ def test_experts_left_in_the_gguf_give_the_repacked_files_bits(build, tmp_path, 
 
     packed, raw = moe_runner(tmp_path, family, False, "packed"), moe_runner(tmp_path, family, True)
     assert raw.config.raw_experts and not packed.config.raw_experts
-    assert not any(".experts_" in name for name in raw.weights.file.tensors)
-    repacked = sum(packed.weights.file.tensors[n].nbytes for n in packed.weights.file.tensors if ".experts_" in n)
+
+    def experts(name: str) -> bool:  # an experts' projection's array (not gpt-oss's experts_bias)
+        return ".experts_gate_up." in name or ".experts_down." in name
+
+    assert not any(experts(name) for name in raw.weights.file.tensors)
+    repacked = sum(packed.weights.file.tensors[n].nbytes for n in packed.weights.file.tensors if experts(n))
     assert raw.weight_bytes == packed.weight_bytes - repacked + raw._experts.raw_bytes
     assert np.array_equal(logits(raw), logits(packed))
-    other = write_gguf(tiny(family, False, seed=1), tmp_path / "other.gguf", "Q8_0")
+    other = write_gguf(tiny("qwen3_moe", False, seed=1), tmp_path / "other.gguf", "Q8_0")
     weights = LeanWeights(tmp_path / "lean.safetensors", "gguf", "test")
     weights.gguf = other
     with pytest.raises(LeanFileError, match="not the one it was written from"):

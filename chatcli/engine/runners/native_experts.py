@@ -1,9 +1,10 @@
 """A mixture's experts as the kernel reads them (`kernels/moe.h`): per layer its router, then every expert's gate_up
 and every expert's down, each expert a Matrix over its own rows of the layer's stacked tensors. Those rows are the
 lean file's repacked arrays (`lean_file.EXPERT_PROJECTIONS`), or the GGUF's own where the lean file left them there
-(`LeanConfig.raw_experts`): the kernel's WEIGHT_RAW_Q4K / _Q6K over the GGUF's pages (`gguf_map.MappedGGUF`), the
-same bits (`kernels/project_raw.h`), until a process of their own (`start`, this module's main) has repacked the
-layer into its file (`weights.gguf_experts`); `poll`, between two forwards, then points the layer's structs there.
+(`LeanConfig.raw_experts`): the kernel's WEIGHT_RAW_Q4K / _Q6K / _MXFP4 over the GGUF's pages
+(`gguf_map.MappedGGUF`), the same bits (`kernels/project_raw.h`), until a process of their own (`start`, this
+module's main) has repacked the layer into its file (`weights.gguf_experts`); `poll`, between two forwards, then
+points the layer's structs there.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-from chatcli.engine.runners.kernels.structs import WEIGHT_RAW_Q4K, WEIGHT_RAW_Q6K, Matrix
+from chatcli.engine.runners.kernels.structs import WEIGHT_RAW_MXFP4, WEIGHT_RAW_Q4K, WEIGHT_RAW_Q6K, Matrix
 from chatcli.engine.runners.matrices import block_matrix, parts_matrix
 from chatcli.engine.weights import gguf_experts
 from chatcli.engine.weights.gguf_file import GGUFError
 from chatcli.engine.weights.lean_file import LeanFileError, LeanWeights, block_strides
 
-RAW_KINDS = {"Q4_K": WEIGHT_RAW_Q4K, "Q6_K": WEIGHT_RAW_Q6K}
+RAW_KINDS = {"Q4_K": WEIGHT_RAW_Q4K, "Q6_K": WEIGHT_RAW_Q6K, "MXFP4": WEIGHT_RAW_MXFP4}
 POLL_S = 0.5  # how often `poll` looks for layers repacked since
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from chatcli.engine.weights.gguf_file import GGUFError, GGUFFile, Tensor
 from chatcli.engine.weights.tensorfile import _address
 
-RAW_TYPES = ("Q4_K", "Q6_K")  # experts' types the kernel reads from the GGUF as they are (kernels/project_raw.h)
+# the experts' types the kernel reads from the GGUF as they are (kernels/project_raw.h): the inputs a block takes
+RAW_TYPES = {"Q4_K": 256, "Q6_K": 256, "MXFP4": 32}
 
 
 class MappedGGUF:
@@ -45,7 +46,7 @@ class MappedGGUF:
 
 def raw_experts_plan(meta: GGUFFile, projections: dict) -> dict[str, list[str]]:
     """The experts' projections the kernel reads from the GGUF as it is (lean name -> its GGUF tensors): every
-    one, where all of them are Q4_K or Q6_K rows of whole super-blocks (`RAW_TYPES`); else none."""
+    one, where all of them are Q4_K, Q6_K or MXFP4 rows of whole blocks (`RAW_TYPES`); else none."""
     raw = {
         name: [tensor for tensor, _order in listed]
         for name, (listed, _norm) in projections.items()
@@ -54,6 +55,6 @@ def raw_experts_plan(meta: GGUFFile, projections: dict) -> dict[str, list[str]]:
     for tensors in raw.values():
         for tensor in tensors:
             t = meta.tensors[tensor]
-            if t.type_name not in RAW_TYPES or int(t.shape[0]) % 256:
+            if t.type_name not in RAW_TYPES or int(t.shape[0]) % RAW_TYPES[t.type_name]:
                 return {}
     return raw

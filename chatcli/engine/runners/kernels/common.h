@@ -16,13 +16,15 @@ extern "C" {
 // WEIGHT_Q4K, _Q5K, _Q6K: GGUF's K-quants (project.h: kquant_block); WEIGHT_Q3K, _Q2K: its low-bit ones
 // (project_low.h: low_block); WEIGHT_F16, _BF16, _F32R: a GGUF's float tensors as it holds them, 16 outputs
 // a block (project_float.h: float_block); WEIGHT_IQ4NL, _IQ4XS: its 4-bit indices into kIQ4Values
-// (project_iq4.h: iq4_block); WEIGHT_RAW_Q4K, _Q6K: a GGUF's Q4_K / Q6_K rows as the file holds them (project_raw.h);
+// (project_iq4.h: iq4_block); WEIGHT_RAW_Q4K, _Q6K, _MXFP4: a GGUF's Q4_K / Q6_K / MXFP4 rows as the file holds them
+// (project_raw.h);
 // WEIGHT_MXFP4: GGUF's MXFP4 (gpt-oss's experts) on the same blocks, its indices into
 // kMXFP4Values and its power-of-two scale per group as bf16 (exact: an E8M0 scale is a bf16's exponent); WEIGHT_PARTS: outputs stacked from parts of those or of q4 / q8 (a fused
 // projection whose tensors the file holds in several types)
 enum { WEIGHT_F32 = 0, WEIGHT_I8 = 1, WEIGHT_Q4 = 2, WEIGHT_Q8 = 3, WEIGHT_Q4K = 4, WEIGHT_Q5K = 5, WEIGHT_Q6K = 6,
        WEIGHT_PARTS = 7, WEIGHT_Q3K = 8, WEIGHT_Q2K = 9, WEIGHT_F16 = 10, WEIGHT_BF16 = 11, WEIGHT_F32R = 12,
-       WEIGHT_IQ4NL = 13, WEIGHT_IQ4XS = 14, WEIGHT_MXFP4 = 15, WEIGHT_RAW_Q4K = 16, WEIGHT_RAW_Q6K = 17 };
+       WEIGHT_IQ4NL = 13, WEIGHT_IQ4XS = 14, WEIGHT_MXFP4 = 15, WEIGHT_RAW_Q4K = 16, WEIGHT_RAW_Q6K = 17,
+       WEIGHT_RAW_MXFP4 = 18 };
 
 struct Matrix {
   int32_t kind;      // a WEIGHT_ kind
@@ -89,7 +91,7 @@ inline bool grouped(const Matrix& m) {
 // 32), Q3_K (4), Q2_K (its mins), IQ4_NL / IQ4_XS / MXFP4 (the AVX-512 build's table offset of 128)
 inline bool reads_hsum(const Matrix& m) {
   if (m.kind == WEIGHT_PARTS) return std::any_of(m.parts, m.parts + m.n_parts, reads_hsum);
-  return m.kind == WEIGHT_Q6K || m.kind == WEIGHT_RAW_Q6K || m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K || m.kind == WEIGHT_IQ4NL ||
+  return m.kind == WEIGHT_Q6K || m.kind == WEIGHT_RAW_Q6K || m.kind == WEIGHT_RAW_MXFP4 || m.kind == WEIGHT_Q3K || m.kind == WEIGHT_Q2K || m.kind == WEIGHT_IQ4NL ||
          m.kind == WEIGHT_IQ4XS || m.kind == WEIGHT_MXFP4;
 }
 

@@ -24,12 +24,21 @@ namespace {
 
 constexpr int kRawRows = 2;  // rows up to which a block's codes go straight into the dots (raw_block), not to memory
 
-inline bool raw_rows(const Matrix& m) { return m.kind == WEIGHT_RAW_Q4K || m.kind == WEIGHT_RAW_Q6K; }
+inline bool raw_rows(const Matrix& m) {
+  return m.kind == WEIGHT_RAW_Q4K || m.kind == WEIGHT_RAW_Q6K || m.kind == WEIGHT_RAW_MXFP4;
+}
 
 // the packed kind a raw one is read as, and the GGUF block type its rows hold
-inline int raw_packed_kind(const Matrix& m) { return m.kind == WEIGHT_RAW_Q4K ? WEIGHT_Q4K : WEIGHT_Q6K; }
-inline int raw_ggml_type(const Matrix& m) { return m.kind == WEIGHT_RAW_Q4K ? RAW_Q4_K : RAW_Q6_K; }
-inline int64_t raw_row_bytes(const Matrix& m) { return m.k / 256 * raw_block_bytes(raw_ggml_type(m)); }
+inline int raw_packed_kind(const Matrix& m) {
+  return m.kind == WEIGHT_RAW_Q4K ? WEIGHT_Q4K : m.kind == WEIGHT_RAW_Q6K ? WEIGHT_Q6K : WEIGHT_MXFP4;
+}
+inline int raw_ggml_type(const Matrix& m) {
+  return m.kind == WEIGHT_RAW_Q4K ? RAW_Q4_K : m.kind == WEIGHT_RAW_Q6K ? RAW_Q6_K : RAW_MXFP4;
+}
+inline int64_t raw_row_bytes(const Matrix& m) {
+  const int type = raw_ggml_type(m);
+  return m.kp / raw_block_inputs(type) * raw_block_bytes(type);
+}
 
 // One block of 16 rows in the packed kind's arrays (a thread's own, kept for its next blocks): `m` the packed
 // Matrix of those rows (block 0 of it), `codes` their codes unpacked (AVX-512) or null (in m.w and m.hi)
@@ -42,14 +51,14 @@ struct RawBlock {
 // [supers][16]; sc, sm), zeroed where pack_row expects zeros
 inline RawBlock raw_arrays(const Matrix& m, int64_t b) {
   thread_local std::vector<uint8_t> buffer;
-  const bool k6 = m.kind == WEIGHT_RAW_Q6K;
-  const int64_t groups = m.kp / 32, supers = m.kp / 256;
+  const bool k6 = m.kind == WEIGHT_RAW_Q6K, mx = m.kind == WEIGHT_RAW_MXFP4;
+  const int64_t groups = m.kp / 32, supers = mx ? groups : m.kp / 256;  // MXFP4: its scale (d) per group
 #if defined(__AVX512F__)
   const int64_t code_bytes = groups * 512, hi_bytes = 0;
 #else
   const int64_t code_bytes = groups * 256, hi_bytes = k6 ? groups * 128 : 0;
 #endif
-  const int64_t scale_bytes = groups * 16 * (k6 ? 2 : 1), min_bytes = k6 ? 0 : groups * 16;
+  const int64_t scale_bytes = mx ? 0 : groups * 16 * (k6 ? 2 : 1), min_bytes = k6 || mx ? 0 : groups * 16;
   const int64_t total = code_bytes + hi_bytes + 2 * supers * 16 * 2 + scale_bytes + min_bytes + 64;
   if (static_cast<int64_t>(buffer.size()) < total + 64) buffer.resize(total + 64);
   uint8_t* at = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) / 64 * 64);
@@ -63,7 +72,7 @@ inline RawBlock raw_arrays(const Matrix& m, int64_t b) {
   pm.kind = raw_packed_kind(m);
   pm.n = std::min<int64_t>(16, m.n - b * 16);
   pm.k = m.k, pm.kp = m.kp;
-  pm.w = codes, pm.d = d, pm.mins = k6 ? nullptr : mins, pm.sc = sc, pm.sm = k6 ? nullptr : sm;
+  pm.w = codes, pm.d = d, pm.mins = k6 || mx ? nullptr : mins, pm.sc = mx ? nullptr : sc, pm.sm = k6 || mx ? nullptr : sm;
   pm.hi = hi_bytes ? hi : nullptr;
   return {pm, codes};
 }
@@ -245,6 +254,56 @@ void raw_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
   for (int r = 0; r < R; r++) sum[r] = _mm512_permutexvar_ps(order, sum[r]);
   store_block<R>(sum, m, b, s0, y, ldy, accumulate);
 }
+
+// y[s, 16 b..16 b + 16) for rows s0..s0+R of a raw MXFP4 matrix (17 bytes a group of 32: its E8M0 scale, then code i
+// in qs[i % 16]'s nibble i / 16): project_iq4.h's iq4_block's dots and sums on codes taken straight from the rows, for
+// any number of rows (one transpose a group serves them all), lanes in raw_words' order until the store
+template <int R>
+void raw_mxfp4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y, int64_t ldy, bool accumulate) {
+  const int64_t groups = m.kp / 32, halves = m.kp / 16;
+  const uint8_t* row[16];
+  raw_row_pointers(m, b, row);
+  alignas(16) uint8_t shifted[16], e[16];
+  for (int i = 0; i < 16; i++) shifted[i] = static_cast<uint8_t>(kMXFP4Values[i] + 128);
+  const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  const __m512i nibble = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi32(2), one = _mm512_set1_epi32(1);
+  const int64_t span = 16 * raw_row_bytes(m), share = (span / groups + 63) / 64 * 64;
+  const uint8_t* next = static_cast<const uint8_t*>(m.w) + (b + 1) * span;  // the next block's rows, in order
+  __m512 sum[R];
+  for (int r = 0; r < R; r++) sum[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    for (int64_t at = g * share; at < std::min(span, (g + 1) * share); at += 64) __builtin_prefetch(next + at, 0, 3);
+    for (int lane = 0; lane < 16; lane++) e[lane] = row[4 * (lane % 4) + lane / 4][g * 17];
+    // d as pack.h's e8m0_half_bf16 makes it (e < 2: 0x20 << e, else (e - 1) << 7), a bf16 put in fp32's top half
+    const __m512i ev = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(e)));
+    const __m512i bits = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(ev, two),
+                                                 _mm512_slli_epi32(_mm512_sub_epi32(ev, one), 7),
+                                                 _mm512_sllv_epi32(_mm512_set1_epi32(0x20), ev));
+    const __m512 d = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+    __m512i v[4];
+    raw_words(row, g * 17 + 1, v);
+    __m512i acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
+    for (int u = 0; u < 4; u++) {  // quad u in the low nibbles, u + 4 in the high ones
+      const __m512i c0 = _mm512_shuffle_epi8(table, _mm512_and_si512(v[u], nibble));
+      const __m512i c1 = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v[u], 4), nibble));
+      for (int r = 0; r < R; r++) {
+        const int32_t* xr = reinterpret_cast<const int32_t*>(in.xq + (s0 + r) * m.kp) + g * 8;
+        acc[r] = _mm512_dpbusd_epi32(acc[r], c0, _mm512_set1_epi32(xr[u]));
+        acc[r] = _mm512_dpbusd_epi32(acc[r], c1, _mm512_set1_epi32(xr[u + 4]));
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      const int64_t s = s0 + r;
+      const int32_t* hs = in.hsum + s * halves + 2 * g;
+      const __m512i dot = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(128 * (hs[0] + hs[1])));
+      sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(in.gs[s * groups + g])), _mm512_cvtepi32_ps(dot), sum[r]);
+    }
+  }
+  const __m512i order = row_order();
+  for (int r = 0; r < R; r++) sum[r] = _mm512_permutexvar_ps(order, sum[r]);
+  store_block<R>(sum, m, b, s0, y, ldy, accumulate);
+}
 #else
 // block b of a raw matrix into `out` (raw_arrays'), packed row by row as the repacked file holds it
 template <int kKind>
@@ -292,10 +351,27 @@ void raw_passes(const Matrix& m, const Rows& in, float* y, int64_t ldy, bool acc
       });
     });
   };
-  if (m.kind == WEIGHT_RAW_Q4K)
+  if (m.kind == WEIGHT_RAW_MXFP4) {
+    blocks(std::integral_constant<int, kRowsPerPass>{}, (m.n + 15) / 16, [&](int64_t b, int64_t first, int64_t count) {
+      Rows part = in;
+      part.count = count;
+#if defined(__AVX512F__)
+      each_row_pass<kRowsPerPass>(part, [&](auto rows, int64_t s) {
+        raw_mxfp4_block<decltype(rows)::value>(m, b, in, first + s, y, ldy, accumulate);
+      });
+#else
+      const RawBlock block = raw_arrays(m, b);
+      raw_unpack<WEIGHT_MXFP4>(m, b, block);
+      each_row_pass<kRowsPerPass>(part, [&](auto rows, int64_t s) {
+        iq4_block<decltype(rows)::value, WEIGHT_MXFP4>(block.m, 0, in, first + s, y + b * 16, ldy, accumulate);
+      });
+#endif
+    });
+  } else if (m.kind == WEIGHT_RAW_Q4K) {
     run(std::integral_constant<int, WEIGHT_Q4K>{});
-  else
+  } else {
     run(std::integral_constant<int, WEIGHT_Q6K>{});
+  }
 }
 
 }  // namespace

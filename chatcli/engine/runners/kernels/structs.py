@@ -7,7 +7,7 @@ import ctypes
 WEIGHT_F32, WEIGHT_I8, WEIGHT_Q4, WEIGHT_Q8 = 0, 1, 2, 3
 WEIGHT_Q4K, WEIGHT_Q5K, WEIGHT_Q6K, WEIGHT_PARTS, WEIGHT_Q3K, WEIGHT_Q2K = 4, 5, 6, 7, 8, 9
 WEIGHT_F16, WEIGHT_BF16, WEIGHT_F32R, WEIGHT_IQ4NL, WEIGHT_IQ4XS, WEIGHT_MXFP4 = 10, 11, 12, 13, 14, 15
-WEIGHT_RAW_Q4K, WEIGHT_RAW_Q6K = 16, 17  # a GGUF's Q4_K / Q6_K rows as the file holds them (project_raw.h)
+WEIGHT_RAW_Q4K, WEIGHT_RAW_Q6K, WEIGHT_RAW_MXFP4 = 16, 17, 18  # a GGUF's rows as the file holds them (project_raw.h)
 # the block types' kernel kinds, by their names in a lean file (quant_blocks, kquant_blocks)
 BLOCK_KINDS = {
     "q4": WEIGHT_Q4,
