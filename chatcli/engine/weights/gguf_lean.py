@@ -348,21 +348,13 @@ def _family_vectors(meta: GGUFFile, layers: int, heads: int, kv_heads: int, hd: 
     return {**out, **gguf_oai.oai_vectors(meta, layers, _padded)}
 
 
-def convert_gguf_lean(
-    gguf_path: Path,
-    path: Path,
-    limit: int,
-    source: str,
-    status: Status | None = None,
-    packer=None,
-    raw_experts: bool = False,
-) -> None:
-    """Write the `gguf` lean file for `gguf_path` at `path` (atomic; its sidecar last); `packer`: the
-    compiled kernel's library, to repack the blocks (else numpy does, ~20x slower); `raw_experts`: see
-    `write_lean_file`."""
+def convert_gguf_lean(gguf_path: Path, path: Path, limit: int, source: str, status: Status | None = None, **how):
+    """Write the `gguf` lean file for `gguf_path` at `path` (atomic; its sidecar last); `how`: `write_lean_file`'s
+    `packer` (the compiled kernel's library, to repack the blocks; else numpy does, ~20x slower) and
+    `raw_experts`."""
     from chatcli.engine.weights.sidecar import record
 
     status = status or (lambda *_a, **_k: None)
     status(f"Repacking {gguf_path.name}'s blocks for the kernel (once)")
-    _config, digest = write_lean_file(GGUFFile(gguf_path), path, limit, source, status, packer, raw_experts)
+    _config, digest = write_lean_file(GGUFFile(gguf_path), path, limit, source, status, **how)
     record(path, digest)
