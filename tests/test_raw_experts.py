@@ -190,3 +190,18 @@ def test_a_users_start_repacks_and_verify_rehashes_the_experts_files(kernel, tmp
     assert "BLAKE3" in checks[layer.name] and not layer.exists()
     monkeypatch.setenv("CHATCLI_REPACK_EXPERTS", "off")
     assert load_engine(str(path), LoadOptions(device="cpu")).runner._experts.pending == [1]
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_the_kernels_packing_of_whole_blocks_is_numpys_at_the_extremes(build, type_name):
+    """`chatcli_pack` packs each whole block of 16 Q4_K / Q6_K rows through the raw rows' transposes on AVX-512
+    (project_raw.h: pack_kquant_rows), a last short block row by row: numpy's bytes either way, in each build."""
+    from chatcli.engine.runners import kernels
+    from chatcli.engine.weights import kquant_blocks as kb
+
+    raw = extreme_blocks(type_name, 40, 768, np.random.default_rng(8))
+    _kind, ours = kb.tensor_parts(type_name, raw, packer=kernels.library())  # the build's
+    _kind, want = kb.tensor_parts(type_name, raw)
+    for key, array in ours.items():
+        flat, reference = array.view(np.uint8).ravel(), want[key].view(np.uint8).ravel()
+        assert np.array_equal(flat, reference[: flat.size]) and not reference[flat.size :].any(), key

@@ -240,6 +240,9 @@ int chatcli_decode(const Model* m, const Cache* c, const int64_t* tokens, int64_
 // zeroed by the caller; 0, or 1 for a type it does not pack
 int chatcli_pack(int32_t type, const uint8_t* raw, int64_t n, int64_t k, uint8_t* w, uint8_t* hi, uint16_t* d,
                  uint16_t* m, uint8_t* sc, uint8_t* sm) {
+#if defined(__AVX512F__)
+  if (pack_kquant_rows(type, raw, n, k, Packed{w, hi, d, m, sc, sm})) return 0;  // Q4_K, Q6_K: project_raw.h
+#endif
   return pack_rows(type, raw, n, k, Packed{w, hi, d, m, sc, sm});
 }
 

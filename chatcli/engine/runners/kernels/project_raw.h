@@ -255,6 +255,67 @@ void raw_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, float* y,
   store_block<R>(sum, m, b, s0, y, ldy, accumulate);
 }
 
+// pack.h's pack_rows for Q4_K and Q6_K rows of whole super-blocks (a lean file's conversion, the experts' repacking):
+// each whole block of 16 rows at once through raw_super's transposes, a last block of fewer rows row by row
+// (pack_row, its padding left as the caller zeroed it); the same bytes. False where it does not apply.
+inline bool pack_kquant_rows(int type, const uint8_t* raw, int64_t n, int64_t k, const Packed& p) {
+  if ((type != RAW_Q4_K && type != RAW_Q6_K) || k % 256) return false;
+  const bool k6 = type == RAW_Q6_K;
+  const int64_t block = raw_block_bytes(type), row_bytes = k / 256 * block, groups = k / 32, supers = k / 256;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < (n + 15) / 16; b++) {
+    if (b * 16 + 16 > n) {
+      for (int64_t r = b * 16; r < n; r++) pack_row(type, raw + r * row_bytes, r, k, block, p);
+      continue;
+    }
+    const uint8_t* row[16];
+    for (int o = 0; o < 16; o++) row[o] = raw + (b * 16 + o) * row_bytes;
+    const __m512i order = row_order(), low4 = _mm512_set1_epi8(0x0F), low2 = _mm512_set1_epi8(0x03);
+    uint8_t* sc = p.sc + b * groups * 16 * (k6 ? 2 : 1);
+    uint8_t* sm = k6 ? nullptr : p.sm + b * groups * 16;
+    alignas(64) uint16_t d[16], dmin[16];
+    __m512i held[4], high[4];
+    const auto in_order = [&](uint8_t* at) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(at), _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(order, _mm512_cvtepu8_epi32(v))));
+    };
+    const auto halves = [&](const uint16_t* from, uint16_t* to) {
+      const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(order, v)));
+    };
+    const auto quad = [&](int64_t g, int q, const __m512i* c) {  // codes of quads 2j and 2j + 1 share a byte
+      for (int i = 0; i < (k6 ? 4 : 2); i++) {
+        const __m512i code = _mm512_permutexvar_epi32(order, c[i]);
+        const int64_t at = b * groups + g + i;
+        if (q % 2 == 0) {
+          held[i] = code;
+        } else {
+          const __m512i pair = _mm512_or_si512(_mm512_and_si512(held[i], low4),
+                                               _mm512_slli_epi32(_mm512_and_si512(code, low4), 4));
+          _mm512_storeu_si512(p.w + (at * 4 + q / 2) * 64, pair);
+        }
+        if (!k6) continue;  // Q6_K: quad q's 5th and 6th bits at bits 2 (q % 4) of hi vector q / 4
+        const __m512i bits = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(code, 4), low2), 2 * (q % 4));
+        high[i] = q % 4 == 0 ? bits : _mm512_or_si512(high[i], bits);
+        if (q % 4 == 3) _mm512_storeu_si512(p.hi + (at * 2 + q / 4) * 64, high[i]);
+      }
+    };
+    for (int64_t s = 0; s < supers; s++) {
+      if (k6)
+        raw_super<WEIGHT_Q6K>(row, s, d, dmin, sc, sm, quad, [](int64_t, int) {});
+      else
+        raw_super<WEIGHT_Q4K>(row, s, d, dmin, sc, sm, quad, [](int64_t, int) {});
+      halves(d, p.d + (b * supers + s) * 16);
+      if (!k6) halves(dmin, p.m + (b * supers + s) * 16);
+      const int entries = k6 ? 16 : 8;
+      for (int e = 0; e < entries; e++) in_order(sc + (s * entries + e) * 16);
+      if (!k6)
+        for (int e = 0; e < 8; e++) in_order(sm + (s * 8 + e) * 16);
+    }
+  }
+  return true;
+}
+
 // y[s, 16 b..16 b + 16) for rows s0..s0+R of a raw MXFP4 matrix (17 bytes a group of 32: its E8M0 scale, then code i
 // in qs[i % 16]'s nibble i / 16): project_iq4.h's iq4_block's dots and sums on codes taken straight from the rows, for
 // any number of rows (one transpose a group serves them all), lanes in raw_words' order until the store
