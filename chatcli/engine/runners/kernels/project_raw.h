@@ -48,7 +48,7 @@ struct RawBlock {
 };
 
 // this thread's arrays for a block of `m` (codes unpacked [groups][512] on AVX-512, else packed w and hi; d, mins
-// [supers][16]; sc, sm), zeroed where pack_row expects zeros
+// [supers][16]; sc, sm), each written whole by raw_unpack before it is read
 inline RawBlock raw_arrays(const Matrix& m, int64_t b) {
   thread_local std::vector<uint8_t> buffer;
   const bool k6 = m.kind == WEIGHT_RAW_Q6K, mx = m.kind == WEIGHT_RAW_MXFP4;
@@ -79,7 +79,7 @@ inline RawBlock raw_arrays(const Matrix& m, int64_t b) {
 
 #if defined(__AVX512F__)
 // The vectors below hold 16 rows a lane each, not in order: lane 4 L + p holds row 4 p + L (a 4 x 4 transpose
-// within each 128-bit lane puts them so); kRowOrder[i] is row i's lane (the same map both ways)
+// within each 128-bit lane puts them so); row_order()'s lane i is row i's lane (the same map both ways)
 inline __m512i row_order() { return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
 
 // The words at `offset` of the block's rows, 16 bytes of each (rows past n: the last row's again): v[u] lane
@@ -167,17 +167,14 @@ inline void raw_row_pointers(const Matrix& m, int64_t b, const uint8_t* (&row)[1
     row[o] = static_cast<const uint8_t*>(m.w) + std::min(b * 16 + o, m.n - 1) * row_bytes;
 }
 
-// block b of a raw matrix into `out` (raw_arrays'): every super-block's d (and dmin), scales (and mins) and codes
-// in row order, as pack_row and unpack_group would leave them
+// super-block s's d (and dmin) as raw_super left them, into the packed arrays' row order at dp (and mp), and its
+// scales (and mins) at their packed places in sc (and sm) put into row order in place
 template <int kKind>
-inline void raw_unpack(const Matrix& m, int64_t b, const RawBlock& out) {
-  const uint8_t* row[16];
-  raw_row_pointers(m, b, row);
+inline void raw_super_in_order(int64_t s, const uint16_t* d, const uint16_t* dmin, uint16_t* dp, uint16_t* mp,
+                               uint8_t* sc, uint8_t* sm) {
+  constexpr bool k6 = kKind == WEIGHT_Q6K;
+  constexpr int kEntries = k6 ? 16 : 8;  // scales a super-block holds
   const __m512i order = row_order();
-  uint8_t* codes = const_cast<uint8_t*>(out.codes);
-  uint8_t* sc = const_cast<uint8_t*>(out.m.sc);
-  uint8_t* sm = const_cast<uint8_t*>(out.m.sm);
-  alignas(64) uint16_t d[16], dmin[16];
   const auto in_order = [&](uint8_t* at) {  // 16 bytes in lane order -> row order, in place
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(at), _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(order, _mm512_cvtepu8_epi32(v))));
@@ -186,8 +183,25 @@ inline void raw_unpack(const Matrix& m, int64_t b, const RawBlock& out) {
     const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(order, v)));
   };
+  halves(d, dp);
+  if constexpr (!k6) halves(dmin, mp);
+  for (int e = 0; e < kEntries; e++) in_order(sc + (s * kEntries + e) * 16);
+  if constexpr (!k6)
+    for (int e = 0; e < 8; e++) in_order(sm + (s * 8 + e) * 16);
+}
+
+// block b of a raw matrix into `out` (raw_arrays'): every super-block's d (and dmin), scales (and mins) and codes
+// in row order, as pack_row and unpack_group would leave them
+template <int kKind>
+inline void raw_unpack(const Matrix& m, int64_t b, const RawBlock& out) {
   constexpr bool k6 = kKind == WEIGHT_Q6K;
-  constexpr int kEntries = k6 ? 16 : 8;  // scales a super-block holds
+  const uint8_t* row[16];
+  raw_row_pointers(m, b, row);
+  const __m512i order = row_order();
+  uint8_t* codes = const_cast<uint8_t*>(out.codes);
+  uint8_t* sc = const_cast<uint8_t*>(out.m.sc);
+  uint8_t* sm = const_cast<uint8_t*>(out.m.sm);
+  alignas(64) uint16_t d[16], dmin[16];
   for (int64_t s = 0; s < m.kp / 256; s++) {
     raw_super<kKind>(
         row, s, d, dmin, sc, sm,
@@ -195,11 +209,8 @@ inline void raw_unpack(const Matrix& m, int64_t b, const RawBlock& out) {
           for (int i = 0; i < (k6 ? 4 : 2); i++) _mm512_store_si512(codes + ((g + i) * 8 + q) * 64, _mm512_permutexvar_epi32(order, c[i]));
         },
         [](int64_t, int) {});
-    halves(d, const_cast<uint16_t*>(out.m.d) + s * 16);
-    if constexpr (!k6) halves(dmin, const_cast<uint16_t*>(out.m.mins) + s * 16);
-    for (int e = 0; e < kEntries; e++) in_order(sc + (s * kEntries + e) * 16);
-    if constexpr (!k6)
-      for (int e = 0; e < 8; e++) in_order(sm + (s * 8 + e) * 16);
+    uint16_t* mins = k6 ? nullptr : const_cast<uint16_t*>(out.m.mins) + s * 16;
+    raw_super_in_order<kKind>(s, d, dmin, const_cast<uint16_t*>(out.m.d) + s * 16, mins, sc, sm);
   }
 }
 
@@ -275,14 +286,6 @@ inline bool pack_kquant_rows(int type, const uint8_t* raw, int64_t n, int64_t k,
     uint8_t* sm = k6 ? nullptr : p.sm + b * groups * 16;
     alignas(64) uint16_t d[16], dmin[16];
     __m512i held[4], high[4];
-    const auto in_order = [&](uint8_t* at) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(at), _mm512_cvtepi32_epi8(_mm512_permutexvar_epi32(order, _mm512_cvtepu8_epi32(v))));
-    };
-    const auto halves = [&](const uint16_t* from, uint16_t* to) {
-      const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(order, v)));
-    };
     const auto quad = [&](int64_t g, int q, const __m512i* c) {  // codes of quads 2j and 2j + 1 share a byte
       for (int i = 0; i < (k6 ? 4 : 2); i++) {
         const __m512i code = _mm512_permutexvar_epi32(order, c[i]);
@@ -301,16 +304,14 @@ inline bool pack_kquant_rows(int type, const uint8_t* raw, int64_t n, int64_t k,
       }
     };
     for (int64_t s = 0; s < supers; s++) {
-      if (k6)
+      const int64_t at = (b * supers + s) * 16;
+      if (k6) {
         raw_super<WEIGHT_Q6K>(row, s, d, dmin, sc, sm, quad, [](int64_t, int) {});
-      else
+        raw_super_in_order<WEIGHT_Q6K>(s, d, dmin, p.d + at, nullptr, sc, sm);
+      } else {
         raw_super<WEIGHT_Q4K>(row, s, d, dmin, sc, sm, quad, [](int64_t, int) {});
-      halves(d, p.d + (b * supers + s) * 16);
-      if (!k6) halves(dmin, p.m + (b * supers + s) * 16);
-      const int entries = k6 ? 16 : 8;
-      for (int e = 0; e < entries; e++) in_order(sc + (s * entries + e) * 16);
-      if (!k6)
-        for (int e = 0; e < 8; e++) in_order(sm + (s * 8 + e) * 16);
+        raw_super_in_order<WEIGHT_Q4K>(s, d, dmin, p.d + at, p.m + at, sc, sm);
+      }
     }
   }
   return true;
@@ -369,11 +370,8 @@ void raw_mxfp4_block(const Matrix& m, int64_t b, const Rows& in, int64_t s0, flo
 // block b of a raw matrix into `out` (raw_arrays'), packed row by row as the repacked file holds it
 template <int kKind>
 inline void raw_unpack(const Matrix& m, int64_t b, const RawBlock& out) {
-  const bool k6 = m.kind == WEIGHT_RAW_Q6K;
-  const int64_t row_bytes = raw_row_bytes(m), groups = m.kp / 32;
-  uint8_t* hi = const_cast<uint8_t*>(out.m.hi);
-  if (k6) std::fill(hi, hi + groups * 128, 0);  // pack_row ORs the high bits in
-  const Packed p{const_cast<uint8_t*>(out.codes), hi, const_cast<uint16_t*>(out.m.d), const_cast<uint16_t*>(out.m.mins),
+  const int64_t row_bytes = raw_row_bytes(m);
+  const Packed p{const_cast<uint8_t*>(out.codes), const_cast<uint8_t*>(out.m.hi), const_cast<uint16_t*>(out.m.d), const_cast<uint16_t*>(out.m.mins),
                  const_cast<uint8_t*>(out.m.sc), const_cast<uint8_t*>(out.m.sm)};
   const uint8_t* base = static_cast<const uint8_t*>(m.w) + b * 16 * row_bytes;
   for (int64_t o = 0; o < out.m.n; o++) pack_row(raw_ggml_type(m), base + o * row_bytes, o, m.k, raw_block_bytes(raw_ggml_type(m)), p);
