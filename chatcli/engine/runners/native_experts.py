@@ -110,9 +110,7 @@ class ExpertViews:
             self.process = None
 
     def _open(self, i: int) -> bool:
-        shapes = self.config.shapes()
-        names = gguf_experts.layer_names(i)
-        mapped = gguf_experts.open_layer(self.weights.file.path, self.config, i, {n: shapes[n][0] for n in names})
+        mapped = gguf_experts.open_layer(self.weights.file.path, self.config, i)
         if mapped is not None:
             self.files[i] = mapped
         return mapped is not None
@@ -172,16 +170,13 @@ def main(argv: list[str]) -> int:
 
     lean, gguf, parent = Path(argv[0]), Path(argv[1]), int(argv[2])
     config = LeanConfig.from_json(MappedTensors(lean).metadata.get("chatcli", "null"))
-    shapes = config.shapes()
     meta = GGUFFile(gguf)
     packer = kernels.library()
     for i in range(config.layers):
         if os.getppid() != parent:  # the runner is gone: the next start goes on from here
             return 0
-        names = gguf_experts.layer_names(i)
-        if names[0] in config.raw_experts:
-            if gguf_experts.open_layer(lean, config, i, {n: shapes[n][0] for n in names}) is None:
-                gguf_experts.write_layer(meta, config, lean, i, packer)
+        if gguf_experts.layer_names(i)[0] in config.raw_experts and gguf_experts.open_layer(lean, config, i) is None:
+            gguf_experts.write_layer(meta, config, lean, i, packer)
     return 0
 
 

@@ -32,9 +32,9 @@ def layer_names(i: int) -> tuple[str, str]:
     return f"layers.{i}.experts_gate_up", f"layers.{i}.experts_down"
 
 
-def open_layer(lean: Path, config: LeanConfig, i: int, k: dict):
+def open_layer(lean: Path, config: LeanConfig, i: int):
     """Layer i's repacked experts (a `tensorfile.MappedTensors`) where its file is done and holds what `config`
-    says (`k`: each projection's inputs), else None."""
+    says, else None."""
     from chatcli.engine.weights import sidecar
     from chatcli.engine.weights.tensorfile import MappedTensors, TensorFileError
 
@@ -47,9 +47,9 @@ def open_layer(lean: Path, config: LeanConfig, i: int, k: dict):
         return None
     if mapped.metadata.get(KEY) != json.dumps({"source": config.source, "layer": i}):
         return None
-    for name in layer_names(i):
+    for name, k in zip(layer_names(i), (config.hidden, config.ffn), strict=True):  # gate_up's inputs, down's
         for j, (kind, size) in enumerate(config.parts[name]):
-            for key, (code, shape) in block_arrays(kind, size, k[name]).items():
+            for key, (code, shape) in block_arrays(kind, size, k).items():
                 info = mapped.tensors.get(f"{name}.{j}.{key}")
                 if info is None or info.dtype != code or info.shape != shape:
                     return None
