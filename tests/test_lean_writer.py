@@ -64,3 +64,17 @@ def test_a_failed_write_is_raised_by_the_callers_next_call():
     with pytest.raises(OSError, match="No space left"):
         writer.close()
     assert [name for name, _, _ in out.writes] == ["a"]  # nothing written after the failure
+
+
+def test_as_a_context_it_closes_after_the_last_put_and_stops_under_the_callers_error():
+    out = Out()
+    with ChunkWriter(out) as writer:
+        number, _ = writer.take()
+        writer.put(number, [("a", 0, np.zeros(1))])
+    assert [name for name, _, _ in out.writes] == ["a"] and not writer._thread.is_alive()
+    failing = Out(fail_at=0)
+    with pytest.raises(KeyError), ChunkWriter(failing) as writer:  # the caller's error, not the write's
+        number, _ = writer.take()
+        writer.put(number, [("a", 0, np.zeros(1))])
+        raise KeyError("packing failed")
+    assert not writer._thread.is_alive()

@@ -68,16 +68,11 @@ def write_layer(meta: GGUFFile, config: LeanConfig, lean: Path, i: int, packer=N
             for j, tensor in enumerate(config.raw_experts[name]):
                 declare_part(out, f"{name}.{j}.", meta.tensors[tensor])
         out.start({KEY: json.dumps({"source": config.source, "layer": i})})
-        writer = ChunkWriter(out)
-        try:
+        with ChunkWriter(out) as writer:
             for name in layer_names(i):
                 for j, tensor in enumerate(config.raw_experts[name]):
                     t = meta.tensors[tensor]
                     write_part(writer, f"{name}.{j}.", meta, tensor, None, t.type_name, t.rows, packer)
-        except BaseException:
-            writer.stop()
-            raise
-        writer.close()
         digest = out.close()
     except BaseException:
         out.abort()

@@ -297,16 +297,11 @@ def write_lean_file(
                 out.write(name, start * rows[0].nbytes, rows)
         for name, array in small.items():
             out.write(name, 0, np.ascontiguousarray(array))
-        writer = ChunkWriter(out)  # a chunk written while the next is read and packed
-        try:
+        with ChunkWriter(out) as writer:  # a chunk written while the next is read and packed
             for count, (name, listed) in enumerate(parts.items()):
                 status("Writing the lean weights", count, len(parts))
                 for j, (_kind, n, (tensor, order, type_name)) in enumerate(listed if name not in raw else ()):
                     write_part(writer, f"{name}.{j}.", meta, tensor, order, type_name, n, packer)
-        except BaseException:
-            writer.stop()
-            raise
-        writer.close()
         status("Writing the lean weights", len(parts), len(parts))
         digest = out.close()
     except BaseException:

@@ -55,6 +55,16 @@ class ChunkWriter:
         self._raise()
         self._queue.put((arena, writes))
 
+    def __enter__(self) -> ChunkWriter:
+        return self
+
+    def __exit__(self, kind, _error, _trace) -> None:
+        """`close` after the caller's last `put`; `stop` where the caller is failing (its error goes on)."""
+        if kind is None:
+            self.close()
+        else:
+            self.stop()
+
     def close(self) -> None:
         """Wait for every write put; raise the error that stopped them, if one did."""
         self.stop()
