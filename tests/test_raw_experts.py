@@ -205,3 +205,23 @@ def test_the_kernels_packing_of_whole_blocks_is_numpys_at_the_extremes(build, ty
     for key, array in ours.items():
         flat, reference = array.view(np.uint8).ravel(), want[key].view(np.uint8).ravel()
         assert np.array_equal(flat, reference[: flat.size]) and not reference[flat.size :].any(), key
+
+
+def test_the_repacking_process_is_reaped_as_it_ends_without_a_forward(kernel, tmp_path):
+    """An idle runner (a server between requests) leaves no zombie once its repacking process is done; the next
+    forward then takes every layer up."""
+    from chatcli.engine.weights.gguf_experts import layer_path
+
+    runner = moe_runner(tmp_path, "qwen3_moe", True)
+    want = logits(runner)
+    runner.start_repacking()
+    process = runner._experts.process
+    for _ in range(600):  # ~60 s at most, with no forward meanwhile
+        if process.returncode is not None:
+            break
+        time.sleep(0.1)
+    assert process.returncode == 0 and not os.path.exists(f"/proc/{process.pid}")
+    assert all(layer_path(tmp_path / "lean.safetensors", i).is_file() for i in (0, 1))
+    assert runner._experts.pending == [0, 1]  # taken up by the next forward only
+    assert np.array_equal(logits(runner), want)
+    assert runner._experts.pending == [] and runner._experts.process is None

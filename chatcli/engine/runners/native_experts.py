@@ -13,6 +13,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -85,6 +86,8 @@ class ExpertViews:
         """Repack the pending layers in a process of their own (see `weights.gguf_experts`), if any are."""
         if self.pending and self.process is None:
             self.process = start(self.weights.file.path, self.path)
+            if self.process is not None:  # reaped as it ends, not at the next forward's poll (an idle server's)
+                threading.Thread(target=self.process.wait, name="chatcli-repack-reaper", daemon=True).start()
 
     def poll(self) -> None:
         """Point each layer repacked since the last look (at most every POLL_S) at its file; call between forwards."""
