@@ -163,9 +163,13 @@ def local_models(headers: bool = True) -> list[ModelEntry]:
         folders = made_from(path, hashing=False)
         if not folders:  # a source an older manifest names: its cache is another copy's now
             continue
+        try:
+            size = path.stat().st_size
+        except OSError:  # removed since it was listed
+            continue
         arch, context = read(path)
         quant = _file_quant(path) if headers else hub.quant_of(path.name)
-        size, cache = path.stat().st_size, _bytes_under(folders) if headers else None
+        cache = _bytes_under(folders) if headers else None
         entries.append(
             ModelEntry(str(path), path.name, str(path), size, quant, arch, context, None, None, (), cache, True)
         )
