@@ -46,3 +46,26 @@ async def test_a_fast_long_stream_is_batched_and_keys_stay_responsive(monkeypatc
         # one append per UI tick at most (10 Hz over ~2 s, plus the final flush), never one per token
         assert 1 <= box.markdown.appends <= TOKENS // 10
         assert len(made) <= 1 < box.markdown.appends  # one parser for all the appends, not one each
+
+
+async def test_the_prefill_starts_after_the_frame_that_shows_the_question(monkeypatch):
+    """The turn's generation begins once the screen has laid out the question and the reply's box, so that their
+    layout does not take a core from the prefill: the box has its place when the turn's worker is started."""
+    from chatcli.ui.screens.chat import ChatScreen
+
+    seen = []
+    start = ChatScreen._generate
+
+    def generate(self, *args, **kwargs):
+        seen.append(self.pane.query(ReplyBox).last().region.height)
+        return start(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatScreen, "_generate", generate)
+    app = make_app(FakeEngine(script=lambda _text: "Hello there.", tok_s=1000))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await ready(pilot)
+        screen.prompt.load_text("hi")
+        press_now(app, "enter")
+        await wait_for(pilot, lambda: screen.turns_done == 1, timeout=30)
+        assert len(seen) == 1 and seen[0] > 0
+        assert screen.pane.query(ReplyBox).last().markdown.source == "Hello there."

@@ -164,7 +164,14 @@ class ChatScreen(Editing, ToolTurns, TokenInspector, EngineLoading, Conversation
         params = self.params.with_(logprobs=self.top_logprobs) if self.tokens.display else self.params
         params = self.tool_params(params)  # --mcp: the tools offered (self._turn_params stays without them)
         kv = self.chats.kv_path(self.conversation)
-        self._generate(self.engine, self.turn, self.conversation.for_template(), self.session, params, self.cancel, kv)
+        args = (self.engine, self.turn, self.conversation.for_template(), self.session, params, self.cancel, kv)
+        self.call_later(self._generate_when_shown, self._reply, args)
+
+    async def _generate_when_shown(self, box: ReplyBox, args: tuple) -> None:
+        """Start the turn's generation after the frame that shows the question and the reply's box: their mount and
+        layout would otherwise take a core from the prefill."""
+        await box.mounted()
+        self.call_after_refresh(self._generate, *args)
 
     @work(thread=True, exit_on_error=False, group="turn")
     def _generate(self, engine, turn: int, messages: list, session, params, cancel: threading.Event, kv=None) -> None:

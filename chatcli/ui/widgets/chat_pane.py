@@ -127,11 +127,12 @@ class ReplyBox(Vertical):
 
     async def write(self, text: str) -> None:
         if self.stream is not None and text:
-            await self._mounted()
+            await self.mounted()
             await self._route(self._reasoning.push(text))
 
-    async def _mounted(self) -> None:
-        """A stream into a Markdown not yet mounted (a busy machine: the first tick came first) lost its text."""
+    async def mounted(self) -> None:
+        """Once the box is mounted: a stream into a Markdown not yet mounted (a busy machine: the first tick came
+        first) lost its text, and a turn's generation starts after the box is in place (`ChatScreen.begin_turn`)."""
         if self.mounting is not None:
             await self.mounting
             self.mounting = None
@@ -153,7 +154,7 @@ class ReplyBox(Vertical):
 
     async def end_stream(self) -> None:
         if self.stream is not None:
-            await self._mounted()
+            await self.mounted()
             await self._route(self._reasoning.finish())
             if self._thinking_stream is not None:  # (its fold made with it)
                 await self._thinking_stream.stop()
