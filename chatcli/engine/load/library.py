@@ -66,12 +66,15 @@ def _file_quant(path: Path) -> str | None:
     from chatcli.engine.weights.gguf_convert import gguf_file_type
 
     tag = hub.quant_of(path.name)
-    if tag is not None:
+    kind = gguf_file_type(path) if tag is None else None
+    if kind is None:
         return tag
-    kind = gguf_file_type(path)
-    names = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S"}
-    names |= {12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K"}
-    return names.get(kind) if kind is not None else None
+    from gguf import LlamaFileType
+
+    try:
+        return LlamaFileType(kind).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:  # a file type newer than the gguf package
+        return None
 
 
 def _bytes_under(folders: list[Path]) -> int:
@@ -198,7 +201,7 @@ def find_local(name: str) -> ModelEntry:
     entries = [e for e in local_models(headers=False) if e.repo is not None or e.local]
     path = Path(name).expanduser()
     for entry in entries:
-        if entry.local and path.is_file() and os.path.samefile(entry.path, path):
+        if entry.local and _same_file(entry.path, path):
             return entry
     for entry in entries:
         if entry.name == name:
@@ -212,6 +215,13 @@ def find_local(name: str) -> ModelEntry:
             if entry.repo == ref.repo and entry.path == str(found[1][0]):
                 return entry
     raise LoadError(f"{name} is not on disk (`chatcli models` lists the models that are)")
+
+
+def _same_file(a: str | Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is gone (or never was: a name, not a path)
+        return False
 
 
 def made_from(gguf: Path, hashing: bool = True) -> list[Path]:
