@@ -94,3 +94,19 @@ def library_cli(name: str):
     from chatcli.models import models_command, rm_command
 
     return {"models": models_command, "rm": rm_command}[name]
+
+
+def test_a_split_file_used_by_its_path_is_listed_once_with_every_parts_size(tmp_path):
+    from chatcli.engine.weights.gguf_convert import meta_folder
+    from tests.gguf_models import tiny, write_gguf
+
+    (tmp_path / "models").mkdir()
+    first = write_gguf(tiny("llama", False, seed=4), tmp_path / "models" / "split.gguf", "Q8_0", split_max_tensors=4)
+    parts = sorted(first.parent.glob("split-*.gguf"))
+    assert len(parts) > 1 and first == parts[0]
+    meta_folder(first)
+    (entry,) = [e for e in library.local_models() if e.local]
+    assert entry.name == str(first) and entry.files == tuple(p.name for p in parts)
+    assert entry.size == sum(p.stat().st_size for p in parts) > first.stat().st_size
+    out = CliRunner().invoke(library_cli("models"), [])
+    assert f"(+{len(parts) - 1} more parts)" in out.output

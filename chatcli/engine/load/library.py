@@ -23,6 +23,7 @@ from pathlib import Path
 from chatcli.engine.load import hub
 from chatcli.engine.load.options import LoadError
 from chatcli.engine.load.sources import DEFAULT_NAMES, embedded_gguf
+from chatcli.engine.weights.gguf_parts import SplitError, parts_of
 
 
 @dataclass(frozen=True)
@@ -167,14 +168,18 @@ def local_models(headers: bool = True) -> list[ModelEntry]:
         if not folders:  # a source an older manifest names: its cache is another copy's now
             continue
         try:
-            size = path.stat().st_size
-        except OSError:  # removed since it was listed
+            parts = parts_of(path)  # a split model's first part: every part's size
+            size = sum(part.stat().st_size for part in parts)
+        except (OSError, SplitError):  # removed since it was listed, or a part is
             continue
         arch, context = read(path)
         quant = _file_quant(path) if headers else hub.quant_of(path.name)
         cache = _bytes_under(folders) if headers else None
+        files = tuple(p.name for p in parts) if len(parts) > 1 else ()
         entries.append(
-            ModelEntry(str(path), path.name, str(path), size, quant, arch, context, None, None, (), cache, True)
+            ModelEntry(
+                str(path), path.name, str(path), size, quant, arch, context, None, files=files, cache=cache, local=True
+            )
         )
     return entries
 
